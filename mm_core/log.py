@@ -1,0 +1,200 @@
+"""The session as an append-only event log, and the store it is kept in.
+
+Every fact about a session is an entry appended after it happened: the user's message, the model's answer
+with its tool calls, each tool call starting and finishing, each approval decision, compactions, errors.
+State is derived from the log, never kept beside it: a tool call with no result is pending; one that started
+and has no result was interrupted. That is how a turn survives a suspension, a restart or a `kill -9`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True)
+class UserMessage:
+    text: str
+    author: str | None = None
+    kind: str = "user"
+
+
+@dataclass(frozen=True)
+class ToolCallRequest:
+    id: str
+    name: str
+    arguments: str  # the raw JSON text the model sent
+
+
+@dataclass(frozen=True)
+class AssistantMessage:
+    text: str
+    tool_calls: tuple[ToolCallRequest, ...] = ()
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    agent: str | None = None
+    kind: str = "assistant"
+
+
+@dataclass(frozen=True)
+class ToolStarted:
+    call_id: str
+    tool: str
+    agent: str | None = None
+    kind: str = "tool_started"
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    call_id: str
+    tool: str
+    output: str
+    status: str = "ok"  # ok | rejected | cancelled | interrupted | error
+    duration_ms: int = 0
+    agent: str | None = None
+    kind: str = "tool_result"
+
+
+@dataclass(frozen=True)
+class ApprovalDecision:
+    call_id: str
+    approved: bool
+    by: str | None = None
+    # "Approve all for this session": the session switches to yolo from here on.
+    all: bool = False
+    kind: str = "approval"
+
+
+@dataclass(frozen=True)
+class Compaction:
+    summary: str
+    # Entries before this index are summarised; the model sees the summary and then entries from here on.
+    keep_from: int
+    kind: str = "compaction"
+
+
+@dataclass(frozen=True)
+class ErrorRecord:
+    message: str
+    where: str = "generation"
+    kind: str = "error"
+
+
+@dataclass(frozen=True)
+class TurnEnded:
+    outcome: str  # answered | cancelled | failed | max_turns
+    kind: str = "turn_ended"
+
+
+@dataclass(frozen=True)
+class Reset:
+    """`new`: the conversation starts again from here; the loop detector forgets."""
+
+    kind: str = "reset"
+
+
+Entry = (
+    UserMessage
+    | AssistantMessage
+    | ToolStarted
+    | ToolResult
+    | ApprovalDecision
+    | Compaction
+    | ErrorRecord
+    | TurnEnded
+    | Reset
+)
+
+_KINDS: dict[str, type] = {
+    "user": UserMessage,
+    "assistant": AssistantMessage,
+    "tool_started": ToolStarted,
+    "tool_result": ToolResult,
+    "approval": ApprovalDecision,
+    "compaction": Compaction,
+    "error": ErrorRecord,
+    "turn_ended": TurnEnded,
+    "reset": Reset,
+}
+
+
+def to_dict(entry: Entry) -> dict[str, Any]:
+    return asdict(entry)
+
+
+def from_dict(data: dict[str, Any]) -> Entry:
+    data = dict(data)
+    cls = _KINDS[data["kind"]]
+    if cls is AssistantMessage:
+        data["tool_calls"] = tuple(ToolCallRequest(**c) for c in data.get("tool_calls", ()))
+    return cls(**data)
+
+
+class Fenced(Exception):
+    """The writer's lease was taken over: another worker owns the session now, and this one must stop."""
+
+
+class Store(Protocol):
+    """Where a session's log lives. The database implementation is chatops.store.DbStore."""
+
+    def load(self, session_id: str) -> list[Entry]: ...
+
+    def append(self, session_id: str, entry: Entry) -> None:
+        """Append durably, or raise Fenced when the caller no longer holds the session."""
+
+
+class MemoryStore:
+    def __init__(self) -> None:
+        self._logs: dict[str, list[Entry]] = {}
+        self._lock = threading.Lock()
+
+    def load(self, session_id: str) -> list[Entry]:
+        with self._lock:
+            return list(self._logs.get(session_id, []))
+
+    def append(self, session_id: str, entry: Entry) -> None:
+        with self._lock:
+            self._logs.setdefault(session_id, []).append(entry)
+
+
+@dataclass
+class FileStore:
+    """One JSON line per entry, fsynced: the terminal front end's store, and the simplest durable one."""
+
+    root: Path
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def _path(self, session_id: str) -> Path:
+        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in session_id)
+        return Path(self.root) / f"{safe}.jsonl"
+
+    def load(self, session_id: str) -> list[Entry]:
+        path = self._path(session_id)
+        if not path.exists():
+            return []
+        entries = []
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                entries.append(from_dict(json.loads(line)))
+            except (ValueError, KeyError, TypeError):
+                # A line torn by a crash mid-write is the only way a line can be bad; it was never acted on.
+                continue
+        return entries
+
+    def append(self, session_id: str, entry: Entry) -> None:
+        path = self._path(session_id)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        line = json.dumps(to_dict(entry), ensure_ascii=False) + "\n"
+        with self._lock, open(path, "a", encoding="utf-8") as f:
+            f.write(line)
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)

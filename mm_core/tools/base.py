@@ -1,0 +1,116 @@
+"""The seam between the turn loop and the tools.
+
+A tool turns parsed arguments into text for the model. It never raises for an ordinary failure: the failure
+is text, exactly as the reference words it. The loop owns everything around a call (approval, the event log,
+the loop detector, counters, events); a tool owns only what it does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Awaitable, Callable, ClassVar, TypeVar
+
+from mm_core.config import AgentConfig
+
+T = TypeVar("T")
+
+
+class ToolCancelled(Exception):
+    """Raised by a tool from its cancellation handler to hand back what it had so far.
+
+    `output` is the whole text for the model and already ends with `[error: cancelled]`.
+    """
+
+    def __init__(self, output: str):
+        super().__init__(output)
+        self.output = output
+
+
+class SessionResources:
+    """Things a session keeps between calls and turns (language servers, background jobs, caches).
+
+    Each resource is created on first use and closed when the session ends (`new`, workspace removed,
+    worker shutdown), so a worker serving many sessions does not pile them up.
+    """
+
+    def __init__(self) -> None:
+        self._items: dict[str, Any] = {}
+        self._lock = asyncio.Lock()
+
+    async def get(self, key: str, factory: Callable[[], T | Awaitable[T]]) -> T:
+        async with self._lock:
+            if key not in self._items:
+                made = factory()
+                if asyncio.iscoroutine(made):
+                    made = await made
+                self._items[key] = made
+            return self._items[key]
+
+    def peek(self, key: str) -> Any | None:
+        return self._items.get(key)
+
+    async def aclose(self) -> None:
+        items, self._items = list(self._items.values()), {}
+        for item in reversed(items):
+            close = getattr(item, "aclose", None)
+            if close is not None:
+                try:
+                    await close()
+                except Exception:  # noqa: BLE001 - closing one resource must not stop the others
+                    pass
+
+
+@dataclass
+class ToolContext:
+    """What a tool may use while it runs."""
+
+    workspace: Path
+    config: AgentConfig
+    call_id: str = ""
+    resources: SessionResources = field(default_factory=SessionResources)
+    # Front-end events (see mm_core.events); used by tools that stream (ask_agent) or show progress.
+    emit: Callable[[Any], None] = lambda event: None
+    # Nesting of ask_agent: 0 for the agent the user talks to.
+    depth: int = 0
+    # The name of the asked agent whose call this is, None for the main agent.
+    agent: str | None = None
+    # Set by the turn loop for tools that run a nested agent (ask_agent); opaque to other tools.
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Tool(ABC):
+    """One tool declared to the model."""
+
+    name: ClassVar[str]
+    # Which recap counter a response counts towards: "commands", "file_ops", "skills", "lsp", or None.
+    counter: ClassVar[str | None] = None
+    # The emoji of the reference's display line (🛠️ bash, 📝 edits, 📖 skills, 🔎 lsp, 🌐 fetch, 🗣 ask).
+    emoji: ClassVar[str] = "🛠️"
+
+    @abstractmethod
+    def schema(self) -> dict[str, Any]:
+        """The OpenAI function declaration: {"name", "description", "parameters"}."""
+
+    def needs_approval(self, args: dict[str, Any]) -> bool:
+        """Whether this call is one the reference gates when `yolo` is off."""
+        return False
+
+    def refusal(self, args: dict[str, Any]) -> str:
+        """The text the model gets when a person rejects the call."""
+        return f"[{self.name} rejected by the user]"
+
+    def title(self, args: dict[str, Any]) -> str:
+        """The display line after the emoji, e.g. `bash: ls -la` or `lsp: definition main.go greet`."""
+        return self.name
+
+    async def preview(self, args: dict[str, Any], ctx: ToolContext) -> str:
+        """What a person needs to judge the call before it runs (the command, the diff), computed without
+        writing anything."""
+        return self.title(args)
+
+    @abstractmethod
+    async def run(self, args: dict[str, Any], ctx: ToolContext) -> str:
+        """Run the call and return the text for the model. Never raises for an ordinary failure."""
