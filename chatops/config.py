@@ -1,0 +1,429 @@
+"""The service's configuration: one YAML file (the agent's keys and the service's keys) plus the environment.
+
+Secrets and endpoints come only from the environment; everything else from the file. A bad file stops
+start-up with `file:line: dotted.key: what was expected`, one line per problem, and an unknown key is always
+an error, because a typo silently ignored is a setting silently not applied.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import types
+import typing
+import zoneinfo
+from collections.abc import Mapping
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+from croniter import croniter
+from pydantic import Field, ValidationError, field_validator
+
+from mm_core.config import AgentConfig, Duration, Strict
+
+DEFAULT_CONFIG_FILE = "mm.yaml"
+DEFAULT_DATABASE_URL = "sqlite:///./var/mm.sqlite3"
+DEFAULT_BROKER_URL = "redis://localhost:6379/0"
+DEFAULT_SLACK_API_URL = "https://slack.com/api/"
+DEFAULT_WORKSPACES = "./var/workspaces"
+
+# Slack ids: channels C/G (private, legacy) and D (direct messages); users U/W; user groups S.
+_CHANNEL_ID = re.compile(r"^[CGD][A-Z0-9]{2,}$")
+_APPROVER_ID = re.compile(r"^[UWS][A-Z0-9]{2,}$")
+_JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
+
+
+class ConfigError(Exception):
+    """The configuration cannot be used; str() is one `file:line: key: problem` line per problem."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__("\n".join(problems))
+
+
+# --- the service's keys -------------------------------------------------------------------------------------
+
+
+class ChannelConfig(Strict):
+    repo: str | None = None
+    branch: str | None = None
+    approvers: list[str] = Field(default_factory=list)
+    yolo: bool | None = None
+
+    @field_validator("approvers", mode="before")
+    @classmethod
+    def _approver_ids(cls, value: Any) -> Any:
+        if not isinstance(value, list):
+            raise ValueError(f"expected a list of user or group ids, got {_describe(value)}")
+        for item in value:
+            if not isinstance(item, str) or not _APPROVER_ID.match(item):
+                raise ValueError(
+                    f"expected a list of user or group ids (U…, W… or S…), got {_describe(item, quote=True)}"
+                )
+        return value
+
+
+class ApprovalsConfig(Strict):
+    requester_can_approve: bool = False
+    timeout: Duration = 1800.0
+
+
+class JobConfig(Strict):
+    name: str
+    schedule: str
+    timezone: str = "UTC"
+    channel: str
+    prompt: str
+    repo: str | None = None
+    branch: str | None = None
+    yolo: bool | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not _JOB_NAME.match(value):
+            raise ValueError(f"expected a name of letters, digits, '-', '_' or '.', got {value!r}")
+        return value
+
+    @field_validator("schedule")
+    @classmethod
+    def _cron(cls, value: str) -> str:
+        if not croniter.is_valid(value) or len(value.split()) != 5:
+            raise ValueError(f'expected a cron expression of 5 fields such as "0 3 * * 1-5", got "{value}"')
+        return value
+
+    @field_validator("timezone")
+    @classmethod
+    def _zone(cls, value: str) -> str:
+        try:
+            zoneinfo.ZoneInfo(value)
+        except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+            raise ValueError(f'unknown time zone "{value}" (expected an IANA name such as Europe/Paris)') from None
+        return value
+
+    @field_validator("channel")
+    @classmethod
+    def _channel(cls, value: str) -> str:
+        if not _CHANNEL_ID.match(value):
+            raise ValueError(f"expected a channel id such as C0123ABCD, got {value!r}")
+        return value
+
+
+class WorkspacesConfig(Strict):
+    root: str | None = None
+    maxAgeDays: int = Field(default=14, ge=1)
+    maxTotalMB: int | None = Field(default=None, ge=1)
+
+
+class ServiceConfig(Strict):
+    channels: dict[str, ChannelConfig] = Field(default_factory=dict)
+    approvals: ApprovalsConfig = Field(default_factory=ApprovalsConfig)
+    jobs: list[JobConfig] = Field(default_factory=list)
+    workspaces: WorkspacesConfig = Field(default_factory=WorkspacesConfig)
+
+    def channel(self, channel_id: str) -> ChannelConfig:
+        """The channel's own settings, or the default's, or none at all."""
+        return self.channels.get(channel_id) or self.channels.get("default") or ChannelConfig()
+
+
+SERVICE_KEYS = frozenset(ServiceConfig.model_fields)
+
+
+class FileConfig(AgentConfig, ServiceConfig):
+    """The whole file: the reference's agent keys and the service's keys, side by side at the top level."""
+
+
+# --- the result ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Config:
+    path: Path | None
+    agent: AgentConfig
+    service: ServiceConfig
+    database_url: str
+    broker_url: str
+    slack_api_url: str
+    workspaces_root: Path
+    slack_bot_token: str | None
+    slack_signing_secret: str | None
+    slack_app_token: str | None
+    model_api_key: str | None
+
+    def missing_slack_secrets(self, socket_mode: bool) -> list[str]:
+        """The environment variables `serve` needs and does not have (HTTP: signing secret; Socket: app token)."""
+        needed = {
+            "SLACK_BOT_TOKEN": self.slack_bot_token,
+            "SLACK_APP_TOKEN" if socket_mode else "SLACK_SIGNING_SECRET": (
+                self.slack_app_token if socket_mode else self.slack_signing_secret
+            ),
+        }
+        return [name for name, value in needed.items() if not value]
+
+
+def example_config() -> str:
+    """The commented example that `mm-bot init` writes."""
+    return resources.files("chatops").joinpath("example.yaml").read_text(encoding="utf-8")
+
+
+def load_config(path: str | os.PathLike[str] | None = None, environ: Mapping[str, str] | None = None) -> Config:
+    """Read the file (`path`, else $MM_CONFIG, else ./mm.yaml when it exists) and the environment.
+
+    A missing ./mm.yaml is fine (embedded defaults), a file named explicitly that does not exist is not.
+    """
+    env = os.environ if environ is None else environ
+    explicit = path if path is not None else _env(env, "MM_CONFIG")
+    file = Path(explicit if explicit is not None else DEFAULT_CONFIG_FILE)
+    if not file.exists():
+        if explicit is not None:
+            source = "MM_CONFIG" if path is None else "the config path"
+            raise ConfigError([f"{file}: no such file ({source} names it; `mm-bot init` writes an example)"])
+        file_config, source_path = FileConfig(), None
+    else:
+        file_config, source_path = _load_file(file, env), file
+
+    agent = AgentConfig.model_validate(file_config.model_dump(include=set(AgentConfig.model_fields)))
+    overrides = {k: v for k, v in (("url", _env(env, "MM_MODEL_URL")), ("name", _env(env, "MM_MODEL"))) if v}
+    if overrides:
+        agent = agent.model_copy(update={"model": agent.model.model_copy(update=overrides)})
+    service = ServiceConfig.model_validate(file_config.model_dump(include=set(SERVICE_KEYS)))
+    key_env = agent.model.apiKeyEnv
+    return Config(
+        path=source_path,
+        agent=agent,
+        service=service,
+        database_url=_env(env, "DATABASE_URL") or DEFAULT_DATABASE_URL,
+        broker_url=_env(env, "CELERY_BROKER_URL") or DEFAULT_BROKER_URL,
+        slack_api_url=_env(env, "SLACK_API_URL") or DEFAULT_SLACK_API_URL,
+        workspaces_root=Path(
+            _env(env, "MM_WORKSPACES") or service.workspaces.root or DEFAULT_WORKSPACES
+        ).expanduser().absolute(),
+        slack_bot_token=_env(env, "SLACK_BOT_TOKEN"),
+        slack_signing_secret=_env(env, "SLACK_SIGNING_SECRET"),
+        slack_app_token=_env(env, "SLACK_APP_TOKEN"),
+        model_api_key=_env(env, key_env) if key_env else None,
+    )
+
+
+def _env(env: Mapping[str, str], name: str) -> str | None:
+    # An empty variable is an unset one: `FOO= mm-bot serve` must not mean "connect to ''".
+    return env.get(name) or None
+
+
+# --- reading the file, with line numbers --------------------------------------------------------------------
+
+
+def _load_file(file: Path, env: Mapping[str, str]) -> FileConfig:
+    try:
+        text = file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError([f"{file}: cannot read the file: {e}"]) from None
+    try:
+        # Two passes over a small file: the nodes carry the line numbers, the data is what gets validated.
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        line = f"{mark.line + 1}:" if mark else ""
+        problem = " ".join(p for p in (e.context, e.problem) if p)
+        raise ConfigError([f"{file}:{line} invalid YAML: {problem}"]) from None
+    except yaml.YAMLError as e:
+        raise ConfigError([f"{file}: invalid YAML: {e}"]) from None
+
+    if data is None:
+        return FileConfig()
+    if not isinstance(data, dict):
+        raise ConfigError([f"{file}:1: expected a mapping of keys at the top level, got {_describe(data)}"])
+
+    problems = [(_line(root, loc), _render(loc, msg)) for loc, msg in _duplicate_keys(root)]
+    problems += [(_line(root, loc), _render(loc, msg)) for loc, msg in _cross_checks(data, env)]
+    try:
+        config = FileConfig.model_validate(data, strict=True)
+    except ValidationError as e:
+        problems += [(_line(root, loc), _render(loc, msg)) for loc, msg in _pydantic_problems(e)]
+    if problems:
+        ordered = sorted(dict.fromkeys(problems), key=lambda p: p[0])  # one line per problem, in file order
+        raise ConfigError([f"{file}:{line}: {message}" for line, message in ordered])
+    return config
+
+
+Loc = tuple[str | int, ...]
+
+
+def _render(loc: Loc, message: str) -> str:
+    path = ""
+    for part in loc:
+        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+    return f"{path}: {message}" if path else message
+
+
+def _line(root: yaml.Node | None, loc: Loc) -> int:
+    """The 1-based line of the deepest node that `loc` reaches (a key's own line for mapping entries)."""
+    node, line = root, (root.start_mark.line + 1 if root is not None else 1)
+    for part in loc:
+        child = None
+        if isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                if isinstance(key, yaml.ScalarNode) and key.value == str(part):
+                    child, line = value, key.start_mark.line + 1
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
+            child = node.value[part]
+            line = child.start_mark.line + 1
+        if child is None:
+            break
+        node = child
+    return line
+
+
+def _duplicate_keys(node: yaml.Node | None, loc: Loc = ()) -> list[tuple[Loc, str]]:
+    # PyYAML keeps the last of two equal keys without a word; the first one was somebody's setting.
+    found: list[tuple[Loc, str]] = []
+    if isinstance(node, yaml.MappingNode):
+        first_line: dict[str, int] = {}
+        for key, value in node.value:
+            name = key.value if isinstance(key, yaml.ScalarNode) else None
+            if name is None:
+                continue
+            if name in first_line:
+                found.append(((*loc, name), f"duplicate key (first set on line {first_line[name]})"))
+            first_line.setdefault(name, key.start_mark.line + 1)
+            found += _duplicate_keys(value, (*loc, name))
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            found += _duplicate_keys(item, (*loc, i))
+    return found
+
+
+_EXPECTED = {
+    "bool_type": "expected true or false",
+    "bool_parsing": "expected true or false",
+    "int_type": "expected an integer",
+    "int_parsing": "expected an integer",
+    "int_from_float": "expected an integer",
+    "float_type": "expected a number",
+    "float_parsing": "expected a number",
+    "string_type": "expected a string",
+    "list_type": "expected a list",
+    "dict_type": "expected a mapping of keys",
+    "model_type": "expected a mapping of keys",
+    "model_attributes_type": "expected a mapping of keys",
+}
+
+
+def _pydantic_problems(error: ValidationError) -> list[tuple[Loc, str]]:
+    problems = []
+    for err in error.errors():
+        loc, kind, ctx = tuple(err["loc"]), err["type"], err.get("ctx") or {}
+        if kind == "extra_forbidden":
+            problems.append((loc, _unknown_key(loc)))
+        elif kind == "missing":
+            problems.append((loc, "required key is missing"))
+        elif kind in _EXPECTED:
+            problems.append((loc, f"{_EXPECTED[kind]}, got {_describe(err['input'])}"))
+        elif kind == "value_error":
+            problems.append((loc, str(ctx.get("error", err["msg"]))))
+        elif kind == "literal_error":
+            problems.append((loc, f"expected one of {ctx.get('expected')}, got {_describe(err['input'], True)}"))
+        elif kind in ("greater_than_equal", "greater_than", "less_than_equal", "less_than"):
+            bound = next(iter(ctx.values()), "")
+            sign = {"greater_than_equal": ">=", "greater_than": ">", "less_than_equal": "<=", "less_than": "<"}
+            problems.append((loc, f"expected a number {sign[kind]} {bound}, got {_describe(err['input'], True)}"))
+        else:
+            problems.append((loc, err["msg"]))
+    return problems
+
+
+def _unknown_key(loc: Loc) -> str:
+    """`unknown key (did you mean "yolo"?)`, the suggestion taken from the keys valid at that place."""
+    model = _type_at(loc[:-1])
+    valid = list(getattr(model, "model_fields", {}))
+    if not valid:
+        return "unknown key"
+    close = difflib.get_close_matches(str(loc[-1]), valid, n=1, cutoff=0.6)
+    return f'unknown key (did you mean "{close[0]}"?)' if close else f"unknown key (expected one of: {', '.join(valid)})"
+
+
+def _type_at(loc: Loc) -> Any:
+    """The type the file's structure has at `loc`: fields name models, dict keys and list indexes name items."""
+    current: Any = FileConfig
+    for part in loc:
+        current = _unwrap_optional(current)
+        fields = getattr(current, "model_fields", None)
+        if fields is not None:
+            if part not in fields:
+                return None
+            current = fields[part].annotation
+        else:
+            args = getattr(current, "__args__", ())
+            if not args:
+                return None
+            current = args[-1]  # dict[str, X] and list[X] both end with the item type
+    return _unwrap_optional(current)
+
+
+def _unwrap_optional(annotation: Any) -> Any:
+    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
+        return next((a for a in annotation.__args__ if a is not type(None)), annotation)
+    return annotation
+
+
+def _cross_checks(data: dict[str, Any], env: Mapping[str, str]) -> list[tuple[Loc, str]]:
+    """What no single field can know: uniqueness across entries, and the environment the file points at.
+
+    It reads the raw data (shapes checked as it goes) so that these problems are reported together with the
+    type errors, not one round of fixes later.
+    """
+    problems: list[tuple[Loc, str]] = []
+    owner: dict[str, str] = {}
+    for name, server in _items(_get(data, "lsp", "servers")):
+        for ext in _get(server, "extensions") if isinstance(_get(server, "extensions"), list) else ():
+            if ext in owner:
+                problems.append((("lsp", "servers", name, "extensions"), f"{ext} is already served by {owner[ext]}"))
+            else:
+                owner.setdefault(ext, name)
+    for channel_id, _ in _items(data.get("channels")):
+        if channel_id != "default" and not _CHANNEL_ID.match(str(channel_id)):
+            problems.append((("channels", channel_id), "expected `default` or a channel id such as C0123ABCD as the key"))
+    names: set[str] = set()
+    jobs = data.get("jobs")
+    for i, job in enumerate(jobs if isinstance(jobs, list) else ()):
+        name = _get(job, "name")
+        if isinstance(name, str) and name in names:
+            problems.append((("jobs", i, "name"), f"another job is already named {name!r}"))
+        names.add(name)
+    key_env = _get(data, "model", "apiKeyEnv")
+    if isinstance(key_env, str) and key_env and not _env(env, key_env):
+        problems.append((("model", "apiKeyEnv"), f"the environment variable {key_env} is not set"))
+    return problems
+
+
+def _get(data: Any, *keys: str) -> Any:
+    for key in keys:
+        data = data.get(key) if isinstance(data, dict) else None
+    return data
+
+
+def _items(data: Any) -> list[tuple[Any, Any]]:
+    return list(data.items()) if isinstance(data, dict) else []
+
+
+def _describe(value: Any, quote: bool = False) -> str:
+    if value is None:
+        return "nothing (null)"
+    if isinstance(value, bool):
+        return str(value).lower() if quote else "a boolean"
+    if isinstance(value, str):
+        return f'"{value}"' if quote else "a string"
+    if isinstance(value, int):
+        return str(value) if quote else "an integer"
+    if isinstance(value, float):
+        return str(value) if quote else "a number"
+    if isinstance(value, (list, tuple)):
+        return "a list"
+    if isinstance(value, dict):
+        return "a mapping"
+    return type(value).__name__
