@@ -1,0 +1,130 @@
+"""Engines and migrations.
+
+`migrate()` is safe to run from every replica at start-up: on PostgreSQL the upgrade runs under an advisory
+lock held by the migration connection, on SQLite inside one `BEGIN IMMEDIATE` transaction (the database's
+write lock); the second replica waits, then finds the schema at head and does nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from alembic import command
+from alembic.config import Config as AlembicConfig
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Connection, Engine, create_engine, event
+from sqlalchemy.engine import make_url
+
+# The `migrations` package sits beside `chatops`, in a checkout and in an installed wheel alike; found by path,
+# so that it works before (and without) `migrations` being importable from the current directory.
+MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
+
+# Any constant will do, as long as every replica uses the same one: "mm-bot" in ASCII.
+MIGRATION_LOCK_KEY = 0x6D6D2D626F74
+SQLITE_BUSY_TIMEOUT_S = 30.0
+
+
+def normalize_url(url: str) -> str:
+    """`postgresql://` and `postgres://` mean psycopg 3 here (the driver installed), not psycopg2."""
+    parsed = make_url(url.replace("postgres://", "postgresql://", 1) if url.startswith("postgres://") else url)
+    if parsed.drivername == "postgresql":
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    return parsed.render_as_string(hide_password=False)
+
+
+def engine_for(url: str, *, foreign_keys: bool = True, **kwargs: Any) -> Engine:
+    """An engine for the service's database; make one per process and share it.
+
+    On SQLite: the file's directory is created, foreign keys are enforced, and every transaction starts with
+    BEGIN IMMEDIATE, so writers queue on the busy timeout instead of failing when a read turns into a write.
+    """
+    url = normalize_url(url)
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite":
+        return create_engine(url, pool_pre_ping=True, **kwargs)
+    if parsed.database and parsed.database != ":memory:" and not parsed.database.startswith("file:"):
+        Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+    engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_S}, **kwargs)
+
+    @event.listens_for(engine, "connect")
+    def _connect(dbapi_connection: Any, _record: Any) -> None:
+        # Take transaction control from pysqlite, so that BEGIN below is ours and DDL is transactional.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute(f"PRAGMA foreign_keys={'ON' if foreign_keys else 'OFF'}")
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _begin(connection: Connection) -> None:
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+    return engine
+
+
+def alembic_config(url: str) -> AlembicConfig:
+    """Alembic's configuration, built in code: the scripts ship inside the `migrations` package."""
+    cfg = AlembicConfig()
+    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    # ConfigParser interpolation would eat a '%' in a password.
+    cfg.set_main_option("sqlalchemy.url", normalize_url(url).replace("%", "%%"))
+    return cfg
+
+
+def migrate(url: str, revision: str = "head") -> None:
+    """Upgrade the database at `url` to `revision`."""
+    _run(url, lambda cfg: command.upgrade(cfg, revision))
+
+
+def downgrade(url: str, revision: str) -> None:
+    """Downgrade the database at `url` to `revision` (`base` removes every table)."""
+    _run(url, lambda cfg: command.downgrade(cfg, revision))
+
+
+def head_revision() -> str | None:
+    return ScriptDirectory.from_config(alembic_config("sqlite://")).get_current_head()
+
+
+def current_revision(url: str) -> str | None:
+    """The revision the database is at (None: never migrated); `doctor` compares it with head_revision()."""
+    engine = engine_for(url)
+    try:
+        with engine.connect() as conn:
+            return MigrationContext.configure(conn).get_current_revision()
+    finally:
+        engine.dispose()
+
+
+def _run(url: str, action: Any) -> None:
+    # Foreign keys off on SQLite: batch mode copies and drops tables, which must not cascade.
+    engine = engine_for(url, foreign_keys=False)
+    try:
+        with engine.connect() as conn, _migration_lock(conn):
+            cfg = alembic_config(url)
+            cfg.attributes["connection"] = conn
+            # One transaction around everything, begun here: env.py sees it and runs inside it.
+            with conn.begin():
+                action(cfg)
+    finally:
+        engine.dispose()
+
+
+@contextmanager
+def _migration_lock(conn: Connection) -> Iterator[None]:
+    if conn.dialect.name != "postgresql":
+        # SQLite: the BEGIN IMMEDIATE of the migration's transaction is the lock.
+        yield
+        return
+    conn.exec_driver_sql(f"SELECT pg_advisory_lock({MIGRATION_LOCK_KEY})")
+    conn.commit()  # a session-level lock outlives this transaction; the migration's own begins next
+    try:
+        yield
+    finally:
+        if conn.in_transaction():
+            conn.rollback()
+        conn.exec_driver_sql(f"SELECT pg_advisory_unlock({MIGRATION_LOCK_KEY})")
+        conn.commit()

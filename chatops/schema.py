@@ -1,0 +1,214 @@
+"""The database schema, owned here and used by the bot and the workers alike.
+
+Portable types only (they run on SQLite for `mm-bot dev` and on PostgreSQL in production). States are short
+strings with CHECK constraints rather than database enums, so adding a state is a one-line migration.
+Every constraint is named by the metadata's naming convention, which Alembic's batch mode on SQLite needs.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+SESSION_KINDS = ("thread", "job")
+SESSION_STATUSES = ("idle", "queued", "running", "awaiting_approval")
+APPROVAL_STATES = ("pending", "approved", "rejected", "expired")
+DECISIONS = ("approved", "rejected", "auto")
+JOB_RUN_STATUSES = ("scheduled", "running", "succeeded", "failed")
+
+# SQLite only auto-increments an INTEGER PRIMARY KEY; PostgreSQL gets the 64 bits.
+BigId = BigInteger().with_variant(Integer(), "sqlite")
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Aware datetimes in, aware UTC datetimes out, on SQLite too (which stores them without a zone)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime: pass an aware one (datetime.now(UTC))")
+        return value.astimezone(UTC)
+
+    def process_result_value(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def new_id() -> str:
+    return str(uuid.uuid4())
+
+
+def _one_of(column: str, values: tuple[str, ...]) -> str:
+    return f"{column} IN ({', '.join(repr(v) for v in values)})"
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+    type_annotation_map = {datetime: UTCDateTime(), dict[str, Any]: JSON()}
+
+
+class Session(Base):
+    """One Slack thread, or one job run. Its conversation is the append-only log in session_events."""
+
+    __tablename__ = "sessions"
+    __table_args__ = (
+        UniqueConstraint("channel_id", "thread_ts"),
+        CheckConstraint(_one_of("kind", SESSION_KINDS), name="kind"),
+        CheckConstraint(_one_of("status", SESSION_STATUSES), name="status"),
+        Index(None, "status", "lease_expires_at"),
+    )
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
+    kind: Mapped[str] = mapped_column(String(16), default="thread")
+    team_id: Mapped[str | None] = mapped_column(String(32))
+    channel_id: Mapped[str | None] = mapped_column(String(32))
+    thread_ts: Mapped[str | None] = mapped_column(String(32))
+    requester: Mapped[str | None] = mapped_column(String(32))
+    workspace: Mapped[str | None] = mapped_column(Text)
+    agent_name: Mapped[str | None] = mapped_column(String(100))
+    agent_config: Mapped[dict[str, Any] | None]
+    status: Mapped[str] = mapped_column(String(24), default="idle")
+    # None: the channel's (or the config's) yolo; "Approve all in this thread" sets it to True.
+    yolo: Mapped[bool | None] = mapped_column(Boolean)
+    # Fencing: the token only ever grows, and every append checks it, so an expired owner cannot write.
+    lease_token: Mapped[int] = mapped_column(BigInteger, default=0)
+    lease_owner: Mapped[str | None] = mapped_column(String(200))
+    lease_expires_at: Mapped[datetime | None]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+
+
+class SessionEvent(Base):
+    """One entry of a session's log (mm_core.log), as its to_dict() JSON; seq numbers the entries from 0."""
+
+    __tablename__ = "session_events"
+
+    session_id: Mapped[str] = mapped_column(ForeignKey("sessions.id", ondelete="CASCADE"), primary_key=True)
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    kind: Mapped[str] = mapped_column(String(32))
+    payload: Mapped[dict[str, Any]]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class ToolCall(Base):
+    """A projection of the log for people and dashboards: one row per tool call, kept up to date on append."""
+
+    __tablename__ = "tool_calls"
+    __table_args__ = (
+        # Call ids come from the model and are unique only within a conversation.
+        UniqueConstraint("session_id", "call_id"),
+        CheckConstraint(_one_of("decision", DECISIONS), name="decision"),
+    )
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    session_id: Mapped[str] = mapped_column(ForeignKey("sessions.id", ondelete="CASCADE"))
+    call_id: Mapped[str] = mapped_column(String(200))
+    tool: Mapped[str] = mapped_column(String(100))
+    agent: Mapped[str | None] = mapped_column(String(100))
+    arguments: Mapped[str | None] = mapped_column(Text)
+    output: Mapped[str | None] = mapped_column(Text)
+    status: Mapped[str] = mapped_column(String(24), default="requested")
+    started_at: Mapped[datetime | None]
+    finished_at: Mapped[datetime | None]
+    duration_ms: Mapped[int | None] = mapped_column(Integer)
+    decision: Mapped[str | None] = mapped_column(String(16))
+    decided_by: Mapped[str | None] = mapped_column(String(64))
+
+
+class Approval(Base):
+    """A gated tool call waiting for a person: pending → approved | rejected | expired, by compare-and-set."""
+
+    __tablename__ = "approvals"
+    __table_args__ = (
+        CheckConstraint(_one_of("state", APPROVAL_STATES), name="state"),
+        Index(None, "state", "expires_at"),
+    )
+
+    call_id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    session_id: Mapped[str] = mapped_column(ForeignKey("sessions.id", ondelete="CASCADE"), index=True)
+    tool: Mapped[str] = mapped_column(String(100))
+    arguments: Mapped[str | None] = mapped_column(Text)
+    preview: Mapped[str | None] = mapped_column(Text)
+    requested_by: Mapped[str | None] = mapped_column(String(64))
+    state: Mapped[str] = mapped_column(String(16), default="pending")
+    decided_by: Mapped[str | None] = mapped_column(String(64))
+    decided_at: Mapped[datetime | None]
+    expires_at: Mapped[datetime | None]
+    message_ts: Mapped[str | None] = mapped_column(String(32))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Error(Base):
+    """The reference's session `errors` array, queryable: where it happened, what, when."""
+
+    __tablename__ = "errors"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    session_id: Mapped[str | None] = mapped_column(ForeignKey("sessions.id", ondelete="SET NULL"), index=True)
+    where: Mapped[str] = mapped_column(String(64))
+    message: Mapped[str] = mapped_column(Text)
+    detail: Mapped[dict[str, Any] | None]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class SlackEvent(Base):
+    """Event ids already processed: Slack retries deliveries, and each must act once."""
+
+    __tablename__ = "slack_events"
+
+    event_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    received_at: Mapped[datetime] = mapped_column(default=utcnow, index=True)
+
+
+class JobRun(Base):
+    """One firing of a scheduled job; the unique (job, time) makes a schedule fired twice run once."""
+
+    __tablename__ = "job_runs"
+    __table_args__ = (
+        UniqueConstraint("job_name", "scheduled_for"),
+        CheckConstraint(_one_of("status", JOB_RUN_STATUSES), name="status"),
+    )
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    job_name: Mapped[str] = mapped_column(String(100))
+    scheduled_for: Mapped[datetime]
+    session_id: Mapped[str | None] = mapped_column(ForeignKey("sessions.id", ondelete="SET NULL"))
+    started_at: Mapped[datetime | None]
+    finished_at: Mapped[datetime | None]
+    status: Mapped[str] = mapped_column(String(16), default="scheduled")
+    summary: Mapped[str | None] = mapped_column(Text)
