@@ -1,0 +1,329 @@
+"""The session log in the database (mm_core.log.Store), leases with fencing, and approvals by compare-and-set.
+
+Every write that must not race is one statement or one transaction whose condition is checked by the database
+itself: an append checks the lease token under a row lock, a lease is taken only if it is free or expired, an
+approval changes only while it is pending. The side tables (tool_calls, errors) are projections of the log,
+written in the append's own transaction so they never disagree with it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Connection, Engine, func, insert, or_, select, update
+from sqlalchemy.exc import IntegrityError
+
+from chatops.schema import Approval, Error, Session, SessionEvent, SlackEvent, ToolCall, utcnow
+from mm_core.log import (
+    ApprovalDecision,
+    AssistantMessage,
+    Entry,
+    ErrorRecord,
+    Fenced,
+    ToolResult,
+    ToolStarted,
+    from_dict,
+    to_dict,
+)
+
+
+class UnknownSession(LookupError):
+    pass
+
+
+class DbStore:
+    """mm_core's Store over the database; with a lease token, appends stop (Fenced) once the lease is lost."""
+
+    def __init__(self, engine: Engine, lease_token: int | None = None):
+        self.engine = engine
+        self.lease_token = lease_token
+
+    def load(self, session_id: str) -> list[Entry]:
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                select(SessionEvent.payload).where(SessionEvent.session_id == session_id).order_by(SessionEvent.seq)
+            )
+            return [from_dict(payload) for (payload,) in rows]
+
+    def append(self, session_id: str, entry: Entry) -> None:
+        with self.engine.begin() as conn:
+            # The row lock orders this append against a lease takeover: either the takeover waits for this
+            # commit, or this append sees the new token and writes nothing.
+            token = conn.execute(
+                select(Session.lease_token).where(Session.id == session_id).with_for_update()
+            ).scalar_one_or_none()
+            if token is None:
+                raise UnknownSession(session_id)
+            if self.lease_token is not None and token != self.lease_token:
+                raise Fenced(f"session {session_id}: lease token {self.lease_token} was superseded by {token}")
+            seq = conn.execute(
+                select(func.coalesce(func.max(SessionEvent.seq) + 1, 0)).where(SessionEvent.session_id == session_id)
+            ).scalar_one()
+            now = utcnow()
+            conn.execute(
+                insert(SessionEvent).values(
+                    session_id=session_id, seq=seq, kind=entry.kind, payload=to_dict(entry), created_at=now
+                )
+            )
+            _project(conn, session_id, entry, now)
+
+
+def _project(conn: Connection, session_id: str, entry: Entry, now: datetime) -> None:
+    match entry:
+        case AssistantMessage(tool_calls=calls, agent=agent):
+            for call in calls:
+                _upsert_call(conn, session_id, call.id, tool=call.name, arguments=call.arguments, agent=agent)
+        case ToolStarted(call_id=call_id, tool=tool, agent=agent):
+            row = _upsert_call(conn, session_id, call_id, tool=tool, agent=agent, status="running", started_at=now)
+            # No decision recorded before it started: it ran without asking (yolo).
+            conn.execute(
+                update(ToolCall).where(ToolCall.id == row, ToolCall.decision.is_(None)).values(decision="auto")
+            )
+        case ToolResult():
+            _upsert_call(
+                conn,
+                session_id,
+                entry.call_id,
+                tool=entry.tool,
+                agent=entry.agent,
+                output=entry.output,
+                status=entry.status,
+                finished_at=now,
+                duration_ms=entry.duration_ms,
+            )
+        case ApprovalDecision(call_id=call_id, approved=approved, by=by):
+            decision = "approved" if approved else "rejected"
+            _upsert_call(conn, session_id, call_id, decision=decision, decided_by=by)
+        case ErrorRecord(message=message, where=where):
+            conn.execute(insert(Error).values(session_id=session_id, where=where, message=message, created_at=now))
+        case _:
+            pass
+
+
+def _upsert_call(conn: Connection, session_id: str, call_id: str, **values: Any) -> int:
+    """Update the call's row, or create it; never fails the append (the session row lock serializes us)."""
+    values = {k: v for k, v in values.items() if v is not None}
+    row = conn.execute(
+        select(ToolCall.id).where(ToolCall.session_id == session_id, ToolCall.call_id == call_id)
+    ).scalar_one_or_none()
+    if row is not None:
+        if values:
+            conn.execute(update(ToolCall).where(ToolCall.id == row).values(**values))
+        return row
+    values.setdefault("tool", "")
+    return conn.execute(
+        insert(ToolCall).values(session_id=session_id, call_id=call_id, **values).returning(ToolCall.id)
+    ).scalar_one()
+
+
+# --- sessions -----------------------------------------------------------------------------------------------
+
+
+def ensure_session(
+    engine: Engine,
+    *,
+    channel_id: str | None,
+    thread_ts: str | None,
+    kind: str = "thread",
+    team_id: str | None = None,
+    requester: str | None = None,
+    **values: Any,
+) -> str:
+    """The id of the thread's session, created on first use; two bots racing get the same one."""
+    find = select(Session.id).where(Session.channel_id == channel_id, Session.thread_ts == thread_ts)
+    for _ in range(2):
+        with engine.begin() as conn:
+            if thread_ts is not None and (found := conn.execute(find).scalar_one_or_none()):
+                return found
+            try:
+                with conn.begin_nested():
+                    return conn.execute(
+                        insert(Session)
+                        .values(
+                            kind=kind,
+                            channel_id=channel_id,
+                            thread_ts=thread_ts,
+                            team_id=team_id,
+                            requester=requester,
+                            **values,
+                        )
+                        .returning(Session.id)
+                    ).scalar_one()
+            except IntegrityError:
+                continue  # another process created it between our read and our insert: read it again
+    raise RuntimeError(f"could not create the session of {channel_id}/{thread_ts}")
+
+
+def set_status(engine: Engine, session_id: str, status: str, *, expect: str | None = None) -> bool:
+    """Set the session's status (only if it is `expect`, when given); True if it changed."""
+    stmt = update(Session).where(Session.id == session_id)
+    if expect is not None:
+        stmt = stmt.where(Session.status == expect)
+    with engine.begin() as conn:
+        return conn.execute(stmt.values(status=status, updated_at=utcnow())).rowcount == 1
+
+
+def record_slack_event(engine: Engine, event_id: str) -> bool:
+    """True the first time an event id is seen, False for Slack's retries of it."""
+    try:
+        with engine.begin() as conn:
+            conn.execute(insert(SlackEvent).values(event_id=event_id, received_at=utcnow()))
+        return True
+    except IntegrityError:
+        return False
+
+
+def record_error(engine: Engine, where: str, message: str, *, session_id: str | None = None, detail: Any = None) -> None:
+    """An error outside any turn's log (a failed Slack call, a crashed task): kept for the operators."""
+    with engine.begin() as conn:
+        conn.execute(
+            insert(Error).values(session_id=session_id, where=where, message=message, detail=detail, created_at=utcnow())
+        )
+
+
+# --- leases -------------------------------------------------------------------------------------------------
+
+
+def acquire_lease(engine: Engine, session_id: str, owner: str, ttl_s: float, now: datetime | None = None) -> int | None:
+    """Take the session if nobody holds it or the holder's lease expired; the new, larger token, or None."""
+    now = now or utcnow()
+    stmt = (
+        update(Session)
+        .where(
+            Session.id == session_id,
+            or_(Session.lease_owner.is_(None), Session.lease_expires_at.is_(None), Session.lease_expires_at <= now),
+        )
+        .values(
+            lease_token=Session.lease_token + 1,
+            lease_owner=owner,
+            lease_expires_at=now + timedelta(seconds=ttl_s),
+            updated_at=now,
+        )
+        .returning(Session.lease_token)
+    )
+    with engine.begin() as conn:
+        return conn.execute(stmt).scalar_one_or_none()
+
+
+def renew_lease(engine: Engine, session_id: str, token: int, ttl_s: float, now: datetime | None = None) -> bool:
+    """Extend the lease if `token` still holds it (even expired, as long as nobody took it over)."""
+    now = now or utcnow()
+    with engine.begin() as conn:
+        result = conn.execute(
+            update(Session)
+            .where(Session.id == session_id, Session.lease_token == token, Session.lease_owner.is_not(None))
+            .values(lease_expires_at=now + timedelta(seconds=ttl_s))
+        )
+        return result.rowcount == 1
+
+
+def release_lease(engine: Engine, session_id: str, token: int) -> bool:
+    """Give the session up; the token stays (tokens only grow, so old writers stay fenced)."""
+    with engine.begin() as conn:
+        result = conn.execute(
+            update(Session)
+            .where(Session.id == session_id, Session.lease_token == token)
+            .values(lease_owner=None, lease_expires_at=None, updated_at=utcnow())
+        )
+        return result.rowcount == 1
+
+
+# --- approvals ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ApprovalRow:
+    call_id: str
+    session_id: str
+    tool: str
+    arguments: str | None
+    preview: str | None
+    requested_by: str | None
+    state: str
+    decided_by: str | None
+    decided_at: datetime | None
+    expires_at: datetime | None
+    message_ts: str | None
+
+
+_APPROVAL_COLUMNS = [getattr(Approval, f) for f in ApprovalRow.__dataclass_fields__]
+
+
+def request_approval(
+    engine: Engine,
+    *,
+    call_id: str,
+    session_id: str,
+    tool: str,
+    arguments: str | None = None,
+    preview: str | None = None,
+    requested_by: str | None = None,
+    timeout_s: float | None = None,
+    now: datetime | None = None,
+) -> ApprovalRow:
+    """Record a pending approval; asking again for the same call (a resumed turn) returns the existing row."""
+    now = now or utcnow()
+    try:
+        with engine.begin() as conn:
+            conn.execute(
+                insert(Approval).values(
+                    call_id=call_id,
+                    session_id=session_id,
+                    tool=tool,
+                    arguments=arguments,
+                    preview=preview,
+                    requested_by=requested_by,
+                    state="pending",
+                    expires_at=now + timedelta(seconds=timeout_s) if timeout_s is not None else None,
+                    created_at=now,
+                )
+            )
+    except IntegrityError:
+        pass
+    found = get_approval(engine, call_id)
+    if found is None or found.session_id != session_id:
+        raise ValueError(f"call id {call_id!r} is already used by another session")
+    return found
+
+
+def get_approval(engine: Engine, call_id: str) -> ApprovalRow | None:
+    with engine.connect() as conn:
+        row = conn.execute(select(*_APPROVAL_COLUMNS).where(Approval.call_id == call_id)).first()
+    return ApprovalRow(*row) if row else None
+
+
+def set_approval_message(engine: Engine, call_id: str, message_ts: str) -> None:
+    """Remember the Slack message that shows the approval, to update it once decided."""
+    with engine.begin() as conn:
+        conn.execute(update(Approval).where(Approval.call_id == call_id).values(message_ts=message_ts))
+
+
+def decide_approval(engine: Engine, call_id: str, approved: bool, by: str, now: datetime | None = None) -> bool:
+    """Approve or reject; True only for the one decision that won (pending and not yet expired)."""
+    now = now or utcnow()
+    with engine.begin() as conn:
+        result = conn.execute(
+            update(Approval)
+            .where(
+                Approval.call_id == call_id,
+                Approval.state == "pending",
+                or_(Approval.expires_at.is_(None), Approval.expires_at > now),
+            )
+            .values(state="approved" if approved else "rejected", decided_by=by, decided_at=now)
+        )
+        return result.rowcount == 1
+
+
+def expire_approvals(engine: Engine, now: datetime | None = None) -> list[ApprovalRow]:
+    """Expire every pending approval past its time; the rows that this call expired (to tell their threads)."""
+    now = now or utcnow()
+    with engine.begin() as conn:
+        rows = conn.execute(
+            update(Approval)
+            .where(Approval.state == "pending", Approval.expires_at <= now)
+            .values(state="expired", decided_at=now)
+            .returning(*_APPROVAL_COLUMNS)
+        ).all()
+    return [ApprovalRow(*row) for row in rows]

@@ -1,0 +1,230 @@
+"""The database store, on SQLite and on PostgreSQL: the log, fencing, leases, approvals and the projections."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import Engine, select
+
+from chatops import db, store
+from chatops.schema import Error, SessionEvent, ToolCall, utcnow
+from mm_core.log import (
+    ApprovalDecision,
+    AssistantMessage,
+    Compaction,
+    ErrorRecord,
+    Fenced,
+    Reset,
+    ToolCallRequest,
+    ToolResult,
+    ToolStarted,
+    TurnEnded,
+    UserMessage,
+)
+
+EVERY_KIND = [
+    UserMessage("fix the build ✅", author="U01ALICE"),
+    AssistantMessage(
+        "Looking.",
+        tool_calls=(ToolCallRequest("c1", "bash", '{"command": "make"}'), ToolCallRequest("c2", "read_file", "{}")),
+        prompt_tokens=120,
+        completion_tokens=9,
+    ),
+    ApprovalDecision("c1", approved=True, by="U02BOB", all=True),
+    ToolStarted("c1", "bash"),
+    ToolResult("c1", "bash", "ok\n", status="ok", duration_ms=42),
+    ToolStarted("c2", "read_file", agent="reviewer"),
+    ToolResult("c2", "read_file", "", status="error", duration_ms=0, agent="reviewer"),
+    Compaction("they asked to fix the build", keep_from=3),
+    ErrorRecord("the model stalled", where="generation"),
+    TurnEnded("answered"),
+    Reset(),
+]
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def engine(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path_factory.mktemp('store') / 'mm.sqlite3'}"
+    else:
+        url = request.getfixturevalue("pg_url")
+    db.migrate(url)
+    engine = db.engine_for(url)
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture
+def session_id(engine: Engine) -> str:
+    return store.ensure_session(engine, channel_id="C0123ABCD", thread_ts=f"{uuid.uuid4().int % 10**10}.000100")
+
+
+def _concurrently(n: int, fn: Callable[[int], object]) -> list[object]:
+    barrier = threading.Barrier(n)
+    results: list[object] = [None] * n
+
+    def run(i: int) -> None:
+        barrier.wait()
+        try:
+            results[i] = fn(i)
+        except BaseException as e:  # noqa: BLE001 - the test looks at what each thread got
+            results[i] = e
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    return results
+
+
+def test_every_entry_kind_roundtrips(engine: Engine, session_id: str) -> None:
+    log = store.DbStore(engine)
+    for entry in EVERY_KIND:
+        log.append(session_id, entry)
+    assert log.load(session_id) == EVERY_KIND
+    with engine.connect() as conn:
+        seqs = conn.execute(select(SessionEvent.seq).where(SessionEvent.session_id == session_id)).scalars().all()
+    assert sorted(seqs) == list(range(len(EVERY_KIND)))
+
+
+def test_unknown_session_is_refused(engine: Engine) -> None:
+    with pytest.raises(store.UnknownSession):
+        store.DbStore(engine).append("no-such-session", UserMessage("hi"))
+    assert store.DbStore(engine).load("no-such-session") == []
+
+
+def test_concurrent_appends_get_distinct_seqs(engine: Engine, session_id: str) -> None:
+    log = store.DbStore(engine)
+    results = _concurrently(6, lambda i: log.append(session_id, UserMessage(f"m{i}")))
+    assert results == [None] * 6
+    assert sorted(e.text for e in log.load(session_id)) == [f"m{i}" for i in range(6)]
+
+
+def test_projections_into_tool_calls_and_errors(engine: Engine, session_id: str) -> None:
+    log = store.DbStore(engine)
+    for entry in EVERY_KIND[:9]:
+        log.append(session_id, entry)
+    log.append(session_id, AssistantMessage("", tool_calls=(ToolCallRequest("c3", "bash", '{"command":"rm"}'),)))
+    log.append(session_id, ApprovalDecision("c3", approved=False, by="U02BOB"))
+    log.append(session_id, ToolResult("c3", "bash", "[command rejected by the user]", status="rejected"))
+    with engine.connect() as conn:
+        calls = conn.execute(select(ToolCall.__table__).where(ToolCall.session_id == session_id))
+        rows = {r.call_id: r for r in calls}
+        errors = conn.execute(select(Error.where, Error.message).where(Error.session_id == session_id)).all()
+    c1, c2, c3 = rows["c1"], rows["c2"], rows["c3"]
+    assert (c1.tool, c1.arguments, c1.output, c1.status, c1.duration_ms) == ("bash", '{"command": "make"}', "ok\n", "ok", 42)
+    assert (c1.decision, c1.decided_by) == ("approved", "U02BOB")
+    assert c1.started_at is not None and c1.finished_at >= c1.started_at and c1.finished_at.tzinfo is not None
+    assert (c2.agent, c2.status, c2.output, c2.decision, c2.decided_by) == ("reviewer", "error", "", "auto", None)
+    assert (c3.status, c3.decision, c3.started_at, c3.output) == (
+        "rejected",
+        "rejected",
+        None,
+        "[command rejected by the user]",
+    )
+    assert errors == [("generation", "the model stalled")]
+
+
+def test_fencing_stops_an_expired_owner(engine: Engine, session_id: str) -> None:
+    t0 = utcnow()
+    old = store.acquire_lease(engine, session_id, "worker-a", ttl_s=30, now=t0)
+    assert old is not None
+    store.DbStore(engine, lease_token=old).append(session_id, UserMessage("first"))
+
+    # worker-a stalls past its lease; worker-b takes the session over.
+    new = store.acquire_lease(engine, session_id, "worker-b", ttl_s=30, now=t0 + timedelta(seconds=31))
+    assert new is not None and new > old
+    with pytest.raises(Fenced):
+        store.DbStore(engine, lease_token=old).append(session_id, ErrorRecord("late write"))
+    store.DbStore(engine, lease_token=new).append(session_id, UserMessage("second"))
+
+    assert [e.text for e in store.DbStore(engine).load(session_id)] == ["first", "second"]
+    with engine.connect() as conn:  # the fenced append's projection was not written either
+        assert conn.execute(select(Error.message).where(Error.session_id == session_id)).all() == []
+    assert not store.renew_lease(engine, session_id, old, ttl_s=30)
+    assert not store.release_lease(engine, session_id, old)
+
+
+def test_lease_compare_and_set(engine: Engine, session_id: str) -> None:
+    tokens = _concurrently(5, lambda i: store.acquire_lease(engine, session_id, f"worker-{i}", ttl_s=60))
+    winners = [t for t in tokens if t is not None]
+    assert len(winners) == 1 and all(t is None or isinstance(t, int) for t in tokens)
+    token = winners[0]
+
+    assert store.acquire_lease(engine, session_id, "late", ttl_s=60) is None  # held and not expired
+    assert store.renew_lease(engine, session_id, token, ttl_s=60)
+    assert store.release_lease(engine, session_id, token)
+    again = store.acquire_lease(engine, session_id, "next", ttl_s=60)
+    assert again == token + 1  # released: free to take, and the token still grows
+
+    # An expired lease can be taken, and only once.
+    later = utcnow() + timedelta(seconds=61)
+    takers = _concurrently(4, lambda i: store.acquire_lease(engine, session_id, f"t{i}", ttl_s=60, now=later))
+    assert [t for t in takers if t is not None] == [again + 1]
+
+
+def test_approval_first_decision_wins(engine: Engine, session_id: str) -> None:
+    call_id = f"call-{uuid.uuid4()}"
+    row = store.request_approval(
+        engine, call_id=call_id, session_id=session_id, tool="bash", arguments='{"command":"make"}',
+        preview="make", requested_by="U01ALICE", timeout_s=1800,
+    )
+    assert row.state == "pending" and row.expires_at > utcnow()
+    # Asking again (a resumed turn) keeps the one row.
+    assert store.request_approval(engine, call_id=call_id, session_id=session_id, tool="bash") == row
+
+    outcomes = _concurrently(6, lambda i: store.decide_approval(engine, call_id, i % 2 == 0, f"U0{i}"))
+    assert outcomes.count(True) == 1 and outcomes.count(False) == 5
+    winner = outcomes.index(True)
+    decided = store.get_approval(engine, call_id)
+    assert decided is not None
+    assert (decided.state, decided.decided_by) == ("approved" if winner % 2 == 0 else "rejected", f"U0{winner}")
+    assert not store.decide_approval(engine, call_id, True, "U09LATE")
+
+    store.set_approval_message(engine, call_id, "1700000000.000200")
+    assert store.get_approval(engine, call_id).message_ts == "1700000000.000200"
+
+
+def test_approvals_expire_once_and_cannot_be_decided_late(engine: Engine, session_id: str) -> None:
+    t0 = utcnow()
+    soon, later = f"soon-{uuid.uuid4()}", f"later-{uuid.uuid4()}"
+    store.request_approval(engine, call_id=soon, session_id=session_id, tool="bash", timeout_s=60, now=t0)
+    store.request_approval(engine, call_id=later, session_id=session_id, tool="bash", timeout_s=3600, now=t0)
+
+    t1 = t0 + timedelta(seconds=61)
+    assert not store.decide_approval(engine, soon, True, "U02BOB", now=t1)  # past its time, even before expiry ran
+    expired = store.expire_approvals(engine, now=t1)
+    assert [a.call_id for a in expired if a.session_id == session_id] == [soon]
+    assert expired[0].state == "expired"
+    assert [a.call_id for a in store.expire_approvals(engine, now=t1) if a.session_id == session_id] == []
+    assert store.decide_approval(engine, later, False, "U02BOB", now=t1)
+
+
+def test_call_id_of_another_session_is_refused(engine: Engine, session_id: str) -> None:
+    other = store.ensure_session(engine, channel_id="C0123ABCD", thread_ts=f"{uuid.uuid4().int % 10**10}.9")
+    call_id = f"call-{uuid.uuid4()}"
+    store.request_approval(engine, call_id=call_id, session_id=session_id, tool="bash")
+    with pytest.raises(ValueError, match="already used by another session"):
+        store.request_approval(engine, call_id=call_id, session_id=other, tool="bash")
+
+
+def test_ensure_session_is_one_per_thread(engine: Engine) -> None:
+    ts = f"{uuid.uuid4().int % 10**10}.000300"
+    ids = _concurrently(4, lambda i: store.ensure_session(engine, channel_id="C0999", thread_ts=ts, requester="U1"))
+    assert len(set(ids)) == 1 and isinstance(ids[0], str)
+    job_a = store.ensure_session(engine, channel_id="C0999", thread_ts=None, kind="job")
+    job_b = store.ensure_session(engine, channel_id="C0999", thread_ts=None, kind="job")
+    assert job_a != job_b
+
+
+def test_status_compare_and_set_and_slack_event_dedupe(engine: Engine, session_id: str) -> None:
+    assert store.set_status(engine, session_id, "queued", expect="idle")
+    assert not store.set_status(engine, session_id, "queued", expect="idle")
+    event_id = f"Ev{uuid.uuid4().hex[:10]}"
+    firsts = _concurrently(4, lambda i: store.record_slack_event(engine, event_id))
+    assert sorted(firsts) == [False, False, False, True]
