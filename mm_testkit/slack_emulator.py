@@ -1,0 +1,551 @@
+"""A Slack Web API emulator on 127.0.0.1, with state, for tests of the bot and the workers.
+
+    with SlackEmulator() as slack:
+        client = slack_sdk.WebClient(token=slack.bot_token, base_url=slack.url)
+        client.chat_postMessage(channel="C0TEST", text="hi")
+        assert slack.messages("C0TEST")[0]["text"] == "hi"
+
+Methods live at `/api/<method>` and answer Slack's shapes (`{"ok": true, ...}` or `{"ok": false, "error": ...}`,
+HTTP 200 either way). Form-encoded, multipart and JSON bodies are accepted; the token comes from
+`Authorization: Bearer ...` or a `token` parameter. Every call is recorded (`calls`, `calls_to(method)`).
+`fail()` and `rate_limit()` make a method misbehave a number of times.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import mimetypes
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from mm_testkit._server_thread import ThreadedAiohttpServer
+
+Params = dict[str, Any]
+# Parameters that form-encoded callers send as JSON text; decoded so state holds one shape.
+_JSON_PARAMS = {"blocks", "attachments", "files", "chunks", "metadata", "view", "loading_messages"}
+
+
+class SlackError(Exception):
+    """Raised by a method handler: answered as `{"ok": false, "error": <error>}`."""
+
+    def __init__(self, error: str, **extra: Any) -> None:
+        super().__init__(error)
+        self.error = error
+        self.extra = extra
+
+
+@dataclass
+class SlackCall:
+    """One recorded Web API call; `response` is the JSON answered, `status` its HTTP status."""
+
+    method: str
+    params: Params
+    headers: dict[str, str]
+    time: float
+    status: int = 200
+    response: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class _Injected:
+    times: int
+    error: str | None = None  # ok:false with this error
+    retry_after: int | None = None  # HTTP 429 with this Retry-After
+
+
+class SlackEmulator(ThreadedAiohttpServer):
+    """Stateful Slack Web API emulator. `url` ends with `/api/` (pass it as slack_sdk's `base_url`).
+
+    State a test can read: `messages(channel, thread_ts=None)`, `message(channel, ts)`, `ephemerals`,
+    `statuses` ({(channel, thread_ts): [status, ...]}), `views` (published/opened views), `uploads`
+    ({file_id: bytes}), `responses` (bodies POSTed to `response_url()` URLs).
+    """
+
+    def __init__(
+        self,
+        bot_token: str = "xoxb-test-token",
+        team_id: str = "T0TESTTEAM",
+        team_name: str = "Test Team",
+        bot_user_id: str = "U0BOT",
+        bot_id: str = "B0BOT",
+        app_id: str = "A0TESTAPP",
+        bot_name: str = "mm",
+    ) -> None:
+        super().__init__()
+        self.bot_token, self.team_id, self.team_name = bot_token, team_id, team_name
+        self.bot_user_id, self.bot_id, self.app_id, self.bot_name = bot_user_id, bot_id, app_id, bot_name
+        self.tokens = {bot_token}
+        self._lock = threading.RLock()
+        self._methods: dict[str, Callable[[Params], dict[str, Any]]] = {
+            "auth.test": self._auth_test,
+            "chat.postMessage": self._post_message,
+            "chat.update": self._update,
+            "chat.postEphemeral": self._post_ephemeral,
+            "chat.delete": self._delete,
+            "chat.getPermalink": self._permalink,
+            "chat.startStream": self._start_stream,
+            "chat.appendStream": self._append_stream,
+            "chat.stopStream": self._stop_stream,
+            "reactions.add": self._reaction_add,
+            "reactions.remove": self._reaction_remove,
+            "conversations.replies": self._replies,
+            "conversations.history": self._history,
+            "conversations.info": self._conversation_info,
+            "users.info": self._user_info,
+            "usergroups.users.list": self._usergroup_users,
+            "assistant.threads.setStatus": self._set_status,
+            "views.publish": self._views_publish,
+            "views.open": self._views_open,
+            "views.update": self._views_update,
+            "files.getUploadURLExternal": self._upload_url,
+            "files.completeUploadExternal": self._complete_upload,
+            "files.info": self._file_info,
+        }
+        self.reset()
+
+    @property
+    def url(self) -> str:
+        return f"{self.base}/api/"
+
+    # -- seeding and inspection -----------------------------------------------------------------------------
+
+    def reset(self) -> None:
+        """Forget all state and recorded calls; re-seed the bot user."""
+        with self._lock:
+            self.calls: list[SlackCall] = []
+            self.users: dict[str, dict[str, Any]] = {}
+            self.channels: dict[str, dict[str, Any]] = {}
+            self.usergroups: dict[str, dict[str, Any]] = {}
+            self._messages: dict[str, list[dict[str, Any]]] = {}
+            self.ephemerals: list[dict[str, Any]] = []
+            self.statuses: dict[tuple[str, str], list[str]] = {}
+            self.views: list[dict[str, Any]] = []
+            self.uploads: dict[str, bytes] = {}
+            self.files: dict[str, dict[str, Any]] = {}
+            self.responses: list[dict[str, Any]] = []
+            self._injected: dict[str, list[_Injected]] = {}
+            self._last_ts_us = 0
+            self._ids = itertools.count(1)
+            self.add_user(self.bot_user_id, self.bot_name, is_bot=True)
+
+    def add_user(self, user_id: str, name: str, *, real_name: str | None = None, is_admin: bool = False,
+                 is_bot: bool = False, tz: str = "Europe/Paris", email: str | None = None) -> dict[str, Any]:
+        """Seed a user that users.info returns."""
+        real = real_name or name.title()
+        profile = {"real_name": real, "display_name": name, "email": email or f"{name}@example.com"}
+        user = {"id": user_id, "team_id": self.team_id, "name": name, "deleted": False, "real_name": real,
+                "tz": tz, "tz_offset": 3600, "is_admin": is_admin, "is_owner": False, "is_bot": is_bot,
+                "is_app_user": False, "profile": profile}
+        if is_bot:
+            profile["bot_id"] = self.bot_id
+        with self._lock:
+            self.users[user_id] = user
+        return user
+
+    def add_channel(self, channel_id: str, name: str, *, is_private: bool = False) -> dict[str, Any]:
+        """Seed a channel that conversations.info returns (channels are also made on first post)."""
+        channel = {"id": channel_id, "name": name, "is_channel": not is_private, "is_group": is_private,
+                   "is_im": channel_id.startswith("D"), "is_private": is_private, "is_archived": False,
+                   "is_member": True, "created": 1700000000, "creator": self.bot_user_id,
+                   "context_team_id": self.team_id}
+        with self._lock:
+            self.channels[channel_id] = channel
+        return channel
+
+    def add_usergroup(self, group_id: str, handle: str, users: list[str]) -> dict[str, Any]:
+        """Seed a user group (`S...`) that usergroups.users.list returns."""
+        group = {"id": group_id, "team_id": self.team_id, "handle": handle, "name": handle, "users": list(users)}
+        with self._lock:
+            self.usergroups[group_id] = group
+        return group
+
+    def add_message(self, channel: str, text: str, user: str, *, thread_ts: str | None = None) -> dict[str, Any]:
+        """Seed a message from a person (as if typed in Slack); returns it, with its ts."""
+        message = {"type": "message", "user": user, "text": text, "team": self.team_id,
+                   "client_msg_id": f"00000000-0000-4000-8000-{next(self._ids):012d}"}
+        with self._lock:
+            return self._store(channel, message, thread_ts)
+
+    def messages(self, channel: str, thread_ts: str | None = None) -> list[dict[str, Any]]:
+        """A thread's messages, parent first (thread_ts given), or the channel's top-level messages, oldest first."""
+        with self._lock:
+            stored = self._messages.get(channel, [])
+            if thread_ts is None:
+                chosen = [m for m in stored if m.get("thread_ts", m["ts"]) == m["ts"]]
+            else:
+                chosen = [m for m in stored if m["ts"] == thread_ts or m.get("thread_ts") == thread_ts]
+            return json.loads(json.dumps(chosen))  # copies: the server thread keeps mutating its own
+
+    def message(self, channel: str, ts: str) -> dict[str, Any] | None:
+        with self._lock:
+            found = self._find(channel, ts)
+            return json.loads(json.dumps(found)) if found else None
+
+    def calls_to(self, method: str) -> list[SlackCall]:
+        with self._lock:
+            return [call for call in self.calls if call.method == method]
+
+    def fail(self, method: str, error: str, times: int = 1) -> None:
+        """Make `method` answer `{"ok": false, "error": error}` for its next `times` calls."""
+        with self._lock:
+            self._injected.setdefault(method, []).append(_Injected(times, error=error))
+
+    def rate_limit(self, method: str, times: int = 1, retry_after: int = 1) -> None:
+        """Make `method` answer HTTP 429 with `Retry-After: retry_after` for its next `times` calls."""
+        with self._lock:
+            self._injected.setdefault(method, []).append(_Injected(times, retry_after=retry_after))
+
+    def response_url(self) -> str:
+        """A response_url on this emulator; what the bot POSTs there lands in `responses`."""
+        return f"{self.base}/response-url/{self.team_id}/{next(self._ids)}"
+
+    # -- HTTP -----------------------------------------------------------------------------------------------
+
+    def make_app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_route("*", "/api/{method}", self._api)
+        app.router.add_post("/upload/v1/{file_id}", self._upload)
+        app.router.add_post("/response-url/{team}/{n}", self._response_url_post)
+        return app
+
+    async def _api(self, request: web.Request) -> web.Response:
+        method = request.match_info["method"]
+        params = await _read_params(request)
+        call = SlackCall(method, params, dict(request.headers), time.time())
+        with self._lock:
+            self.calls.append(call)
+            call.status, call.response, headers = self._answer(method, params, request.headers)
+        return web.json_response(call.response, status=call.status, headers=headers)
+
+    def _answer(self, method: str, params: Params, headers: Any) -> tuple[int, dict[str, Any], dict[str, str]]:
+        auth = headers.get("Authorization", "")
+        token = auth.removeprefix("Bearer ") if auth.startswith("Bearer ") else params.get("token")
+        if method not in self._methods:
+            return 200, {"ok": False, "error": "unknown_method"}, {}
+        if not token:
+            return 200, {"ok": False, "error": "not_authed"}, {}
+        if token not in self.tokens:
+            return 200, {"ok": False, "error": "invalid_auth"}, {}
+        queue = self._injected.get(method)
+        if queue:
+            injected = queue[0]
+            injected.times -= 1
+            if injected.times <= 0:
+                queue.pop(0)
+            if injected.retry_after is not None:
+                return 429, {"ok": False, "error": "ratelimited"}, {"Retry-After": str(injected.retry_after)}
+            return 200, {"ok": False, "error": injected.error}, {}
+        try:
+            return 200, {"ok": True} | self._methods[method](params), {}
+        except SlackError as exc:
+            return 200, {"ok": False, "error": exc.error} | exc.extra, {}
+
+    async def _upload(self, request: web.Request) -> web.Response:
+        file_id = request.match_info["file_id"]
+        data = await request.read()
+        with self._lock:
+            if file_id not in self.files:
+                return web.Response(status=404, text="unknown upload url")
+            self.uploads[file_id] = data
+        return web.Response(text=f"OK - {len(data)}")
+
+    async def _response_url_post(self, request: web.Request) -> web.Response:
+        with self._lock:
+            self.responses.append({"url": str(request.url), "body": await request.json()})
+        return web.Response(text="ok")
+
+    # -- state helpers --------------------------------------------------------------------------------------
+
+    def _domain(self) -> str:
+        return self.team_name.lower().replace(" ", "")
+
+    def _new_ts(self) -> str:
+        # Slack's ts: seconds.microseconds of the post time, unique and increasing in a channel.
+        self._last_ts_us = max(int(time.time() * 1_000_000), self._last_ts_us + 100)
+        return f"{self._last_ts_us // 1_000_000}.{self._last_ts_us % 1_000_000:06d}"
+
+    def _find(self, channel: str, ts: str) -> dict[str, Any] | None:
+        return next((m for m in self._messages.get(channel, []) if m["ts"] == ts), None)
+
+    def _require(self, params: Params, *names: str) -> list[Any]:
+        missing = [name for name in names if params.get(name) in (None, "")]
+        if missing:
+            messages = [f"[ERROR] missing required field: {name}" for name in missing]
+            raise SlackError("invalid_arguments", response_metadata={"messages": messages})
+        return [params[name] for name in names]
+
+    def _existing(self, channel: str, ts: str) -> dict[str, Any]:
+        found = self._find(channel, ts)
+        if found is None:
+            raise SlackError("message_not_found")
+        return found
+
+    def _store(self, channel: str, message: dict[str, Any], thread_ts: str | None) -> dict[str, Any]:
+        if channel not in self.channels:
+            self.add_channel(channel, channel.lower())
+        message["ts"] = self._new_ts()
+        if thread_ts:
+            message["thread_ts"] = thread_ts
+            parent = self._find(channel, thread_ts)
+            if parent is not None:
+                parent.setdefault("thread_ts", thread_ts)
+                parent["reply_count"] = parent.get("reply_count", 0) + 1
+                users = parent.setdefault("reply_users", [])
+                if message.get("user") and message["user"] not in users:
+                    users.append(message["user"])
+                parent["reply_users_count"] = len(users)
+                parent["latest_reply"] = message["ts"]
+        self._messages.setdefault(channel, []).append(message)
+        return message
+
+    def _bot_message(self, params: Params) -> dict[str, Any]:
+        message = {"type": "message", "user": self.bot_user_id, "bot_id": self.bot_id, "app_id": self.app_id,
+                   "team": self.team_id, "text": params.get("text") or params.get("markdown_text") or ""}
+        for key in ("blocks", "attachments", "metadata"):
+            if params.get(key):
+                message[key] = params[key]
+        return message
+
+    # -- methods --------------------------------------------------------------------------------------------
+
+    def _auth_test(self, params: Params) -> dict[str, Any]:
+        return {"url": f"https://{self._domain()}.slack.com/", "team": self.team_name,
+                "user": self.bot_name, "team_id": self.team_id, "user_id": self.bot_user_id,
+                "bot_id": self.bot_id, "is_enterprise_install": False}
+
+    def _post_message(self, params: Params) -> dict[str, Any]:
+        [channel] = self._require(params, "channel")
+        if not (params.get("text") or params.get("blocks") or params.get("attachments")):
+            raise SlackError("no_text")
+        message = self._store(channel, self._bot_message(params), params.get("thread_ts"))
+        return {"channel": channel, "ts": message["ts"], "message": message}
+
+    def _update(self, params: Params) -> dict[str, Any]:
+        channel, ts = self._require(params, "channel", "ts")
+        message = self._existing(channel, ts)
+        if message.get("user") != self.bot_user_id:
+            raise SlackError("cant_update_message")
+        for key in ("text", "blocks", "attachments", "metadata"):
+            if key in params:
+                message[key] = params[key]
+        message["edited"] = {"user": self.bot_user_id, "ts": self._new_ts()}
+        return {"channel": channel, "ts": ts, "text": message.get("text", ""), "message": message}
+
+    def _post_ephemeral(self, params: Params) -> dict[str, Any]:
+        channel, user = self._require(params, "channel", "user")
+        message = self._bot_message(params) | {"channel": channel, "to_user": user, "ts": self._new_ts()}
+        if params.get("thread_ts"):
+            message["thread_ts"] = params["thread_ts"]
+        self.ephemerals.append(message)
+        return {"message_ts": message["ts"]}
+
+    def _delete(self, params: Params) -> dict[str, Any]:
+        channel, ts = self._require(params, "channel", "ts")
+        message = self._existing(channel, ts)
+        if message.get("user") != self.bot_user_id:
+            raise SlackError("cant_delete_message")
+        self._messages[channel].remove(message)
+        return {"channel": channel, "ts": ts}
+
+    def _permalink(self, params: Params) -> dict[str, Any]:
+        channel, ts = self._require(params, "channel", "message_ts")
+        message = self._existing(channel, ts)
+        link = f"https://{self._domain()}.slack.com/archives/{channel}/p{ts.replace('.', '')}"
+        if message.get("thread_ts", ts) != ts:
+            link += f"?thread_ts={message['thread_ts']}&cid={channel}"
+        return {"channel": channel, "permalink": link}
+
+    def _start_stream(self, params: Params) -> dict[str, Any]:
+        channel, thread_ts = self._require(params, "channel", "thread_ts")
+        message = self._bot_message(params) | {"text": params.get("markdown_text", "") + _chunk_text(params)}
+        message = self._store(channel, message, thread_ts)
+        message["streaming"] = True  # the emulator's own mark: appendStream needs it
+        return {"channel": channel, "ts": message["ts"]}
+
+    def _streaming(self, params: Params) -> dict[str, Any]:
+        channel, ts = self._require(params, "channel", "ts")
+        message = self._existing(channel, ts)
+        if not message.get("streaming"):
+            raise SlackError("message_not_in_streaming_state")
+        return message
+
+    def _append_stream(self, params: Params) -> dict[str, Any]:
+        message = self._streaming(params)
+        if not params.get("markdown_text") and not params.get("chunks"):
+            raise SlackError("invalid_arguments",
+                             response_metadata={"messages": ["[ERROR] missing required field: markdown_text"]})
+        message["text"] += params.get("markdown_text", "") + _chunk_text(params)
+        return {"channel": params["channel"], "ts": message["ts"]}
+
+    def _stop_stream(self, params: Params) -> dict[str, Any]:
+        message = self._streaming(params)
+        message["text"] += params.get("markdown_text", "") + _chunk_text(params)
+        for key in ("blocks", "metadata"):
+            if params.get(key):
+                message[key] = params[key]
+        del message["streaming"]
+        return {"channel": params["channel"], "ts": message["ts"], "message": message}
+
+    def _reaction_target(self, params: Params) -> tuple[dict[str, Any], str]:
+        channel, ts, name = self._require(params, "channel", "timestamp", "name")
+        return self._existing(channel, ts), name
+
+    def _reaction_add(self, params: Params) -> dict[str, Any]:
+        message, name = self._reaction_target(params)
+        reactions = message.setdefault("reactions", [])
+        reaction = next((r for r in reactions if r["name"] == name), None)
+        if reaction is None:
+            reaction = {"name": name, "users": [], "count": 0}
+            reactions.append(reaction)
+        if self.bot_user_id in reaction["users"]:
+            raise SlackError("already_reacted")
+        reaction["users"].append(self.bot_user_id)
+        reaction["count"] += 1
+        return {}
+
+    def _reaction_remove(self, params: Params) -> dict[str, Any]:
+        message, name = self._reaction_target(params)
+        reactions = message.get("reactions", [])
+        reaction = next((r for r in reactions if r["name"] == name and self.bot_user_id in r["users"]), None)
+        if reaction is None:
+            raise SlackError("no_reaction")
+        reaction["users"].remove(self.bot_user_id)
+        reaction["count"] -= 1
+        if not reaction["count"]:
+            reactions.remove(reaction)
+        if not reactions:
+            message.pop("reactions", None)
+        return {}
+
+    def _replies(self, params: Params) -> dict[str, Any]:
+        channel, ts = self._require(params, "channel", "ts")
+        if channel not in self.channels:
+            raise SlackError("channel_not_found")
+        found = self._find(channel, ts)
+        if found is None:
+            raise SlackError("thread_not_found")
+        thread = self.messages(channel, found.get("thread_ts", ts))
+        return {"messages": thread, "has_more": False, "response_metadata": {"next_cursor": ""}}
+
+    def _history(self, params: Params) -> dict[str, Any]:
+        [channel] = self._require(params, "channel")
+        if channel not in self.channels:
+            raise SlackError("channel_not_found")
+        newest_first = list(reversed(self.messages(channel)))
+        return {"messages": newest_first, "has_more": False, "pin_count": 0,
+                "response_metadata": {"next_cursor": ""}}
+
+    def _conversation_info(self, params: Params) -> dict[str, Any]:
+        [channel] = self._require(params, "channel")
+        if channel not in self.channels:
+            raise SlackError("channel_not_found")
+        return {"channel": self.channels[channel]}
+
+    def _user_info(self, params: Params) -> dict[str, Any]:
+        [user] = self._require(params, "user")
+        if user not in self.users:
+            raise SlackError("user_not_found")
+        return {"user": self.users[user]}
+
+    def _usergroup_users(self, params: Params) -> dict[str, Any]:
+        [group] = self._require(params, "usergroup")
+        if group not in self.usergroups:
+            raise SlackError("no_such_subteam")
+        return {"users": self.usergroups[group]["users"]}
+
+    def _set_status(self, params: Params) -> dict[str, Any]:
+        channel, thread_ts = self._require(params, "channel_id", "thread_ts")
+        if "status" not in params:
+            self._require(params, "status")
+        self.statuses.setdefault((channel, thread_ts), []).append(params["status"])
+        return {}
+
+    def _store_view(self, view: Any, view_id: str | None = None, **where: Any) -> dict[str, Any]:
+        if not isinstance(view, dict) or "type" not in view:
+            raise SlackError("invalid_arguments", response_metadata={"messages": ["[ERROR] invalid view"]})
+        number = next(self._ids)
+        stored = view | {"id": view_id or f"V{number:010d}", "team_id": self.team_id, "app_id": self.app_id,
+                         "bot_id": self.bot_id, "hash": f"{number}.hash", "state": {"values": {}}} | where
+        self.views.append(stored)
+        return {"view": stored}
+
+    def _views_publish(self, params: Params) -> dict[str, Any]:
+        user, view = self._require(params, "user_id", "view")
+        if user not in self.users:
+            raise SlackError("user_not_found")
+        return self._store_view(view, user_id=user)
+
+    def _views_open(self, params: Params) -> dict[str, Any]:
+        trigger, view = self._require(params, "trigger_id", "view")
+        return self._store_view(view, trigger_id=trigger)
+
+    def _views_update(self, params: Params) -> dict[str, Any]:
+        [view] = self._require(params, "view")
+        old = next((v for v in self.views if v["id"] == params.get("view_id")), None)
+        if old is None:
+            raise SlackError("not_found")
+        self.views.remove(old)
+        return self._store_view(view, old["id"])
+
+    def _upload_url(self, params: Params) -> dict[str, Any]:
+        filename, length = self._require(params, "filename", "length")
+        file_id = f"F{next(self._ids):010d}"
+        self.files[file_id] = {
+            "id": file_id, "name": filename, "title": filename, "size": int(length), "user": self.bot_user_id,
+            "created": int(time.time()), "mimetype": mimetypes.guess_type(filename)[0] or "text/plain",
+            "filetype": filename.rpartition(".")[2] if "." in filename else "text",
+            "permalink": f"https://{self._domain()}.slack.com/files/{self.bot_user_id}/{file_id}/{filename}",
+        }
+        return {"upload_url": f"{self.base}/upload/v1/{file_id}", "file_id": file_id}
+
+    def _complete_upload(self, params: Params) -> dict[str, Any]:
+        [files] = self._require(params, "files")
+        done = []
+        for item in files:
+            file = self.files.get(item.get("id"))
+            if file is None or file["id"] not in self.uploads:
+                raise SlackError("file_not_found")
+            file["title"] = item.get("title") or file["title"]
+            file["size"] = len(self.uploads[file["id"]])
+            done.append(file)
+        channel = params.get("channel_id") or (params.get("channels") or "").split(",")[0]
+        if channel:
+            message = self._bot_message({"text": params.get("initial_comment", "")}) | {"files": done,
+                                                                                          "upload": True}
+            self._store(channel, message, params.get("thread_ts"))
+            for file in done:
+                file.setdefault("channels", []).append(channel)
+        return {"files": done}
+
+    def _file_info(self, params: Params) -> dict[str, Any]:
+        [file_id] = self._require(params, "file")
+        if file_id not in self.files:
+            raise SlackError("file_not_found")
+        return {"file": self.files[file_id]}
+
+
+def _chunk_text(params: Params) -> str:
+    return "".join(c.get("text", "") for c in params.get("chunks") or [] if c.get("type") == "markdown_text")
+
+
+async def _read_params(request: web.Request) -> Params:
+    params: Params = dict(request.query)
+    if request.content_type == "application/json":
+        body = await request.json() if request.can_read_body else {}
+        params.update(body if isinstance(body, dict) else {})
+    elif request.can_read_body:
+        form = await request.post()
+        params.update({k: (v if isinstance(v, str) else v.file.read()) for k, v in form.items()})
+    for key in _JSON_PARAMS & params.keys():
+        if isinstance(params[key], str):
+            try:
+                params[key] = json.loads(params[key])
+            except ValueError:
+                pass  # left as sent: the method answers invalid_arguments where it matters
+    return params

@@ -1,0 +1,300 @@
+"""The Slack emulator driven by slack_sdk, and signed requests checked by slack_sdk's and bolt's verifiers."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import parse_qs
+
+import pytest
+from aiohttp import web
+from slack_bolt.app.async_app import AsyncApp
+from slack_sdk import WebClient
+from slack_sdk.errors import SlackApiError
+from slack_sdk.http_retry.builtin_handlers import RateLimitErrorRetryHandler
+from slack_sdk.signature import SignatureVerifier
+from slack_sdk.web.async_client import AsyncWebClient
+
+from mm_testkit._server_thread import ThreadedAiohttpServer
+from mm_testkit.slack_client import SlackEventSender, stale_timestamp
+from mm_testkit.slack_emulator import SlackEmulator
+
+SECRET = "8f742231b10e8888abcd99yyyzzz85a5"
+TS = re.compile(r"^\d{10}\.\d{6}$")
+
+
+@pytest.fixture
+def client(slack: SlackEmulator) -> WebClient:
+    return WebClient(token=slack.bot_token, base_url=slack.url)
+
+
+def test_auth_test_names_the_bot(client: WebClient, slack: SlackEmulator) -> None:
+    answer = client.auth_test()
+    assert (answer["user_id"], answer["bot_id"], answer["team_id"]) == ("U0BOT", "B0BOT", "T0TESTTEAM")
+    assert slack.calls_to("auth.test")[0].headers["Authorization"] == f"Bearer {slack.bot_token}"
+
+
+def test_thread_posts_come_back_from_conversations_replies(client: WebClient, slack: SlackEmulator) -> None:
+    question = slack.add_message("C0TEST", "<@U0BOT> fix the build", user="U0ALICE")
+    first = client.chat_postMessage(channel="C0TEST", thread_ts=question["ts"], text="On it.")
+    second = client.chat_postMessage(channel="C0TEST", thread_ts=question["ts"], text="Done.")
+    assert TS.match(first["ts"]) and float(second["ts"]) > float(first["ts"]) > float(question["ts"])
+    assert first["message"]["bot_id"] == "B0BOT" and first["message"]["thread_ts"] == question["ts"]
+    replies = client.conversations_replies(channel="C0TEST", ts=question["ts"])["messages"]
+    assert [m["text"] for m in replies] == ["<@U0BOT> fix the build", "On it.", "Done."]
+    assert replies[0]["reply_count"] == 2 and replies[0]["latest_reply"] == second["ts"]
+    # A reply's ts finds its whole thread too, as in Slack.
+    assert len(client.conversations_replies(channel="C0TEST", ts=first["ts"])["messages"]) == 3
+    assert [m["text"] for m in slack.messages("C0TEST")] == ["<@U0BOT> fix the build"]
+
+
+def test_update_and_delete_change_the_stored_message(client: WebClient, slack: SlackEmulator) -> None:
+    posted = client.chat_postMessage(channel="C0TEST", text="Thinking…")
+    updated = client.chat_update(channel="C0TEST", ts=posted["ts"], text="Answer", blocks=[
+        {"type": "section", "text": {"type": "mrkdwn", "text": "*Answer*"}}])
+    assert updated["message"]["text"] == "Answer"
+    stored = slack.message("C0TEST", posted["ts"])
+    assert stored["text"] == "Answer" and stored["blocks"][0]["text"]["text"] == "*Answer*"
+    client.chat_delete(channel="C0TEST", ts=posted["ts"])
+    assert slack.message("C0TEST", posted["ts"]) is None
+    with pytest.raises(SlackApiError) as caught:
+        client.chat_update(channel="C0TEST", ts=posted["ts"], text="again")
+    assert caught.value.response["error"] == "message_not_found"
+
+
+def test_form_encoded_and_json_bodies_store_the_same_blocks(client: WebClient, slack: SlackEmulator) -> None:
+    blocks = [{"type": "section", "text": {"type": "mrkdwn", "text": "hi"}}]
+    by_form = client.api_call("chat.postMessage", params={"channel": "C1", "text": "a", "blocks": json.dumps(blocks)})
+    by_json = client.api_call("chat.postMessage", json={"channel": "C1", "text": "b", "blocks": blocks})
+    assert slack.message("C1", by_form["ts"])["blocks"] == slack.message("C1", by_json["ts"])["blocks"] == blocks
+    with pytest.raises(SlackApiError) as caught:
+        client.api_call("chat.postMessage", json={"text": "no channel"})
+    assert caught.value.response["error"] == "invalid_arguments"
+    assert caught.value.response["response_metadata"]["messages"] == ["[ERROR] missing required field: channel"]
+
+
+def test_injected_error_raises_then_the_method_recovers(client: WebClient, slack: SlackEmulator) -> None:
+    slack.fail("chat.postMessage", "channel_not_found", times=2)
+    for _ in range(2):
+        with pytest.raises(SlackApiError) as caught:
+            client.chat_postMessage(channel="C0GONE", text="x")
+        assert caught.value.response["error"] == "channel_not_found"
+    assert client.chat_postMessage(channel="C0GONE", text="x")["ok"]
+
+
+def test_rate_limit_then_success_with_the_sdk_retry_handler(slack: SlackEmulator) -> None:
+    slack.rate_limit("chat.update", times=1, retry_after=1)
+    client = WebClient(token=slack.bot_token, base_url=slack.url,
+                       retry_handlers=[RateLimitErrorRetryHandler(max_retry_count=2)])
+    posted = client.chat_postMessage(channel="C0TEST", text="v1")
+    assert client.chat_update(channel="C0TEST", ts=posted["ts"], text="v2")["ok"]
+    calls = slack.calls_to("chat.update")
+    assert [c.status for c in calls] == [429, 200]
+    assert calls[0].response == {"ok": False, "error": "ratelimited"}
+    assert calls[1].time - calls[0].time >= 0.9  # the SDK honoured Retry-After
+
+
+def test_rate_limit_without_retry_handler_surfaces_429(client: WebClient, slack: SlackEmulator) -> None:
+    slack.rate_limit("reactions.add", retry_after=7)
+    with pytest.raises(SlackApiError) as caught:
+        client.reactions_add(channel="C0TEST", timestamp="1.000001", name="eyes")
+    assert caught.value.response.status_code == 429
+    assert caught.value.response.headers["Retry-After"] == "7"
+
+
+def test_files_upload_v2_lands_in_the_thread(client: WebClient, slack: SlackEmulator) -> None:
+    parent = client.chat_postMessage(channel="C0TEST", text="output follows")
+    answer = client.files_upload_v2(channel="C0TEST", thread_ts=parent["ts"], content="line 1\nline 2\n",
+                                    filename="output.txt", title="bash output", initial_comment="full output")
+    file_id = answer["file"]["id"]
+    assert slack.uploads[file_id] == b"line 1\nline 2\n"
+    assert answer["file"]["title"] == "bash output" and answer["file"]["size"] == 14
+    shared = slack.messages("C0TEST", parent["ts"])[-1]
+    assert shared["text"] == "full output" and shared["files"][0]["id"] == file_id
+
+
+def test_tokens_and_methods_are_checked(slack: SlackEmulator) -> None:
+    with pytest.raises(SlackApiError) as caught:
+        WebClient(token="xoxb-wrong", base_url=slack.url).auth_test()
+    assert caught.value.response["error"] == "invalid_auth"
+    with pytest.raises(SlackApiError) as caught:
+        WebClient(base_url=slack.url).api_call("auth.test")
+    assert caught.value.response["error"] == "not_authed"
+    with pytest.raises(SlackApiError) as caught:
+        WebClient(token=slack.bot_token, base_url=slack.url).api_call("chat.teleport")
+    assert caught.value.response["error"] == "unknown_method"
+
+
+def test_chat_streaming_builds_one_message(client: WebClient, slack: SlackEmulator) -> None:
+    parent = slack.add_message("C0TEST", "explain", user="U0ALICE")
+    client.assistant_threads_setStatus(channel_id="C0TEST", thread_ts=parent["ts"], status="is thinking…")
+    started = client.chat_startStream(channel="C0TEST", thread_ts=parent["ts"], markdown_text="Hello")
+    client.chat_appendStream(channel="C0TEST", ts=started["ts"], markdown_text=", world")
+    stopped = client.chat_stopStream(channel="C0TEST", ts=started["ts"], markdown_text="!")
+    assert stopped["message"]["text"] == "Hello, world!"
+    with pytest.raises(SlackApiError) as caught:
+        client.chat_appendStream(channel="C0TEST", ts=started["ts"], markdown_text="late")
+    assert caught.value.response["error"] == "message_not_in_streaming_state"
+    # slack_sdk's buffered helper goes through the same three methods.
+    streamer = client.chat_stream(channel="C0TEST", thread_ts=parent["ts"], buffer_size=4)
+    streamer.append(markdown_text="ab")
+    streamer.append(markdown_text="cdef")
+    streamer.stop()
+    assert [m["text"] for m in slack.messages("C0TEST", parent["ts"])] == ["explain", "Hello, world!", "abcdef"]
+    assert slack.statuses[("C0TEST", parent["ts"])] == ["is thinking…"]
+
+
+def test_reactions_users_groups_views_ephemerals_permalinks(client: WebClient, slack: SlackEmulator) -> None:
+    slack.add_user("U0ALICE", "alice", is_admin=True)
+    slack.add_usergroup("S0PLATFORM", "platform", ["U0ALICE", "U0BOB"])
+    slack.add_channel("C0TEST", "mm-test")
+    msg = slack.add_message("C0TEST", "hi", user="U0ALICE")
+    client.reactions_add(channel="C0TEST", timestamp=msg["ts"], name="eyes")
+    with pytest.raises(SlackApiError, match="already_reacted"):
+        client.reactions_add(channel="C0TEST", timestamp=msg["ts"], name="eyes")
+    assert slack.message("C0TEST", msg["ts"])["reactions"] == [{"name": "eyes", "users": ["U0BOT"], "count": 1}]
+    client.reactions_remove(channel="C0TEST", timestamp=msg["ts"], name="eyes")
+    assert "reactions" not in slack.message("C0TEST", msg["ts"])
+    with pytest.raises(SlackApiError, match="no_reaction"):
+        client.reactions_remove(channel="C0TEST", timestamp=msg["ts"], name="eyes")
+
+    assert client.users_info(user="U0ALICE")["user"]["is_admin"] is True
+    with pytest.raises(SlackApiError, match="user_not_found"):
+        client.users_info(user="U0NOBODY")
+    assert client.usergroups_users_list(usergroup="S0PLATFORM")["users"] == ["U0ALICE", "U0BOB"]
+    assert client.conversations_info(channel="C0TEST")["channel"]["name"] == "mm-test"
+    with pytest.raises(SlackApiError, match="channel_not_found"):
+        client.conversations_info(channel="C0NONE")
+
+    home = client.views_publish(user_id="U0ALICE", view={"type": "home", "blocks": []})["view"]
+    modal = client.views_open(trigger_id="1.2.abc", view={"type": "modal", "title": {"type": "plain_text",
+                                                                                       "text": "mm"}, "blocks": []})
+    assert home["id"].startswith("V") and home["type"] == "home" and modal["view"]["type"] == "modal"
+    assert client.chat_postEphemeral(channel="C0TEST", user="U0ALICE", text="only you")["message_ts"]
+    assert slack.ephemerals[0]["to_user"] == "U0ALICE" and slack.messages("C0TEST")[-1]["text"] == "hi"
+    link = client.chat_getPermalink(channel="C0TEST", message_ts=msg["ts"])["permalink"]
+    assert link.endswith(f"/archives/C0TEST/p{msg['ts'].replace('.', '')}")
+
+
+# -- signed requests ------------------------------------------------------------------------------------------
+
+
+class VerifyingEndpoint(ThreadedAiohttpServer):
+    """A bot stand-in: checks each request with slack_sdk's SignatureVerifier and records the outcome."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.verifier = SignatureVerifier(SECRET)
+        self.received: list[dict[str, Any]] = []
+
+    def make_app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_post("/slack/events", self.handle)
+        return app
+
+    async def handle(self, request: web.Request) -> web.Response:
+        body = await request.read()
+        valid = self.verifier.is_valid_request(body, dict(request.headers))
+        self.received.append({"valid": valid, "body": body, "headers": dict(request.headers)})
+        return web.json_response({"valid": valid}, status=200 if valid else 401)
+
+
+@pytest.fixture
+def endpoint() -> Any:
+    with VerifyingEndpoint() as server:
+        yield server
+
+
+def test_signed_requests_verify(endpoint: VerifyingEndpoint, slack_sender: Callable[..., SlackEventSender]) -> None:
+    sender = slack_sender(endpoint.base, SECRET)
+    mention = sender.app_mention("<@U0BOT> run the tests", channel="C0TEST", user="U0ALICE")
+    assert mention.status_code == 200 and mention.elapsed.total_seconds() >= 0
+    sent = json.loads(endpoint.received[-1]["body"])
+    assert sent["type"] == "event_callback" and sent["event"]["type"] == "app_mention"
+    assert sent["event_id"] == sender.last_payload["event_id"] and sent["authorizations"][0]["user_id"] == "U0BOT"
+
+    retry = sender.message("and lint", channel="C0TEST", user="U0ALICE", thread_ts=sent["event"]["ts"],
+                           event_id=sent["event_id"], retry_num=1, retry_reason="http_timeout")
+    assert retry.status_code == 200
+    headers = endpoint.received[-1]["headers"]
+    assert (headers["X-Slack-Retry-Num"], headers["X-Slack-Retry-Reason"]) == ("1", "http_timeout")
+    assert json.loads(endpoint.received[-1]["body"])["event"]["thread_ts"] == sent["event"]["ts"]
+
+    assert sender.url_verification("abc").status_code == 200
+    click = sender.block_action("approve", "call_1", user="U0ALICE", channel="C0TEST", message_ts="1.000200")
+    assert click.status_code == 200
+    form = parse_qs(endpoint.received[-1]["body"].decode())
+    payload = json.loads(form["payload"][0])
+    assert payload["actions"][0]["action_id"] == "approve" and payload["actions"][0]["value"] == "call_1"
+    assert payload["response_url"].startswith(f"{sender.new_response_url().rsplit('/', 1)[0]}/")
+    assert sender.slash_command("/mm", "status", user="U0ALICE", channel="C0TEST").status_code == 200
+    assert parse_qs(endpoint.received[-1]["body"].decode())["command"] == ["/mm"]
+    assert all(r["valid"] for r in endpoint.received)
+
+
+@pytest.mark.parametrize(
+    "forgery",
+    [
+        {"secret": "not-the-secret"},
+        {"timestamp": stale_timestamp()},
+        {"omit_headers": ("X-Slack-Signature",)},
+        {"omit_headers": ("X-Slack-Request-Timestamp",)},
+        {"tamper": True},
+    ],
+    ids=["wrong-secret", "stale", "no-signature", "no-timestamp", "tampered"],
+)
+def test_forged_requests_do_not_verify(endpoint: VerifyingEndpoint, forgery: dict[str, Any]) -> None:
+    with SlackEventSender(endpoint.base, SECRET) as sender:
+        response = sender.app_mention("<@U0BOT> hi", channel="C0TEST", user="U0EVE", **forgery)
+        form_response = sender.slash_command("/mm", "stop", user="U0EVE", channel="C0TEST", **forgery)
+    assert (response.status_code, form_response.status_code) == (401, 401)
+    assert [r["valid"] for r in endpoint.received] == [False, False]
+
+
+def test_bolt_app_accepts_the_payloads_and_talks_to_the_emulator(
+    slack: SlackEmulator, slack_sender: Callable[..., SlackEventSender]
+) -> None:
+    """End to end: a bolt app verifies, parses and dispatches what the sender sends, answering via the emulator."""
+    bolt = AsyncApp(signing_secret=SECRET, client=AsyncWebClient(token=slack.bot_token, base_url=slack.url))
+    seen: list[str] = []
+
+    @bolt.event("app_mention")
+    async def mention(event: dict[str, Any], say: Any) -> None:
+        seen.append("mention")
+        await say(text="on it", thread_ts=event["ts"])
+
+    @bolt.action("approve")
+    async def approve(ack: Any, body: dict[str, Any], respond: Any) -> None:
+        await ack()
+        seen.append(f"approve {body['actions'][0]['value']}")
+        await respond(text="approved")
+
+    @bolt.command("/mm")
+    async def command(ack: Any, command: dict[str, Any]) -> None:
+        await ack(text=f"status of {command['channel_id']}")
+        seen.append("command")
+
+    class BoltServer(ThreadedAiohttpServer):
+        def make_app(self) -> web.Application:
+            return bolt.web_app(path="/slack/events")
+
+    with BoltServer() as server:
+        sender = slack_sender(server.base, SECRET)
+        assert sender.app_mention("<@U0BOT> hi", channel="C0TEST", user="U0ALICE").status_code == 200
+        mention_ts = sender.last_payload["event"]["ts"]
+        assert sender.block_action("approve", "call_9", user="U0ALICE", channel="C0TEST",
+                                   message_ts="1.000300").status_code == 200
+        answer = sender.slash_command("/mm", "status", user="U0ALICE", channel="C0TEST")
+        assert answer.text == "status of C0TEST"  # bolt answers a text-only ack as plain text
+        assert sender.app_mention("<@U0BOT> hi", channel="C0TEST", user="U0ALICE", secret="x").status_code == 401
+        # bolt runs listeners after acking: wait for their effects on the emulator.
+        for _ in range(200):
+            if slack.messages("C0TEST", mention_ts) and slack.responses:
+                break
+            time.sleep(0.02)
+    assert sorted(seen) == ["approve call_9", "command", "mention"]
+    assert [m["text"] for m in slack.messages("C0TEST", mention_ts)] == ["on it"]
+    assert slack.responses[0]["body"]["text"] == "approved"
