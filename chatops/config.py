@@ -344,7 +344,11 @@ def _unknown_key(loc: Loc) -> str:
     if not valid:
         return "unknown key"
     close = difflib.get_close_matches(str(loc[-1]), valid, n=1, cutoff=0.6)
-    return f'unknown key (did you mean "{close[0]}"?)' if close else f"unknown key (expected one of: {', '.join(valid)})"
+    if close:
+        return f'unknown key (did you mean "{close[0]}"?)'
+    if len(valid) > 8:  # the top level: too many to list usefully
+        return "unknown key (docs/configuration.md lists the keys)"
+    return f"unknown key (expected one of: {', '.join(valid)})"
 
 
 def _type_at(loc: Loc) -> Any:

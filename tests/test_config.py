@@ -1,0 +1,249 @@
+"""Configuration: every problem is reported as file:line: key: what was expected; the environment fills in
+secrets and endpoints."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from chatops.config import ConfigError, example_config, load_config
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "mm.yaml"
+    path.write_text(textwrap.dedent(text).lstrip("\n"), encoding="utf-8")
+    return path
+
+
+def _problems(tmp_path: Path, text: str, environ: dict[str, str] | None = None) -> list[str]:
+    path = _write(tmp_path, text)
+    with pytest.raises(ConfigError) as caught:
+        load_config(path, environ or {})
+    assert str(caught.value) == "\n".join(caught.value.problems)
+    return [p.removeprefix(f"{path}:") for p in caught.value.problems]
+
+
+def test_yaml_syntax_error(tmp_path: Path) -> None:
+    problems = _problems(
+        tmp_path,
+        """
+        model:
+          url: http://127.0.0.1:1/v1
+           name: ai/gemma3
+        """,
+    )
+    assert problems == ["3: invalid YAML: mapping values are not allowed here"]
+
+
+def test_unknown_key_with_suggestion(tmp_path: Path) -> None:
+    problems = _problems(
+        tmp_path,
+        """
+        maxTurns: 10
+        yoloo: false
+        channels:
+          default: {repo: https://git.example.com/a.git, brnch: main}
+        """,
+    )
+    assert problems == [
+        '2: yoloo: unknown key (did you mean "yolo"?)',
+        '4: channels.default.brnch: unknown key (did you mean "branch"?)',
+    ]
+
+
+def test_unknown_key_without_a_close_match_lists_the_valid_ones(tmp_path: Path) -> None:
+    assert _problems(tmp_path, "approvals: {zzz: 1}\n") == [
+        "1: approvals.zzz: unknown key (expected one of: requester_can_approve, timeout)"
+    ]
+
+
+def test_secret_literal_is_an_unknown_key(tmp_path: Path) -> None:
+    # Secrets come from the environment only: a token written in the file is refused, not used.
+    problems = _problems(tmp_path, "token: xoxb-123\nmodel:\n  apiKey: sk-123\n")
+    assert problems == [
+        "1: token: unknown key (docs/configuration.md lists the keys)",
+        '3: model.apiKey: unknown key (did you mean "apiKeyEnv"?)',
+    ]
+
+
+def test_wrong_types(tmp_path: Path) -> None:
+    problems = _problems(
+        tmp_path,
+        """
+        yolo: "no"
+        maxOutput: 20k
+        model:
+          url: 8080
+        watchdogTimeout: soon
+        sandbox: docker
+        maxTurns: 0
+        """,
+    )
+    assert problems == [
+        "1: yolo: expected true or false, got a string",
+        "2: maxOutput: expected an integer, got a string",
+        "4: model.url: expected a string, got an integer",
+        "5: watchdogTimeout: expected a duration such as 30s, 5m or 1h",
+        "6: sandbox: expected one of 'auto', 'bwrap' or 'none', got \"docker\"",
+        "7: maxTurns: expected a number >= 1, got 0",
+    ]
+
+
+def test_nested_wrong_type_in_a_list_and_a_mapping(tmp_path: Path) -> None:
+    problems = _problems(
+        tmp_path,
+        """
+        channels:
+          C0123ABCD:
+            repo: https://git.example.com/a.git
+            approvers: U01ADMIN
+          C0456EFGH:
+            approvers: [U01ADMIN, alice]
+        jobs:
+          - name: nightly
+            schedule: "0 3 * * *"
+            channel: C0123ABCD
+            prompt: check
+          - name: weekly
+            schedule: "0 4 * * 1"
+            channel: C0123ABCD
+            prompt: [not, a, string]
+        lsp:
+          servers:
+            pylsp: {command: pylsp, extensions: .py}
+        """,
+    )
+    assert problems == [
+        "4: channels.C0123ABCD.approvers: expected a list of user or group ids, got a string",
+        '6: channels.C0456EFGH.approvers: expected a list of user or group ids (U…, W… or S…), got "alice"',
+        "15: jobs[1].prompt: expected a string, got a list",
+        "18: lsp.servers.pylsp.extensions: expected a list, got a string",
+    ]
+
+
+def test_missing_required_key_in_a_job(tmp_path: Path) -> None:
+    problems = _problems(tmp_path, "jobs:\n  - name: nightly\n    schedule: '0 3 * * *'\n    channel: C0123ABCD\n")
+    assert problems == ["2: jobs[0].prompt: required key is missing"]
+
+
+def test_missing_secret_env_var(tmp_path: Path) -> None:
+    text = "yolo: false\nmodel:\n  apiKeyEnv: MY_MODEL_KEY\n"
+    assert _problems(tmp_path, text) == ["3: model.apiKeyEnv: the environment variable MY_MODEL_KEY is not set"]
+    config = load_config(_write(tmp_path, text), {"MY_MODEL_KEY": "sk-test"})
+    assert config.model_api_key == "sk-test"
+
+
+def test_duplicate_lsp_extension(tmp_path: Path) -> None:
+    problems = _problems(
+        tmp_path,
+        """
+        lsp:
+          servers:
+            a: {command: pylsp, extensions: [.py]}
+            b:
+              command: jedi-language-server
+              extensions: [.pyi, .py]
+        """,
+    )
+    assert problems == ["6: lsp.servers.b.extensions: .py is already served by a"]
+
+
+def test_bad_cron_and_timezone_and_channel(tmp_path: Path) -> None:
+    problems = _problems(
+        tmp_path,
+        """
+        jobs:
+          - name: nightly
+            schedule: "61 3 * * *"
+            timezone: Mars/Olympus
+            channel: general
+            prompt: check the dependencies
+          - name: nightly
+            schedule: "0 3 * * *"
+            timezone: ../../etc/passwd
+            channel: C0123ABCD
+            prompt: again
+        """,
+    )
+    assert problems == [
+        '3: jobs[0].schedule: expected a cron expression of 5 fields such as "0 3 * * 1-5", got "61 3 * * *"',
+        '4: jobs[0].timezone: unknown time zone "Mars/Olympus" (expected an IANA name such as Europe/Paris)',
+        "5: jobs[0].channel: expected a channel id such as C0123ABCD, got 'general'",
+        "7: jobs[1].name: another job is already named 'nightly'",
+        '9: jobs[1].timezone: unknown time zone "../../etc/passwd" (expected an IANA name such as Europe/Paris)',
+    ]
+
+
+def test_duplicate_key_and_bad_channel_key(tmp_path: Path) -> None:
+    problems = _problems(tmp_path, "yolo: true\nchannels:\n  general: {}\nyolo: false\n")
+    assert problems == [
+        "3: channels.general: expected `default` or a channel id such as C0123ABCD as the key",
+        "4: yolo: duplicate key (first set on line 1)",
+    ]
+
+
+def test_top_level_must_be_a_mapping(tmp_path: Path) -> None:
+    assert _problems(tmp_path, "- yolo\n") == ["1: expected a mapping of keys at the top level, got a list"]
+
+
+def test_env_overrides_and_defaults(tmp_path: Path) -> None:
+    path = _write(tmp_path, "model: {url: http://127.0.0.1:1/v1, name: small}\nworkspaces: {root: ws}\n")
+    config = load_config(
+        path,
+        {
+            "MM_MODEL_URL": "http://127.0.0.1:2/v1",
+            "MM_MODEL": "other",
+            "DATABASE_URL": "postgresql://postgres@127.0.0.1/mm",
+            "CELERY_BROKER_URL": "",  # empty means unset
+            "SLACK_API_URL": "http://127.0.0.1:3/api/",
+            "SLACK_BOT_TOKEN": "xoxb-1",
+        },
+    )
+    assert (config.agent.model.url, config.agent.model.name) == ("http://127.0.0.1:2/v1", "other")
+    assert config.database_url == "postgresql://postgres@127.0.0.1/mm"
+    assert config.broker_url == "redis://localhost:6379/0"
+    assert config.slack_api_url == "http://127.0.0.1:3/api/"
+    assert config.workspaces_root == Path("ws").absolute()
+    assert config.missing_slack_secrets(socket_mode=False) == ["SLACK_SIGNING_SECRET"]
+    assert config.missing_slack_secrets(socket_mode=True) == ["SLACK_APP_TOKEN"]
+    assert load_config(path, {"MM_WORKSPACES": str(tmp_path / "w")}).workspaces_root == tmp_path / "w"
+
+
+def test_missing_default_file_means_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    config = load_config(environ={})
+    assert config.path is None
+    assert config.agent.yolo is True and config.agent.maxTurns == 40
+    assert config.database_url == "sqlite:///./var/mm.sqlite3"
+    assert config.slack_api_url == "https://slack.com/api/"
+    assert config.workspaces_root == tmp_path / "var" / "workspaces"
+    assert config.missing_slack_secrets(socket_mode=False) == ["SLACK_BOT_TOKEN", "SLACK_SIGNING_SECRET"]
+    assert not (tmp_path / "var").exists()  # loading creates nothing
+
+
+def test_file_named_explicitly_must_exist(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.yaml"
+    with pytest.raises(ConfigError) as caught:
+        load_config(environ={"MM_CONFIG": str(missing)})
+    assert str(caught.value) == f"{missing}: no such file (MM_CONFIG names it; `mm-bot init` writes an example)"
+
+
+def test_mm_config_picks_the_file(tmp_path: Path) -> None:
+    path = _write(tmp_path, "maxTurns: 7\n")
+    config = load_config(environ={"MM_CONFIG": str(path)})
+    assert config.path == path and config.agent.maxTurns == 7
+
+
+def test_example_config_validates(tmp_path: Path) -> None:
+    config = load_config(_write(tmp_path, example_config()), {})
+    assert config.agent.yolo is False
+    assert config.service.approvals.timeout == 1800.0
+    assert config.service.channel("C0NOTLISTED").repo == "https://git.example.com/acme/app.git"
+    assert "SLACK_BOT_TOKEN" in example_config()
+
+
+def test_empty_file_is_defaults(tmp_path: Path) -> None:
+    config = load_config(_write(tmp_path, "# nothing yet\n"), {})
+    assert config.agent.yolo is True and config.service.jobs == []
