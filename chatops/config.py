@@ -318,7 +318,9 @@ def _pydantic_problems(error: ValidationError) -> list[tuple[Loc, str]]:
     problems = []
     for err in error.errors():
         loc, kind, ctx = tuple(err["loc"]), err["type"], err.get("ctx") or {}
-        if kind == "extra_forbidden":
+        if loc and loc[-1] == "[key]":  # pydantic's marker for a mapping's key rather than its value
+            problems.append((loc[:-1], f"expected a string as the key, got {_describe(err['input'])}"))
+        elif kind == "extra_forbidden":
             problems.append((loc, _unknown_key(loc)))
         elif kind == "missing":
             problems.append((loc, "required key is missing"))
@@ -390,7 +392,7 @@ def _cross_checks(data: dict[str, Any], env: Mapping[str, str]) -> list[tuple[Lo
             else:
                 owner.setdefault(ext, name)
     for channel_id, _ in _items(data.get("channels")):
-        if channel_id != "default" and not _CHANNEL_ID.match(str(channel_id)):
+        if isinstance(channel_id, str) and channel_id != "default" and not _CHANNEL_ID.match(channel_id):
             problems.append((("channels", channel_id), "expected `default` or a channel id such as C0123ABCD as the key"))
     names: set[str] = set()
     jobs = data.get("jobs")

@@ -3,6 +3,7 @@ secrets and endpoints."""
 
 from __future__ import annotations
 
+import re
 import textwrap
 from pathlib import Path
 
@@ -184,6 +185,14 @@ def test_duplicate_key_and_bad_channel_key(tmp_path: Path) -> None:
     ]
 
 
+def test_keys_must_be_strings_and_values_not_null(tmp_path: Path) -> None:
+    problems = _problems(tmp_path, "channels:\n  123: {}\nmodel: null\n")
+    assert problems == [
+        "2: channels[123]: expected a string as the key, got an integer",
+        "3: model: expected a mapping of keys, got nothing (null)",
+    ]
+
+
 def test_top_level_must_be_a_mapping(tmp_path: Path) -> None:
     assert _problems(tmp_path, "- yolo\n") == ["1: expected a mapping of keys at the top level, got a list"]
 
@@ -247,3 +256,16 @@ def test_example_config_validates(tmp_path: Path) -> None:
 def test_empty_file_is_defaults(tmp_path: Path) -> None:
     config = load_config(_write(tmp_path, "# nothing yet\n"), {})
     assert config.agent.yolo is True and config.service.jobs == []
+
+
+def test_hostile_yaml_and_undecodable_file(tmp_path: Path) -> None:
+    # safe_load only: a Python object tag is refused, not constructed.
+    problems = _problems(tmp_path, "yolo: !!python/object/apply:os.system ['echo hi']\n")
+    assert problems == [
+        "1: invalid YAML: could not determine a constructor for the tag "
+        "'tag:yaml.org,2002:python/object/apply:os.system'"
+    ]
+    path = tmp_path / "mm.yaml"
+    path.write_bytes(b"yolo: \xff\xfe\n")
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(path))}: cannot read the file: 'utf-8' codec can't decode"):
+        load_config(path, {})
