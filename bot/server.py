@@ -1,0 +1,111 @@
+"""The bot's HTTP endpoint: `POST /slack/events` (events, interactivity, slash commands) and `GET /healthz`.
+
+In Socket Mode the same server still answers /healthz (the probes of a deployment need it), and Slack's
+requests arrive over the socket instead of /slack/events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+from slack_bolt.adapter.aiohttp import to_aiohttp_response, to_bolt_request
+from sqlalchemy import text
+
+from bot.app import create_app
+
+if TYPE_CHECKING:
+    from chatops.config import Config
+
+log = logging.getLogger("mm.bot")
+
+EVENTS_PATH = "/slack/events"
+HEALTH_PATH = "/healthz"
+DB_PROBE_TIMEOUT = 2.0
+HELP_URL = "docs/slack-app.md"
+
+
+def build_web_app(config: Config, socket_mode: bool = False) -> web.Application:
+    """The aiohttp application. With Slack secrets missing it still starts (so `mm-bot dev` and the probes
+    work) but refuses Slack's requests: without the signing secret it cannot tell Slack from a forger."""
+    from chatops import db
+
+    web_app = web.Application()
+    missing = config.missing_slack_secrets(socket_mode=socket_mode)
+    bolt = None if missing else create_app(config)
+    engine = db.engine_for(config.database_url)
+
+    async def health(_request: web.Request) -> web.Response:
+        # Liveness must not flap with the database (restarting the bot would not fix it), so this is
+        # always 200 and says what it knows; `mm-bot doctor` explains a failure.
+        return web.json_response(
+            {"ok": True, "database": await _database_reachable(engine), "slack": not missing, "missing": missing}
+        )
+
+    async def events(request: web.Request) -> web.Response:
+        if bolt is None:
+            status = 401 if "SLACK_SIGNING_SECRET" in missing else 503
+            return web.json_response({"ok": False, "error": f"not configured: set {', '.join(missing)}"}, status=status)
+        return await to_aiohttp_response(await bolt.async_dispatch(await to_bolt_request(request)))
+
+    async def dispose(_app: web.Application) -> None:
+        await asyncio.to_thread(engine.dispose)
+
+    web_app.router.add_get(HEALTH_PATH, health)
+    if not socket_mode:
+        web_app.router.add_post(EVENTS_PATH, events)
+    web_app.on_cleanup.append(dispose)
+    if socket_mode and bolt is not None:
+        web_app.cleanup_ctx.append(_socket_mode(bolt, config.slack_app_token or ""))
+    return web_app
+
+
+async def _database_reachable(engine) -> bool:  # noqa: ANN001 - an sqlalchemy Engine
+    def probe() -> None:
+        with engine.connect() as connection:
+            connection.execute(text("SELECT 1"))
+
+    try:
+        await asyncio.wait_for(asyncio.to_thread(probe), DB_PROBE_TIMEOUT)
+        return True
+    except Exception as exc:  # any failure means "not reachable"; the reason goes to the log, not the probe
+        log.warning("database not reachable: %s", exc)
+        return False
+
+
+def _socket_mode(bolt, app_token: str) -> Callable:  # noqa: ANN001 - an AsyncApp
+    from slack_bolt.adapter.socket_mode.aiohttp import AsyncSocketModeHandler
+
+    async def context(_app: web.Application):  # noqa: ANN202 - aiohttp cleanup context
+        handler = AsyncSocketModeHandler(bolt, app_token)
+        await handler.connect_async()
+        yield
+        await handler.close_async()
+
+    return context
+
+
+def serve(config: Config, host: str, port: int, socket_mode: bool = False) -> None:
+    """Serve until SIGINT/SIGTERM (aiohttp's run_app handles both and shuts down cleanly)."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("alembic").setLevel(logging.WARNING)  # its plugin registry is chatter at INFO
+    web_app = build_web_app(config, socket_mode=socket_mode)
+    routes = f"GET {HEALTH_PATH}" if socket_mode else f"POST {EVENTS_PATH}, GET {HEALTH_PATH}"
+    mode = "; Slack over Socket Mode" if socket_mode else ""
+
+    def announce(_message: str) -> None:  # called by run_app once the socket is bound
+        print(f"mm-bot serve: listening on http://{host}:{port} ({routes}){mode}", flush=True)
+
+    missing = config.missing_slack_secrets(socket_mode=socket_mode)
+    if missing:
+        print(
+            f"mm-bot serve: {', '.join(missing)} not set: Slack requests are refused until you set "
+            f"{'it' if len(missing) == 1 else 'them'}; see {HELP_URL}",
+            file=sys.stderr,
+            flush=True,
+        )
+    web.run_app(web_app, host=host, port=port, print=announce, access_log=None)

@@ -1,0 +1,173 @@
+"""`mm-bot`: the one command of the service (serve, worker, beat, migrate, dev, run, doctor, init).
+
+A bad configuration is printed as the config module words it (`file:line: key: expected …`), without a
+traceback, and exits 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from chatops.config import ConfigError, load_config
+
+SLACK_DOCS = "docs/slack-app.md"
+DEFAULT_PORT = 3000
+DEFAULT_HOST = "127.0.0.1"  # a deployment says --host 0.0.0.0 (the Helm chart does)
+
+# What each secret is and where to find it, for the messages of `serve` and `dev`.
+SECRET_HELP = {
+    "SLACK_BOT_TOKEN": "the Bot User OAuth Token (xoxb-…), on the app's OAuth & Permissions page",
+    "SLACK_SIGNING_SECRET": "the Signing Secret, on the app's Basic Information page",
+    "SLACK_APP_TOKEN": "an app-level token (xapp-…) with connections:write, for Socket Mode",
+}
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from bot.server import serve
+
+    config = load_config(args.config)
+    missing = config.missing_slack_secrets(socket_mode=args.socket)
+    if missing and not args.allow_missing_secrets:
+        lines = [f"mm-bot serve: cannot start without {', '.join(missing)}:"]
+        lines += [f"  {name}: {SECRET_HELP[name]}" for name in missing]
+        lines.append(f"Set them in the environment (see {SLACK_DOCS}), or run `mm-bot dev`, which starts without them.")
+        print("\n".join(lines), file=sys.stderr)
+        return 2
+    serve(config, host=args.host, port=args.port, socket_mode=args.socket)
+    return 0
+
+
+def _worker(args: argparse.Namespace) -> int:
+    load_config(args.config)  # fail here, worded, rather than inside Celery's start-up
+    _export_config_path(args.config)
+    from workers.celery_app import app
+
+    extra = args.celery_args[1:] if args.celery_args[:1] == ["--"] else args.celery_args
+    app.worker_main(["worker", "--loglevel=INFO", *extra])
+    return 0
+
+
+def _beat(args: argparse.Namespace) -> int:
+    load_config(args.config)
+    print("mm-bot beat: scheduled jobs are not available yet", file=sys.stderr)
+    return 2
+
+
+def _migrate(args: argparse.Namespace) -> int:
+    from chatops import db
+    from chatops.doctor import mask_url
+
+    config = load_config(args.config)
+    url = config.database_url
+    before = db.current_revision(url)
+    db.migrate(url, args.revision)
+    after = db.current_revision(url)
+    where = f"mm-bot migrate: {mask_url(url)}"
+    if before == after:
+        print(f"{where}: already at {after or 'the empty schema'}")
+    else:
+        print(f"{where}: from {before or 'an empty database'} to {after}")
+    return 0
+
+
+def _dev(args: argparse.Namespace) -> int:
+    from chatops.dev import run_dev
+
+    return run_dev(args.config, host=args.host, port=args.port)
+
+
+def _run(args: argparse.Namespace) -> int:
+    try:
+        terminal = importlib.import_module("chatops.terminal")
+    except ModuleNotFoundError as exc:
+        if exc.name != "chatops.terminal":
+            raise
+        print("mm-bot run: not available yet", file=sys.stderr)
+        return 2
+    _export_config_path(args.config)
+    return int(terminal.main(args.run_args) or 0)
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    from chatops.doctor import main as doctor
+
+    return doctor(args.config)
+
+
+def _init(args: argparse.Namespace) -> int:
+    from chatops.config import example_config
+
+    path = Path(args.path)
+    if path.exists() and not args.force:
+        print(f"mm-bot init: {path} already exists; use --force to overwrite it", file=sys.stderr)
+        return 2
+    text = example_config()
+    try:
+        path.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        print(f"mm-bot init: cannot write {path}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    print(f"mm-bot init: wrote {path}; edit it, then run `mm-bot doctor`")
+    return 0
+
+
+def _export_config_path(path: str | None) -> None:
+    # Celery and the terminal front end read the config themselves, through MM_CONFIG.
+    if path is not None:
+        os.environ["MM_CONFIG"] = str(Path(path).absolute())
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mm-bot", description="mm chat-ops: a coding agent that teams use from Slack")
+    parser.add_argument("--config", metavar="PATH", help="the config file (default: $MM_CONFIG, else ./mm.yaml)")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, handler: Callable[[argparse.Namespace], int], help: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help, description=help)
+        p.set_defaults(handler=handler)
+        return p
+
+    def listen_options(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--host", default=DEFAULT_HOST, help=f"address to listen on (default {DEFAULT_HOST})")
+        p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port to listen on (default {DEFAULT_PORT})")
+
+    p = command("serve", _serve, "serve Slack's requests: POST /slack/events and GET /healthz")
+    listen_options(p)
+    p.add_argument("--socket", action="store_true", help="receive Slack's requests over Socket Mode (SLACK_APP_TOKEN)")
+    # `dev` starts the bot before the secrets exist; it then refuses what it cannot verify.
+    p.add_argument("--allow-missing-secrets", action="store_true", help=argparse.SUPPRESS)
+
+    p = command("worker", _worker, "run a Celery worker (extra arguments go to celery worker)")
+    p.add_argument("celery_args", nargs=argparse.REMAINDER, help="e.g. -- --concurrency 4 -Q mm")
+    command("beat", _beat, "run the scheduler of the scheduled jobs")
+    p = command("migrate", _migrate, "upgrade the database schema (DATABASE_URL)")
+    p.add_argument("--revision", default="head", help="target revision (default head)")
+    p = command("dev", _dev, "everything one machine needs: migrations, the bot, a worker and the scheduler")
+    listen_options(p)
+    p = command("run", _run, "the agent in the terminal, in the current directory (-p PROMPT: one shot)")
+    p.add_argument("run_args", nargs=argparse.REMAINDER)
+    command("doctor", _doctor, "check the config, database, broker, model endpoint and Slack auth")
+    p = command("init", _init, "write a commented example config")
+    p.add_argument("--path", default="mm.yaml", help="where to write it (default ./mm.yaml)")
+    p.add_argument("--force", action="store_true", help="overwrite an existing file")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.handler(args)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

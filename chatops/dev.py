@@ -1,0 +1,156 @@
+"""`mm-bot dev`: everything one machine needs, in one command, on the embedded defaults.
+
+It migrates the database, picks a broker (Redis on localhost, else an SQLite file that needs no server),
+starts the bot and a worker as child processes, prints where the bot listens and what is still missing, and
+stops them all on Ctrl-C (or SIGTERM). A child that dies takes the others down with it: a half-running dev
+setup is harder to understand than a stopped one.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from chatops import db
+from chatops.config import Config, load_config
+from chatops.doctor import broker_reachable, check_model, mask_url
+
+SLACK_DOCS = "docs/slack-app.md"
+EMBEDDED_BROKER_FILE = Path("var") / "broker.sqlite3"
+READY_TIMEOUT = 60.0
+STOP_TIMEOUT = 15.0
+
+MISSING = {
+    "SLACK_BOT_TOKEN": f"no SLACK_BOT_TOKEN: Slack calls are disabled until you set it; see {SLACK_DOCS}",
+    "SLACK_SIGNING_SECRET": (
+        f"no SLACK_SIGNING_SECRET: Slack's requests are refused (they cannot be verified) until you set it; "
+        f"see {SLACK_DOCS}"
+    ),
+}
+
+
+def say(message: str) -> None:
+    print(f"mm-bot dev: {message}", flush=True)
+
+
+def dev_broker(config: Config, environ: dict[str, str] | os._Environ[str]) -> tuple[str, str | None]:
+    """The broker for `dev`, and a note when it is not the configured one.
+
+    A CELERY_BROKER_URL the user set is used as is (a wrong one should fail loudly, not be replaced); the
+    default Redis is used when it answers, else kombu's SQLAlchemy transport on an SQLite file.
+    """
+    if environ.get("CELERY_BROKER_URL"):
+        return config.broker_url, None
+    reachable, reason = broker_reachable(config.broker_url, timeout=1.0)
+    if reachable:
+        return config.broker_url, None
+    EMBEDDED_BROKER_FILE.parent.mkdir(parents=True, exist_ok=True)
+    url = f"sqla+sqlite:///{EMBEDDED_BROKER_FILE.absolute()}"
+    return url, f"no Redis at {mask_url(config.broker_url)} ({reason}): using the embedded broker {url}"
+
+
+@dataclass
+class Child:
+    name: str
+    process: subprocess.Popen[bytes]
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+
+def _start(name: str, argv: list[str], env: dict[str, str]) -> Child:
+    # Each child leads its own process group, so stopping it can reach its own children (Celery's pool),
+    # and a terminal's Ctrl-C reaches only us: we stop the children in order, once.
+    process = subprocess.Popen([sys.executable, "-m", "chatops.cli", *argv], env=env, process_group=0)
+    return Child(name, process)
+
+
+def _stop(children: list[Child]) -> None:
+    for child in children:
+        if child.alive():
+            child.process.send_signal(signal.SIGTERM)  # warm shutdown: Celery finishes or gives back its task
+    deadline = time.monotonic() + STOP_TIMEOUT
+    for child in children:
+        try:
+            child.process.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            say(f"{child.name} did not stop within {STOP_TIMEOUT:g}s; killing it")
+        # Whatever is left in its group (a pool process that outlived its parent) goes too.
+        try:
+            os.killpg(child.process.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        child.process.wait()
+
+
+def _wait_healthy(url: str, bot: Child) -> bool:
+    deadline = time.monotonic() + READY_TIMEOUT
+    while time.monotonic() < deadline and bot.alive():
+        try:
+            if httpx.get(url, timeout=1.0).status_code == 200:
+                return True
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    return False
+
+
+def _interrupt(_signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def run_dev(config_path: str | None, host: str, port: int) -> int:
+    config = load_config(config_path)
+    before = db.current_revision(config.database_url)
+    db.migrate(config.database_url)
+    after = db.current_revision(config.database_url)
+    change = f"migrated from {before or 'an empty database'} to {after}" if before != after else f"at {after}"
+    say(f"database {mask_url(config.database_url)} ({change})")
+
+    broker, note = dev_broker(config, os.environ)
+    say(note or f"broker {mask_url(broker)}")
+
+    env = dict(os.environ, CELERY_BROKER_URL=broker)
+    common = ["--config", str(Path(config_path).absolute())] if config_path else []
+    children: list[Child] = []
+    # Explicitly: a shell's background job starts with SIGINT ignored, and Python then leaves it ignored.
+    signal.signal(signal.SIGINT, _interrupt)
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        children.append(_start("bot", [*common, "serve", "--host", host, "--port", str(port), "--allow-missing-secrets"], env))
+        children.append(_start("worker", [*common, "worker", "--", "--concurrency", "2"], env))
+        base = f"http://{host}:{port}"
+        if not _wait_healthy(f"{base}/healthz", children[0]):
+            say(f"the bot did not answer on {base}/healthz; stopping")
+            return 1
+        say(f"bot listening on {base}: Slack's requests to {base}/slack/events, health at {base}/healthz")
+        say(f"worker started (pid {children[1].process.pid}) on {mask_url(broker)}")
+        say("scheduler: scheduled jobs are not available yet")
+        for name in config.missing_slack_secrets(socket_mode=False):
+            say(MISSING[name])
+        model = check_model(config)
+        if not model.ok:
+            say(f"model: {model.detail}")
+        say("ready; Ctrl-C stops everything")
+        while True:
+            for child in children:
+                if not child.alive():
+                    say(f"{child.name} exited with code {child.process.returncode}; stopping the others")
+                    return 1
+            time.sleep(0.3)
+    except KeyboardInterrupt:
+        say("stopping")
+        return 0
+    finally:
+        # A second Ctrl-C must not abandon the children half-stopped; STOP_TIMEOUT bounds the wait.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        _stop(children)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)

@@ -1,0 +1,204 @@
+"""`mm-bot doctor`: check what the bot needs, one line per check, each failure with how to fix it.
+
+    ok   config    mm.yaml
+    ok   database  sqlite:///./var/mm.sqlite3 (at head 0001)
+    FAIL model     http://localhost:12434/engines/v1 unreachable: connection refused — start your model ...
+
+Secrets are never printed: URLs have their passwords masked, and every line is scrubbed of the secret values
+the process knows (tokens, API key, URL passwords) in case an error message echoes one.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from urllib.parse import parse_qsl, urlsplit
+
+import httpx
+
+from chatops.config import Config, ConfigError, load_config
+
+TIMEOUT = 5.0
+MASK = "***"
+SLACK_DOCS = "docs/slack-app.md"
+_SECRET_PARAM = re.compile(r"pass|secret|token|key", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    ok: bool
+    detail: str
+
+    def line(self) -> str:
+        return f"{'ok' if self.ok else 'FAIL':<5}{self.name:<10}{self.detail}"
+
+
+def mask_url(url: str) -> str:
+    """The URL with its password (and secret-looking query parameters) replaced by ***.
+
+    Only those parts are rewritten: urlunsplit would also "normalize" `sqlite:///./var/x` into another URL.
+    """
+    try:
+        parts = urlsplit(url)
+        password = parts.password
+    except ValueError:
+        return "<unparsable URL>"
+    if password is not None:
+        userinfo, host = parts.netloc.rsplit("@", 1)
+        url = url.replace(parts.netloc, f"{userinfo.split(':', 1)[0]}:{MASK}@{host}", 1)
+    if parts.query:
+        pairs = parse_qsl(parts.query, keep_blank_values=True)
+        masked = "&".join(f"{k}={MASK if _SECRET_PARAM.search(k) else v}" for k, v in pairs)
+        url = url.replace(f"?{parts.query}", f"?{masked}", 1)
+    return url
+
+
+def secrets_of(config: Config) -> list[str]:
+    values = [config.slack_bot_token, config.slack_signing_secret, config.slack_app_token, config.model_api_key]
+    for url in (config.database_url, config.broker_url, config.agent.model.url, config.slack_api_url):
+        try:
+            values.append(urlsplit(url).password)
+        except ValueError:
+            pass
+    # Longest first, so that a secret containing another is masked whole.
+    return sorted({v for v in values if v and len(v) >= 4}, key=len, reverse=True)
+
+
+def scrub(text: str, secrets: list[str]) -> str:
+    for secret in secrets:
+        text = text.replace(secret, MASK)
+    return text
+
+
+def _reason(exc: BaseException) -> str:
+    """The first line of an exception, without errno prefixes: "connection refused"."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    text = re.sub(r"^\[Errno -?\d+\]\s*", "", text)
+    if re.search(r"connection refused", text, re.IGNORECASE):
+        return "connection refused"
+    return text
+
+
+# --- the checks ---------------------------------------------------------------------------------------------
+
+
+def check_database(config: Config) -> Check:
+    from chatops import db
+
+    url = mask_url(config.database_url)
+    try:
+        current = db.current_revision(config.database_url)
+    except Exception as exc:  # any driver error: the sentence says what to do
+        return Check("database", False, f"{url} unreachable: {_reason(exc)} — start the database or set DATABASE_URL")
+    head = db.head_revision()
+    if current == head:
+        return Check("database", True, f"{url} (at head {head})")
+    if current is None:
+        return Check("database", False, f"{url} has no schema yet (head is {head}) — run `mm-bot migrate`")
+    return Check("database", False, f"{url} is at {current}, head is {head} — run `mm-bot migrate`")
+
+
+def check_broker(config: Config) -> Check:
+    url = mask_url(config.broker_url)
+    reachable, reason = broker_reachable(config.broker_url)
+    if reachable:
+        return Check("broker", True, url)
+    return Check("broker", False, f"{url} unreachable: {reason} — start Redis or set CELERY_BROKER_URL")
+
+
+def broker_reachable(url: str, timeout: float = 3.0) -> tuple[bool, str]:
+    """Whether kombu can connect to the broker at `url` (one attempt), and why not."""
+    from kombu import Connection
+
+    try:
+        with Connection(url, connect_timeout=timeout, transport_options={"max_retries": 0}) as conn:
+            conn.ensure_connection(max_retries=1, interval_start=0, interval_step=0, timeout=timeout)
+        return True, ""
+    except Exception as exc:  # kombu raises the transport's own errors
+        return False, _reason(exc)
+
+
+def check_model(config: Config) -> Check:
+    model = config.agent.model
+    base = model.url.rstrip("/")
+    url = mask_url(base)
+    key_env = model.apiKeyEnv
+    headers = {"Authorization": f"Bearer {config.model_api_key}"} if config.model_api_key else {}
+    try:
+        response = httpx.get(f"{base}/models", headers=headers, timeout=TIMEOUT)
+    except httpx.TimeoutException:
+        return Check("model", False, f"{url} did not answer within {TIMEOUT:g}s — is the model server up?")
+    except httpx.HTTPError as exc:
+        return Check("model", False, f"{url} unreachable: {_reason(exc)} — start your model server or set MM_MODEL_URL")
+    if response.status_code in (401, 403):
+        fix = f"check the key in {key_env}" if key_env else "set model.apiKeyEnv in mm.yaml and export that variable"
+        return Check("model", False, f"{url} rejected the API key (HTTP {response.status_code}) — {fix}")
+    not_openai = "is MM_MODEL_URL the OpenAI-compatible base URL (usually ending in /v1)?"
+    if response.status_code != 200:
+        return Check("model", False, f"{url} answered HTTP {response.status_code} to GET /models — {not_openai}")
+    try:
+        names = [entry["id"] for entry in response.json()["data"]]
+    except (ValueError, KeyError, TypeError):
+        return Check("model", False, f"{url} answered GET /models with no model list — {not_openai}")
+    if model.name not in names:
+        have = ", ".join(names[:10]) + (", …" if len(names) > 10 else "") if names else "none"
+        return Check(
+            "model", False, f'{url} does not serve model "{model.name}" (it has: {have}) — set model.name or MM_MODEL'
+        )
+    return Check("model", True, f"{url} serves {model.name}")
+
+
+def check_slack(config: Config) -> Check:
+    from slack_sdk import WebClient
+    from slack_sdk.errors import SlackApiError
+
+    from bot.app import slack_api_base
+
+    if not config.slack_bot_token:
+        return Check(
+            "slack", False, f"SLACK_BOT_TOKEN is not set — create the Slack app ({SLACK_DOCS}) and export its bot token"
+        )
+    client = WebClient(token=config.slack_bot_token, base_url=slack_api_base(config.slack_api_url), timeout=int(TIMEOUT))
+    api = mask_url(config.slack_api_url)
+    try:
+        auth = client.auth_test()
+    except SlackApiError as exc:
+        error = exc.response.get("error", "error") if exc.response is not None else "error"
+        return Check(
+            "slack", False, f"{api} rejected SLACK_BOT_TOKEN ({error}) — copy the Bot User OAuth Token again ({SLACK_DOCS})"
+        )
+    except Exception as exc:  # urllib's connection errors
+        return Check("slack", False, f"{api} unreachable: {_reason(exc)} — check SLACK_API_URL and the network")
+    missing = config.missing_slack_secrets(socket_mode=bool(config.slack_app_token))
+    who = f"@{auth.get('user')} in {auth.get('team')}"
+    if missing:
+        return Check("slack", False, f"token ok ({who}) but {', '.join(missing)} not set — see {SLACK_DOCS}")
+    return Check("slack", True, f"{api} {who}")
+
+
+CHECKS = (check_database, check_broker, check_model, check_slack)
+
+
+def run_checks(config_path: str | None = None) -> Iterator[Check]:
+    """The checks in order, each as soon as it is done (a bad config stops the rest: they need it)."""
+    try:
+        config = load_config(config_path)
+    except ConfigError as exc:
+        yield Check("config", False, f"{exc} — fix the file (`mm-bot init --path new.yaml` writes an example)")
+        return
+    yield Check("config", True, str(config.path) if config.path else "no mm.yaml: embedded defaults")
+    secrets = secrets_of(config)
+    for check in CHECKS:
+        result = check(config)
+        yield Check(result.name, result.ok, scrub(result.detail, secrets))
+
+
+def main(config_path: str | None = None) -> int:
+    """Print one line per check; 0 when all are ok, 1 otherwise."""
+    failed = False
+    for check in run_checks(config_path):
+        print(check.line(), flush=True)
+        failed |= not check.ok
+    return 1 if failed else 0
