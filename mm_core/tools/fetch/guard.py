@@ -1,0 +1,143 @@
+"""The SSRF guard: a worker inside a company network must not become a door to its internal services.
+
+The check runs where the socket is opened (`GuardedBackend.connect_tcp`): the host is resolved once, every
+address it resolves to is vetted, and the connection goes to a vetted address. DNS rebinding between a check
+and the connect cannot slip through, and every redirect hop and robots.txt request passes the same door. TLS
+SNI and the Host header keep the name, because httpcore takes both from the URL, not from the socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import socket
+from collections.abc import Iterable
+from typing import Any
+
+import httpcore
+
+from mm_core.tools.fetch.errors import BlockedAddress
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+_CGNAT = ipaddress.ip_network("100.64.0.0/10")
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")
+_METADATA = {ipaddress.ip_address("169.254.169.254"), ipaddress.ip_address("fd00:ec2::254"),
+             ipaddress.ip_address("100.100.100.200")}
+_LIFT = "fetching internal addresses is not allowed (fetchAllow in the config lifts this)"
+
+
+def _embedded_v4(ip: IPAddress) -> ipaddress.IPv4Address | None:
+    """The IPv4 address an IPv6 form carries (mapped, NAT64, 6to4, Teredo client), if any."""
+    if isinstance(ip, ipaddress.IPv4Address):
+        return None
+    if ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped
+    if ip in _NAT64:
+        return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+    if ip.sixtofour is not None:
+        return ip.sixtofour
+    if ip.teredo is not None:
+        return ip.teredo[1]
+    return None
+
+
+def blocked_kind(ip: IPAddress) -> str | None:
+    """Why an address is internal ("a loopback address", …), or None for a public one."""
+    inner = _embedded_v4(ip)
+    if inner is not None:
+        kind = blocked_kind(inner)
+        return f"{kind} (as {inner} inside an IPv6 address)" if kind else None
+    if ip in _METADATA:
+        return "a cloud metadata address"
+    if ip.is_loopback:
+        return "a loopback address"
+    if ip.is_unspecified:
+        return "an unspecified address"
+    if ip.is_link_local:
+        return "a link-local address"
+    if ip.is_multicast:
+        return "a multicast address"
+    if isinstance(ip, ipaddress.IPv4Address) and ip in _CGNAT:
+        return "a carrier-grade NAT address"
+    if ip.is_private:
+        return "a private address"
+    if not ip.is_global:
+        return "a reserved address"
+    return None
+
+
+class AddressGuard:
+    """Vets the addresses a host name resolves to; `allow` holds CIDRs, addresses or host names."""
+
+    def __init__(self, allow: Iterable[str] = ()):
+        self.networks: list[ipaddress.IPv4Network | ipaddress.IPv6Network] = []
+        self.names: set[str] = set()
+        for entry in allow:
+            entry = entry.strip()
+            try:
+                self.networks.append(ipaddress.ip_network(entry.strip("[]"), strict=False))
+            except ValueError:
+                self.names.add(entry.lower().rstrip("."))
+
+    def check(self, host: str, ip: IPAddress) -> None:
+        """Raise BlockedAddress when `ip` (what `host` resolved to) is internal and not allowed."""
+        if host.lower().rstrip(".") in self.names or any(ip in net for net in self.networks):
+            return
+        kind = blocked_kind(ip)
+        if kind is None:
+            return
+        try:
+            is_literal = ipaddress.ip_address(host.strip("[]")) == ip
+        except ValueError:
+            is_literal = False
+        subject = host.strip("[]") if is_literal else f"{host} resolves to {ip}, which"
+        raise BlockedAddress(f"{subject} is {kind} — {_LIFT}")
+
+    async def resolve(self, host: str, port: int) -> list[str]:
+        """The host's addresses, every one vetted: one internal address refuses the host altogether, so a
+        name that mixes public and internal answers cannot be steered to the internal one."""
+        literal = host.strip("[]")
+        try:
+            return self._vet(host, [ipaddress.ip_address(literal)])
+        except ValueError:
+            pass
+        loop = asyncio.get_running_loop()
+        infos = await loop.getaddrinfo(literal, port, type=socket.SOCK_STREAM)
+        addresses = list(dict.fromkeys(ipaddress.ip_address(info[4][0].split("%")[0]) for info in infos))
+        return self._vet(host, addresses)
+
+    def _vet(self, host: str, addresses: list[IPAddress]) -> list[str]:
+        for ip in addresses:
+            self.check(host, ip)
+        return [str(ip) for ip in addresses]
+
+
+class GuardedBackend(httpcore.AsyncNetworkBackend):
+    """httpcore's network backend, connecting only to addresses the guard vetted."""
+
+    def __init__(self, guard: AddressGuard):
+        self.guard = guard
+        self.inner = httpcore.AnyIOBackend()
+
+    async def connect_tcp(self, host: str, port: int, timeout: float | None = None,
+                          local_address: str | None = None, socket_options: Any = None) -> httpcore.AsyncNetworkStream:
+        try:
+            addresses = await self.guard.resolve(host, port)
+        except OSError as exc:
+            raise httpcore.ConnectError(f"cannot resolve {host}: {exc.strerror or exc}") from exc
+        failure: Exception | None = None
+        for address in addresses:
+            try:
+                return await self.inner.connect_tcp(address, port, timeout, local_address, socket_options)
+            except (httpcore.ConnectError, httpcore.ConnectTimeout) as exc:
+                failure = exc
+        assert failure is not None
+        raise failure
+
+    async def connect_unix_socket(self, path: str, timeout: float | None = None,
+                                  socket_options: Any = None) -> httpcore.AsyncNetworkStream:
+        raise httpcore.ConnectError("unix sockets are not fetched")
+
+    async def sleep(self, seconds: float) -> None:
+        await self.inner.sleep(seconds)

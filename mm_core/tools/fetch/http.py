@@ -1,0 +1,164 @@
+"""The request: GET with the reference's limits (10 redirections, 30 s overall, 5 MiB), redirections followed
+here so that robots.txt and the SSRF guard see every hop, and the body streamed so a huge page stops at the
+limit instead of filling memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from importlib import metadata
+from urllib.parse import urljoin, urlsplit
+
+import httpcore
+import httpx
+
+from mm_core.tools.fetch.errors import CONVERSION, INPUT, FetchError
+from mm_core.tools.fetch.guard import AddressGuard, GuardedBackend
+from mm_core.tools.fetch.robots import MAX_BYTES as ROBOTS_MAX_BYTES
+from mm_core.tools.fetch.robots import RobotsCache
+
+MIB = 1024 * 1024
+ACCEPTED = ("text/html", "application/xhtml+xml")
+# Go's http.DetectContentType signatures for HTML (the reference sniffs with it), each followed by space or >.
+_HTML_SIGNATURES = (b"<!doctype html", b"<html", b"<head", b"<script", b"<iframe", b"<h1", b"<div", b"<font",
+                    b"<table", b"<a", b"<style", b"<title", b"<b", b"<body", b"<br", b"<p", b"<!--")
+
+
+def user_agent() -> str:
+    try:
+        return f"mm/{metadata.version('mm-chatops')}"
+    except metadata.PackageNotFoundError:
+        return "mm/dev"
+
+
+@dataclass(frozen=True)
+class Limits:
+    redirects: int = 10
+    timeout: float = 30.0
+    max_bytes: int = 5 * MIB
+
+
+@dataclass(frozen=True)
+class Page:
+    url: str  # the final URL, after redirections
+    content_type: str | None
+    body: bytes
+
+
+def sniff_html(body: bytes) -> bool:
+    head = body.removeprefix(b"\xef\xbb\xbf").lstrip(b"\t\n\x0c\r ")[:512].lower()
+    return any(head.startswith(sig) and (sig == b"<!--" or head[len(sig):len(sig) + 1] in (b" ", b">"))
+               for sig in _HTML_SIGNATURES)
+
+
+def _media_type(content_type: str | None) -> str:
+    return (content_type or "").split(";")[0].strip().lower()
+
+
+def _size(n: int) -> str:
+    return f"{n / MIB:.1f} MiB"
+
+
+def make_client(guard: AddressGuard, timeout: float) -> httpx.AsyncClient:
+    transport = httpx.AsyncHTTPTransport()
+    # The pool is replaced so that every connection, redirections and robots.txt included, opens through the
+    # guard. trust_env=False: a proxy from the environment would hide the real target from the guard.
+    transport._pool = httpcore.AsyncConnectionPool(ssl_context=httpx.create_ssl_context(),
+                                                   network_backend=GuardedBackend(guard))
+    return httpx.AsyncClient(transport=transport, follow_redirects=False, trust_env=False,
+                             timeout=httpx.Timeout(timeout), headers={"User-Agent": user_agent()})
+
+
+def _describe(exc: Exception) -> str:
+    text = str(exc).strip()
+    return text or type(exc).__name__
+
+
+class Fetcher:
+    def __init__(self, client: httpx.AsyncClient, robots: RobotsCache, limits: Limits = Limits()):
+        self.client = client
+        self.robots = robots
+        self.limits = limits
+
+    async def fetch(self, url: str) -> Page:
+        try:
+            async with asyncio.timeout(self.limits.timeout):
+                return await self._follow(url)
+        except TimeoutError:
+            raise FetchError(INPUT, f"{url} did not answer within {self.limits.timeout:g}s") from None
+
+    async def _follow(self, url: str) -> Page:
+        for _ in range(self.limits.redirects + 1):
+            await self.robots.check(url, self._get_robots)
+            location = await self._get_page(url)
+            if isinstance(location, Page):
+                return location
+            url = location
+        raise FetchError(INPUT, f"more than {self.limits.redirects} redirections, the last to {url}")
+
+    async def _send(self, url: str) -> httpx.Response:
+        try:
+            return await self.client.send(self.client.build_request("GET", url), stream=True)
+        except FetchError:
+            raise
+        except httpx.HTTPError as exc:
+            host = urlsplit(url).hostname
+            raise FetchError(INPUT, f"cannot reach {host}: {_describe(exc)}") from None
+
+    async def _get_page(self, url: str) -> Page | str:
+        """The page, or the next URL of a redirection."""
+        response = await self._send(url)
+        try:
+            if response.is_redirect:
+                target = urljoin(url, response.headers["location"])
+                if urlsplit(target).scheme not in ("http", "https"):
+                    raise FetchError(INPUT, f"{url} redirects to {target}, which is not an http(s) URL")
+                return target
+            if response.status_code >= 300:
+                raise FetchError(INPUT, f"HTTP {response.status_code} {response.reason_phrase} for {url}".rstrip())
+            content_type = response.headers.get("content-type")
+            if content_type and _media_type(content_type) not in ACCEPTED:
+                raise FetchError(CONVERSION, f"{url} is {_media_type(content_type)}, not an HTML page")
+            body = await self._read(response, url)
+            if not content_type and not sniff_html(body):
+                raise FetchError(CONVERSION, f"{url} has no Content-Type and does not look like HTML")
+            return Page(url, content_type, body)
+        finally:
+            await response.aclose()
+
+    async def _read(self, response: httpx.Response, url: str) -> bytes:
+        limit = self.limits.max_bytes
+        too_big = FetchError(CONVERSION, f"{url} is larger than {_size(limit)} — pages above that are refused")
+        declared = response.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit and "content-encoding" not in response.headers:
+            raise too_big
+        chunks, total = [], 0
+        try:
+            async for chunk in response.aiter_bytes():
+                total += len(chunk)
+                if total > limit:
+                    raise too_big
+                chunks.append(chunk)
+        except httpx.HTTPError as exc:
+            raise FetchError(INPUT, f"reading {url} failed: {_describe(exc)}") from None
+        return b"".join(chunks)
+
+    async def _get_robots(self, url: str) -> tuple[int, str | None, bytes]:
+        # httpx's own errors go through: robots.py words an unreachable robots.txt itself.
+        response = await self.client.send(self.client.build_request("GET", url), stream=True)
+        try:
+            if response.is_redirect:
+                return response.status_code, urljoin(url, response.headers["location"]), b""
+            body = b""
+            if 200 <= response.status_code < 300:
+                chunks, total = [], 0
+                async for chunk in response.aiter_bytes():
+                    chunks.append(chunk)
+                    total += len(chunk)
+                    if total >= ROBOTS_MAX_BYTES:
+                        break
+                body = b"".join(chunks)[:ROBOTS_MAX_BYTES]
+            return response.status_code, None, body
+        finally:
+            await response.aclose()
