@@ -63,9 +63,11 @@ class Reply:
     """One assistant answer, and how to deliver it.
 
     delay: seconds before the first byte (headers included).
-    stall_after / stall_for: in a stream, after that many SSE events have been sent, wait `stall_for` seconds
-        (cut short when the server stops); in a plain answer, wait before answering.
-    disconnect_after: close the connection after that many SSE events (0: before any response).
+    stall_after / stall_for: in a stream, after that many SSE events have been sent (or before `[DONE]` when
+        the answer has fewer), wait `stall_for` seconds (cut short when the server stops); in a plain answer,
+        wait before answering.
+    disconnect_after: close the connection after that many SSE events (or before `[DONE]`; 0: before any
+        response).
     usage: (prompt_tokens, completion_tokens); by default a rough estimate (characters / 4).
     """
 
@@ -261,10 +263,16 @@ class ModelServer(ThreadedAiohttpServer):
                 return response
             if answer.stall_after is not None and sent == answer.stall_after:
                 await self.wait_or_stop(answer.stall_for)
-            await response.write(b"data: " + json.dumps(chunk, ensure_ascii=False).encode() + b"\n\n")
+            await response.write(b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n")
             sent += 1
             # Let other requests and the stop signal through between chunks of an endless stream.
             await asyncio.sleep(0)
+        # A count past the end of the answer still stalls / hangs up, just before [DONE].
+        if answer.disconnect_after is not None:
+            _hang_up(request)
+            return response
+        if answer.stall_after is not None and sent <= answer.stall_after:
+            await self.wait_or_stop(answer.stall_for)
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
         return response

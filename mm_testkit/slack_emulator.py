@@ -216,11 +216,17 @@ class SlackEmulator(ThreadedAiohttpServer):
 
     async def _api(self, request: web.Request) -> web.Response:
         method = request.match_info["method"]
-        params = await _read_params(request)
-        call = SlackCall(method, params, dict(request.headers), time.time())
+        try:
+            params = await _read_params(request)
+        except ValueError:
+            params = None
+        call = SlackCall(method, params or {}, dict(request.headers), time.time())
         with self._lock:
             self.calls.append(call)
-            call.status, call.response, headers = self._answer(method, params, request.headers)
+            if params is None:
+                call.status, call.response, headers = 200, {"ok": False, "error": "invalid_json"}, {}
+            else:
+                call.status, call.response, headers = self._answer(method, params, request.headers)
         return web.json_response(call.response, status=call.status, headers=headers)
 
     def _answer(self, method: str, params: Params, headers: Any) -> tuple[int, dict[str, Any], dict[str, str]]:
@@ -538,7 +544,9 @@ async def _read_params(request: web.Request) -> Params:
     params: Params = dict(request.query)
     if request.content_type == "application/json":
         body = await request.json() if request.can_read_body else {}
-        params.update(body if isinstance(body, dict) else {})
+        if not isinstance(body, dict):
+            raise ValueError("a JSON body must be an object")
+        params.update(body)
     elif request.can_read_body:
         form = await request.post()
         params.update({k: (v if isinstance(v, str) else v.file.read()) for k, v in form.items()})

@@ -145,6 +145,10 @@ def test_running_out_of_script_fails_loudly(model_server: ModelServer) -> None:
     assert "script ran out" in caught.value.message and "#2" in caught.value.message
     assert caught.value.code == "script_exhausted"
     assert len(model_server.errors) == 1
+    model_server.reset()
+    assert (model_server.requests, model_server.errors, model_server.remaining) == ([], [], 0)
+    with pytest.raises(openai.InternalServerError, match="the test scripted 0"):
+        api.chat.completions.create(model="m", messages=USER)
 
 
 def test_a_stall_trips_a_short_client_timeout_and_stop_is_not_held_up() -> None:
@@ -178,6 +182,10 @@ def test_connection_closed_mid_stream(model_server: ModelServer) -> None:
     assert len(seen) == 4
     with pytest.raises(openai.APIConnectionError):
         api.chat.completions.create(model="m", messages=USER)
+    model_server.script(Reply(text="short", disconnect_after=99))  # past the end: no [DONE] either
+    with pytest.raises(openai.APIConnectionError):
+        for _ in api.chat.completions.create(model="m", messages=USER, stream=True):
+            pass
 
 
 def test_endless_arguments_stream_past_256_kb(model_server: ModelServer) -> None:

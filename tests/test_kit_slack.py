@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import parse_qs
 
+import httpx
 import pytest
 from aiohttp import web
 from slack_bolt.app.async_app import AsyncApp
@@ -298,3 +299,14 @@ def test_bolt_app_accepts_the_payloads_and_talks_to_the_emulator(
     assert sorted(seen) == ["approve call_9", "command", "mention"]
     assert [m["text"] for m in slack.messages("C0TEST", mention_ts)] == ["on it"]
     assert slack.responses[0]["body"]["text"] == "approved"
+
+
+def test_malformed_bodies_and_unknown_upload_urls_get_clear_answers(slack: SlackEmulator) -> None:
+    auth = {"Authorization": f"Bearer {slack.bot_token}", "Content-Type": "application/json"}
+    for body in (b"{broken", b"[1, 2]"):
+        answer = httpx.post(slack.url + "chat.postMessage", content=body, headers=auth)
+        assert (answer.status_code, answer.json()) == (200, {"ok": False, "error": "invalid_json"})
+    assert httpx.post(f"{slack.base}/upload/v1/F0NOPE", content=b"x").status_code == 404
+    assert len(slack.calls_to("chat.postMessage")) == 2
+    slack.reset()
+    assert slack.calls == [] and list(slack.users) == ["U0BOT"]
