@@ -1,0 +1,203 @@
+"""read_file and write_file, confined to the workspace (see workspace.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from mm_core.tools.args import BadArgument, check_object, get_bool, get_int, get_str
+from mm_core.tools.base import Tool, ToolContext
+from mm_core.tools.diff import Diff, diff, split_lines
+from mm_core.tools.text import plural, truncate
+from mm_core.tools.workspace import EMPTY_PATH, WorkspaceError, read_bytes, resolve, write_bytes
+
+MISSING = "{path} does not exist. Create it with write_file"
+IS_DIR = "[error: {path} is a directory — list it with bash (ls {path})]"
+EMPTY_FILE = "[{path} is empty]"
+TOO_LARGE = "[error: {path} is too large to read at once ({size} bytes) — read part of it with bash (head, tail, sed -n)]"
+START_PAST_END = "[error: start {start} is past the end of {path} ({lines})]"
+END_BEFORE_START = "[error: end {end} is before start {start}]"
+NEGATIVE = '[error: read_file: "{field}" must be 0 or a line number, got {value}]'
+CANNOT = "[error: cannot {verb} {path}: {reason}]"
+WROTE_NEW = "wrote {path}: new file, {lines}"
+WROTE = "wrote {path}: {lines}, +{added} -{deleted}"
+IDENTICAL = "{path} already has exactly this content — nothing written"
+
+# Reading a whole file into memory is fine for source code; a multi-gigabyte log is read with bash instead.
+MAX_READ_BYTES = 64 * 1024 * 1024
+
+
+def path_arg(args: dict[str, Any], tool: str) -> str:
+    path = get_str(check_object(args, tool), tool, "path")
+    if not path.strip():
+        raise BadArgument(EMPTY_PATH.format(tool=tool))
+    return path
+
+
+def read_text(ws: Path, path: str, real: Path) -> str:
+    """The file's text for a tool: UTF-8, undecodable bytes replaced. Raises BadArgument with the answer."""
+    if not real.exists():
+        raise BadArgument(MISSING.format(path=path))
+    if real.is_dir():
+        raise BadArgument(IS_DIR.format(path=path))
+    size = real.stat().st_size
+    if size > MAX_READ_BYTES:
+        raise BadArgument(TOO_LARGE.format(path=path, size=size))
+    try:
+        return read_bytes(ws, real).decode("utf-8", errors="replace")
+    except OSError as e:
+        raise BadArgument(CANNOT.format(verb="read", path=path, reason=e.strerror or e)) from e
+
+
+def select_lines(text: str, start: int, end: int) -> tuple[list[str], int]:
+    """Lines `start`..`end` (1-based, inclusive, 0 = open) and the number of the first one.
+
+    The final newline survives only when the last line of the file is among them: the model then knows
+    whether the file ends with one, and a partial read never looks like a complete file.
+    """
+    lines = split_lines(text)
+    first = max(start, 1)
+    last = min(end, len(lines)) if end else len(lines)
+    chosen = lines[first - 1 : last]
+    if chosen and last < len(lines):
+        chosen[-1] = chosen[-1].removesuffix("\n")
+    return chosen, first
+
+
+class ReadFileTool(Tool):
+    name = "read_file"
+    counter = "file_ops"
+    emoji = "📄"
+
+    def schema(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "description": "Read a text file of the project. Use start and end to read only some lines, "
+            "and numbered to see line numbers.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "path": {"type": "string", "description": "File path, relative to the working directory."},
+                    "start": {"type": "integer", "default": 0,
+                              "description": "First line (1-based); 0 = from the start."},
+                    "end": {"type": "integer", "default": 0,
+                            "description": "Last line (1-based, inclusive); 0 = to the end."},
+                    "numbered": {"type": "boolean", "default": False,
+                                 "description": "Prefix each line with its number."},
+                },
+                "required": ["path"],
+            },
+        }
+
+    def title(self, args: dict[str, Any]) -> str:
+        return f"read_file {args.get('path', '') if isinstance(args, dict) else ''}"
+
+    async def run(self, args: dict[str, Any], ctx: ToolContext) -> str:
+        try:
+            path = path_arg(args, self.name)
+            start, end = get_int(args, self.name, "start"), get_int(args, self.name, "end")
+            numbered = get_bool(args, self.name, "numbered")
+            for field, value in (("start", start), ("end", end)):
+                if value < 0:
+                    return NEGATIVE.format(field=field, value=value)
+            if end and end < start:
+                return END_BEFORE_START.format(end=end, start=start)
+            text = read_text(ctx.workspace, path, resolve(ctx.workspace, path))
+        except (BadArgument, WorkspaceError) as e:
+            return e.text
+        if not text:
+            return EMPTY_FILE.format(path=path)
+        total = len(split_lines(text))
+        if start > total:
+            return START_PAST_END.format(start=start, path=path, lines=plural(total, "line"))
+        chosen, first = select_lines(text, start, end)
+        if numbered:
+            width = len(str(first + len(chosen) - 1))
+            chosen = [f"{first + i:>{width}} │ {line}" for i, line in enumerate(chosen)]
+        return truncate("".join(chosen), ctx.config.maxOutput)
+
+
+@dataclass(frozen=True)
+class PlannedWrite:
+    """A change worked out but not yet written: what the model and the approver are shown, and the bytes."""
+
+    real: Path
+    data: bytes | None  # None when there is nothing to write
+    report: str
+
+
+def plan_write(path: str, real: Path, old: str | None, new: str, headline: Callable[[Diff], str]) -> PlannedWrite:
+    if old is not None and old == new:
+        return PlannedWrite(real, None, IDENTICAL.format(path=path))
+    d = diff(old or "", new)
+    head = headline(d)
+    return PlannedWrite(real, new.encode("utf-8"), f"{head}\n{d.text}" if d.text else head)
+
+
+def commit_write(ctx: ToolContext, path: str, plan: PlannedWrite) -> str | None:
+    """Write a planned change; the failure text, or None."""
+    if plan.data is None:
+        return None
+    try:
+        write_bytes(ctx.workspace, plan.real, plan.data)
+    except WorkspaceError as e:
+        return e.text
+    except OSError as e:
+        return CANNOT.format(verb="write", path=path, reason=e.strerror or e)
+    return None
+
+
+class WriteFileTool(Tool):
+    name = "write_file"
+    counter = "file_ops"
+    emoji = "📝"
+
+    def schema(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "description": "Create a file, or replace the whole content of an existing one. "
+            "To change part of a file, use edit_file instead.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "path": {"type": "string", "description": "File path, relative to the working directory; "
+                             "parent directories are created."},
+                    "content": {"type": "string", "description": "The whole content of the file."},
+                },
+                "required": ["path", "content"],
+            },
+        }
+
+    def needs_approval(self, args: dict[str, Any]) -> bool:
+        return True
+
+    def title(self, args: dict[str, Any]) -> str:
+        return f"write_file {args.get('path', '') if isinstance(args, dict) else ''}"
+
+    def _plan(self, args: dict[str, Any], ctx: ToolContext) -> PlannedWrite | str:
+        try:
+            path = path_arg(args, self.name)
+            content = get_str(args, self.name, "content")
+            real = resolve(ctx.workspace, path)
+            if real.is_dir():
+                return IS_DIR.format(path=path)
+            old = read_text(ctx.workspace, path, real) if real.exists() else None
+        except (BadArgument, WorkspaceError) as e:
+            return e.text
+        lines = plural(len(split_lines(content)), "line")
+        if old is None:
+            return plan_write(path, real, old, content, lambda d: WROTE_NEW.format(path=path, lines=lines))
+        return plan_write(path, real, old, content,
+                          lambda d: WROTE.format(path=path, lines=lines, added=d.added, deleted=d.deleted))
+
+    async def preview(self, args: dict[str, Any], ctx: ToolContext) -> str:
+        plan = self._plan(args, ctx)
+        return plan if isinstance(plan, str) else plan.report
+
+    async def run(self, args: dict[str, Any], ctx: ToolContext) -> str:
+        plan = self._plan(args, ctx)
+        if isinstance(plan, str):
+            return plan
+        failure = commit_write(ctx, args["path"], plan)
+        return failure or truncate(plan.report, ctx.config.maxOutput)

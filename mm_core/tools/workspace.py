@@ -1,0 +1,124 @@
+"""Confinement of every file tool to the session's workspace.
+
+Paths come from a model, and workspaces hold cloned repositories that may contain symlinks pointing anywhere
+(`docs -> /etc`, `shared -> ../other-team`). So a path is resolved with every symlink followed, and refused
+unless the result stays inside the workspace. Writes then walk the *resolved* path from the workspace's own
+directory descriptor with O_NOFOLLOW at every step: a symlink swapped in between the check and the write is
+refused by the kernel instead of being followed.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from pathlib import Path
+
+OUTSIDE = "[error: {path} is outside the workspace]"
+EMPTY_PATH = "[error: {tool} needs a path, relative to the working directory]"
+
+
+class WorkspaceError(Exception):
+    """A path the tools refuse; `text` is the answer for the model."""
+
+    def __init__(self, text: str):
+        super().__init__(text)
+        self.text = text
+
+
+def resolve(workspace: Path, path: str) -> Path:
+    """The real absolute path of `path` (relative to `workspace`, or absolute inside it), symlinks followed.
+
+    Raises WorkspaceError when the result, or any symlink on the way, leads outside the workspace.
+    """
+    if "\x00" in path:
+        raise WorkspaceError(f"[error: {path!r} is not a valid path]")
+    root = Path(os.path.realpath(workspace))
+    # bash runs with HOME set to the workspace, so `~/x` means the same file to both.
+    local = "." + path[1:] if path == "~" or path.startswith("~/") else path
+    real = Path(os.path.realpath(root / local))
+    if real != root and root not in real.parents:
+        raise WorkspaceError(OUTSIDE.format(path=path))
+    return real
+
+
+def relative(workspace: Path, real: Path) -> Path:
+    """`real` (from resolve) relative to the workspace's real path."""
+    return real.relative_to(os.path.realpath(workspace))
+
+
+def _walk_dirs(root_fd: int, parts: tuple[str, ...], create: bool) -> int:
+    """Open the directory `parts` under `root_fd` one component at a time, never following a symlink."""
+    fd = os.dup(root_fd)
+    try:
+        for part in parts:
+            if create:
+                try:
+                    os.mkdir(part, 0o777, dir_fd=fd)
+                except FileExistsError:
+                    pass
+            nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def open_inside(workspace: Path, real: Path, flags: int, mode: int = 0o666, create_dirs: bool = False) -> int:
+    """Open `real` (a path from resolve) relative to the workspace without following any symlink.
+
+    Returns a file descriptor. Raises WorkspaceError when a component turned into a symlink since resolve()
+    (the race this guards against), OSError for ordinary failures.
+    """
+    rel = relative(workspace, real)
+    root_fd = os.open(os.path.realpath(workspace), os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        try:
+            dir_fd = _walk_dirs(root_fd, rel.parts[:-1], create_dirs)
+        except OSError as e:
+            if e.errno in (errno.ELOOP, errno.ENOTDIR) and _is_link_on_the_way(root_fd, rel.parts[:-1]):
+                raise WorkspaceError(OUTSIDE.format(path=str(rel))) from e
+            raise
+        try:
+            return os.open(rel.parts[-1], flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dir_fd)
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise WorkspaceError(OUTSIDE.format(path=str(rel))) from e
+            raise
+        finally:
+            os.close(dir_fd)
+    finally:
+        os.close(root_fd)
+
+
+def _is_link_on_the_way(root_fd: int, parts: tuple[str, ...]) -> bool:
+    fd = os.dup(root_fd)
+    try:
+        for part in parts:
+            try:
+                st = os.stat(part, dir_fd=fd, follow_symlinks=False)
+            except OSError:
+                return False
+            if stat.S_ISLNK(st.st_mode):
+                return True
+            nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+        return False
+    finally:
+        os.close(fd)
+
+
+def read_bytes(workspace: Path, real: Path) -> bytes:
+    fd = open_inside(workspace, real, os.O_RDONLY)
+    with os.fdopen(fd, "rb") as f:
+        return f.read()
+
+
+def write_bytes(workspace: Path, real: Path, data: bytes) -> None:
+    """Write `data` to `real`, creating parent directories, never through a symlink."""
+    fd = open_inside(workspace, real, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666, create_dirs=True)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
