@@ -50,7 +50,11 @@ def build_web_app(config: Config, socket_mode: bool = False) -> web.Application:
         if bolt is None:
             status = 401 if "SLACK_SIGNING_SECRET" in missing else 503
             return web.json_response({"ok": False, "error": f"not configured: set {', '.join(missing)}"}, status=status)
-        return await to_aiohttp_response(await bolt.async_dispatch(await to_bolt_request(request)))
+        try:
+            bolt_request = await to_bolt_request(request)
+        except ValueError:  # not UTF-8, or not the JSON / form it says it is: nothing Slack would send
+            return web.json_response({"ok": False, "error": "malformed request body"}, status=400)
+        return await to_aiohttp_response(await bolt.async_dispatch(bolt_request))
 
     async def dispose(_app: web.Application) -> None:
         await asyncio.to_thread(engine.dispose)

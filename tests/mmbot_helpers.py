@@ -1,0 +1,81 @@
+"""Running the real `mm-bot` console script in tests: a clean environment, free ports, waiting for /healthz,
+and finding every process a command left behind."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+import httpx
+
+MM_BOT = str(Path(sys.executable).parent / "mm-bot")
+
+# Everything the config reads from the environment: a test starts from none of it.
+CONFIG_ENV = (
+    "MM_CONFIG", "DATABASE_URL", "CELERY_BROKER_URL", "SLACK_API_URL", "SLACK_BOT_TOKEN", "SLACK_SIGNING_SECRET",
+    "SLACK_APP_TOKEN", "MM_MODEL_URL", "MM_MODEL", "MM_WORKSPACES", "MODEL_API_KEY",
+)
+
+
+def clean_env(**values: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in CONFIG_ENV}
+    env.update(values)
+    return env
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def mm_bot(*args: str, env: Mapping[str, str], cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([MM_BOT, *args], env=dict(env), cwd=cwd, capture_output=True, text=True, timeout=timeout)
+
+
+def wait_healthy(base: str, process: subprocess.Popen, timeout: float = 30) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise AssertionError(f"the server exited with code {process.returncode} before answering /healthz")
+        try:
+            response = httpx.get(f"{base}/healthz", timeout=2)
+            if response.status_code == 200:
+                return response.json()
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"{base}/healthz did not answer within {timeout}s")
+
+
+def session_processes(sid: int) -> list[str]:
+    """The live (not zombie) processes of session `sid`, as "pid cmdline" strings."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        # Fields after the parenthesised command: state, ppid, pgrp, session.
+        state, _ppid, _pgrp, session = stat.rsplit(")", 1)[1].split()[:4]
+        if int(session) == sid and state != "Z":
+            found.append(f"{entry.name} {cmdline.strip()}")
+    return found
+
+
+def stop(process: subprocess.Popen, timeout: float = 30) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()

@@ -1,0 +1,139 @@
+"""`mm-bot serve` as a real process, talking to the Slack emulator, receiving signed (and forged) requests."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from mm_testkit.slack_client import SlackEventSender, stale_timestamp
+from mm_testkit.slack_emulator import SlackEmulator
+from mmbot_helpers import MM_BOT, clean_env, free_port, mm_bot, stop, wait_healthy
+
+SIGNING_SECRET = "test-signing-secret-8f3a"
+
+
+class Bot:
+    def __init__(self, base: str, slack: SlackEmulator, process: subprocess.Popen) -> None:
+        self.base, self.slack, self.process = base, slack, process
+
+    def sender(self, **kwargs: object) -> SlackEventSender:
+        s = self.slack
+        return SlackEventSender(self.base, SIGNING_SECRET, team_id=s.team_id, api_app_id=s.app_id,
+                                bot_user_id=s.bot_user_id, response_url=s.response_url, **kwargs)
+
+
+def start_serve(tmp: Path, env: dict[str, str], port: int) -> subprocess.Popen:
+    return subprocess.Popen([MM_BOT, "serve", "--host", "127.0.0.1", "--port", str(port)], env=env, cwd=tmp,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+@pytest.fixture(scope="module")
+def bot(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bot]:
+    tmp = tmp_path_factory.mktemp("serve")
+    with SlackEmulator() as slack:
+        port = free_port()
+        env = clean_env(SLACK_API_URL=slack.url, SLACK_BOT_TOKEN=slack.bot_token, SLACK_SIGNING_SECRET=SIGNING_SECRET,
+                        DATABASE_URL=f"sqlite:///{tmp / 'mm.sqlite3'}")
+        process = start_serve(tmp, env, port)
+        base = f"http://127.0.0.1:{port}"
+        try:
+            wait_healthy(base, process)
+            yield Bot(base, slack, process)
+        finally:
+            stop(process)
+
+
+def test_healthz_says_ok_and_that_the_database_answers(bot: Bot) -> None:
+    response = httpx.get(f"{bot.base}/healthz")
+    assert response.status_code == 200
+    assert response.json() == {"ok": True, "database": True, "slack": True, "missing": []}
+
+
+def test_url_verification_gets_its_challenge_back(bot: Bot) -> None:
+    with bot.sender() as sender:
+        response = sender.url_verification("challenge-4711")
+    assert response.status_code == 200
+    assert response.json() == {"challenge": "challenge-4711"}
+
+
+def test_signed_mention_is_acked_within_slacks_three_seconds_and_auth_goes_to_the_emulator(bot: Bot) -> None:
+    with bot.sender() as sender:
+        response = sender.app_mention("<@U0BOT> fix the tests", channel="C0TEST", user="U0ALICE")
+    assert response.status_code == 200
+    assert response.elapsed.total_seconds() < 3
+    # Bolt's token check (auth.test) went to SLACK_API_URL, with the bot token.
+    assert bot.slack.calls_to("auth.test")
+
+
+@pytest.mark.parametrize("action_id", ["approve", "reject", "approve_all", "stop"])
+def test_each_button_is_acked(bot: Bot, action_id: str) -> None:
+    with bot.sender() as sender:
+        response = sender.block_action(action_id, "call_1", user="U0ALICE", channel="C0TEST", message_ts=sender.new_ts())
+    assert response.status_code == 200
+
+
+def test_slash_command_and_thread_message_are_acked(bot: Bot) -> None:
+    with bot.sender() as sender:
+        assert sender.slash_command("/mm", "help", user="U0ALICE", channel="C0TEST").status_code == 200
+        root = sender.new_ts()
+        assert sender.message("stop", channel="C0TEST", user="U0ALICE", thread_ts=root).status_code == 200
+
+
+@pytest.mark.parametrize(
+    "forgery",
+    [
+        {"secret": "not-the-signing-secret"},
+        {"timestamp": stale_timestamp()},
+        {"tamper": True},
+        {"omit_headers": ("X-Slack-Signature",)},
+        {"omit_headers": ("X-Slack-Request-Timestamp",)},
+    ],
+    ids=["wrong-secret", "stale-timestamp", "tampered-body", "no-signature", "no-timestamp"],
+)
+def test_forged_requests_are_refused_with_401(bot: Bot, forgery: dict) -> None:
+    with bot.sender() as sender:
+        assert sender.app_mention("<@U0BOT> rm -rf /", channel="C0TEST", user="U0EVE", **forgery).status_code == 401
+        assert sender.url_verification("c", **forgery).status_code == 401
+
+
+@pytest.mark.parametrize(
+    ("body", "content_type"),
+    [(b"\xff\xfe not json {", "application/json"), (b"{not json", "application/json"),
+     (b"payload=%7Bnot+json", "application/x-www-form-urlencoded")],
+    ids=["not-utf8", "bad-json", "bad-form-payload"],
+)
+def test_garbage_body_with_a_valid_signature_is_a_400(bot: Bot, body: bytes, content_type: str) -> None:
+    with bot.sender() as sender:
+        response = sender.send(body, content_type)
+    assert response.status_code == 400
+    assert httpx.get(f"{bot.base}/healthz").status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("args", "names"),
+    [((), ["SLACK_BOT_TOKEN", "SLACK_SIGNING_SECRET"]), (("--socket",), ["SLACK_BOT_TOKEN", "SLACK_APP_TOKEN"])],
+    ids=["http", "socket"],
+)
+def test_serve_without_secrets_exits_2_naming_them(tmp_path: Path, args: tuple[str, ...], names: list[str]) -> None:
+    result = mm_bot("serve", "--port", str(free_port()), *args, env=clean_env(), cwd=tmp_path)
+    assert result.returncode == 2
+    for name in names:
+        assert name in result.stderr
+    assert "docs/slack-app.md" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_serve_with_the_database_down_still_answers_healthz_and_says_so(tmp_path: Path) -> None:
+    port = free_port()
+    env = clean_env(SLACK_BOT_TOKEN="xoxb-x", SLACK_SIGNING_SECRET="s",
+                    DATABASE_URL=f"postgresql://postgres@127.0.0.1:{free_port()}/nothing")
+    process = start_serve(tmp_path, env, port)
+    try:
+        health = wait_healthy(f"http://127.0.0.1:{port}", process)
+    finally:
+        stop(process)
+    assert health["ok"] is True and health["database"] is False
