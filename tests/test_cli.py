@@ -1,0 +1,197 @@
+"""The `mm-bot` console script as a user runs it: init, migrate, beat, dev (with Ctrl-C), worker (with ping)."""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import subprocess
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+
+from chatops import db
+from chatops.config import load_config
+from chatops.dev import dev_broker
+from mmbot_helpers import MM_BOT, clean_env, free_port, mm_bot, session_processes, stop, wait_healthy
+
+
+def test_init_writes_an_example_that_loads(tmp_path: Path) -> None:
+    result = mm_bot("init", env=clean_env(), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "wrote mm.yaml" in result.stdout
+    config = load_config(tmp_path / "mm.yaml", environ={})
+    assert config.path == tmp_path / "mm.yaml"
+
+
+def test_init_refuses_to_overwrite_without_force(tmp_path: Path) -> None:
+    target = tmp_path / "custom.yaml"
+    target.write_text("yolo: true\n")
+    result = mm_bot("init", "--path", str(target), env=clean_env(), cwd=tmp_path)
+    assert result.returncode == 2
+    assert "already exists" in result.stderr and "--force" in result.stderr
+    assert target.read_text() == "yolo: true\n"
+
+    forced = mm_bot("init", "--path", str(target), "--force", env=clean_env(), cwd=tmp_path)
+    assert forced.returncode == 0
+    assert target.read_text() != "yolo: true\n"
+    load_config(target, environ={})
+
+
+def test_init_into_a_missing_directory_says_so(tmp_path: Path) -> None:
+    result = mm_bot("init", "--path", str(tmp_path / "no" / "such" / "mm.yaml"), env=clean_env(), cwd=tmp_path)
+    assert result.returncode == 2
+    assert "cannot write" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_bad_config_is_printed_as_file_line_without_traceback(tmp_path: Path) -> None:
+    (tmp_path / "bad.yaml").write_text("yolo: true\nmaxTurns: many\nyloo: false\n")
+    result = mm_bot("--config", "bad.yaml", "migrate", env=clean_env(), cwd=tmp_path)
+    assert result.returncode == 2
+    assert "bad.yaml:2: maxTurns: expected an integer" in result.stderr
+    assert 'bad.yaml:3: yloo: unknown key (did you mean "yolo"?)' in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "var").exists()  # nothing was migrated
+
+
+def test_config_named_by_mm_config_that_does_not_exist_is_an_error(tmp_path: Path) -> None:
+    result = mm_bot("migrate", env=clean_env(MM_CONFIG=str(tmp_path / "gone.yaml")), cwd=tmp_path)
+    assert result.returncode == 2
+    assert "gone.yaml: no such file" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_migrate_on_sqlite_says_from_which_to_which_revision(tmp_path: Path, sqlite_url: str) -> None:
+    env = clean_env(DATABASE_URL=sqlite_url)
+    head = db.head_revision()
+    first = mm_bot("migrate", env=env, cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    assert f"from an empty database to {head}" in first.stdout
+    assert db.current_revision(sqlite_url) == head
+    again = mm_bot("migrate", env=env, cwd=tmp_path)
+    assert again.returncode == 0 and f"already at {head}" in again.stdout
+
+
+@pytest.mark.postgres
+def test_migrate_on_postgres_masks_the_password(tmp_path: Path, fresh_pg_url: str) -> None:
+    url = fresh_pg_url.replace("postgres@", "postgres:not-needed-pw@", 1)  # trust auth ignores the password
+    result = mm_bot("migrate", env=clean_env(DATABASE_URL=url), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "not-needed-pw" not in result.stdout and ":***@" in result.stdout
+    assert db.current_revision(fresh_pg_url) == db.head_revision()
+
+
+def test_beat_says_it_is_not_available_yet(tmp_path: Path) -> None:
+    result = mm_bot("beat", env=clean_env(), cwd=tmp_path)
+    assert result.returncode == 2
+    assert "not available yet" in result.stderr
+
+
+def test_unknown_command_is_a_usage_error(tmp_path: Path) -> None:
+    result = mm_bot("sevre", env=clean_env(), cwd=tmp_path)
+    assert result.returncode == 2
+    assert "invalid choice" in result.stderr
+
+
+# --- dev -----------------------------------------------------------------------------------------------------
+
+
+def _read_lines(stream, lines: queue.Queue) -> None:  # noqa: ANN001 - a text pipe
+    for line in stream:
+        lines.put(line)
+    lines.put(None)
+
+
+def test_dev_starts_everything_reports_what_is_missing_and_ctrl_c_stops_every_child(tmp_path: Path) -> None:
+    port = free_port()
+    # An embedded broker file of the test's own: a worker on the shared Redis could take other runs' messages.
+    env = clean_env(CELERY_BROKER_URL=f"sqla+sqlite:///{tmp_path / 'broker.sqlite3'}",
+                    MM_MODEL_URL=f"http://127.0.0.1:{free_port()}/v1")
+    process = subprocess.Popen([MM_BOT, "dev", "--port", str(port)], env=env, cwd=tmp_path, text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=_read_lines, args=(process.stdout, lines), daemon=True).start()
+    output: list[str] = []
+    try:
+        deadline = time.monotonic() + 90
+        while not any("ready; Ctrl-C stops everything" in line for line in output):
+            line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
+            assert line is not None, "dev exited early:\n" + "".join(output)
+            output.append(line)
+        text = "".join(output)
+        base = f"http://127.0.0.1:{port}"
+        assert f"bot listening on {base}" in text
+        assert "no SLACK_BOT_TOKEN: Slack calls are disabled until you set it; see docs/slack-app.md" in text
+        assert "no SLACK_SIGNING_SECRET" in text
+        assert "model: " in text and "unreachable" in text
+        assert "from an empty database to" in text and (tmp_path / "var" / "mm.sqlite3").exists()
+
+        health = wait_healthy(base, process)
+        assert health["database"] is True and health["slack"] is False
+        # Unverifiable requests are refused, not served.
+        assert httpx.post(f"{base}/slack/events", json={"type": "url_verification", "challenge": "x"}).status_code == 401
+        children = session_processes(process.pid)
+        assert len(children) >= 3, children  # dev, the bot, the worker (and its pool)
+
+        os.killpg(process.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
+        assert process.wait(60) == 0
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    leftovers = session_processes(process.pid)
+    assert leftovers == [], leftovers
+    while (line := lines.get(timeout=10)) is not None:
+        output.append(line)
+    assert "Traceback" not in "".join(output)
+
+
+def test_dev_falls_back_to_the_embedded_broker_when_the_default_redis_does_not_answer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    dead = f"redis://127.0.0.1:{free_port()}/0"
+    # CELERY_BROKER_URL is how the config learns the URL; dev_broker is told it was not the user's choice.
+    config = load_config(environ={"CELERY_BROKER_URL": dead})
+    url, note = dev_broker(config, {})
+    assert url == f"sqla+sqlite:///{tmp_path / 'var' / 'broker.sqlite3'}"
+    assert note is not None and "embedded broker" in note and "connection refused" in note
+    # A broker the user named is used as is, even when it does not answer: a typo must fail loudly.
+    assert dev_broker(config, {"CELERY_BROKER_URL": dead}) == (dead, None)
+
+
+def test_dev_keeps_the_default_redis_when_it_answers(redis_url: str) -> None:
+    config = load_config(environ={"CELERY_BROKER_URL": redis_url})
+    assert dev_broker(config, {}) == (redis_url, None)
+
+
+# --- worker --------------------------------------------------------------------------------------------------
+
+
+def test_ping_runs_through_a_real_worker_on_redis(tmp_path: Path, redis_url: str, redis_prefix: str,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    queue_name = f"{redis_prefix}ping-{uuid.uuid4().hex[:8]}"  # this run's own queue: runs never collide
+    env = clean_env(CELERY_BROKER_URL=redis_url)
+    worker = subprocess.Popen(
+        [MM_BOT, "worker", "--", "-Q", queue_name, "--pool", "solo", "--without-mingle", "--without-gossip",
+         "--without-heartbeat"],
+        env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    monkeypatch.setenv("CELERY_BROKER_URL", redis_url)
+    from workers.celery_app import app, ping
+
+    app.conf.update(broker_url=redis_url, result_backend=redis_url)
+    try:
+        result = ping.apply_async(queue=queue_name)
+        assert result.get(timeout=60) == "pong"
+        result.forget()
+    finally:
+        stop(worker)
+        client = redis.Redis.from_url(redis_url)
+        client.delete(*(list(client.scan_iter(match=f"*{queue_name}*")) or ["-"]))
+        client.close()
+    assert app.conf.task_acks_late and app.conf.task_reject_on_worker_lost and app.conf.worker_prefetch_multiplier == 1
