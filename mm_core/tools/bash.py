@@ -1,0 +1,218 @@
+"""bash: one `bash -c` per call, its own process group, output through a temporary file.
+
+Through a pipe, the call would wait for every process holding the write end, so `nohup serve &` would block
+the turn for ever; a file lets the call return when the shell is done while the job keeps running. The jobs
+are the session's: every process group started is kept in `ctx.resources["bash.jobs"]` and killed when the
+session ends. How the process is started (environment, limits, sandbox) is sandbox.py's business.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import tempfile
+from typing import IO, Any
+
+from mm_core.tools.args import BadArgument, check_object, get_str
+from mm_core.tools.base import Tool, ToolCancelled, ToolContext
+from mm_core.tools.sandbox import SandboxMissing, prepare
+from mm_core.tools.text import truncate
+
+TIMEOUT = "[error: {duration} timeout exceeded]"
+CANCELLED = "[error: cancelled]"
+EXIT_CODE = "[exit code: exit status {code}]"
+TOO_LARGE = "[... output too large to read back in full ...]"
+EMPTY_COMMAND = "[error: bash: the command is empty]"
+CANNOT_START = "[error: bash: the command could not be started: {reason}]"
+REFUSED = "[command rejected by the user]"
+
+READ_BACK = 1024 * 1024  # bytes read from each end of a very large output
+JOBS_KEY = "bash.jobs"
+# How long to wait for a killed process group's leader to be reaped before reading its output anyway.
+KILL_GRACE = 5.0
+
+
+def go_duration(seconds: float) -> str:
+    """A duration as Go prints it (`30s`, `1m30s`, `500ms`): the reference's timeout marker uses that form."""
+    if seconds < 1:
+        return f"{seconds * 1000:g}ms"
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    out = f"{int(hours)}h" if hours else ""
+    if hours or minutes:
+        out += f"{int(minutes)}m"
+    return out + f"{round(secs, 9):g}s"
+
+
+def append_marker(text: str, marker: str) -> str:
+    """`marker` on its own line after `text`."""
+    return f"{text}{'' if not text or text.endswith(chr(10)) else chr(10)}{marker}"
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class BashJobs:
+    """The process groups a session's commands started; closed when the session ends."""
+
+    def __init__(self) -> None:
+        self._procs: dict[int, asyncio.subprocess.Process] = {}
+
+    def add(self, proc: asyncio.subprocess.Process) -> None:
+        # Forget the groups that have emptied, so a pgid later reused by some other process is never killed.
+        for pgid in [g for g in self._procs if not _group_alive(g)]:
+            del self._procs[pgid]
+        self._procs[proc.pid] = proc
+
+    def pgids(self) -> list[int]:
+        return [g for g in self._procs if _group_alive(g)]
+
+    async def aclose(self) -> None:
+        procs, self._procs = self._procs, {}
+        for pgid in procs:
+            _kill_group(pgid)
+        for proc in procs.values():
+            try:
+                await asyncio.wait_for(proc.wait(), KILL_GRACE)
+            except (asyncio.TimeoutError, ProcessLookupError):
+                pass
+
+
+def read_back(out: IO[bytes]) -> str:
+    """The output file's text; above 2 MiB only its first and last MiB, with the reference's marker between."""
+    size = os.fstat(out.fileno()).st_size
+    out.seek(0)
+    if size <= 2 * READ_BACK:
+        return out.read(size).decode("utf-8", errors="replace")
+    head = out.read(READ_BACK)
+    out.seek(size - READ_BACK)
+    tail = out.read(READ_BACK)
+    return (head.decode("utf-8", errors="replace") + "\n" + TOO_LARGE + "\n"
+            + tail.decode("utf-8", errors="replace"))
+
+
+async def _read_all(fd: int) -> bytes:
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader()
+    transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb", 0))
+    try:
+        return await reader.read()
+    finally:
+        transport.close()
+
+
+class BashTool(Tool):
+    name = "bash"
+    counter = "commands"
+    emoji = "🛠️"
+
+    def __init__(self, config: Any = None):
+        # The configuration in force is the call's (ctx.config); this one is kept for the registry's sake.
+        self.config = config
+
+    def schema(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "description": "Run a shell command with bash in the project directory and get its output "
+            "(stdout and stderr). No input can be typed: use non-interactive options.",
+            "parameters": {
+                "type": "object",
+                "properties": {"command": {"type": "string", "description": "The shell command to run."}},
+                "required": ["command"],
+            },
+        }
+
+    def needs_approval(self, args: dict[str, Any]) -> bool:
+        return True
+
+    def refusal(self, args: dict[str, Any]) -> str:
+        return REFUSED
+
+    def title(self, args: dict[str, Any]) -> str:
+        command = args.get("command", "") if isinstance(args, dict) else ""
+        return f"bash: {command}"
+
+    async def preview(self, args: dict[str, Any], ctx: ToolContext) -> str:
+        return args.get("command", "") if isinstance(args, dict) else ""
+
+    async def run(self, args: dict[str, Any], ctx: ToolContext) -> str:
+        try:
+            command = get_str(check_object(args, self.name), self.name, "command")
+        except BadArgument as e:
+            return e.text
+        if not command.strip():
+            return EMPTY_COMMAND
+        with tempfile.TemporaryFile() as out:
+            return await self._run(command, ctx, out)
+
+    async def _run(self, command: str, ctx: ToolContext, out: IO[bytes]) -> str:
+        config = ctx.config
+        status_r, status_w = os.pipe()
+        try:
+            launch = prepare(config, ctx.workspace, command, status_w)
+            proc = await asyncio.create_subprocess_exec(
+                *launch.argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=launch.cwd,
+                env=launch.env, pass_fds=launch.pass_fds, start_new_session=True, preexec_fn=launch.preexec,
+                user=launch.user, group=launch.group, extra_groups=[] if launch.user is not None else None)
+        except SandboxMissing as e:
+            os.close(status_r)
+            return e.text
+        except OSError as e:
+            os.close(status_r)
+            return CANNOT_START.format(reason=e.strerror or e)
+        finally:
+            os.close(status_w)
+        jobs: BashJobs = await ctx.resources.get(JOBS_KEY, BashJobs)
+        jobs.add(proc)
+        marker = None
+        try:
+            status = await asyncio.wait_for(_read_all(status_r), config.bash.timeout)
+        except asyncio.TimeoutError:
+            await _stop(proc)
+            marker = TIMEOUT.format(duration=go_duration(config.bash.timeout))
+        except asyncio.CancelledError:
+            await asyncio.shield(_stop(proc))
+            raise ToolCancelled(append_marker(truncate(read_back(out), config.maxOutput), CANCELLED)) from None
+        else:
+            code = await _exit_code(status, proc)
+            if code:
+                marker = EXIT_CODE.format(code=code)
+        text = truncate(read_back(out), config.maxOutput)
+        return append_marker(text, marker) if marker else text
+
+
+async def _stop(proc: asyncio.subprocess.Process) -> None:
+    _kill_group(proc.pid)
+    try:
+        await asyncio.wait_for(proc.wait(), KILL_GRACE)
+    except asyncio.TimeoutError:
+        pass
+
+
+async def _exit_code(status: bytes, proc: asyncio.subprocess.Process) -> int:
+    """The command's exit status as the wrapper reported it, else (the wrapper never ran: bwrap failed) the
+    launched process's own."""
+    text = status.decode(errors="replace").strip()
+    if text.isdigit():
+        return int(text)
+    try:
+        code = await asyncio.wait_for(proc.wait(), KILL_GRACE)
+    except asyncio.TimeoutError:
+        return 1
+    return code if code >= 0 else 128 - code
