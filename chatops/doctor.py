@@ -32,7 +32,9 @@ class Check:
     detail: str
 
     def line(self) -> str:
-        return f"{'ok' if self.ok else 'FAIL':<5}{self.name:<10}{self.detail}"
+        """The check's line; a detail of several lines (config problems) continues under the first."""
+        first, *rest = self.detail.splitlines() or [""]
+        return "\n".join([f"{'ok' if self.ok else 'FAIL':<5}{self.name:<10}{first}", *(" " * 15 + r for r in rest)])
 
 
 def mask_url(url: str) -> str:

@@ -1,0 +1,153 @@
+"""`mm-bot doctor` against the real services: the Slack emulator, the scripted model server, Redis, SQLite and
+PostgreSQL. Each broken part gives its own FAIL line with the fix, and no secret is ever printed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from chatops import db
+from chatops.doctor import main as doctor
+from chatops.doctor import mask_url
+from mm_testkit.model_server import ModelServer
+from mm_testkit.slack_emulator import SlackEmulator
+from mmbot_helpers import CONFIG_ENV, clean_env, free_port, mm_bot
+
+SIGNING_SECRET = "signing-secret-never-printed"
+MODEL_KEY = "sk-model-key-never-printed"
+
+
+@pytest.fixture
+def healthy(tmp_path: Path, sqlite_url: str, redis_url: str, slack: SlackEmulator,
+            model_server: ModelServer) -> dict[str, str]:
+    """An environment in which every check passes."""
+    db.migrate(sqlite_url)
+    return {
+        "DATABASE_URL": sqlite_url,
+        "CELERY_BROKER_URL": redis_url,
+        "MM_MODEL_URL": model_server.url,
+        "MM_MODEL": "test-model",
+        "SLACK_API_URL": slack.url,
+        "SLACK_BOT_TOKEN": slack.bot_token,
+        "SLACK_SIGNING_SECRET": SIGNING_SECRET,
+    }
+
+
+def run_doctor(env: dict[str, str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+               tmp_path: Path, config: str | None = None) -> tuple[int, dict[str, str], str]:
+    """Doctor in this process (it is a few HTTP calls): exit code, {check: line}, and the whole output."""
+    monkeypatch.chdir(tmp_path)
+    for name in CONFIG_ENV:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    code = doctor(config)
+    out = capsys.readouterr().out
+    lines = {line.split()[1]: line for line in out.splitlines() if line[:2] in ("ok", "FA")}
+    return code, lines, out
+
+
+def test_all_ok_through_the_real_command(tmp_path: Path, healthy: dict[str, str], slack: SlackEmulator) -> None:
+    result = mm_bot("doctor", env=clean_env(**healthy), cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    assert [line.split()[:2] for line in lines] == [
+        ["ok", "config"], ["ok", "database"], ["ok", "broker"], ["ok", "model"], ["ok", "slack"]
+    ]
+    assert f"(at head {db.head_revision()})" in lines[1]
+    assert "serves test-model" in lines[3]
+    assert slack.bot_token not in result.stdout and SIGNING_SECRET not in result.stdout
+    assert slack.calls_to("auth.test")
+
+
+def test_model_server_stopped(tmp_path, healthy, model_server, monkeypatch, capsys) -> None:
+    model_server.stop()
+    code, lines, _ = run_doctor(healthy, monkeypatch, capsys, tmp_path)
+    assert code == 1
+    assert lines["model"].startswith("FAIL model")
+    assert "unreachable: connection refused — start your model server or set MM_MODEL_URL" in lines["model"]
+    assert all(line.startswith("ok") for name, line in lines.items() if name != "model")
+
+
+def test_wrong_model_name(tmp_path, healthy, monkeypatch, capsys) -> None:
+    code, lines, _ = run_doctor(healthy | {"MM_MODEL": "ai/nope"}, monkeypatch, capsys, tmp_path)
+    assert code == 1
+    assert 'does not serve model "ai/nope" (it has: test-model) — set model.name or MM_MODEL' in lines["model"]
+
+
+def test_model_key_rejected_and_never_printed(tmp_path, healthy, monkeypatch, capsys) -> None:
+    (tmp_path / "mm.yaml").write_text("model:\n  apiKeyEnv: MODEL_API_KEY\n")
+    with ModelServer(api_key="the-right-key") as guarded:
+        env = healthy | {"MM_MODEL_URL": guarded.url, "MODEL_API_KEY": MODEL_KEY}
+        code, lines, out = run_doctor(env, monkeypatch, capsys, tmp_path)
+        assert code == 1
+        assert "rejected the API key (HTTP 401) — check the key in MODEL_API_KEY" in lines["model"]
+        assert MODEL_KEY not in out
+
+        code, lines, _ = run_doctor(env | {"MODEL_API_KEY": "the-right-key"}, monkeypatch, capsys, tmp_path)
+        assert code == 0 and lines["model"].startswith("ok")
+
+
+def test_slack_token_missing_or_rejected(tmp_path, healthy, monkeypatch, capsys) -> None:
+    env = {k: v for k, v in healthy.items() if k != "SLACK_BOT_TOKEN"}
+    code, lines, _ = run_doctor(env, monkeypatch, capsys, tmp_path)
+    assert code == 1 and "SLACK_BOT_TOKEN is not set" in lines["slack"] and "docs/slack-app.md" in lines["slack"]
+
+    wrong = "xoxb-wrong-token-never-printed"
+    code, lines, out = run_doctor(healthy | {"SLACK_BOT_TOKEN": wrong}, monkeypatch, capsys, tmp_path)
+    assert code == 1 and "rejected SLACK_BOT_TOKEN (invalid_auth)" in lines["slack"]
+    assert wrong not in out
+
+
+def test_slack_token_ok_but_signing_secret_missing(tmp_path, healthy, monkeypatch, capsys) -> None:
+    env = {k: v for k, v in healthy.items() if k != "SLACK_SIGNING_SECRET"}
+    code, lines, _ = run_doctor(env, monkeypatch, capsys, tmp_path)
+    assert code == 1 and "token ok (@mm in Test Team) but SLACK_SIGNING_SECRET not set" in lines["slack"]
+
+
+def test_database_not_migrated(tmp_path, healthy, monkeypatch, capsys) -> None:
+    empty = f"sqlite:///{tmp_path / 'empty.sqlite3'}"
+    code, lines, _ = run_doctor(healthy | {"DATABASE_URL": empty}, monkeypatch, capsys, tmp_path)
+    assert code == 1 and "has no schema yet" in lines["database"] and "run `mm-bot migrate`" in lines["database"]
+
+
+def test_database_and_broker_unreachable_with_passwords_masked(tmp_path, healthy, monkeypatch, capsys) -> None:
+    env = healthy | {
+        "DATABASE_URL": f"postgresql://mm:db-password-never-printed@127.0.0.1:{free_port()}/mm",
+        "CELERY_BROKER_URL": f"redis://:redis-password-never-printed@127.0.0.1:{free_port()}/0",
+    }
+    code, lines, out = run_doctor(env, monkeypatch, capsys, tmp_path)
+    assert code == 1
+    assert "postgresql://mm:***@127.0.0.1" in lines["database"] and "set DATABASE_URL" in lines["database"]
+    assert "redis://:***@127.0.0.1" in lines["broker"] and "set CELERY_BROKER_URL" in lines["broker"]
+    assert "never-printed" not in out
+
+
+@pytest.mark.postgres
+def test_postgres_at_head(tmp_path, healthy, fresh_pg_url, monkeypatch, capsys) -> None:
+    db.migrate(fresh_pg_url)
+    code, lines, _ = run_doctor(healthy | {"DATABASE_URL": fresh_pg_url}, monkeypatch, capsys, tmp_path)
+    assert code == 0 and f"(at head {db.head_revision()})" in lines["database"]
+
+
+def test_bad_config_fails_the_config_check_with_file_and_line(tmp_path, healthy, monkeypatch, capsys) -> None:
+    (tmp_path / "mm.yaml").write_text("maxTurns: -1\nbashTol: true\n")
+    code, lines, out = run_doctor(healthy, monkeypatch, capsys, tmp_path)
+    assert code == 1
+    assert list(lines) == ["config"]  # the other checks need a config
+    assert "mm.yaml:1: maxTurns" in out and 'mm.yaml:2: bashTol: unknown key (did you mean "bashTool"?)' in out
+
+
+@pytest.mark.parametrize(
+    ("url", "masked"),
+    [
+        ("sqlite:///./var/mm.sqlite3", "sqlite:///./var/mm.sqlite3"),
+        ("postgresql+psycopg://u:p%40ss@db:5432/mm", "postgresql+psycopg://u:***@db:5432/mm"),
+        ("redis://:pw@localhost:6379/0", "redis://:***@localhost:6379/0"),
+        ("http://h/v1?api_key=abc&x=1", "http://h/v1?api_key=***&x=1"),
+        ("http://[::1", "<unparsable URL>"),
+    ],
+)
+def test_mask_url(url: str, masked: str) -> None:
+    assert mask_url(url) == masked
