@@ -60,6 +60,8 @@ def blocked_kind(ip: IPAddress) -> str | None:
         return "a multicast address"
     if isinstance(ip, ipaddress.IPv4Address) and ip in _CGNAT:
         return "a carrier-grade NAT address"
+    if ip.is_reserved:
+        return "a reserved address"
     if ip.is_private:
         return "a private address"
     if not ip.is_global:
