@@ -81,6 +81,12 @@ class BashConfig(Strict):
     limits: Limits = Field(default_factory=Limits)
 
 
+class AcpConfig(Strict):
+    """The reference's editor settings; only `title` matters here: it names an agent asked with ask_agent."""
+
+    title: str | None = None
+
+
 class AgentConfig(Strict):
     model: ModelConfig = Field(default_factory=ModelConfig)
     yolo: bool = True
@@ -98,6 +104,7 @@ class AgentConfig(Strict):
     systemPrompt: str | None = None
     sandbox: Literal["auto", "bwrap", "none"] = "auto"
     bash: BashConfig = Field(default_factory=BashConfig)
+    acp: AcpConfig = Field(default_factory=AcpConfig)
 
 
 AGENT_KEYS = frozenset(AgentConfig.model_fields)

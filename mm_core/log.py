@@ -61,6 +61,24 @@ class ToolResult:
 
 
 @dataclass(frozen=True)
+class ToolSuspended:
+    """The call (ask_agent) is waiting for approvals inside it; it runs again, not anew, on resume."""
+
+    call_id: str
+    tool: str
+    kind: str = "tool_suspended"
+
+
+@dataclass(frozen=True)
+class Nested:
+    """An entry of an asked agent's own log, kept inside the caller's session (see ScopedStore)."""
+
+    scope: str
+    entry: dict[str, Any]
+    kind: str = "nested"
+
+
+@dataclass(frozen=True)
 class ApprovalDecision:
     call_id: str
     approved: bool
@@ -103,6 +121,8 @@ Entry = (
     | AssistantMessage
     | ToolStarted
     | ToolResult
+    | ToolSuspended
+    | Nested
     | ApprovalDecision
     | Compaction
     | ErrorRecord
@@ -115,6 +135,8 @@ _KINDS: dict[str, type] = {
     "assistant": AssistantMessage,
     "tool_started": ToolStarted,
     "tool_result": ToolResult,
+    "tool_suspended": ToolSuspended,
+    "nested": Nested,
     "approval": ApprovalDecision,
     "compaction": Compaction,
     "error": ErrorRecord,
@@ -194,6 +216,27 @@ class FileStore:
             f.write(line)
             f.flush()
             os.fsync(f.fileno())
+
+
+class ScopedStore:
+    """An asked agent's log, stored as Nested entries of its caller's session.
+
+    The nested agent then lives and dies with the caller's session, under the same lease, and a suspension
+    inside it is persisted exactly like the caller's own.
+    """
+
+    def __init__(self, store: Store, session_id: str, scope: str):
+        self.store, self.session_id, self.scope = store, session_id, scope
+
+    def load(self, session_id: str) -> list[Entry]:
+        return [
+            from_dict(e.entry)
+            for e in self.store.load(self.session_id)
+            if isinstance(e, Nested) and e.scope == self.scope
+        ]
+
+    def append(self, session_id: str, entry: Entry) -> None:
+        self.store.append(self.session_id, Nested(self.scope, to_dict(entry)))
 
 
 def now_ms() -> int:

@@ -29,6 +29,18 @@ class ToolCancelled(Exception):
         self.output = output
 
 
+class SuspendTurn(Exception):
+    """Raised by a tool that runs an agent of its own (ask_agent) when that agent waits for approvals.
+
+    `calls` are the mm_core.events.PendingCall the person must decide; the turn suspends with them, and on
+    resume the tool is run again with the same call id and picks up where its agent stopped.
+    """
+
+    def __init__(self, calls: tuple):
+        super().__init__(f"{len(calls)} call(s) await approval")
+        self.calls = calls
+
+
 class SessionResources:
     """Things a session keeps between calls and turns (language servers, background jobs, caches).
 

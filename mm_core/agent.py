@@ -1,0 +1,341 @@
+"""The turn loop: one small class, readable in one sitting.
+
+A turn is: the user's message → the model → the tool calls it asked for → their results → the model again,
+until the model answers without tool calls or `maxTurns` is reached. Every fact is appended to the session's
+log as it happens, and every decision is taken from the log, so the same code runs a fresh turn, resumes a
+suspended one, and recovers one whose process was killed.
+
+With `yolo` off, a call the reference gates does not run: the turn *suspends*. `run()` returns with the
+pending calls named, nothing waits, and `resume(decisions)` continues the same turn later, in any process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from mm_core.config import AgentConfig
+from mm_core.events import (
+    Error,
+    PendingCall,
+    PermissionRequested,
+    ToolCallFinished,
+    ToolCallStarted,
+    TurnFinished,
+)
+from mm_core.log import (
+    ApprovalDecision,
+    AssistantMessage,
+    Compaction,
+    Entry,
+    ErrorRecord,
+    Reset,
+    Store,
+    ToolCallRequest,
+    ToolResult,
+    ToolStarted,
+    ToolSuspended,
+    TurnEnded,
+    UserMessage,
+)
+from mm_core.loopdetect import STOP_AT, LoopDetector, stop_text
+from mm_core.model import ModelClient, ModelError
+from mm_core.state import SessionState
+from mm_core.tools.base import SessionResources, SuspendTurn, Tool, ToolCancelled, ToolContext
+
+DEFAULT_SYSTEM_PROMPT = (
+    "You are mm, a coding agent working in a checkout of the user's repository (your working directory). "
+    "Use the tools to look at the code, run commands and change files; check what you changed before you "
+    "say it is done. Answer briefly and concretely."
+)
+CANCELLED = "[error: cancelled]"
+INTERRUPTED = (
+    "[error: interrupted — the process running this call stopped before it finished; it may have done part "
+    "of its work: check before running it again]"
+)
+NOT_RUN = "[error: not run — the turn was stopped before this call]"
+COMPACT_PROMPT = (
+    "Summarise the conversation so far for your own later use: the task, what was decided, what was done "
+    "(files changed, commands that mattered and their outcome) and what is left to do. Be complete but brief; "
+    "this summary replaces the earlier messages."
+)
+
+
+class TurnInProgress(Exception):
+    """A message arrived while a turn is running or awaiting approval: the front end keeps it for later."""
+
+
+class _LoopStopped(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class Decision:
+    call_id: str
+    approved: bool
+    by: str | None = None
+    all: bool = False  # "Approve all for this session": yolo from here on
+
+
+class Agent:
+    def __init__(
+        self,
+        config: AgentConfig,
+        store: Store,
+        session_id: str,
+        workspace: Path,
+        *,
+        tools: list[Tool] | None = None,
+        model: ModelClient | None = None,
+        api_key: str | None = None,
+        emit: Callable[[Any], None] = lambda event: None,
+        resources: SessionResources | None = None,
+        oneshot: bool = False,
+        depth: int = 0,
+        name: str | None = None,
+    ):
+        from mm_core.tools import build_tools
+
+        self.config, self.store, self.session_id = config, store, session_id
+        self.workspace = Path(workspace)
+        self.emit, self.oneshot, self.depth, self.name = emit, oneshot, depth, name
+        self.resources = resources or SessionResources()
+        if tools is None:
+            tools, _warnings = build_tools(config, self.workspace)
+        self.tools = {t.name: t for t in tools}
+        self.model = model or ModelClient(config.model, api_key, config.watchdogTimeout)
+        self.system_prompt = config.systemPrompt or DEFAULT_SYSTEM_PROMPT
+        self._log: list[Entry] = []
+
+    # -- the log ----------------------------------------------------------------------------------
+    def _load(self) -> SessionState:
+        self._log = self.store.load(self.session_id)
+        return self._state()
+
+    def _state(self) -> SessionState:
+        return SessionState.of(self._log)
+
+    def state(self) -> SessionState:
+        """The session as this agent last read or wrote it."""
+        return self._state()
+
+    def _append(self, entry: Entry) -> None:
+        self.store.append(self.session_id, entry)  # durable first: the log is the truth
+        self._log.append(entry)
+
+    # -- what front ends call ---------------------------------------------------------------------
+    async def send(self, text: str, author: str | None = None) -> TurnFinished:
+        if self._load().turn_start() is not None:
+            raise TurnInProgress(self.session_id)
+        self._append(UserMessage(text, author))
+        return await self._run()
+
+    async def resume(self, decisions: Iterable[Decision] = ()) -> TurnFinished:
+        """Continue the turn: after approvals, or after the process that ran it died."""
+        state = self._load()
+        known = state.decisions()
+        for d in decisions:
+            if d.call_id not in known:
+                self._append(ApprovalDecision(d.call_id, d.approved, d.by, d.all))
+        return await self._run()
+
+    async def stop(self) -> TurnFinished:
+        """End a turn that is not running in this process (awaiting approval, or orphaned by a crash)."""
+        state = self._load()
+        if state.turn_start() is None:
+            return TurnFinished("idle")
+        self._close_pending(state, CANCELLED, "cancelled")
+        return self._end("cancelled")
+
+    async def new(self) -> None:
+        """`new`: a fresh conversation. Background jobs, language servers and the loop detector go too."""
+        if self._load().turn_start() is not None:
+            await self.stop()
+        self._append(Reset())
+        await self.resources.aclose()
+
+    async def compact(self) -> str:
+        """`compact`: the model summarises older history; the latest exchange is kept as it is."""
+        state = self._load()
+        if state.turn_start() is not None:
+            raise TurnInProgress(self.session_id)
+        users = [i for i, e in enumerate(state.entries) if isinstance(e, UserMessage)]
+        if len(users) < 2:
+            return "nothing to compact yet"
+        keep_from = users[-1]
+        messages = SessionState(state.entries[:keep_from]).messages(self.system_prompt)
+        messages.append({"role": "user", "content": COMPACT_PROMPT})
+        completion = await self.model.complete(messages, None, lambda e: None, self.name)
+        self._append(Compaction(completion.text.strip(), keep_from))
+        return f"compacted {keep_from} earlier entries into a summary of {len(completion.text)} characters"
+
+    # -- the loop ---------------------------------------------------------------------------------
+    async def _run(self) -> TurnFinished:
+        try:
+            while True:
+                state = self._state()
+                if state.turn_start() is None:
+                    return TurnFinished("idle")
+                if state.answered():
+                    return self._end("answered")
+                if state.pending():
+                    waiting = await self._run_calls(state)
+                    if waiting:
+                        return self._suspend(waiting)
+                    continue
+                if state.steps() >= self.config.maxTurns:
+                    return self._fail(
+                        f"[error: the turn reached maxTurns ({self.config.maxTurns}) model calls without a "
+                        f"final answer — ask again to continue, or raise maxTurns]",
+                        "max_turns",
+                    )
+                specs = [t.schema() for t in self.tools.values()]
+                answer = await self.model.complete(state.messages(self.system_prompt), specs, self.emit, self.name)
+                # Models reuse ids (`call_0` in every answer, in every session); approvals are keyed by them.
+                calls = tuple(
+                    ToolCallRequest(f"call_{uuid.uuid4().hex[:20]}", c.name, c.arguments) for c in answer.tool_calls
+                )
+                self._append(
+                    AssistantMessage(
+                        answer.text,
+                        calls,
+                        answer.usage.prompt_tokens,
+                        answer.usage.completion_tokens,
+                        self.name,
+                    )
+                )
+        except ModelError as e:
+            return self._fail(str(e), "failed")
+        except _LoopStopped as e:
+            return self._fail(str(e), "failed")
+        except asyncio.CancelledError:
+            self._close_pending(self._state(), CANCELLED, "cancelled")
+            self._end("cancelled")
+            raise
+
+    async def _run_calls(self, state: SessionState) -> list[PendingCall]:
+        """Run the pending calls in order; return the ones that wait for a person, if any."""
+        decisions, started = state.decisions(), state.started()
+        yolo = self.config.yolo or state.approve_all()
+        detector = state.loop_detector()
+        pending = state.pending()
+        for i, call in enumerate(pending):
+            tool = self.tools.get(call.name)
+            args, problem = _parse(call, tool, list(self.tools))
+            if call.id in started:
+                self._result(call, INTERRUPTED, "interrupted")
+                continue
+            if problem:
+                self._result(call, problem, "error")
+                continue
+            if not yolo and tool.needs_approval(args):
+                decision = decisions.get(call.id)
+                if decision is None and not self.oneshot:
+                    return await self._waiting(pending[i:], decisions)
+                if decision is None or not decision.approved:
+                    self._result(call, tool.refusal(args), "rejected")
+                    continue
+                yolo = yolo or decision.all
+            try:
+                await self._execute(call, tool, args, detector)
+            except SuspendTurn as suspended:  # an asked agent waits for approvals of its own
+                self._append(ToolSuspended(call.id, call.name))
+                return list(suspended.calls)
+        return []
+
+    async def _execute(self, call: ToolCallRequest, tool: Tool, args: dict, detector: LoopDetector) -> None:
+        self._append(ToolStarted(call.id, call.name, self.name))
+        self.emit(ToolCallStarted(call.id, call.name, args, f"{tool.emoji} {tool.title(args)}", self.name))
+        ctx = ToolContext(
+            self.workspace, self.config, call.id, self.resources, self.emit, self.depth, self.name,
+            {"agent": self},
+        )
+        began, status = time.monotonic(), "ok"
+        try:
+            output = await tool.run(args, ctx)
+        except ToolCancelled as e:
+            self._result(call, e.output, "cancelled", began)
+            raise asyncio.CancelledError from None
+        except asyncio.CancelledError:
+            self._result(call, CANCELLED, "cancelled", began)
+            raise
+        except SuspendTurn:
+            raise
+        except Exception as e:  # noqa: BLE001 - a broken tool is text for the model, not a dead turn
+            output, status = f"[error: {call.name} failed: {type(e).__name__}: {e}]", "error"
+        run = detector.record(call.name, call.arguments, output) if status == "ok" else 0
+        if run >= STOP_AT:
+            self._result(call, stop_text(call.name), "error", began)
+            raise _LoopStopped(stop_text(call.name))
+        self._result(call, LoopDetector.annotate(output, run), status, began)
+
+    def _result(self, call: ToolCallRequest, output: str, status: str, began: float | None = None) -> None:
+        ms = int((time.monotonic() - began) * 1000) if began is not None else 0
+        self._append(ToolResult(call.id, call.name, output, status, ms, self.name))
+        lines = output.splitlines()[: self.config.previewLines]
+        preview = "\n".join(lines) if output.strip() else "(no output)"
+        self.emit(ToolCallFinished(call.id, call.name, output, preview, status, self.name))
+
+    async def _waiting(self, calls: list[ToolCallRequest], decisions: dict) -> list[PendingCall]:
+        waiting = []
+        for call in calls:
+            tool = self.tools.get(call.name)
+            args, problem = _parse(call, tool, list(self.tools))
+            if problem or call.id in decisions or not tool.needs_approval(args):
+                continue
+            ctx = ToolContext(self.workspace, self.config, call.id, self.resources, self.emit, self.depth, self.name)
+            try:
+                preview = await tool.preview(args, ctx)
+            except Exception as e:  # noqa: BLE001 - a person still decides, with what we could show
+                preview = f"{tool.title(args)}\n(preview failed: {e})"
+            waiting.append(
+                PendingCall(call.id, call.name, args, f"{tool.emoji} {tool.title(args)}", preview, self.name)
+            )
+        return waiting
+
+    # -- endings ----------------------------------------------------------------------------------
+    def _suspend(self, waiting: list[PendingCall]) -> TurnFinished:
+        self.emit(PermissionRequested(tuple(waiting)))
+        return self._finished("suspended", self._state())
+
+    def _fail(self, message: str, outcome: str) -> TurnFinished:
+        self._close_pending(self._state(), NOT_RUN, "cancelled")
+        self._append(ErrorRecord(message, "generation"))
+        self.emit(Error(message, "generation", self.name))
+        return self._end(outcome)
+
+    def _end(self, outcome: str) -> TurnFinished:
+        state = self._state()
+        self._append(TurnEnded(outcome))
+        return self._finished(outcome, state)
+
+    def _finished(self, outcome: str, state: SessionState) -> TurnFinished:
+        last = state.last_assistant()
+        counter_of = {name: tool.counter for name, tool in self.tools.items()}
+        event = TurnFinished(
+            outcome, last.text if last and outcome == "answered" else "", state.counters(counter_of), state.usage()
+        )
+        self.emit(event)
+        return event
+
+    def _close_pending(self, state: SessionState, text: str, status: str) -> None:
+        """Give every call without a result one, so the log stays a valid conversation."""
+        for call in state.pending():
+            self._result(call, text, status)
+
+
+def _parse(call: ToolCallRequest, tool: Tool | None, names: list[str]) -> tuple[dict, str | None]:
+    if tool is None:
+        return {}, f"[error: there is no tool named {call.name!r} — available tools: {', '.join(sorted(names))}]"
+    try:
+        args = json.loads(call.arguments or "{}")
+    except ValueError as e:
+        return {}, f"[error: the arguments of {call.name} are not valid JSON ({e}) — send a JSON object]"
+    if not isinstance(args, dict):
+        return {}, f"[error: the arguments of {call.name} must be a JSON object]"
+    return args, None

@@ -1,0 +1,381 @@
+"""The turn loop against the scripted model server over real HTTP, with the real tools."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from agent_support import agent_config, call_ids, make_agent
+from mm_core.agent import Decision, TurnInProgress
+from mm_core.events import Error, PermissionRequested, Status, TextDelta, ToolCallFinished, ToolCallStarted
+from mm_core.log import (
+    ApprovalDecision,
+    AssistantMessage,
+    Compaction,
+    ErrorRecord,
+    MemoryStore,
+    ToolResult,
+    TurnEnded,
+    UserMessage,
+)
+from mm_core.loopdetect import LOOP_DETECTED
+from mm_testkit.model_server import Reply, ToolCall, endless
+
+
+def bash(command: str, id: str | None = None) -> ToolCall:
+    return ToolCall("bash", {"command": command}, id=id)
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_plain_answer(model_server, tmp_path):
+    model_server.script(Reply(text="Hello from the model.", usage=(12, 5)))
+    events: list = []
+    agent = make_agent(agent_config(model_server.url), MemoryStore(), tmp_path, events=events)
+    result = run(agent.send("hi"))
+    assert result.outcome == "answered"
+    assert result.answer == "Hello from the model."
+    assert (result.usage.prompt_tokens, result.usage.completion_tokens) == (12, 5)
+    sent = model_server.messages(0)
+    assert [m["role"] for m in sent] == ["system", "user"]
+    assert sent[1]["content"] == "hi"
+    assert "".join(e.text for e in events if isinstance(e, TextDelta)) == "Hello from the model."
+    assert Status("Thinking") in events
+    # The declared tools follow the config: bash and the three file tools by default.
+    names = [t["function"]["name"] for t in model_server.requests[0].json["tools"]]
+    assert names == ["bash", "read_file", "write_file", "edit_file"]
+
+
+def test_several_tool_rounds_feed_results_back(model_server, tmp_path):
+    model_server.script(
+        Reply(tool_calls=[bash("echo one", "c1"), bash("echo two", "c2")]),
+        Reply(tool_calls=[ToolCall("write_file", {"path": "notes.txt", "content": "x\n"}, id="c3")]),
+        Reply(text="Done."),
+    )
+    events: list = []
+    store = MemoryStore()
+    agent = make_agent(agent_config(model_server.url), store, tmp_path, events=events)
+    result = run(agent.send("do things"))
+    assert result.outcome == "answered"
+    assert (tmp_path / "notes.txt").read_text() == "x\n"
+    c1, c2, c3 = call_ids(store.load("s1"))
+    assert len({c1, c2, c3}) == 3
+    second = model_server.messages(1)
+    assert [c["id"] for c in second[-3]["tool_calls"]] == [c1, c2]
+    assert second[-2] == {"role": "tool", "tool_call_id": c1, "content": "one\n"}
+    assert second[-1] == {"role": "tool", "tool_call_id": c2, "content": "two\n"}
+    third = model_server.messages(2)
+    assert third[-1]["tool_call_id"] == c3
+    assert result.counters.commands == 2 and result.counters.file_ops == 1
+    assert result.counters.recap() == "⚙ 2 command(s) 📝 1 file op(s)"
+    started = [e for e in events if isinstance(e, ToolCallStarted)]
+    assert started[0].title == "🛠️ bash: echo one"
+    finished = [e for e in events if isinstance(e, ToolCallFinished)]
+    assert finished[0].preview == "one"
+
+
+def test_max_turns_stops_the_turn(model_server, tmp_path):
+    model_server.always(lambda request: Reply(tool_calls=[bash(f"echo {len(request['messages'])}")]))
+    store = MemoryStore()
+    agent = make_agent(agent_config(model_server.url, maxTurns=3), store, tmp_path)
+    result = run(agent.send("loop"))
+    assert result.outcome == "max_turns"
+    assert len(model_server.requests) == 3
+    errors = [e for e in store.load("s1") if isinstance(e, ErrorRecord)]
+    assert errors and "maxTurns (3)" in errors[0].message
+    # The session takes the next message.
+    model_server.always(None)
+    model_server.script(Reply(text="ok"))
+    assert run(agent.send("again")).outcome == "answered"
+
+
+def test_watchdog_ends_a_silent_model(model_server, tmp_path):
+    model_server.script(Reply(text="I am thinking very hard", chunk_size=4, stall_after=2, stall_for=30))
+    events: list = []
+    store = MemoryStore()
+    agent = make_agent(agent_config(model_server.url, watchdogTimeout="0.5s"), store, tmp_path, events=events)
+    result = run(agent.send("hi"))
+    assert result.outcome == "failed"
+    [error] = [e for e in events if isinstance(e, Error)]
+    assert error.message == (
+        "[error: the model sent nothing for 0.5s — turn stopped by the watchdog (watchdogTimeout); the model "
+        "may still be loading, or the server is stuck]"
+    )
+    assert isinstance(store.load("s1")[-1], TurnEnded)
+
+
+def test_runaway_repeating_arguments(model_server, tmp_path):
+    model_server.script(Reply(tool_calls=[ToolCall("write_file", endless('"aaaab'))], fragment_size=5))
+    events: list = []
+    store = MemoryStore()
+    agent = make_agent(agent_config(model_server.url), store, tmp_path, events=events)
+    result = run(agent.send("write"))
+    assert result.outcome == "failed"
+    [error] = [e for e in events if isinstance(e, Error)]
+    assert error.message.startswith(
+        "[error: the model's tool call ran away: its arguments repeat the same pattern (2"
+    )
+    assert error.message.endswith("— generation stopped; rephrase the request, or try another model]")
+    assert ErrorRecord(error.message, "generation") in store.load("s1")
+
+
+def test_runaway_arguments_past_256_kb(model_server, tmp_path):
+    import random
+
+    rng = random.Random(7)
+    chunks = ("".join(rng.choice("abcdefghijklmnopqrstuvwxyz ") for _ in range(1000)) for _ in range(400))
+    model_server.script(Reply(tool_calls=[ToolCall("write_file", chunks)]))
+    events: list = []
+    agent = make_agent(agent_config(model_server.url), MemoryStore(), tmp_path, events=events)
+    assert run(agent.send("write")).outcome == "failed"
+    [error] = [e for e in events if isinstance(e, Error)]
+    size = int(error.message.split("(")[1].split(" ")[0])
+    assert 256 * 1024 < size <= 256 * 1024 + 1000
+    assert "— generation stopped" in error.message
+
+
+def test_loop_detector_warns_at_3_and_stops_at_6(model_server, tmp_path):
+    same = lambda request: Reply(tool_calls=[bash("cat missing.txt")])  # noqa: E731
+    model_server.always(same)
+    store = MemoryStore()
+    events: list = []
+    agent = make_agent(agent_config(model_server.url), store, tmp_path, events=events)
+    result = run(agent.send("read it"))
+    assert result.outcome == "failed"
+    outputs = [e.output for e in store.load("s1") if isinstance(e, ToolResult)]
+    assert len(outputs) == 6
+    assert not any(LOOP_DETECTED in o for o in outputs[:2])
+    assert all(o.endswith("\n" + LOOP_DETECTED) for o in outputs[2:5])
+    stop = (
+        "[error: the model repeated the same bash call 6 times in a row with the same failing result — turn "
+        "stopped by the loop detector; rephrase the request, or fix what the tool kept reporting]"
+    )
+    assert outputs[5] == stop
+    assert ErrorRecord(stop, "generation") in store.load("s1")
+    assert len(model_server.requests) == 6
+
+
+def test_loop_detector_resets_on_new_not_on_compact(model_server, tmp_path):
+    store = MemoryStore()
+    agent = make_agent(agent_config(model_server.url), store, tmp_path)
+    call = lambda: Reply(tool_calls=[bash("echo same")])  # noqa: E731
+    model_server.script(call(), call(), Reply(text="a"), Reply(text="m"))
+    run(agent.send("one"))
+    run(agent.send("mid"))
+    model_server.script(Reply(text="summary"))
+    assert run(agent.compact()).startswith("compacted")
+    model_server.script(call(), Reply(text="b"))
+    run(agent.send("two"))
+    outputs = [e.output for e in store.load("s1") if isinstance(e, ToolResult)]
+    assert outputs[-1].endswith(LOOP_DETECTED)  # the third in a row, across a compaction
+    run(agent.new())
+    model_server.script(call(), Reply(text="c"))
+    run(agent.send("three"))
+    outputs = [e.output for e in store.load("s1") if isinstance(e, ToolResult)]
+    assert outputs[-1] == "same\n"
+
+
+def test_a_different_call_restarts_the_count(model_server, tmp_path):
+    store = MemoryStore()
+    agent = make_agent(agent_config(model_server.url), store, tmp_path)
+    model_server.script(
+        Reply(tool_calls=[bash("echo a")]),
+        Reply(tool_calls=[bash("echo a")]),
+        Reply(tool_calls=[bash("echo b")]),
+        Reply(tool_calls=[bash("echo a")]),
+        Reply(text="done"),
+    )
+    run(agent.send("go"))
+    assert not any(LOOP_DETECTED in e.output for e in store.load("s1") if isinstance(e, ToolResult))
+
+
+def test_invalid_arguments_and_unknown_tool_are_text(model_server, tmp_path):
+    model_server.script(
+        Reply(tool_calls=[ToolCall("bash", "{not json", id="a"), ToolCall("nope", {}, id="b")]),
+        Reply(text="sorry"),
+    )
+    agent = make_agent(agent_config(model_server.url), MemoryStore(), tmp_path)
+    assert run(agent.send("go")).outcome == "answered"
+    tools = model_server.messages(1)[-2:]
+    assert tools[0]["content"].startswith("[error: the arguments of bash are not valid JSON (")
+    assert tools[1]["content"] == (
+        "[error: there is no tool named 'nope' — available tools: bash, edit_file, read_file, write_file]"
+    )
+
+
+def test_suspend_resume_approved_and_rejected(model_server, tmp_path):
+    model_server.script(
+        Reply(
+            tool_calls=[
+                ToolCall("read_file", {"path": "a.txt"}, id="r1"),
+                bash("echo approved > out.txt", "b1"),
+                bash("rm -rf everything", "b2"),
+            ]
+        ),
+        Reply(text="finished"),
+    )
+    (tmp_path / "a.txt").write_text("A\n")
+    store = MemoryStore()
+    events: list = []
+    agent = make_agent(agent_config(model_server.url, yolo=False), store, tmp_path, events=events)
+    result = run(agent.send("go"))
+    assert result.outcome == "suspended"
+    [request] = [e for e in events if isinstance(e, PermissionRequested)]
+    r1, b1, b2 = call_ids(store.load("s1"))
+    assert [(c.call_id, c.tool, c.preview) for c in request.calls] == [
+        (b1, "bash", "echo approved > out.txt"),
+        (b2, "bash", "rm -rf everything"),
+    ]
+    assert not (tmp_path / "out.txt").exists()
+    with pytest.raises(TurnInProgress):
+        run(agent.send("another message"))
+    # A fresh Agent on the same store stands for another worker after a restart.
+    again = make_agent(agent_config(model_server.url, yolo=False), store, tmp_path)
+    result = run(again.resume([Decision(b1, True, "U1"), Decision(b2, False, "U2")]))
+    assert result.outcome == "answered"
+    assert (tmp_path / "out.txt").read_text() == "approved\n"
+    tool_messages = [m for m in model_server.messages(1) if m["role"] == "tool"]
+    assert [m["content"] for m in tool_messages] == ["A\n", "", "[command rejected by the user]"]
+    decisions = [e for e in store.load("s1") if isinstance(e, ApprovalDecision)]
+    assert [(d.call_id, d.approved, d.by) for d in decisions] == [(b1, True, "U1"), (b2, False, "U2")]
+
+
+def test_two_suspensions_in_one_turn(model_server, tmp_path):
+    model_server.script(
+        Reply(tool_calls=[ToolCall("write_file", {"path": "f.txt", "content": "one\n"}, id="w1")]),
+        Reply(tool_calls=[ToolCall("edit_file", {"path": "f.txt", "edits": [{"old": "one", "new": "two"}]}, id="e1")]),
+        Reply(text="edited"),
+    )
+    store = MemoryStore()
+    events: list = []
+    agent = make_agent(agent_config(model_server.url, yolo=False), store, tmp_path, events=events)
+    assert run(agent.send("go")).outcome == "suspended"
+    first = [e for e in events if isinstance(e, PermissionRequested)][-1].calls[0]
+    assert first.tool == "write_file" and first.preview == "wrote f.txt: new file, 1 line\n@@ -0,0 +1,1 @@\n+1 │ one"
+    assert not (tmp_path / "f.txt").exists()
+    assert run(agent.resume([Decision(first.call_id, True, "U1")])).outcome == "suspended"
+    second = [e for e in events if isinstance(e, PermissionRequested)][-1].calls[0]
+    assert second.tool == "edit_file"
+    assert "-1 │ one" in second.preview and "+1 │ two" in second.preview, second.preview
+    assert (tmp_path / "f.txt").read_text() == "one\n"  # the preview wrote nothing
+    result = run(agent.resume([Decision(second.call_id, True, "U1")]))
+    assert result.outcome == "answered"
+    assert (tmp_path / "f.txt").read_text() == "two\n"
+
+
+def test_approve_all_switches_the_session_to_yolo(model_server, tmp_path):
+    model_server.script(
+        Reply(tool_calls=[bash("echo 1", "a")]),
+        Reply(tool_calls=[bash("echo 2", "b")]),
+        Reply(text="first done"),
+        Reply(tool_calls=[bash("echo 3", "c")]),
+        Reply(text="second done"),
+    )
+    store = MemoryStore()
+    agent = make_agent(agent_config(model_server.url, yolo=False), store, tmp_path)
+    assert run(agent.send("go")).outcome == "suspended"
+    [a] = call_ids(store.load("s1"))
+    assert run(agent.resume([Decision(a, True, "U1", all=True)])).outcome == "answered"
+    assert run(agent.send("more")).outcome == "answered"
+    results = [(e.call_id, e.output) for e in store.load("s1") if isinstance(e, ToolResult)]
+    assert results == list(zip(call_ids(store.load("s1")), ["1\n", "2\n", "3\n"]))
+
+
+def test_oneshot_rejects_calls_that_would_ask(model_server, tmp_path):
+    model_server.script(Reply(tool_calls=[bash("touch x", "a")]), Reply(text="could not"))
+    agent = make_agent(agent_config(model_server.url, yolo=False), MemoryStore(), tmp_path, oneshot=True)
+    assert run(agent.send("go")).outcome == "answered"
+    assert model_server.messages(1)[-1]["content"] == "[command rejected by the user]"
+    assert not (tmp_path / "x").exists()
+
+
+def test_cancel_during_generation(model_server, tmp_path):
+    model_server.script(Reply(text="slow answer", chunk_size=2, stall_after=2, stall_for=30), Reply(text="next"))
+    store = MemoryStore()
+    agent = make_agent(agent_config(model_server.url), store, tmp_path)
+
+    async def scenario():
+        task = asyncio.create_task(agent.send("hi"))
+        await asyncio.sleep(0.5)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return await agent.send("again")
+
+    assert run(scenario()).answer == "next"
+    log = store.load("s1")
+    assert TurnEnded("cancelled") in log
+    assert not any(isinstance(e, AssistantMessage) and e.text.startswith("slow") for e in log)
+
+
+def test_cancel_during_a_tool_kills_it(model_server, tmp_path):
+    model_server.script(
+        Reply(tool_calls=[bash("echo started; sleep 30; echo never > never.txt", "a"), bash("echo b", "b")]),
+        Reply(text="next"),
+    )
+    store = MemoryStore()
+    agent = make_agent(agent_config(model_server.url), store, tmp_path)
+
+    async def scenario():
+        task = asyncio.create_task(agent.send("hi"))
+        await asyncio.sleep(1.0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return await agent.send("again")
+
+    assert run(scenario()).answer == "next"
+    a, b = call_ids(store.load("s1"))
+    results = {e.call_id: e for e in store.load("s1") if isinstance(e, ToolResult)}
+    assert results[a].output == "started\n[error: cancelled]"
+    assert results[a].status == "cancelled"
+    assert results[b].output == "[error: cancelled]"
+    assert not (tmp_path / "never.txt").exists()
+    # The conversation the model sees next is consistent: both calls have results.
+    tool_messages = [m for m in model_server.messages(1) if m["role"] == "tool"]
+    assert len(tool_messages) == 2
+
+
+def test_stop_while_awaiting_approval(model_server, tmp_path):
+    model_server.script(Reply(tool_calls=[bash("echo x", "a")]), Reply(text="fresh"))
+    store = MemoryStore()
+    agent = make_agent(agent_config(model_server.url, yolo=False), store, tmp_path)
+    assert run(agent.send("go")).outcome == "suspended"
+    assert run(agent.stop()).outcome == "cancelled"
+    assert run(agent.send("new question")).answer == "fresh"
+
+
+def test_compaction_summarises_and_keeps_the_tail(model_server, tmp_path):
+    store = MemoryStore()
+    agent = make_agent(agent_config(model_server.url), store, tmp_path)
+    model_server.script(Reply(text="answer one"), Reply(text="answer two"))
+    run(agent.send("question one"))
+    run(agent.send("question two"))
+    model_server.script(Reply(text="We discussed one."))
+    run(agent.compact())
+    summary_request = model_server.messages(2)
+    assert [m["content"] for m in summary_request[1:3]] == ["question one", "answer one"]
+    assert summary_request[-1]["content"].startswith("Summarise the conversation so far")
+    model_server.script(Reply(text="three"))
+    run(agent.send("question three"))
+    sent = model_server.messages(3)
+    assert [m["content"] for m in sent[1:]] == [
+        "Summary of the earlier conversation:\nWe discussed one.",
+        "question two",
+        "answer two",
+        "question three",
+    ]
+    assert any(isinstance(e, Compaction) for e in store.load("s1"))
+
+
+def test_user_message_author_is_kept(model_server, tmp_path):
+    store = MemoryStore()
+    model_server.script(Reply(text="ok"))
+    agent = make_agent(agent_config(model_server.url), store, tmp_path)
+    run(agent.send("hello", author="U123"))
+    assert store.load("s1")[0] == UserMessage("hello", "U123")
+    assert json.dumps(model_server.messages(0))  # what was sent is plain JSON
