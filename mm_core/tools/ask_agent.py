@@ -1,0 +1,216 @@
+"""ask_agent: hand a task to another configured agent and return its answer, exactly as the reference.
+
+Here the asked agent runs inside the same turn and workspace, as an Agent whose log is kept inside the
+caller's session (ScopedStore). Its gated calls suspend the caller's turn through the same path as the
+caller's own: the person's decisions come back with the caller's resume, and this tool, run again with the
+same call id, resumes the asked agent where it stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import yaml
+from pydantic import ValidationError
+
+from mm_core.config import AgentConfig, AgentRef
+from mm_core.events import PermissionRequested, TurnFinished
+from mm_core.log import AssistantMessage, ErrorRecord, ScopedStore, TurnEnded, UserMessage
+from mm_core.state import SessionState
+from mm_core.tools.base import SuspendTurn, Tool, ToolCancelled, ToolContext
+from mm_core.tools.text import truncate
+
+MAX_DEPTH = 2
+DESCRIPTION = (
+    "Ask another agent to do a task and get its answer back. Each agent below has its own model, tools and "
+    "instructions; pick the one whose purpose fits. Write the prompt as a complete, self-contained task: the "
+    "agent does not see this conversation unless with_context is true."
+)
+
+
+def load_agent_file(ref: AgentRef, workspace: Path) -> AgentConfig:
+    """The asked agent's config file; a relative path is read from the workspace, where the project keeps it."""
+    path = Path(ref.config) if Path(ref.config).is_absolute() else workspace / ref.config
+    data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{ref.config} is not a YAML mapping of config keys")
+    return AgentConfig.model_validate(data)
+
+
+def purpose(ref: AgentRef, workspace: Path) -> str:
+    if ref.description:
+        return ref.description
+    try:
+        title = load_agent_file(ref, workspace).acp.title
+    except (OSError, ValueError, ValidationError, yaml.YAMLError):
+        title = None
+    return title if title and title != "mm" else "(no description)"
+
+
+class AskAgentTool(Tool):
+    name = "ask_agent"
+    emoji = "🗣"
+
+    def __init__(self, config: AgentConfig, workspace: Path | None = None):
+        self.config = config
+        self.workspace = workspace or Path.cwd()
+
+    def schema(self) -> dict[str, Any]:
+        agents = "\n".join(
+            f"  {name} — {purpose(ref, self.workspace)}" for name, ref in sorted(self.config.mmConfigs.items())
+        )
+        return {
+            "name": self.name,
+            "description": f"{DESCRIPTION}\nAgents:\n{agents}",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "agent": {"type": "string", "description": "The agent's name, as listed."},
+                    "prompt": {"type": "string", "description": "The task, complete and self-contained."},
+                    "with_context": {
+                        "type": "boolean",
+                        "description": "Send this conversation (questions, answers, tool calls) before the prompt.",
+                        "default": False,
+                    },
+                },
+                "required": ["agent", "prompt"],
+            },
+        }
+
+    def needs_approval(self, args: dict[str, Any]) -> bool:
+        return True
+
+    def title(self, args: dict[str, Any]) -> str:
+        name = str(args.get("agent", ""))
+        first = str(args.get("prompt", "")).strip().splitlines()[:1]
+        ref = self.config.mmConfigs.get(name)
+        where = ""
+        if ref is not None:
+            try:
+                model = load_agent_file(ref, self.workspace).model
+                where = f" ({urlsplit(model.url).netloc or model.url}/{model.name})"
+            except (OSError, ValueError, ValidationError, yaml.YAMLError):
+                pass
+        return f"ask_agent: {name}{where} — {first[0] if first else ''}"
+
+    async def preview(self, args: dict[str, Any], ctx: ToolContext) -> str:
+        return f"{self.title(args)}\n\n{args.get('prompt', '')}"
+
+    async def run(self, args: dict[str, Any], ctx: ToolContext) -> str:
+        name, prompt = args.get("agent"), args.get("prompt")
+        if not isinstance(name, str) or name not in self.config.mmConfigs:
+            return f'[ask_agent: unknown agent "{name}" — agents: {", ".join(sorted(self.config.mmConfigs))}]'
+        if not isinstance(prompt, str) or not prompt.strip():
+            return f"[ask_agent: the prompt is empty — say what {name} must do]"
+        if ctx.depth + 1 > MAX_DEPTH:
+            return (
+                f"[ask_agent: {name} cannot be asked: agents may only be nested {MAX_DEPTH} levels deep "
+                f"(MM_ASK_DEPTH)]"
+            )
+        caller = ctx.extra["agent"]
+        ref = self.config.mmConfigs[name]
+        try:
+            config = load_agent_file(ref, ctx.workspace)
+        except (OSError, ValueError, ValidationError, yaml.YAMLError) as e:
+            return f"[ask_agent: {name} failed: cannot load {ref.config}: {_first_line(e)}]"
+        caller_yolo = caller.config.yolo or caller.state().approve_all()
+        config = config.model_copy(update={"yolo": ref.yolo if ref.yolo is not None else caller_yolo})
+        return await self._ask(caller, name, config, prompt, bool(args.get("with_context")), ctx)
+
+    async def _ask(self, caller, name: str, config: AgentConfig, prompt: str, with_context: bool, ctx) -> str:
+        from mm_core.agent import Agent, Decision
+
+        asked: list[PermissionRequested] = []
+
+        def emit(event: Any) -> None:
+            # The asked agent's text and tool calls stream through the turn; its requests and its end do not:
+            # they come back to the caller as this call's suspension or result.
+            if isinstance(event, PermissionRequested):
+                asked.append(event)
+            elif not isinstance(event, TurnFinished):
+                ctx.emit(event)
+
+        store = ScopedStore(caller.store, caller.session_id, ctx.call_id)
+        key_env = config.model.apiKeyEnv
+        api_key = os.environ.get(key_env) if key_env else (caller.model.api_key if config.model.url == caller.config.model.url else None)
+        agent = Agent(
+            config, store, f"{caller.session_id}/{ctx.call_id}", ctx.workspace, api_key=api_key, emit=emit,
+            resources=ctx.resources, oneshot=caller.oneshot, depth=ctx.depth + 1, name=name,
+        )
+        state = SessionState.of(store.load(""))
+        try:
+            if not state.entries:
+                context = self._context(caller) if with_context else ""
+                result = await agent.send(f"{context}{prompt}")
+            elif state.turn_start() is not None:
+                pending = {c.id for c in state.pending()}
+                decisions = [
+                    Decision(d.call_id, d.approved, d.by, d.all)
+                    for d in caller.state().decisions().values()
+                    if d.call_id in pending
+                ]
+                result = await agent.resume(decisions)
+            else:
+                result = None  # it finished before the caller's process stopped: read its answer from the log
+        except asyncio.CancelledError:
+            raise ToolCancelled(self._stopped(name, store, "cancelled")) from None
+        finally:
+            await agent.model.aclose()
+        if result is not None and result.outcome == "suspended":
+            raise SuspendTurn(asked[-1].calls if asked else ())
+        outcome = result.outcome if result is not None else _last_outcome(store)
+        if outcome != "answered":
+            errors = [e.message for e in store.load("") if isinstance(e, ErrorRecord)]
+            return self._stopped(name, store, errors[-1] if errors else outcome)
+        answer = _answer(store)
+        if not answer.strip():
+            return f"[ask_agent: {name} gave no answer]"
+        return truncate(answer, self.config.maxOutput)
+
+    def _stopped(self, name: str, store: ScopedStore, reason: str) -> str:
+        answered = "\n".join(e.text for e in store.load("") if isinstance(e, AssistantMessage) and e.text)
+        return f"{answered}\n[ask_agent: {name} stopped before finishing: {reason}]".lstrip("\n")
+
+    def _context(self, caller) -> str:
+        """The history the turn started from: questions, answers, one line per tool call, never outputs."""
+        state = caller.state()
+        start = state.turn_start() or len(state.entries)
+        lines: list[str] = []
+        for e in state.entries[:start]:
+            if isinstance(e, UserMessage):
+                lines.append(f"user: {e.text}")
+            elif isinstance(e, AssistantMessage):
+                if e.text:
+                    lines.append(f"assistant: {e.text}")
+                lines += [f"tool call: {c.name} {c.arguments}" for c in e.tool_calls]
+        kept: list[str] = []
+        size = 0
+        for line in reversed(lines):  # newest kept
+            if size + len(line) + 1 > self.config.maxOutput:
+                break
+            kept.append(line)
+            size += len(line) + 1
+        if not kept:
+            return ""
+        return "The conversation so far:\n" + "\n".join(reversed(kept)) + "\n\nYour task:\n"
+
+
+def _answer(store: ScopedStore) -> str:
+    state = SessionState.of(store.load(""))
+    for e in reversed(state.entries):
+        if isinstance(e, AssistantMessage):
+            return e.text
+    return ""
+
+
+def _last_outcome(store: ScopedStore) -> str:
+    ends = [e for e in store.load("") if isinstance(e, TurnEnded)]
+    return ends[-1].outcome if ends else "failed"
+
+
+def _first_line(e: Exception) -> str:
+    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__

@@ -1,0 +1,165 @@
+"""ask_agent: the asked agent runs in the same turn and workspace, and its gated calls suspend and resume
+through the caller's approvals."""
+
+from __future__ import annotations
+
+import asyncio
+
+from agent_support import agent_config, call_ids, make_agent
+from mm_core.agent import Decision
+from mm_core.events import PermissionRequested, TextDelta, ToolCallStarted
+from mm_core.log import MemoryStore, ToolResult
+from mm_testkit.model_server import Reply, ToolCall
+
+
+def setup(tmp_path, model_server, **agent_keys):
+    (tmp_path / "agents").mkdir()
+    (tmp_path / "agents" / "reviewer.yaml").write_text(
+        f"model: {{url: {model_server.url}, name: test-model}}\nsandbox: none\nacp: {{title: Code reviewer}}\n"
+    )
+    refs = {"reviewer": {"config": "agents/reviewer.yaml", **agent_keys}}
+    return agent_config(model_server.url, yolo=False, mmConfigs=refs)
+
+
+def ask(prompt="Review the change in app.py", **extra):
+    return Reply(tool_calls=[ToolCall("ask_agent", {"agent": "reviewer", "prompt": prompt, **extra})])
+
+
+def test_description_lists_agents_with_their_purpose(tmp_path, model_server):
+    config = setup(tmp_path, model_server)
+    agent = make_agent(config, MemoryStore(), tmp_path)
+    description = agent.tools["ask_agent"].schema()["description"]
+    assert description.endswith("\nAgents:\n  reviewer — Code reviewer")
+    (tmp_path / "x").mkdir()
+    config = setup(tmp_path / "x", model_server, description="reviews a diff")
+    agent = make_agent(config, MemoryStore(), tmp_path / "x")
+    assert agent.tools["ask_agent"].schema()["description"].endswith("\nAgents:\n  reviewer — reviews a diff")
+
+
+def test_nested_gated_call_suspends_and_resumes(tmp_path, model_server):
+    config = setup(tmp_path, model_server)
+    model_server.script(
+        ask(),
+        Reply(text="Let me look. ", tool_calls=[ToolCall("bash", {"command": "echo reviewed > review.txt"})]),
+        Reply(text="Looks good to me."),
+        Reply(text="The reviewer approves."),
+    )
+    store, events = MemoryStore(), []
+    agent = make_agent(config, store, tmp_path, events=events)
+    assert asyncio.run(agent.send("get a review")).outcome == "suspended"
+    [ask_call] = [e for e in events if isinstance(e, PermissionRequested)][-1].calls
+    assert ask_call.tool == "ask_agent" and ask_call.title.startswith("🗣 ask_agent: reviewer (127.0.0.1:")
+    assert ask_call.title.endswith("/test-model) — Review the change in app.py")
+
+    # Approving ask_agent runs the reviewer, whose bash call asks in turn: the caller's turn suspends again.
+    assert asyncio.run(agent.resume([Decision(ask_call.call_id, True, "U1")])).outcome == "suspended"
+    [nested] = [e for e in events if isinstance(e, PermissionRequested)][-1].calls
+    assert (nested.tool, nested.agent, nested.preview) == ("bash", "reviewer", "echo reviewed > review.txt")
+    assert not (tmp_path / "review.txt").exists()
+    assert any(isinstance(e, TextDelta) and e.agent == "reviewer" for e in events)
+
+    # A new Agent on the same store stands for another worker: the reviewer resumes where it stopped.
+    events2: list = []
+    again = make_agent(config, store, tmp_path, events=events2)
+    result = asyncio.run(again.resume([Decision(nested.call_id, True, "U2")]))
+    assert result.outcome == "answered" and result.answer == "The reviewer approves."
+    assert (tmp_path / "review.txt").read_text() == "reviewed\n"
+    assert [e.title for e in events2 if isinstance(e, ToolCallStarted)] == [
+        ask_call.title, "🛠️ bash: echo reviewed > review.txt"
+    ]
+    results = [e for e in store.load("s1") if isinstance(e, ToolResult)]
+    assert [(r.tool, r.output) for r in results] == [("ask_agent", "Looks good to me.")]
+    # The reviewer saw only its task, not the caller's conversation.
+    assert model_server.messages(1)[1:] == [{"role": "user", "content": "Review the change in app.py"}]
+
+
+def test_rejected_nested_call_and_entry_yolo(tmp_path, model_server):
+    config = setup(tmp_path, model_server, yolo=True)  # the entry's yolo decides for the asked agent
+    model_server.script(
+        ask(),
+        Reply(tool_calls=[ToolCall("bash", {"command": "echo hi"})]),
+        Reply(text="ran it"),
+        Reply(text="done"),
+    )
+    store, events = MemoryStore(), []
+    agent = make_agent(config, store, tmp_path, events=events)
+    assert asyncio.run(agent.send("go")).outcome == "suspended"
+    [ask_call] = [e for e in events if isinstance(e, PermissionRequested)][-1].calls
+    assert asyncio.run(agent.resume([Decision(ask_call.call_id, True, "U1")])).outcome == "answered"
+    assert [m["content"] for m in model_server.messages(2) if m["role"] == "tool"] == ["hi\n"]
+
+
+def test_errors_are_the_reference_texts(tmp_path, model_server):
+    config = setup(tmp_path, model_server)
+    model_server.script(
+        Reply(tool_calls=[
+            ToolCall("ask_agent", {"agent": "nobody", "prompt": "x"}),
+            ToolCall("ask_agent", {"agent": "reviewer", "prompt": "  "}),
+        ]),
+        Reply(text="ok"),
+    )
+    agent = make_agent(config.model_copy(update={"yolo": True}), MemoryStore(), tmp_path)
+    asyncio.run(agent.send("go"))
+    assert [m["content"] for m in model_server.messages(1) if m["role"] == "tool"] == [
+        '[ask_agent: unknown agent "nobody" — agents: reviewer]',
+        "[ask_agent: the prompt is empty — say what reviewer must do]",
+    ]
+
+
+def test_asked_agent_that_stops_returns_what_it_said(tmp_path, model_server):
+    config = setup(tmp_path, model_server).model_copy(update={"yolo": True})
+    model_server.script(ask(), Reply(text="partial thoughts", chunk_size=4, stall_after=3, stall_for=30))
+    agent_file = tmp_path / "agents" / "reviewer.yaml"
+    agent_file.write_text(agent_file.read_text() + "watchdogTimeout: 0.5s\n")
+    model_server.script(Reply(text="caller done"))
+    store = MemoryStore()
+    agent = make_agent(config, store, tmp_path)
+    assert asyncio.run(agent.send("go")).outcome == "answered"
+    [result] = [e for e in store.load("s1") if isinstance(e, ToolResult)]
+    assert result.output.startswith("[ask_agent: reviewer stopped before finishing: [error: the model sent nothing")
+
+
+def test_broken_agent_file_fails_clearly(tmp_path, model_server):
+    config = setup(tmp_path, model_server).model_copy(update={"yolo": True})
+    (tmp_path / "agents" / "reviewer.yaml").write_text("yoloo: true\n")
+    model_server.script(ask(), Reply(text="ok"))
+    store = MemoryStore()
+    asyncio.run(make_agent(config, store, tmp_path).send("go"))
+    [result] = [e for e in store.load("s1") if isinstance(e, ToolResult)]
+    assert result.output.startswith("[ask_agent: reviewer failed: cannot load agents/reviewer.yaml: ")
+
+
+def test_with_context_sends_history_without_tool_outputs(tmp_path, model_server):
+    config = setup(tmp_path, model_server).model_copy(update={"yolo": True})
+    model_server.script(
+        Reply(tool_calls=[ToolCall("bash", {"command": "echo SECRET-OUTPUT"})]),
+        Reply(text="first answer"),
+        ask(with_context=True),
+        Reply(text="reviewed"),
+        Reply(text="done"),
+    )
+    store = MemoryStore()
+    agent = make_agent(config, store, tmp_path)
+    asyncio.run(agent.send("first question"))
+    asyncio.run(agent.send("second question"))
+    sent = model_server.messages(3)[-1]["content"]
+    assert sent == (
+        "The conversation so far:\n"
+        "user: first question\n"
+        'tool call: bash {"command": "echo SECRET-OUTPUT"}\n'
+        "assistant: first answer\n\n"
+        "Your task:\nReview the change in app.py"
+    )
+    assert len(call_ids(store.load("s1"))) == 2
+
+
+def test_depth_limit(tmp_path, model_server):
+    config = setup(tmp_path, model_server).model_copy(update={"yolo": True})
+    model_server.script(ask(), Reply(text="ok"))
+    store = MemoryStore()
+    agent = make_agent(config, store, tmp_path, depth=2)
+    asyncio.run(agent.send("go"))
+    [result] = [e for e in store.load("s1") if isinstance(e, ToolResult)]
+    assert result.output == (
+        "[ask_agent: reviewer cannot be asked: agents may only be nested 2 levels deep (MM_ASK_DEPTH)]"
+    )
