@@ -1,0 +1,160 @@
+"""`mm-bot run`: the agent core in a terminal, so a config and a model can be tried before wiring Slack.
+
+Interactive line mode with the reference's 🔐 prompt, or one shot with `-p PROMPT` (a call that would ask is
+rejected, as in the reference's `mm -p`). It works in the current directory and keeps the session in memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+import uuid
+from pathlib import Path
+from typing import TextIO
+
+from chatops.config import ConfigError, load_config
+from mm_core.agent import Agent, Decision
+from mm_core.events import (
+    Error,
+    PermissionRequested,
+    Status,
+    TextDelta,
+    ToolCallFinished,
+    ToolCallStarted,
+    TurnFinished,
+)
+from mm_core.log import MemoryStore
+from mm_core.tools import build_tools
+
+DIM, RESET = "\033[2m", "\033[0m"
+HELP = "commands: /new (fresh conversation), /compact (summarise older history), /quit; Ctrl-C stops a turn"
+
+
+class Renderer:
+    """Prints turn events the way the reference's line mode does."""
+
+    def __init__(self, out: TextIO, color: bool):
+        self.out, self.color, self.mid_line = out, color, False
+
+    def dim(self, text: str) -> str:
+        return f"{DIM}{text}{RESET}" if self.color else text
+
+    def __call__(self, event: object) -> None:
+        prefix = f"[{event.agent}] " if getattr(event, "agent", None) else ""
+        if isinstance(event, TextDelta):
+            self.write(event.text)
+            self.mid_line = not event.text.endswith("\n")
+            return
+        if isinstance(event, Status):
+            return  # a spinner has no place in a log-like line mode
+        self.newline()
+        if isinstance(event, ToolCallStarted):
+            # The wrench's variation selector makes it one column wide in most terminals: the reference pads it.
+            self.write(prefix + event.title.replace("🛠️ ", "🛠️  ", 1) + "\n")
+        elif isinstance(event, ToolCallFinished):
+            for line in event.preview.splitlines():
+                self.write(self.dim("   " + line) + "\n")
+        elif isinstance(event, Error):
+            self.write(prefix + event.message + "\n")
+        elif isinstance(event, TurnFinished) and event.outcome != "suspended":
+            recap = event.counters.recap()
+            tokens = f"{event.usage.total_tokens} tokens"
+            self.write(self.dim(f"{recap + ' · ' if recap else ''}{tokens}") + "\n")
+
+    def newline(self) -> None:
+        if self.mid_line:
+            self.write("\n")
+            self.mid_line = False
+
+    def write(self, text: str) -> None:
+        self.out.write(text)
+        self.out.flush()
+
+
+def ask(event: PermissionRequested, out: TextIO, read=input) -> list[Decision]:
+    decisions = []
+    for call in event.calls:
+        out.write(f"🔐 {call.title}\n")
+        if call.preview and call.preview != call.title.split(": ", 1)[-1]:
+            out.write("\n".join("   " + line for line in call.preview.splitlines()) + "\n")
+        answer = read("   allow? [y]es / [n]o / [a]ll for this session: ").strip().lower()
+        approve_all = answer in ("a", "all")
+        decisions.append(Decision(call.call_id, approve_all or answer in ("y", "yes"), "terminal", approve_all))
+        if approve_all:
+            break
+    return decisions
+
+
+async def turn(agent: Agent, text: str, pending: list[PermissionRequested], out: TextIO, read) -> None:
+    result = await agent.send(text)
+    while result.outcome == "suspended":
+        result = await agent.resume(ask(pending.pop(), out, read))
+
+
+def main(argv: list[str] | None = None, out: TextIO = sys.stdout, read=input) -> int:
+    parser = argparse.ArgumentParser(prog="mm-bot run", description=__doc__.split("\n\n")[0])
+    parser.add_argument("-p", "--prompt", help="one shot: answer this prompt and exit")
+    args = parser.parse_args(argv)
+    try:
+        config = load_config()
+    except ConfigError as e:
+        print(e, file=sys.stderr)
+        return 2
+    workspace = Path.cwd()
+    tools, warnings = build_tools(config.agent, workspace)
+    for warning in warnings:
+        print(warning, file=sys.stderr)
+    pending: list[PermissionRequested] = []
+    render = Renderer(out, color=out.isatty())
+
+    def emit(event: object) -> None:
+        if isinstance(event, PermissionRequested):
+            pending.append(event)
+        render(event)
+
+    agent = Agent(
+        config.agent, MemoryStore(), str(uuid.uuid4()), workspace, tools=tools, api_key=config.model_api_key,
+        emit=emit, oneshot=args.prompt is not None,
+    )
+    if args.prompt is not None:
+        result = asyncio.run(agent.send(args.prompt))
+        render.newline()
+        return 0 if result.outcome == "answered" else 1
+    return asyncio.run(interactive(agent, pending, render, out, read))
+
+
+async def interactive(agent: Agent, pending, render: Renderer, out: TextIO, read) -> int:
+    out.write(f"mm · {agent.config.model.name} @ {agent.config.model.url} · {HELP}\n")
+    loop = asyncio.get_running_loop()
+    running: list[asyncio.Task] = []
+    # Ctrl-C stops the turn, not the program: the reference's Esc / Ctrl-C.
+    loop.add_signal_handler(signal.SIGINT, lambda: [t.cancel() for t in running])
+    while True:
+        try:
+            line = (await loop.run_in_executor(None, read, "> ")).strip()
+        except EOFError:
+            out.write("\n")
+            break
+        if not line:
+            continue
+        if line in ("/quit", "/exit"):
+            break
+        if line == "/new":
+            await agent.new()
+            out.write("(new conversation)\n")
+            continue
+        if line == "/compact":
+            out.write(f"({await agent.compact()})\n")
+            continue
+        running[:] = [asyncio.create_task(turn(agent, line, pending, out, read))]
+        try:
+            await running[0]
+        except asyncio.CancelledError:
+            render.newline()
+            out.write("(turn stopped)\n")
+        running.clear()
+        render.newline()
+    await agent.resources.aclose()
+    return 0
