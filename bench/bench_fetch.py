@@ -1,0 +1,111 @@
+"""fetch_content's converter against markdownify (same html5lib parser) and html2text, side by side.
+
+ms/page and peak memory (tracemalloc) over the fixture pages and over larger pages made by repeating their
+bodies, then a synthetic 5 MiB page end to end through the real HTTP path (loopback server, robots.txt, guard).
+Run: python bench/bench_fetch.py [--repeat N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import tempfile
+import time
+import tracemalloc
+from pathlib import Path
+
+import html2text
+from bs4 import BeautifulSoup
+from markdownify import MarkdownConverter
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+from fetch_site import Site  # noqa: E402
+from mm_core.config import AgentConfig  # noqa: E402
+from mm_core.tools.base import ToolContext  # noqa: E402
+from mm_core.tools.fetch import FetchContentTool  # noqa: E402
+from mm_core.tools.fetch.encoding import decode  # noqa: E402
+from mm_core.tools.fetch.webmd import Options, to_markdown  # noqa: E402
+
+FIXTURES = ROOT / "tests" / "fixtures" / "fetch"
+
+
+def ours(html: str) -> str:
+    return to_markdown(html, Options("https://docs.example/"))
+
+
+def md_html5lib(html: str) -> str:
+    return MarkdownConverter().convert_soup(BeautifulSoup(html, "html5lib"))
+
+
+def h2t(html: str) -> str:
+    return html2text.html2text(html, "https://docs.example/")
+
+
+PEERS = {"ours": ours, "markdownify+html5lib": md_html5lib, "html2text": h2t}
+
+
+def corpus() -> dict[str, str]:
+    pages = {p.stem: decode(p.read_bytes(), None) for p in sorted(FIXTURES.glob("*.html"))}
+    bodies = "".join(page.split("<body", 1)[-1].split(">", 1)[-1].rsplit("</body>", 1)[0] for page in pages.values())
+    for size in (100_000, 1_000_000):
+        pages[f"repeated-{size // 1000}KB"] = "<!doctype html><body>" + bodies * (size // len(bodies) + 1) + "</body>"
+    return pages
+
+
+def measure(fn, html: str, repeat: int) -> tuple[float, float]:
+    """(median ms, peak MiB) of fn(html)."""
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn(html)
+        times.append((time.perf_counter() - start) * 1000)
+    tracemalloc.start()
+    fn(html)
+    peak = tracemalloc.get_traced_memory()[1] / 2**20
+    tracemalloc.stop()
+    return statistics.median(times), peak
+
+
+async def end_to_end(size: int) -> tuple[float, int]:
+    paragraph = "<p>Lorem <b>ipsum</b> dolor <a href='/x'>sit</a> amet, <code>consectetur</code> adipiscing.</p>\n"
+    html = "<!doctype html><body><h1>Big</h1>" + paragraph * (size // len(paragraph)) + "</body>"
+    async with Site() as site:
+        url = site.page("/big", html)
+        tool = FetchContentTool(AgentConfig(fetchAllow=["127.0.0.1/32"], maxOutput=10**9))
+        with tempfile.TemporaryDirectory() as tmp:
+            ctx = ToolContext(workspace=Path(tmp), config=tool.config)
+            start = time.perf_counter()
+            out = await tool.run({"url": url}, ctx)
+            elapsed = time.perf_counter() - start
+    assert not out.startswith("[fetch_content:"), out[:200]
+    return elapsed, len(html)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    names = list(PEERS)
+    print(f"{'page':22} {'KB':>6} " + " ".join(f"{n + ' ms':>26} {'MiB':>6}" for n in names) + "   ratio vs ours (ms)")
+    ratios: dict[str, list[float]] = {n: [] for n in names[1:]}
+    for page, html in corpus().items():
+        repeat = 1 if len(html) > 500_000 else args.repeat
+        results = {n: measure(fn, html, repeat) for n, fn in PEERS.items()}
+        base = results["ours"][0]
+        cells = " ".join(f"{results[n][0]:>26.1f} {results[n][1]:>6.1f}" for n in names)
+        for n in names[1:]:
+            ratios[n].append(results[n][0] / base)
+        print(f"{page:22} {len(html) / 1000:>6.0f} {cells}   "
+              + "  ".join(f"{n}: {results[n][0] / base:.2f}x" for n in names[1:]))
+    for n, values in ratios.items():
+        print(f"median ratio {n} / ours: {statistics.median(values):.2f}x (above 1 means ours is faster)")
+    elapsed, size = asyncio.run(end_to_end(5 * 2**20 - 4096))
+    print(f"end to end through HTTP: {size / 2**20:.2f} MiB page in {elapsed:.1f} s (limit 30 s)")
+
+
+if __name__ == "__main__":
+    main()
