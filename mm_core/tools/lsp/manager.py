@@ -70,6 +70,10 @@ class LspManager:
         self._starting: dict[tuple[Path, str], asyncio.Lock] = {}
         self._background: set[asyncio.Task[None]] = set()
 
+    def pids(self) -> list[int]:
+        """The pids of this session's running servers."""
+        return [r.client.pid for r in self._running.values() if r.client.pid is not None]
+
     def server_for(self, path: Path) -> str | None:
         return self.extensions.get(path.suffix.lower())
 
