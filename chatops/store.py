@@ -22,6 +22,7 @@ from mm_core.log import (
     Entry,
     ErrorRecord,
     Fenced,
+    Nested,
     ToolResult,
     ToolStarted,
     from_dict,
@@ -98,6 +99,9 @@ def _project(conn: Connection, session_id: str, entry: Entry, now: datetime) -> 
             _upsert_call(conn, session_id, call_id, decision=decision, decided_by=by)
         case ErrorRecord(message=message, where=where):
             conn.execute(insert(Error).values(session_id=session_id, where=where, message=message, created_at=now))
+        case Nested(entry=inner):
+            # An asked agent's calls are the session's calls too: listed, with who approved them.
+            _project(conn, session_id, from_dict(inner), now)
         case _:
             pass
 

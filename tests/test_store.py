@@ -18,12 +18,15 @@ from mm_core.log import (
     Compaction,
     ErrorRecord,
     Fenced,
+    Nested,
     Reset,
     ToolCallRequest,
     ToolResult,
     ToolStarted,
+    ToolSuspended,
     TurnEnded,
     UserMessage,
+    to_dict,
 )
 
 EVERY_KIND = [
@@ -39,6 +42,8 @@ EVERY_KIND = [
     ToolResult("c1", "bash", "ok\n", status="ok", duration_ms=42),
     ToolStarted("c2", "read_file", agent="reviewer"),
     ToolResult("c2", "read_file", "", status="error", duration_ms=0, agent="reviewer"),
+    ToolSuspended("c2", "ask_agent"),
+    Nested("c2", to_dict(UserMessage("review this"))),
     Compaction("they asked to fix the build", keep_from=3),
     ErrorRecord("the model stalled", where="generation"),
     TurnEnded("answered"),
@@ -107,7 +112,7 @@ def test_concurrent_appends_get_distinct_seqs(engine: Engine, session_id: str) -
 
 def test_projections_into_tool_calls_and_errors(engine: Engine, session_id: str) -> None:
     log = store.DbStore(engine)
-    for entry in EVERY_KIND[:9]:
+    for entry in EVERY_KIND[: EVERY_KIND.index(TurnEnded("answered"))]:
         log.append(session_id, entry)
     log.append(session_id, AssistantMessage("", tool_calls=(ToolCallRequest("c3", "bash", '{"command":"rm"}'),)))
     log.append(session_id, ApprovalDecision("c3", approved=False, by="U02BOB"))
@@ -128,6 +133,25 @@ def test_projections_into_tool_calls_and_errors(engine: Engine, session_id: str)
         "[command rejected by the user]",
     )
     assert errors == [("generation", "the model stalled")]
+
+
+def test_an_asked_agents_calls_are_projected_too(engine: Engine, session_id: str) -> None:
+    log = store.DbStore(engine)
+    nested = [
+        AssistantMessage("", (ToolCallRequest("n1", "bash", '{"command": "ls"}'),), agent="reviewer"),
+        ToolStarted("n1", "bash", agent="reviewer"),
+        ToolResult("n1", "bash", "a.py\n", agent="reviewer", duration_ms=5),
+    ]
+    log.append(session_id, ApprovalDecision("n1", approved=True, by="U03CAROL"))
+    for entry in nested:
+        log.append(session_id, Nested("ask-call", to_dict(entry)))
+    with engine.connect() as conn:
+        row = conn.execute(
+            select(ToolCall.__table__).where(ToolCall.session_id == session_id, ToolCall.call_id == "n1")
+        ).one()
+    assert (row.tool, row.agent, row.arguments, row.output, row.decision, row.decided_by) == (
+        "bash", "reviewer", '{"command": "ls"}', "a.py\n", "approved", "U03CAROL"
+    )
 
 
 def test_fencing_stops_an_expired_owner(engine: Engine, session_id: str) -> None:
