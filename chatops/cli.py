@@ -47,8 +47,7 @@ def _worker(args: argparse.Namespace) -> int:
     _export_config_path(args.config)
     from workers.celery_app import app
 
-    extra = args.celery_args[1:] if args.celery_args[:1] == ["--"] else args.celery_args
-    app.worker_main(["worker", "--loglevel=INFO", *extra])
+    app.worker_main(["worker", "--loglevel=INFO", *args.passthrough])
     return 0
 
 
@@ -90,7 +89,7 @@ def _run(args: argparse.Namespace) -> int:
         print("mm-bot run: not available yet", file=sys.stderr)
         return 2
     _export_config_path(args.config)
-    return int(terminal.main(args.run_args) or 0)
+    return int(terminal.main(args.passthrough) or 0)
 
 
 def _doctor(args: argparse.Namespace) -> int:
@@ -127,8 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--config", metavar="PATH", help="the config file (default: $MM_CONFIG, else ./mm.yaml)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def command(name: str, handler: Callable[[argparse.Namespace], int], help: str) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help, description=help)
+    def command(name: str, handler: Callable[[argparse.Namespace], int], help: str, **kw: bool) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help, description=help, **kw)
         p.set_defaults(handler=handler)
         return p
 
@@ -143,14 +142,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-missing-secrets", action="store_true", help=argparse.SUPPRESS)
 
     p = command("worker", _worker, "run a Celery worker (extra arguments go to celery worker)")
-    p.add_argument("celery_args", nargs=argparse.REMAINDER, help="e.g. -- --concurrency 4 -Q mm")
+    p.add_argument("passthrough", nargs=argparse.REMAINDER, help="e.g. --concurrency 4 -Q mm")
     command("beat", _beat, "run the scheduler of the scheduled jobs")
     p = command("migrate", _migrate, "upgrade the database schema (DATABASE_URL)")
     p.add_argument("--revision", default="head", help="target revision (default head)")
     p = command("dev", _dev, "everything one machine needs: migrations, the bot, a worker and the scheduler")
     listen_options(p)
-    p = command("run", _run, "the agent in the terminal, in the current directory (-p PROMPT: one shot)")
-    p.add_argument("run_args", nargs=argparse.REMAINDER)
+    # Its options (--help included) belong to the terminal front end.
+    p = command("run", _run, "the agent in the terminal, in the current directory (-p PROMPT: one shot)",
+                add_help=False)
+    p.add_argument("passthrough", nargs=argparse.REMAINDER)
     command("doctor", _doctor, "check the config, database, broker, model endpoint and Slack auth")
     p = command("init", _init, "write a commented example config")
     p.add_argument("--path", default="mm.yaml", help="where to write it (default ./mm.yaml)")
@@ -158,8 +159,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+PASSTHROUGH = ("worker", "run")
+
+
+def parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    """`worker` and `run` hand their arguments on untouched (to Celery, to the terminal front end)."""
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if args.command not in PASSTHROUGH:
+        if unknown:
+            parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+        return args
+    # argparse puts leading options it does not know in `unknown` and the rest, from the first word on, in
+    # the REMAINDER: together, in order, they are what the user typed after the command.
+    rest = [*unknown, *args.passthrough]
+    args.passthrough = rest[1:] if rest[:1] == ["--"] else rest
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse(argv)
     try:
         return args.handler(args)
     except ConfigError as exc:

@@ -195,3 +195,15 @@ def test_ping_runs_through_a_real_worker_on_redis(tmp_path: Path, redis_url: str
         client.delete(*(list(client.scan_iter(match=f"*{queue_name}*")) or ["-"]))
         client.close()
     assert app.conf.task_acks_late and app.conf.task_reject_on_worker_lost and app.conf.worker_prefetch_multiplier == 1
+
+
+def test_run_hands_its_arguments_to_the_terminal_front_end(tmp_path: Path) -> None:
+    # --help included: it is the front end's, not mm-bot's.
+    result = mm_bot("run", "--help", env=clean_env(), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "usage: mm-bot run" in result.stdout and "-p PROMPT" in result.stdout
+
+
+def test_options_a_command_does_not_have_are_refused(tmp_path: Path) -> None:
+    result = mm_bot("migrate", "--bogus", env=clean_env(), cwd=tmp_path)
+    assert result.returncode == 2 and "unrecognized arguments: --bogus" in result.stderr
