@@ -1,0 +1,73 @@
+"""`mm-bot run`: the terminal front end, as a real process, against the scripted model server."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from mm_testkit.model_server import Reply, ToolCall
+
+MM_BOT = str(Path(sys.executable).with_name("mm-bot"))
+
+
+def mm_run(tmp_path: Path, model_url: str, args: list[str], config: str = "", stdin: str = "") -> subprocess.CompletedProcess:
+    (tmp_path / "mm.yaml").write_text(config or "sandbox: none\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MM_", "SLACK_"))}
+    env.update(MM_MODEL_URL=model_url, MM_MODEL="test-model", MM_CONFIG=str(tmp_path / "mm.yaml"))
+    return subprocess.run(
+        [MM_BOT, "run", *args], cwd=tmp_path, env=env, input=stdin, capture_output=True, text=True, timeout=60
+    )
+
+
+def test_one_shot_prints_tool_lines_and_the_answer(model_server, tmp_path):
+    model_server.script(
+        Reply(tool_calls=[ToolCall("bash", {"command": "echo hello; echo second"})]),
+        Reply(text="It printed hello."),
+    )
+    done = mm_run(tmp_path, model_server.url, ["-p", "run echo"])
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "🛠️  bash: echo hello; echo second",
+        "   hello",
+        "   second",
+        "It printed hello.",
+        "⚙ 1 command(s) · " + done.stdout.splitlines()[-1].split(" · ")[1],
+    ]
+    assert done.stdout.splitlines()[-1].endswith(" tokens")
+    assert model_server.messages(0)[1] == {"role": "user", "content": "run echo"}
+
+
+def test_one_shot_rejects_what_would_ask(model_server, tmp_path):
+    model_server.script(Reply(tool_calls=[ToolCall("bash", {"command": "touch made"})]), Reply(text="I could not."))
+    done = mm_run(tmp_path, model_server.url, ["-p", "make a file"], config="yolo: false\nsandbox: none\n")
+    assert done.returncode == 0, done.stderr
+    assert not (tmp_path / "made").exists()
+    assert model_server.messages(1)[-1]["content"] == "[command rejected by the user]"
+
+
+def test_interactive_permission_prompt(model_server, tmp_path):
+    model_server.script(
+        Reply(tool_calls=[ToolCall("write_file", {"path": "a.txt", "content": "A\n"})]),
+        Reply(text="Wrote it."),
+        Reply(tool_calls=[ToolCall("bash", {"command": "rm a.txt"})]),
+        Reply(text="Refused, fine."),
+    )
+    done = mm_run(
+        tmp_path, model_server.url, [], config="yolo: false\nsandbox: none\n",
+        stdin="write a\ny\ndelete it\nn\n/quit\n",
+    )
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "a.txt").read_text() == "A\n"
+    assert "🔐 📝 write_file a.txt" in done.stdout
+    assert "🔐 🛠️ bash: rm a.txt" in done.stdout
+    assert "Wrote it." in done.stdout and "Refused, fine." in done.stdout
+    assert model_server.messages(3)[-1]["content"] == "[command rejected by the user]"
+
+
+def test_bad_config_is_a_message_not_a_traceback(model_server, tmp_path):
+    done = mm_run(tmp_path, model_server.url, ["-p", "x"], config="yoloo: true\n")
+    assert done.returncode == 2
+    assert "mm.yaml:1: yoloo: unknown key" in done.stderr
+    assert "Traceback" not in done.stderr
