@@ -561,14 +561,17 @@ def _node(symbol: types.DocumentSymbol | types.SymbolInformation) -> _Symbol:
 
 def symbol_tree(answer: list[Any]) -> list[_Symbol]:
     """Symbols as a tree in file order. A server answering with the flat SymbolInformation form (pylsp does)
-    gets its tree rebuilt from the ranges: a symbol inside another's range is its child."""
+    gets its tree rebuilt from the ranges: a symbol strictly inside another's range is its child."""
     nodes = sorted((_node(s) for s in answer), key=lambda n: (n.span[0], (-n.span[1][0], -n.span[1][1])))
     if any(isinstance(s, types.DocumentSymbol) for s in answer):
         return nodes
     roots: list[_Symbol] = []
     stack: list[_Symbol] = []
     for node in nodes:
-        while stack and not (node.span[0] >= stack[-1].span[0] and node.span[1] <= stack[-1].span[1]):
+        # Strictly inside: two names of one import line share a range and are siblings.
+        while stack and not (
+            stack[-1].span[0] <= node.span[0] and node.span[1] <= stack[-1].span[1] and node.span != stack[-1].span
+        ):
             stack.pop()
         (stack[-1].children if stack else roots).append(node)
         stack.append(node)

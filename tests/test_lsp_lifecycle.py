@@ -1,0 +1,179 @@
+"""Language servers' lives on a worker: a missing server, a crash mid-request, a timeout, the process-wide cap,
+idle stop, and the session's end. Real pylsp processes throughout."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+
+from mm_core.config import AgentConfig
+from mm_core.tools.base import ToolContext
+from mm_core.tools.lsp import LspTool, find_servers, running_pids
+
+BIN = Path(sys.executable).parent
+FIXTURE = Path(__file__).parent / "fixtures" / "lsp"
+PYLSP = {"command": str(BIN / "pylsp"), "extensions": [".py"]}
+DEFINITION = {"action": "definition", "path": "app.py", "symbol": "make_greeting"}
+ANSWER = "greetings.py:16:5  def make_greeting(name: str) -> str:"
+
+
+def config(**lsp) -> AgentConfig:
+    return AgentConfig.model_validate({"lsp": {"servers": {"pylsp": PYLSP}, **lsp}})
+
+
+def workspace(tmp_path: Path, name: str) -> Path:
+    root = tmp_path / name
+    shutil.copytree(FIXTURE, root)
+    return root
+
+
+def gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def test_missing_server_is_a_warning_and_no_server_means_no_tool():
+    cfg = AgentConfig.model_validate(
+        {"lsp": {"servers": {"pylsp": PYLSP, "gopls": {"command": "gopls-not-installed", "extensions": [".go"]}}}}
+    )
+    available, warnings = find_servers(cfg)
+    assert list(available) == ["pylsp"]
+    assert warnings == ["[warning: lsp server gopls (gopls-not-installed) not found on the PATH — skipped]"]
+    assert "Servers available: pylsp (.py)." in LspTool(cfg, available).schema()["description"]
+
+    none = AgentConfig.model_validate({"lsp": {"servers": {"gopls": {"command": "gopls-not-installed", "extensions": [".go"]}}}})
+    assert find_servers(none) == ({}, ["[warning: lsp server gopls (gopls-not-installed) not found on the PATH — skipped]"])
+
+
+def test_server_crash_mid_request_then_restart(tmp_path):
+    cfg = config()
+    tool, ctx = LspTool(cfg, find_servers(cfg)[0]), ToolContext(workspace=workspace(tmp_path, "w"), config=cfg)
+
+    async def scenario():
+        assert await tool.run(DEFINITION, ctx) == ANSWER
+        [pid] = ctx.resources.peek("lsp").pids()
+        os.kill(pid, signal.SIGSTOP)  # the request below stays pending...
+        pending = asyncio.create_task(tool.run(DEFINITION | {"action": "hover"}, ctx))
+        await asyncio.sleep(0.3)
+        assert not pending.done()
+        os.kill(pid, signal.SIGKILL)  # ...until the process dies: it fails at once, not at the 20 s timeout
+        failed = await asyncio.wait_for(pending, 5)
+        assert failed == (
+            "[lsp: pylsp: hover failed: the server exited (code -9) — it is started again on the next call]"
+        )
+        assert await tool.run(DEFINITION, ctx) == ANSWER
+        [new_pid] = ctx.resources.peek("lsp").pids()
+        assert new_pid != pid
+        # Killed between calls: the next call notices and starts it again.
+        os.kill(new_pid, signal.SIGKILL)
+        await asyncio.sleep(0.3)
+        assert await tool.run(DEFINITION, ctx) == ANSWER
+        await ctx.resources.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_request_timeout_then_recovery(tmp_path):
+    cfg = config(requestTimeout="1s")
+    tool, ctx = LspTool(cfg, find_servers(cfg)[0]), ToolContext(workspace=workspace(tmp_path, "w"), config=cfg)
+
+    async def scenario():
+        assert await tool.run(DEFINITION, ctx) == ANSWER
+        [pid] = ctx.resources.peek("lsp").pids()
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            assert await tool.run(DEFINITION, ctx) == "[lsp: pylsp: definition failed: no answer within 1s]"
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        assert await tool.run(DEFINITION, ctx) == ANSWER
+        await ctx.resources.aclose()
+        assert gone(pid)
+
+    asyncio.run(scenario())
+
+
+def test_cap_across_sessions_and_aclose_stops_the_processes(tmp_path):
+    cfg = config(maxServers=2)
+    tool = LspTool(cfg, find_servers(cfg)[0])
+    sessions = [ToolContext(workspace=workspace(tmp_path, f"w{i}"), config=cfg) for i in range(3)]
+
+    async def scenario():
+        pids = []
+        for ctx in sessions:
+            assert await tool.run(DEFINITION, ctx) == ANSWER
+            pids.append(ctx.resources.peek("lsp").pids()[0])
+        # The third start stopped the least recently used server, the first session's.
+        assert gone(pids[0])
+        assert sorted(running_pids()) == sorted(pids[1:])
+        # That session still works: its server starts again, and the next least recently used one makes room.
+        assert await tool.run(DEFINITION, sessions[0]) == ANSWER
+        assert gone(pids[1])
+        assert len(running_pids()) == 2
+        alive = running_pids()
+        for ctx in sessions:
+            await ctx.resources.aclose()
+        assert running_pids() == []
+        assert all(gone(pid) for pid in alive)
+
+    asyncio.run(scenario())
+
+
+def test_idle_server_is_stopped(tmp_path):
+    cfg = config(idleTimeout="500ms")
+    tool, ctx = LspTool(cfg, find_servers(cfg)[0]), ToolContext(workspace=workspace(tmp_path, "w"), config=cfg)
+
+    async def scenario():
+        assert await tool.run(DEFINITION, ctx) == ANSWER
+        [pid] = ctx.resources.peek("lsp").pids()
+        for _ in range(50):
+            await asyncio.sleep(0.1)
+            if gone(pid):
+                break
+        assert gone(pid)
+        assert ctx.resources.peek("lsp").pids() == []
+        assert await tool.run(DEFINITION, ctx) == ANSWER  # and comes back on the next call
+        await ctx.resources.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_server_command_that_cannot_start(tmp_path):
+    # On the PATH at start-up, then not startable (here: a command that exits at once, speaking no LSP).
+    cfg = AgentConfig.model_validate(
+        {"lsp": {"servers": {"broken": {"command": "false", "extensions": [".py"]}}, "requestTimeout": "5s"}}
+    )
+    tool, ctx = LspTool(cfg, find_servers(cfg)[0]), ToolContext(workspace=workspace(tmp_path, "w"), config=cfg)
+
+    async def scenario():
+        text = await tool.run(DEFINITION, ctx)
+        await ctx.resources.aclose()
+        return text
+
+    assert asyncio.run(scenario()) == (
+        "[lsp: broken: definition failed: the server exited (code 1) — it is started again on the next call]"
+    )
+
+
+@pytest.mark.parametrize("action", ["symbols", "diagnostics"])
+def test_file_gone_between_calls(tmp_path, action):
+    cfg = config()
+    root = workspace(tmp_path, "w")
+    tool, ctx = LspTool(cfg, find_servers(cfg)[0]), ToolContext(workspace=root, config=cfg)
+
+    async def scenario():
+        assert (await tool.run({"action": action, "path": "app.py"}, ctx)).startswith(("class Person  line 3\nfunction make_greeting  line 3\n", "no diagnostics"))
+        (root / "app.py").unlink()
+        text = await tool.run({"action": action, "path": "app.py"}, ctx)
+        await ctx.resources.aclose()
+        return text
+
+    assert asyncio.run(scenario()) == "[lsp: app.py does not exist]"
