@@ -9,6 +9,7 @@ session ends. How the process is started (environment, limits, sandbox) is sandb
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -32,6 +33,7 @@ READ_BACK = 1024 * 1024  # bytes read from each end of a very large output
 JOBS_KEY = "bash.jobs"
 # How long to wait for a killed process group's leader to be reaped before reading its output anyway.
 KILL_GRACE = 5.0
+SETTLE = 0.5
 
 
 def go_duration(seconds: float) -> str:
@@ -191,6 +193,10 @@ class BashTool(Tool):
             raise ToolCancelled(append_marker(truncate(read_back(out), config.maxOutput), CANCELLED)) from None
         else:
             code = await _exit_code(status, proc)
+            # Without background jobs the launched process ends at once; reap it now rather than leave it
+            # to a loop that may be gone. With jobs it lives on, and the session's reaper owns it.
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(proc.wait(), SETTLE)
             if code:
                 marker = EXIT_CODE.format(code=code)
         text = truncate(read_back(out), config.maxOutput)

@@ -54,7 +54,10 @@ SANDBOX_UID = 1000
 # this wrapper reports its exit status; then the wrapper keeps the pid namespace alive while background jobs
 # remain (when the namespace's first process exits, the kernel kills every process in it), so that
 # `nohup serve &` keeps running as the reference promises, until the session reaps it.
-STATUS_WRAPPER = '"$BASH" -c "$1" {fd}>&-; echo $? >&{fd}; exec {fd}>&-{keepalive}'
+# The wrapper's own stderr goes to /dev/null so that its job reports ("Killed", "File size limit exceeded")
+# never mix into the command's output; the command gets the real stderr.
+STATUS_WRAPPER = ('exec {{err}}>&2 2>/dev/null; "$BASH" -c "$1" 2>&$err {{err}}>&- {fd}>&-; echo $? >&{fd}; '
+                  'exec {fd}>&- {{err}}>&-{keepalive}')
 KEEPALIVE = '; while p=(/proc/[0-9]*); [ ${#p[@]} -gt 2 ]; do sleep 1; done'
 
 
@@ -115,8 +118,11 @@ def _limits(config: AgentConfig) -> Callable[[], None]:
     def apply() -> None:  # runs in the child between fork and exec: no allocation-heavy work
         for which, value in settings:
             _soft, hard = resource.getrlimit(which)
-            cap = value if hard == resource.RLIM_INFINITY else min(value, hard)
-            resource.setrlimit(which, (cap, cap))
+            # CPU: the soft limit sends SIGXCPU (a clear "CPU time limit exceeded"), SIGKILL a second later.
+            wanted_hard = value + 1 if which == resource.RLIMIT_CPU else value
+            if hard != resource.RLIM_INFINITY:
+                wanted_hard = min(wanted_hard, hard)
+            resource.setrlimit(which, (min(value, wanted_hard), wanted_hard))
 
     return apply
 
