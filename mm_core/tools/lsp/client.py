@@ -260,6 +260,8 @@ class LspClient:
         """Send a request and wait for its answer, at most `timeout` (the configured requestTimeout); the answer
         is structured with lsprotocol's type for `method` unless `raw`."""
         if not self.alive:
+            if not self.exit_reason and self._proc is not None and self._proc.returncode is not None:
+                self.exit_reason = self._exit_text(self._proc.returncode)
             raise ServerGone(self.exit_reason or "the server is not running")
         timeout = self.timeout if timeout is None else timeout
         msg_id = next(self._ids)
