@@ -255,7 +255,7 @@ def test_two_suspensions_in_one_turn(model_server, tmp_path):
     agent = make_agent(agent_config(model_server.url, yolo=False), store, tmp_path, events=events)
     assert run(agent.send("go")).outcome == "suspended"
     first = [e for e in events if isinstance(e, PermissionRequested)][-1].calls[0]
-    assert first.tool == "write_file" and first.preview == "wrote f.txt: new file, 1 line\n@@ -0,0 +1,1 @@\n+1 │ one"
+    assert first.tool == "write_file" and first.preview == "would write f.txt: new file, 1 line\n@@ -0,0 +1,1 @@\n+1 │ one"
     assert not (tmp_path / "f.txt").exists()
     assert run(agent.resume([Decision(first.call_id, True, "U1")])).outcome == "suspended"
     second = [e for e in events if isinstance(e, PermissionRequested)][-1].calls[0]

@@ -131,7 +131,7 @@ def test_identical_content_is_not_written(ws):
 def test_preview_shows_the_change_without_writing(ws):
     (ws / "f.txt").write_text("a\n")
     shown = preview(WRITE, {"path": "f.txt", "content": "b\n"}, make_ctx(ws))
-    assert shown == "wrote f.txt: 1 line, +1 -1\n@@ -1,1 +1,1 @@\n-1 │ a\n+1 │ b"
+    assert shown == "would write f.txt: 1 line, +1 -1\n@@ -1,1 +1,1 @@\n-1 │ a\n+1 │ b"
     assert (ws / "f.txt").read_text() == "a\n"
 
 

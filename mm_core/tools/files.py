@@ -193,7 +193,8 @@ class WriteFileTool(Tool):
 
     async def preview(self, args: dict[str, Any], ctx: ToolContext) -> str:
         plan = self._plan(args, ctx)
-        return plan if isinstance(plan, str) else plan.report
+        # The person approving must not read "wrote": nothing is written until they approve.
+        return plan if isinstance(plan, str) else "would " + plan.report.replace("wrote", "write", 1)
 
     async def run(self, args: dict[str, Any], ctx: ToolContext) -> str:
         plan = self._plan(args, ctx)
