@@ -293,20 +293,28 @@ def test_oneshot_rejects_calls_that_would_ask(model_server, tmp_path):
     assert not (tmp_path / "x").exists()
 
 
-def test_cancel_during_generation(model_server, tmp_path):
-    model_server.script(Reply(text="slow answer", chunk_size=2, stall_after=2, stall_for=30), Reply(text="next"))
-    store = MemoryStore()
-    agent = make_agent(agent_config(model_server.url), store, tmp_path)
+def cancel_when(agent, ready) -> str:
+    """Start a turn, cancel it once `ready()` holds, then ask again: the session must take the message."""
 
     async def scenario():
         task = asyncio.create_task(agent.send("hi"))
-        await asyncio.sleep(0.5)
+        for _ in range(200):
+            if ready():
+                break
+            await asyncio.sleep(0.05)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        return await agent.send("again")
+        return (await agent.send("again")).answer
 
-    assert run(scenario()).answer == "next"
+    return run(scenario())
+
+
+def test_cancel_during_generation(model_server, tmp_path):
+    model_server.script(Reply(text="slow answer", chunk_size=2, stall_after=2, stall_for=30), Reply(text="next"))
+    store, events = MemoryStore(), []
+    agent = make_agent(agent_config(model_server.url), store, tmp_path, events=events)
+    assert cancel_when(agent, lambda: any(isinstance(e, TextDelta) for e in events)) == "next"
     log = store.load("s1")
     assert TurnEnded("cancelled") in log
     assert not any(isinstance(e, AssistantMessage) and e.text.startswith("slow") for e in log)
@@ -314,21 +322,12 @@ def test_cancel_during_generation(model_server, tmp_path):
 
 def test_cancel_during_a_tool_kills_it(model_server, tmp_path):
     model_server.script(
-        Reply(tool_calls=[bash("echo started; sleep 30; echo never > never.txt", "a"), bash("echo b", "b")]),
+        Reply(tool_calls=[bash("echo started; touch running; sleep 30; echo never > never.txt"), bash("echo b")]),
         Reply(text="next"),
     )
     store = MemoryStore()
     agent = make_agent(agent_config(model_server.url), store, tmp_path)
-
-    async def scenario():
-        task = asyncio.create_task(agent.send("hi"))
-        await asyncio.sleep(1.0)
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-        return await agent.send("again")
-
-    assert run(scenario()).answer == "next"
+    assert cancel_when(agent, (tmp_path / "running").exists) == "next"
     a, b = call_ids(store.load("s1"))
     results = {e.call_id: e for e in store.load("s1") if isinstance(e, ToolResult)}
     assert results[a].output == "started\n[error: cancelled]"
