@@ -7,6 +7,8 @@ write lock); the second replica waits, then finds the schema at head and does no
 
 from __future__ import annotations
 
+import sqlite3
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -56,7 +58,7 @@ def engine_for(url: str, *, foreign_keys: bool = True, **kwargs: Any) -> Engine:
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
         cursor.execute(f"PRAGMA foreign_keys={'ON' if foreign_keys else 'OFF'}")
-        cursor.execute("PRAGMA journal_mode=WAL")
+        _set_wal(cursor)
         cursor.close()
 
     @event.listens_for(engine, "begin")
@@ -64,6 +66,20 @@ def engine_for(url: str, *, foreign_keys: bool = True, **kwargs: Any) -> Engine:
         connection.exec_driver_sql("BEGIN IMMEDIATE")
 
     return engine
+
+
+def _set_wal(cursor: Any) -> None:
+    """Switch a new database file to WAL. The switch needs the file to itself and does not wait on the busy
+    timeout, so processes opening a new file at once (bot, worker, replicas migrating) retry it."""
+    deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_S
+    while True:
+        try:
+            cursor.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as e:
+            if "locked" not in str(e) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
 
 
 def alembic_config(url: str) -> AlembicConfig:
