@@ -378,3 +378,36 @@ def test_user_message_author_is_kept(model_server, tmp_path):
     run(agent.send("hello", author="U123"))
     assert store.load("s1")[0] == UserMessage("hello", "U123")
     assert json.dumps(model_server.messages(0))  # what was sent is plain JSON
+
+
+def test_unknown_model_and_unreachable_endpoint_are_clear_errors(tmp_path):
+    from mm_testkit.model_server import ModelServer
+
+    with ModelServer(known_models=["ai/gemma3"]) as server:
+        events: list = []
+        agent = make_agent(agent_config(server.url), MemoryStore(), tmp_path, events=events)
+        assert run(agent.send("hi")).outcome == "failed"
+        [error] = [e for e in events if isinstance(e, Error)]
+        assert error.message == (
+            f"the model endpoint {server.url} does not know the model 'test-model' (model 'test-model' not "
+            f"found) — check model.name or MM_MODEL"
+        )
+        url = server.url
+    # The server is gone: nothing listens on its port any more.
+    events = []
+    agent = make_agent(agent_config(url), MemoryStore(), tmp_path, events=events)
+    assert run(agent.send("hi")).outcome == "failed"
+    [error] = [e for e in events if isinstance(e, Error)]
+    assert error.message.startswith(f"the model endpoint {url} is unreachable (")
+    assert error.message.endswith(") — start the model server or set MM_MODEL_URL")
+
+
+def test_a_failing_model_answer_leaves_the_session_usable(model_server, tmp_path):
+    from mm_testkit.model_server import Fail
+
+    model_server.script(Fail(503, "overloaded"), Reply(text="back"))
+    store = MemoryStore()
+    agent = make_agent(agent_config(model_server.url), store, tmp_path)
+    assert run(agent.send("hi")).outcome == "failed"
+    assert ErrorRecord("the model endpoint answered HTTP 503: overloaded", "generation") in store.load("s1")
+    assert run(agent.send("again")).answer == "back"
