@@ -80,6 +80,7 @@ class Reply:
     stall_after: int | None = None
     stall_for: float = 3600.0
     disconnect_after: int | None = None
+    interval: float = 0.0  # seconds between two SSE events: a slow but steady model
     usage: tuple[int, int] | None = None
     finish_reason: str | None = None  # default: "tool_calls" when there are tool calls, else "stop"
 
@@ -266,7 +267,7 @@ class ModelServer(ThreadedAiohttpServer):
             await response.write(b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n")
             sent += 1
             # Let other requests and the stop signal through between chunks of an endless stream.
-            await asyncio.sleep(0)
+            await (self.wait_or_stop(answer.interval) if answer.interval else asyncio.sleep(0))
         # A count past the end of the answer still stalls / hangs up, just before [DONE].
         if answer.disconnect_after is not None:
             _hang_up(request)

@@ -108,6 +108,13 @@ def test_watchdog_ends_a_silent_model(model_server, tmp_path):
     assert isinstance(store.load("s1")[-1], TurnEnded)
 
 
+def test_watchdog_is_fed_by_every_delta(model_server, tmp_path):
+    # 20 deltas 0.1 s apart: 2 s in all, four times the watchdog. Only silence counts, not a slow answer.
+    model_server.script(Reply(text="x" * 20, chunk_size=1, interval=0.1))
+    agent = make_agent(agent_config(model_server.url, watchdogTimeout="0.5s"), MemoryStore(), tmp_path)
+    assert run(agent.send("hi")).answer == "x" * 20
+
+
 def test_runaway_repeating_arguments(model_server, tmp_path):
     model_server.script(Reply(tool_calls=[ToolCall("write_file", endless('"aaaab'))], fragment_size=5))
     events: list = []
