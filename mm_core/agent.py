@@ -272,13 +272,15 @@ class Agent:
         if run >= STOP_AT:
             self._result(call, stop_text(call.name), "error", began)
             raise _LoopStopped(stop_text(call.name))
-        self._result(call, LoopDetector.annotate(output, run), status, began)
+        self._result(call, LoopDetector.annotate(output, run), status, began, tool.shown(args, output))
 
-    def _result(self, call: ToolCallRequest, output: str, status: str, began: float | None = None) -> None:
+    def _result(
+        self, call: ToolCallRequest, output: str, status: str, began: float | None = None, shown: str | None = None
+    ) -> None:
         ms = int((time.monotonic() - began) * 1000) if began is not None else 0
         self._append(ToolResult(call.id, call.name, output, status, ms, self.name))
         lines = output.splitlines()[: self.config.previewLines]
-        preview = "\n".join(lines) if output.strip() else "(no output)"
+        preview = shown or ("\n".join(lines) if output.strip() else "(no output)")
         self.emit(ToolCallFinished(call.id, call.name, output, preview, status, self.name))
 
     async def _waiting(self, calls: list[ToolCallRequest], decisions: dict) -> list[PendingCall]:

@@ -7,7 +7,7 @@ import asyncio
 
 from agent_support import agent_config, call_ids, make_agent
 from mm_core.agent import Decision
-from mm_core.events import PermissionRequested, TextDelta, ToolCallStarted
+from mm_core.events import PermissionRequested, TextDelta, ToolCallFinished, ToolCallStarted
 from mm_core.log import MemoryStore, ToolResult
 from mm_testkit.model_server import Reply, ToolCall
 
@@ -69,6 +69,10 @@ def test_nested_gated_call_suspends_and_resumes(tmp_path, model_server):
     ]
     results = [e for e in store.load("s1") if isinstance(e, ToolResult)]
     assert [(r.tool, r.output) for r in results] == [("ask_agent", "Looks good to me.")]
+    finished = [e for e in events2 if isinstance(e, ToolCallFinished)]
+    assert [(e.agent, e.preview) for e in finished] == [
+        ("reviewer", "(no output)"), (None, "reviewer answered (17 characters)")
+    ]
     # The reviewer saw only its task, not the caller's conversation.
     assert model_server.messages(1)[1:] == [{"role": "user", "content": "Review the change in app.py"}]
 

@@ -97,6 +97,12 @@ class AskAgentTool(Tool):
                 pass
         return f"ask_agent: {name}{where} — {first[0] if first else ''}"
 
+    def shown(self, args: dict[str, Any], output: str) -> str | None:
+        # The answer has already streamed, under the agent's name: the call itself only says how long it was.
+        if output.startswith("[ask_agent:") or "\n[ask_agent:" in output:
+            return None
+        return f"{args.get('agent')} answered ({len(output)} characters)"
+
     async def preview(self, args: dict[str, Any], ctx: ToolContext) -> str:
         return f"{self.title(args)}\n\n{args.get('prompt', '')}"
 

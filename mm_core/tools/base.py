@@ -123,6 +123,10 @@ class Tool(ABC):
         writing anything."""
         return self.title(args)
 
+    def shown(self, args: dict[str, Any], output: str) -> str | None:
+        """What front ends show of a result in place of its first `previewLines` lines; None for those."""
+        return None
+
     @abstractmethod
     async def run(self, args: dict[str, Any], ctx: ToolContext) -> str:
         """Run the call and return the text for the model. Never raises for an ordinary failure."""
