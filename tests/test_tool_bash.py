@@ -140,7 +140,9 @@ def test_environment_is_scrubbed_in_every_mode(ws, mode, monkeypatch):
     "args, expected",
     [({"command": "  "}, "[error: bash: the command is empty]"),
      ({"command": ["ls"]}, '[error: bash: "command" must be a string, got ["ls"]]'),
-     ({}, '[error: bash: missing "command"]')],
+     ({}, '[error: bash: missing "command"]'),
+     ({"command": "echo a\x00b"}, "[error: bash: the command holds a NUL byte, which no shell command can]"),
+     ({"command": "echo \ud800"}, '[error: bash: "command" is not valid Unicode text (it holds a lone surrogate)]')],
 )
 def test_bad_arguments(ws, args, expected):
     assert call(BASH, args, make_ctx(ws)) == expected

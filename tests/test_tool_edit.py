@@ -181,12 +181,27 @@ def test_dry_run_reports_and_writes_nothing(ws):
         ({"path": "f.txt", "edits": [{"old": "a", "new": "a"}]}, "f.txt: edit #1: old and new are the same — nothing to change"),
         ({"path": "f.txt", "edits": [{"old": "a", "new": "b"}], "dry_run": "maybe"},
          '[error: edit_file: "dry_run" must be true or false, got "maybe"]'),
+        ({"path": "f.txt", "edits": "[" * 100_000},
+         '[error: edit_file: "edits" must be a list of {"old": "...", "new": "..."} objects]'),
+        ({"path": "f.txt", "edits": [{"old": "a", "new": "\udc80"}]},
+         '[error: edit_file: edit #1: "new" is not valid Unicode text (it holds a lone surrogate)]'),
+        ({"path": "f.txt", "edits": [{"old": "b", "new": "c"}, {"old": "\ud800", "new": "c"}]},
+         '[error: edit_file: edit #2: "old" is not valid Unicode text (it holds a lone surrogate)]'),
     ],
 )
 def test_bad_arguments_are_answered_in_text(ws, args, expected):
     (ws / "f.txt").write_text("a\n")
     assert call(EDIT, args, make_ctx(ws)) == expected
     assert (ws / "f.txt").read_text() == "a\n"
+
+
+def test_an_edit_leaves_the_bytes_it_does_not_touch_alone(ws):
+    # A file that is not UTF-8 (Latin-1 here): the edit on line 2 must not rewrite the é of line 1.
+    (ws / "lat.txt").write_bytes(b"caf\xe9\nline2\n")
+    out = call(EDIT, {"path": "lat.txt", "edits": [{"old": "line2", "new": "LINE2"}]}, make_ctx(ws))
+    assert out == ("edited lat.txt: 1 edit applied, +1 -1 lines, first change at line 2\n"
+                   "@@ -1,2 +1,2 @@\n 1 │ caf\ufffd\n-2 │ line2\n+2 │ LINE2")
+    assert (ws / "lat.txt").read_bytes() == b"caf\xe9\nLINE2\n"
 
 
 def test_small_model_shapes_are_accepted(ws):

@@ -59,6 +59,13 @@ def test_a_carriage_return_stays_part_of_its_line(ws):
         ({"path": "  "}, "[error: read_file needs a path, relative to the working directory]"),
         ({"path": "sub"}, "[error: sub is a directory — list it with bash (ls sub)]"),
         ({"path": "empty.txt"}, "[empty.txt is empty]"),
+        ({"path": "f.txt", "start": "--5"}, '[error: read_file: "start" must be an integer, got "--5"]'),
+        ({"path": "f.txt", "start": "²"}, '[error: read_file: "start" must be an integer, got "²"]'),
+        ({"path": "f.txt", "end": "1" * 5000},
+         '[error: read_file: "end" must be an integer, got "' + "1" * 56 + '...]'),
+        ({"path": "f.txt", "start": 10**5000}, '[error: read_file: "start" must be an integer, got a huge number]'),
+        ({"path": "f.txt", "start": 2**63}, '[error: read_file: "start" must be an integer, got a huge number]'),
+        ({"path": "f.txt", "end": 2**62}, "a\nb\nc\n"),
     ],
 )
 def test_bad_reads_are_answered_in_text(ws, args, expected):
@@ -87,11 +94,12 @@ def test_start_and_end_agree_with_python_line_splitting(tmp_path_factory, lines,
     (ws / "f.txt").write_text(text, newline="")
     out = call(READ, {"path": "f.txt", "start": start, "end": end}, make_ctx(ws, maxOutput=10**6))
     expected_lines = text.splitlines(keepends=True)
-    if not text:
-        assert out == "[f.txt is empty]"
-        return
+    # The arguments are checked before the file is read.
     if end and end < start:
         assert out == f"[error: end {end} is before start {start}]"
+        return
+    if not text:
+        assert out == "[f.txt is empty]"
         return
     if start > len(expected_lines):
         assert out.startswith(f"[error: start {start} is past the end of f.txt")
@@ -142,6 +150,8 @@ def test_preview_shows_the_change_without_writing(ws):
         ({"path": "f.txt", "content": ["x"]}, '[error: write_file: "content" must be a string, got ["x"]]'),
         ({"path": "d", "content": "x"}, "[error: d is a directory — list it with bash (ls d)]"),
         ("not an object", "[error: write_file: the arguments must be a JSON object]"),
+        ({"path": "f.txt", "content": "a\ud800b"},
+         '[error: write_file: "content" is not valid Unicode text (it holds a lone surrogate)]'),
     ],
 )
 def test_bad_writes_are_answered_in_text(ws, args, expected):
@@ -159,3 +169,13 @@ def test_declarations_titles_and_gating():
     assert not READ.needs_approval({"path": "x"}) and WRITE.needs_approval({"path": "x"})
     assert WRITE.title({"path": "x.go"}) == "write_file x.go" and READ.title({"path": "x.go"}) == "read_file x.go"
     assert WRITE.refusal({}) == "[write_file rejected by the user]"
+
+
+def test_bytes_that_are_not_utf8_are_shown_replaced_and_never_rewritten(ws):
+    # A Latin-1 file: read_file shows U+FFFD, and writing it back unchanged must not turn é into U+FFFD.
+    (ws / "lat.txt").write_bytes(b"caf\xe9\nline2\n")
+    ctx = make_ctx(ws)
+    assert call(READ, {"path": "lat.txt"}, ctx) == "caf\ufffd\nline2\n"
+    out = call(WRITE, {"path": "lat.txt", "content": "caf\ufffd\nline2\n"}, ctx)
+    assert out == "wrote lat.txt: 2 lines, +1 -1\n@@ -1,2 +1,2 @@\n-1 │ caf\ufffd\n+1 │ caf\ufffd\n 2 │ line2"
+    assert (ws / "lat.txt").read_bytes() == "caf\ufffd\nline2\n".encode()

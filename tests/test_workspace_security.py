@@ -105,3 +105,38 @@ def test_home_shorthand_means_the_workspace(spaces):
 def test_nul_byte_in_a_path_is_refused(spaces):
     ws, _ = spaces
     assert call(READ, {"path": "a\x00b"}, make_ctx(ws)) == "[error: 'a\\x00b' is not a valid path]"
+
+
+def test_a_named_pipe_is_refused_without_blocking(spaces):
+    # Opening a FIFO with no writer blocks for ever: a `mkfifo p` in the workspace must not hang the worker.
+    ws, _ = spaces
+    os.mkfifo(ws / "p")
+    ctx = make_ctx(ws)
+    refused = "[error: p is not a regular file (a named pipe) — the file tools read and write only regular files]"
+    assert call(READ, {"path": "p"}, ctx) == refused
+    assert call(WRITE, {"path": "p", "content": "x"}, ctx) == refused
+    assert call(EDIT, {"path": "p", "edits": [{"old": "a", "new": "b"}]}, ctx) == refused
+
+
+def test_a_pipe_swapped_in_after_the_check_is_not_written(spaces):
+    ws, _ = spaces
+    real = resolve(ws, "out.txt")
+    os.mkfifo(ws / "out.txt")
+    with pytest.raises(OSError):
+        write_bytes(ws, real, b"x")
+
+
+@pytest.mark.parametrize("path", ["x" * 300, "y" * 300 + "/z.txt"])
+def test_a_name_too_long_is_an_answer_not_an_exception(spaces, path):
+    ws, _ = spaces
+    ctx = make_ctx(ws)
+    assert call(READ, {"path": path}, ctx) == f"[error: cannot read {path}: File name too long]"
+    assert call(WRITE, {"path": path, "content": "x"}, ctx) == f"[error: cannot write {path}: File name too long]"
+    assert call(EDIT, {"path": path, "edits": [{"old": "a", "new": "b"}]}, ctx) == (
+        f"[error: cannot read {path}: File name too long]")
+
+
+def test_a_lone_surrogate_in_a_path_is_refused(spaces):
+    ws, _ = spaces
+    assert call(READ, {"path": "a\ud800"}, make_ctx(ws)) == (
+        '[error: read_file: "path" is not valid Unicode text (it holds a lone surrogate)]')

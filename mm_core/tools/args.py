@@ -7,7 +7,14 @@ a bracketed message naming the field and what was expected, never an exception i
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
+
+# Line numbers and the like: anything beyond a 64-bit integer is a model's garbage, not a position, and
+# Python refuses to print an int of more than 4300 digits.
+INT_LIMIT = 2**63
+_INT_TEXT = re.compile(r"\s*-?[0-9]{1,19}\s*", re.ASCII)
+NOT_UNICODE = '[error: {tool}: {where}"{field}" is not valid Unicode text (it holds a lone surrogate)]'
 
 
 class BadArgument(Exception):
@@ -17,7 +24,16 @@ class BadArgument(Exception):
 
 
 def _bad(tool: str, field: str, expected: str, value: Any) -> BadArgument:
-    shown = json.dumps(value, ensure_ascii=False)
+    if isinstance(value, int) and not -INT_LIMIT < value < INT_LIMIT:
+        shown = "a huge number"
+    else:
+        try:
+            shown = json.dumps(value, ensure_ascii=False)
+            shown.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate: shown escaped, as JSON allows
+            shown = json.dumps(value)
+        except RecursionError:
+            shown = "a value nested too deep to show"
     if len(shown) > 60:
         shown = shown[:57] + "..."
     return BadArgument(f'[error: {tool}: "{field}" must be {expected}, got {shown}]')
@@ -29,6 +45,16 @@ def get_str(args: dict[str, Any], tool: str, field: str, default: str | None = N
         raise BadArgument(f'[error: {tool}: missing "{field}"]')
     if not isinstance(value, str):
         raise _bad(tool, field, "a string", value)
+    return check_text(value, tool, field)
+
+
+def check_text(value: str, tool: str, field: str, where: str = "") -> str:
+    """`value` when it can be encoded: JSON lets a lone surrogate (`"\\ud800"`) through, and the file system,
+    a subprocess or the session log would then raise instead of answering."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise BadArgument(NOT_UNICODE.format(tool=tool, where=where, field=field)) from None
     return value
 
 
@@ -38,12 +64,12 @@ def get_int(args: dict[str, Any], tool: str, field: str, default: int = 0) -> in
         return default
     if isinstance(value, bool):
         raise _bad(tool, field, "an integer", value)
-    if isinstance(value, int):
-        return value
     if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, int) and -INT_LIMIT < value < INT_LIMIT:
+        return value
+    if isinstance(value, str) and _INT_TEXT.fullmatch(value):
         return int(value)
-    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
-        return int(value.strip())
     raise _bad(tool, field, "an integer", value)
 
 

@@ -26,6 +26,7 @@ CANCELLED = "[error: cancelled]"
 EXIT_CODE = "[exit code: exit status {code}]"
 TOO_LARGE = "[... output too large to read back in full ...]"
 EMPTY_COMMAND = "[error: bash: the command is empty]"
+NUL_IN_COMMAND = "[error: bash: the command holds a NUL byte, which no shell command can]"
 CANNOT_START = "[error: bash: the command could not be started: {reason}]"
 REFUSED = "[command rejected by the user]"
 
@@ -160,6 +161,8 @@ class BashTool(Tool):
             return e.text
         if not command.strip():
             return EMPTY_COMMAND
+        if "\x00" in command:  # an exec argument cannot hold one: the launch would raise
+            return NUL_IN_COMMAND
         with tempfile.TemporaryFile() as out:
             return await self._run(command, ctx, out)
 
@@ -175,9 +178,9 @@ class BashTool(Tool):
         except SandboxMissing as e:
             os.close(status_r)
             return e.text
-        except OSError as e:
+        except (OSError, ValueError, subprocess.SubprocessError) as e:  # SubprocessError: a failed setrlimit
             os.close(status_r)
-            return CANNOT_START.format(reason=e.strerror or e)
+            return CANNOT_START.format(reason=getattr(e, "strerror", None) or e)
         finally:
             os.close(status_w)
         jobs: BashJobs = await ctx.resources.get(JOBS_KEY, BashJobs)

@@ -20,11 +20,11 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from mm_core.tools.args import BadArgument, check_object, get_bool, get_str
+from mm_core.tools.args import BadArgument, check_object, check_text, get_bool, get_str
 from mm_core.tools.base import Tool, ToolContext
 from mm_core.tools.diff import Diff
 from mm_core.tools.files import PlannedWrite, commit_write, path_arg, plan_write, read_text
-from mm_core.tools.text import plural, truncate
+from mm_core.tools.text import plural, show, truncate
 from mm_core.tools.workspace import WorkspaceError, resolve
 
 NOT_FOUND = ("{path}: edit #{n}: old text not found — it must match the file exactly, "
@@ -367,7 +367,7 @@ def parse_edits(args: dict[str, Any]) -> list[Edit]:
     if isinstance(raw, str):
         try:
             raw = json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):
             raise BadArgument(BAD_EDITS) from None
     if isinstance(raw, dict):
         raw = [raw]
@@ -379,7 +379,8 @@ def parse_edits(args: dict[str, Any]) -> list[Edit]:
     for n, item in enumerate(raw, 1):
         if not isinstance(item, dict) or not isinstance(item.get("old"), str) or not isinstance(item.get("new", ""), str):
             raise BadArgument(BAD_EDIT.format(n=n))
-        edits.append(Edit(item["old"], item.get("new", "")))
+        old, new = (check_text(item.get(f, ""), "edit_file", f, where=f"edit #{n}: ") for f in ("old", "new"))
+        edits.append(Edit(old, new))
     return edits
 
 
@@ -434,8 +435,10 @@ class EditFileTool(Tool):
             real = resolve(ctx.workspace, path)
             text = read_text(ctx.workspace, path, real)
             located = locate(path, text, edits)
-        except (BadArgument, WorkspaceError, Refused) as e:
+        except (BadArgument, WorkspaceError) as e:
             return e.text
+        except Refused as e:  # it quotes the file, whose undecodable bytes are kept as escapes
+            return show(e.text)
         new = apply(text, located)
         if new == text:
             return UNCHANGED.format(path=path)

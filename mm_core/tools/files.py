@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -9,8 +11,9 @@ from typing import Any, Callable
 from mm_core.tools.args import BadArgument, check_object, get_bool, get_int, get_str
 from mm_core.tools.base import Tool, ToolContext
 from mm_core.tools.diff import Diff, diff, split_lines
-from mm_core.tools.text import plural, truncate
-from mm_core.tools.workspace import EMPTY_PATH, WorkspaceError, read_bytes, resolve, write_bytes
+from mm_core.tools.text import plural, show, truncate
+from mm_core.tools.workspace import (EMPTY_PATH, SPECIAL, NotRegularFile, WorkspaceError, open_regular, resolve,
+                                     write_bytes)
 
 MISSING = "{path} does not exist. Create it with write_file"
 IS_DIR = "[error: {path} is a directory — list it with bash (ls {path})]"
@@ -35,19 +38,36 @@ def path_arg(args: dict[str, Any], tool: str) -> str:
     return path
 
 
-def read_text(ws: Path, path: str, real: Path) -> str:
-    """The file's text for a tool: UTF-8, undecodable bytes replaced. Raises BadArgument with the answer."""
-    if not real.exists():
-        raise BadArgument(MISSING.format(path=path))
-    if real.is_dir():
-        raise BadArgument(IS_DIR.format(path=path))
-    size = real.stat().st_size
-    if size > MAX_READ_BYTES:
-        raise BadArgument(TOO_LARGE.format(path=path, size=size))
+def load(ws: Path, path: str, real: Path, verb: str = "read") -> str | None:
+    """The file's text, None when there is no such file. Raises BadArgument with the answer otherwise.
+
+    Bytes that are not UTF-8 are kept as surrogate escapes: an edit then writes them back unchanged instead of
+    turning every é of a Latin-1 file into U+FFFD. show() gives the text the model sees.
+    """
     try:
-        return read_bytes(ws, real).decode("utf-8", errors="replace")
+        fd, st = open_regular(ws, real, os.O_RDONLY)
+    except NotRegularFile as e:
+        raise BadArgument(IS_DIR.format(path=path) if e.is_dir else SPECIAL.format(path=path, kind=e.kind)) from e
     except OSError as e:
-        raise BadArgument(CANNOT.format(verb="read", path=path, reason=e.strerror or e)) from e
+        if e.errno in (errno.ENOENT, errno.ENOTDIR):
+            return None
+        raise BadArgument(CANNOT.format(verb=verb, path=path, reason=e.strerror or e)) from e
+    with os.fdopen(fd, "rb") as f:
+        if st.st_size > MAX_READ_BYTES:
+            raise BadArgument(TOO_LARGE.format(path=path, size=st.st_size))
+        try:
+            data = f.read()
+        except OSError as e:
+            raise BadArgument(CANNOT.format(verb=verb, path=path, reason=e.strerror or e)) from e
+    return data.decode("utf-8", errors="surrogateescape")
+
+
+def read_text(ws: Path, path: str, real: Path) -> str:
+    """load() for a file that must exist."""
+    text = load(ws, path, real)
+    if text is None:
+        raise BadArgument(MISSING.format(path=path))
+    return text
 
 
 def select_lines(text: str, start: int, end: int) -> tuple[list[str], int]:
@@ -115,7 +135,7 @@ class ReadFileTool(Tool):
         if numbered:
             width = len(str(first + len(chosen) - 1))
             chosen = [f"{first + i:>{width}} │ {line}" for i, line in enumerate(chosen)]
-        return truncate("".join(chosen), ctx.config.maxOutput)
+        return truncate(show("".join(chosen)), ctx.config.maxOutput)
 
 
 @dataclass(frozen=True)
@@ -132,7 +152,7 @@ def plan_write(path: str, real: Path, old: str | None, new: str, headline: Calla
         return PlannedWrite(real, None, IDENTICAL.format(path=path))
     d = diff(old or "", new)
     head = headline(d)
-    return PlannedWrite(real, new.encode("utf-8"), f"{head}\n{d.text}" if d.text else head)
+    return PlannedWrite(real, new.encode("utf-8", "surrogateescape"), show(f"{head}\n{d.text}" if d.text else head))
 
 
 def commit_write(ctx: ToolContext, path: str, plan: PlannedWrite) -> str | None:
@@ -180,9 +200,7 @@ class WriteFileTool(Tool):
             path = path_arg(args, self.name)
             content = get_str(args, self.name, "content")
             real = resolve(ctx.workspace, path)
-            if real.is_dir():
-                return IS_DIR.format(path=path)
-            old = read_text(ctx.workspace, path, real) if real.exists() else None
+            old = load(ctx.workspace, path, real, verb="write")
         except (BadArgument, WorkspaceError) as e:
             return e.text
         lines = plural(len(split_lines(content)), "line")

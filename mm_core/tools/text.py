@@ -19,3 +19,9 @@ def truncate(text: str, max_chars: int) -> str:
 def plural(n: int, word: str) -> str:
     """`1 edit`, `2 edits`: the reference's counters say `N file op(s)`, but sentences read better."""
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def show(text: str) -> str:
+    """Text decoded with errors="surrogateescape", as the model sees it: each byte that was not UTF-8 becomes
+    U+FFFD. The file tools keep the escapes internally so that an edit writes those bytes back unchanged."""
+    return text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")

@@ -16,6 +16,7 @@ from pathlib import Path
 
 OUTSIDE = "[error: {path} is outside the workspace]"
 EMPTY_PATH = "[error: {tool} needs a path, relative to the working directory]"
+SPECIAL = "[error: {path} is not a regular file ({kind}) — the file tools read and write only regular files]"
 
 
 class WorkspaceError(Exception):
@@ -111,14 +112,43 @@ def _is_link_on_the_way(root_fd: int, parts: tuple[str, ...]) -> bool:
         os.close(fd)
 
 
+class NotRegularFile(OSError):
+    """A directory, named pipe, device or socket where a file was expected."""
+
+    def __init__(self, mode: int):
+        super().__init__(errno.EISDIR if stat.S_ISDIR(mode) else errno.EINVAL, "not a regular file")
+        self.is_dir = stat.S_ISDIR(mode)
+        self.kind = ("a directory" if self.is_dir else "a named pipe" if stat.S_ISFIFO(mode)
+                     else "a socket" if stat.S_ISSOCK(mode) else "a device")
+
+
+def open_regular(workspace: Path, real: Path, flags: int, mode: int = 0o666,
+                 create_dirs: bool = False) -> tuple[int, os.stat_result]:
+    """open_inside() for a regular file only, and its status. Raises NotRegularFile for anything else.
+
+    The open never blocks: without O_NONBLOCK a named pipe with no writer (`mkfifo p`, then read_file p)
+    would hold the worker for ever. A directory opened for writing fails with EISDIR, like any OSError.
+    """
+    fd = open_inside(workspace, real, flags | os.O_NONBLOCK, mode, create_dirs)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotRegularFile(st.st_mode)
+        os.set_blocking(fd, True)
+        return fd, st
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def read_bytes(workspace: Path, real: Path) -> bytes:
-    fd = open_inside(workspace, real, os.O_RDONLY)
+    fd, _ = open_regular(workspace, real, os.O_RDONLY)
     with os.fdopen(fd, "rb") as f:
         return f.read()
 
 
 def write_bytes(workspace: Path, real: Path, data: bytes) -> None:
-    """Write `data` to `real`, creating parent directories, never through a symlink."""
-    fd = open_inside(workspace, real, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666, create_dirs=True)
+    """Write `data` to `real`, creating parent directories, never through a symlink, only to a regular file."""
+    fd, _ = open_regular(workspace, real, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666, create_dirs=True)
     with os.fdopen(fd, "wb") as f:
         f.write(data)
