@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -76,3 +77,45 @@ def test_display_and_counter(skills, tmp_path):
     assert (tool.title({"name": "release"}), tool.emoji, tool.counter) == ("read_skill: release", "📖", "skills")
     assert not tool.needs_approval({"name": "release"})
     assert call(tool, {"name": 3}, make_ctx(tmp_path)) == '[error: read_skill: "name" must be a string, got 3]'
+
+
+def test_a_skill_that_is_a_symlink_out_of_the_skills_dir_is_not_read(skills, tmp_path):
+    # skillsDir lives in the workspace, which a cloned repository or a command fills: `leak.md -> /etc/passwd`
+    # must not put the worker's files into the tool's description or its answers.
+    (skills / "leak.md").symlink_to("/etc/passwd")
+    (skills / "away").symlink_to(tmp_path)
+    (tmp_path / "SKILL.md").write_text("outside\n")
+    (skills / "alias.md").symlink_to("release.md")
+    assert sorted(load_skills(skills)) == ["alias", "both", "go-tests", "release"]
+    tool = ReadSkillTool(skills)
+    assert "root:" not in tool.schema()["description"]
+    for name in ("leak", "away"):
+        assert call(tool, {"name": name}, make_ctx(tmp_path)) == (
+            f'No skill named "{name}". Available skills: alias, both, go-tests, release')
+    assert call(tool, {"name": "alias"}, make_ctx(tmp_path)).startswith("---\nname: release")
+
+
+def test_a_skills_dir_in_the_workspace_that_leads_out_of_it_is_not_read(tmp_path):
+    ws, outside = tmp_path / "ws", tmp_path / "outside"
+    ws.mkdir()
+    outside.mkdir()
+    (outside / "secret.md").write_text("secret\n")
+    (ws / "skills").symlink_to(outside)
+    assert load_skills(ws / "skills", ws) == {}
+    tool = ReadSkillTool(ws / "skills", ws)
+    assert "secret" not in tool.schema()["description"]
+    assert call(tool, {"name": "secret"}, make_ctx(ws)) == 'No skill named "secret". Available skills: '
+    # Configured outside the workspace (an absolute skillsDir shared by every team), it is the operator's.
+    assert sorted(load_skills(outside, ws)) == ["secret"]
+
+
+def test_a_named_pipe_is_not_a_skill(skills, tmp_path):
+    os.mkfifo(skills / "pipe.md")
+    assert call(ReadSkillTool(skills), {"name": "pipe"}, make_ctx(tmp_path)) == (
+        'No skill named "pipe". Available skills: both, go-tests, release')
+
+
+@pytest.mark.parametrize("name", ["x" * 5000, "a\x00b"])
+def test_hostile_names_are_unknown_skills(skills, tmp_path, name):
+    assert call(ReadSkillTool(skills), {"name": name}, make_ctx(tmp_path)) == (
+        f'No skill named "{name}". Available skills: both, go-tests, release')

@@ -3,6 +3,10 @@
 A skill is `<skillsDir>/<name>.md`, or `<skillsDir>/<name>/SKILL.md` when there is no flat file. Its one-line
 description in the catalogue is the front matter's `description:` when the file has one, else its first
 heading, else its first non-empty line.
+
+skillsDir is usually inside the workspace, which a cloned repository or a command fills: a skill is read
+only when its real path stays inside the skills directory (and that directory inside the workspace), so
+`leak.md -> /proc/self/environ` is no skill at all.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from typing import Any
 from mm_core.tools.args import BadArgument, check_object, get_str
 from mm_core.tools.base import Tool, ToolContext
 from mm_core.tools.text import truncate
+from mm_core.tools.workspace import WorkspaceError, open_regular
 
 DESCRIPTION = ("Read a skill: step-by-step instructions for a kind of task. When the task matches one of "
                "these skills, read it before starting and follow it. Skills:")
@@ -45,30 +50,55 @@ def _one_line(text: str) -> str:
     return text if len(text) <= MAX_DESCRIPTION else text[: MAX_DESCRIPTION - 1] + "…"
 
 
-def _skill_path(skills_dir: Path, name: str) -> Path | None:
-    flat = skills_dir / f"{name}.md"
-    if flat.is_file():
-        return flat
-    nested = skills_dir / name / "SKILL.md"
-    return nested if nested.is_file() else None
+def _within(real: str, root: str) -> bool:
+    return real == root or real.startswith(root.rstrip(os.sep) + os.sep)
 
 
-def load_skills(skills_dir: str | os.PathLike[str] | None) -> dict[str, tuple[str, Path]]:
+def _skills_root(skills_dir: Path, workspace: Path | None) -> str | None:
+    """The skills directory's real path; None when it sits in the workspace but leads out of it."""
+    root = os.path.realpath(skills_dir)
+    if workspace is not None and _within(os.path.abspath(skills_dir), os.path.abspath(workspace)):
+        if not _within(root, os.path.realpath(workspace)):
+            return None
+    return root
+
+
+def _skill_path(skills_dir: Path, name: str, workspace: Path | None = None) -> tuple[Path, Path] | None:
+    """Skill `name` as (its path, its real path): the flat file, else the nested one, only if it stays inside."""
+    root = _skills_root(skills_dir, workspace)
+    if root is None or "\x00" in name:
+        return None
+    for candidate in (skills_dir / f"{name}.md", skills_dir / name / "SKILL.md"):
+        real = os.path.realpath(candidate)
+        if _within(real, root) and real != root and os.path.isfile(real):
+            return candidate, Path(real)
+    return None
+
+
+def _read(skills_dir: Path, real: Path) -> str:
+    """The skill's text, never through a symlink swapped in since _skill_path, never blocking on a pipe."""
+    fd, _ = open_regular(Path(os.path.realpath(skills_dir)), real, os.O_RDONLY)
+    with os.fdopen(fd, "rb") as f:
+        return f.read().decode("utf-8", errors="replace")
+
+
+def load_skills(skills_dir: str | os.PathLike[str] | None,
+                workspace: Path | None = None) -> dict[str, tuple[str, Path]]:
     """name → (description, path) for every skill in `skills_dir`; {} when it is unset or missing."""
     if not skills_dir:
         return {}
     root = Path(skills_dir)
     if not root.is_dir():
         return {}
-    names = {p.stem for p in root.glob("*.md") if p.is_file()} | {p.parent.name for p in root.glob("*/SKILL.md")}
+    names = {p.stem for p in root.glob("*.md")} | {p.parent.name for p in root.glob("*/SKILL.md")}
     skills = {}
     for name in sorted(names):
-        path = _skill_path(root, name)
-        if path is None or name.startswith("."):
+        found = _skill_path(root, name, workspace)
+        if found is None or name.startswith("."):
             continue
         try:
-            skills[name] = (describe(path.read_text(encoding="utf-8", errors="replace")), path)
-        except OSError:
+            skills[name] = (describe(_read(root, found[1])), found[0])
+        except (OSError, WorkspaceError):
             continue
     return skills
 
@@ -78,9 +108,10 @@ class ReadSkillTool(Tool):
     counter = "skills"
     emoji = "📖"
 
-    def __init__(self, skills_dir: str | os.PathLike[str]):
+    def __init__(self, skills_dir: str | os.PathLike[str], workspace: Path | None = None):
+        # With the workspace, a skills directory inside it that leads out of it lists nothing.
         self.skills_dir = Path(skills_dir)
-        self.skills = load_skills(skills_dir)
+        self.skills = load_skills(skills_dir, workspace)
 
     def schema(self) -> dict[str, Any]:
         catalogue = "\n".join(CATALOGUE_LINE.format(name=n, description=d) for n, (d, _) in sorted(self.skills.items()))
@@ -105,12 +136,12 @@ class ReadSkillTool(Tool):
             return e.text
         # Only the base name counts: `../../etc/passwd` is the skill `passwd`, looked up in skillsDir.
         name = os.path.basename(given.strip().rstrip("/")).removesuffix(".md")
-        path = _skill_path(self.skills_dir, name) if name and not name.startswith(".") else None
-        if path is None:
-            names = ", ".join(sorted(load_skills(self.skills_dir)))
+        found = _skill_path(self.skills_dir, name, ctx.workspace) if name and not name.startswith(".") else None
+        if found is None:
+            names = ", ".join(sorted(load_skills(self.skills_dir, ctx.workspace)))
             return UNKNOWN.format(name=given, names=names)
         try:
-            text = path.read_text(encoding="utf-8", errors="replace")
-        except OSError as e:
-            return CANNOT_READ.format(name=name, reason=e.strerror or e)
+            text = _read(self.skills_dir, found[1])
+        except (OSError, WorkspaceError) as e:
+            return CANNOT_READ.format(name=name, reason=getattr(e, "strerror", None) or getattr(e, "text", e))
         return truncate(text, ctx.config.maxOutput)
