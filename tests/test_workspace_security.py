@@ -140,3 +140,14 @@ def test_a_lone_surrogate_in_a_path_is_refused(spaces):
     ws, _ = spaces
     assert call(READ, {"path": "a\ud800"}, make_ctx(ws)) == (
         '[error: read_file: "path" is not valid Unicode text (it holds a lone surrogate)]')
+
+
+@pytest.mark.parametrize("path", [".", "~", "./", "~/"])
+def test_the_workspace_itself_is_a_directory_not_a_file(spaces, path):
+    ws, _ = spaces
+    ctx = make_ctx(ws)
+    refused = f"[error: {path} is a directory — list it with bash (ls {path})]"
+    assert call(READ, {"path": path}, ctx) == refused
+    assert call(WRITE, {"path": path, "content": "x"}, ctx) == refused
+    assert call(EDIT, {"path": path, "edits": [{"old": "a", "new": "b"}]}, ctx) == refused
+    assert call(READ, {"path": str(ws)}, ctx) == f"[error: {ws} is a directory — list it with bash (ls {ws})]"

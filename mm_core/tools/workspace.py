@@ -74,16 +74,18 @@ def open_inside(workspace: Path, real: Path, flags: int, mode: int = 0o666, crea
     (the race this guards against), OSError for ordinary failures.
     """
     rel = relative(workspace, real)
+    # The workspace itself (`.`, `~`) has no parts: it is opened as `.` of its own directory.
+    parts = rel.parts or (".",)
     root_fd = os.open(os.path.realpath(workspace), os.O_RDONLY | os.O_DIRECTORY)
     try:
         try:
-            dir_fd = _walk_dirs(root_fd, rel.parts[:-1], create_dirs)
+            dir_fd = _walk_dirs(root_fd, parts[:-1], create_dirs)
         except OSError as e:
-            if e.errno in (errno.ELOOP, errno.ENOTDIR) and _is_link_on_the_way(root_fd, rel.parts[:-1]):
+            if e.errno in (errno.ELOOP, errno.ENOTDIR) and _is_link_on_the_way(root_fd, parts[:-1]):
                 raise WorkspaceError(OUTSIDE.format(path=str(rel))) from e
             raise
         try:
-            return os.open(rel.parts[-1], flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dir_fd)
+            return os.open(parts[-1], flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dir_fd)
         except OSError as e:
             if e.errno == errno.ELOOP:
                 raise WorkspaceError(OUTSIDE.format(path=str(rel))) from e
