@@ -156,3 +156,10 @@ def test_declaration_display_and_refusal():
     assert BASH.refusal({"command": "ls"}) == "[command rejected by the user]"
     assert (BASH.counter, BASH.emoji, BASH.needs_approval({"command": "ls"})) == ("commands", "🛠️", True)
     assert asyncio.run(BASH.preview({"command": "rm -rf build"}, None)) == "rm -rf build"
+
+
+@pytest.mark.parametrize("args", [{"command": ["rm", "-rf", "/"]}, {"command": None}, ["ls"], {}])
+def test_preview_and_title_are_text_whatever_the_arguments(args):
+    # The approval prompt renders them: a list or a null must not reach it as anything but text.
+    assert isinstance(asyncio.run(BASH.preview(args, None)), str)
+    assert BASH.title(args).startswith("bash: ")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -148,11 +149,10 @@ class BashTool(Tool):
         return REFUSED
 
     def title(self, args: dict[str, Any]) -> str:
-        command = args.get("command", "") if isinstance(args, dict) else ""
-        return f"bash: {command}"
+        return f"bash: {_command_text(args)}"
 
     async def preview(self, args: dict[str, Any], ctx: ToolContext) -> str:
-        return args.get("command", "") if isinstance(args, dict) else ""
+        return _command_text(args)
 
     async def run(self, args: dict[str, Any], ctx: ToolContext) -> str:
         try:
@@ -204,6 +204,14 @@ class BashTool(Tool):
                 marker = EXIT_CODE.format(code=code)
         text = truncate(read_back(out), config.maxOutput)
         return append_marker(text, marker) if marker else text
+
+
+def _command_text(args: Any) -> str:
+    """The command as the person approving it reads it, whatever the model sent."""
+    command = args.get("command") if isinstance(args, dict) else None
+    if command is None:
+        return ""
+    return command if isinstance(command, str) else json.dumps(command, ensure_ascii=False)
 
 
 async def _stop(proc: asyncio.subprocess.Process) -> None:
