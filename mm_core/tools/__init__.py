@@ -28,8 +28,8 @@ def build_tools(config: AgentConfig, workspace: Path) -> tuple[list[Tool], list[
         from mm_core.tools.skills import ReadSkillTool, load_skills
 
         skills_dir = Path(workspace, config.skillsDir)
-        if load_skills(skills_dir):
-            tools.append(ReadSkillTool(skills_dir))
+        if load_skills(skills_dir, workspace):
+            tools.append(ReadSkillTool(skills_dir, workspace))
     if config.editTools:
         from mm_core.tools.edit import EditFileTool
         from mm_core.tools.files import ReadFileTool, WriteFileTool
