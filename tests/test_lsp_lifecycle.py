@@ -177,3 +177,28 @@ def test_file_gone_between_calls(tmp_path, action):
         return text
 
     assert asyncio.run(scenario()) == "[lsp: app.py does not exist]"
+
+
+def test_server_flooding_stderr_without_newlines_keeps_working(tmp_path):
+    # A 200 KB stderr line, then a megabyte more without a newline: a line reader gives up on the first and
+    # stops draining, the pipe fills, the server blocks on its next write and the call never ends.
+    flood = tmp_path / "flood.py"
+    flood.write_text(
+        "import sys\n"
+        "sys.stderr.write('x' * 200_000 + '\\n' + 'y' * 1_000_000)\n"
+        "sys.stderr.flush()\n"
+        "from pylsp.__main__ import main\n"
+        "sys.argv = ['pylsp']\n"
+        "main()\n"
+    )
+    cfg = AgentConfig.model_validate({"lsp": {"requestTimeout": "10s", "servers": {
+        "pylsp": {"command": sys.executable, "args": [str(flood)], "extensions": [".py"]}}}})
+    tool, ctx = LspTool(cfg, find_servers(cfg)[0]), ToolContext(workspace=workspace(tmp_path, "w"), config=cfg)
+
+    async def scenario():
+        try:
+            return await asyncio.wait_for(tool.run(DEFINITION, ctx), 30)
+        finally:
+            await asyncio.wait_for(ctx.resources.aclose(), 10)
+
+    assert asyncio.run(scenario()) == ANSWER

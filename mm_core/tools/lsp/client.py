@@ -33,6 +33,8 @@ from mm_core.tools.lsp.positions import UTF8, UTF16, UTF32
 # Documents a server keeps open at once; the least recently used one is closed beyond this, so a long
 # session walking a large project does not make the server hold every file it ever saw.
 MAX_OPEN_DOCUMENTS = 64
+# Bytes read from the server's stderr at a time; also the most of one stderr line kept for an exit message.
+STDERR_CHUNK = 4096
 
 _LANGUAGE_IDS = {
     ".py": "python", ".pyi": "python", ".go": "go", ".rs": "rust", ".js": "javascript", ".jsx": "javascriptreact",
@@ -181,8 +183,16 @@ class LspClient:
         return f"{text}: {tail[-300:]}" if tail else text
 
     async def _drain_stderr(self, stream: asyncio.StreamReader) -> None:
-        while line := await stream.readline():
-            self._stderr.append(line.decode("utf-8", errors="replace").rstrip())
+        # Read in chunks, not lines: `readline` gives up on a line longer than the stream's limit, and a pipe
+        # left undrained blocks the server (and, on Python 3.11, `wait()` for its exit) for ever.
+        partial = b""
+        while chunk := await stream.read(STDERR_CHUNK):
+            *lines, partial = (partial + chunk).split(b"\n")
+            partial = partial[-STDERR_CHUNK:]
+            for line in lines[-self._stderr.maxlen:]:  # type: ignore[misc]
+                self._stderr.append(line[-STDERR_CHUNK:].decode("utf-8", errors="replace").rstrip())
+        if partial:
+            self._stderr.append(partial.decode("utf-8", errors="replace").rstrip())
 
     # ---- the wire --------------------------------------------------------------------------------------------
 
