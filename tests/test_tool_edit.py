@@ -47,8 +47,11 @@ def test_the_reference_closest_region_example(ws):
 def test_no_excerpt_when_less_than_half_the_lines_line_up(ws):
     (ws / "main.go").write_text(GO)
     out = edit(ws, "main.go", ("alpha()\nbeta()\ngamma()\n}", "x"))
-    assert out.endswith("  │ }\nno part of the file comes close — read it again (read_file with numbered: true) "
-                        "and copy the lines exactly")
+    # Pointing at an innocent part of the file is worse than saying nothing (tools.md): nothing follows.
+    assert out == (
+        "main.go: edit #1: old text not found — it must match the file exactly, including indentation and "
+        "line breaks:\n  │ alpha()\n  │ beta()\n  │ gamma()\n  │ }"
+    )
 
 
 def test_exact_match_headline_and_numbered_diff(ws):

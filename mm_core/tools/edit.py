@@ -30,7 +30,6 @@ from mm_core.tools.workspace import WorkspaceError, resolve
 NOT_FOUND = ("{path}: edit #{n}: old text not found — it must match the file exactly, "
              "including indentation and line breaks:")
 CLOSEST = "the closest the file comes to it — copy these lines:"
-NOTHING_CLOSE = "no part of the file comes close — read it again (read_file with numbered: true) and copy the lines exactly"
 AMBIGUOUS = ("{path}: edit #{n}: old text appears {count} times (lines {lines}) — to change ONE of them, include "
              "its surrounding lines in old until the text is unique; to change several, send one edit per place, "
              "each with enough context to be unique")
@@ -282,9 +281,8 @@ def not_found(path: str, n: int, text: str, old: str) -> str:
         shown.append(QUOTE.format(line="…"))
     out = [NOT_FOUND.format(path=path, n=n), *shown]
     region = closest_region(text, old)
-    if region is None:
-        out.append(NOTHING_CLOSE)
-    else:
+    # Below half the lines lining up, nothing is offered: an innocent region would mislead more than silence.
+    if region is not None:
         first, lines = region
         width = len(str(first + len(lines) - 1))
         out.append(CLOSEST)
