@@ -251,3 +251,12 @@ def test_a_refused_edit_leaves_the_file_byte_identical(tmp_path_factory, text, o
         assert (ws / "f.txt").read_bytes() == text.encode()
     else:
         assert "Z" in (ws / "f.txt").read_text()
+
+
+def test_only_the_first_three_misses_get_a_closest_region_hint(ws):
+    (ws / "main.go").write_text(GO)
+    near = "func main() {\n    count := 2\n    print(count)\n}"
+    out = edit(ws, "main.go", *[(near.replace("2", str(i)), "x") for i in range(2, 7)])
+    assert out.count("the closest the file comes to it — copy these lines:") == 3
+    assert out.count("old text not found") == 5
+    assert (ws / "main.go").read_text() == GO

@@ -30,6 +30,7 @@ from mm_core.tools.workspace import WorkspaceError, resolve
 NOT_FOUND = ("{path}: edit #{n}: old text not found — it must match the file exactly, "
              "including indentation and line breaks:")
 CLOSEST = "the closest the file comes to it — copy these lines:"
+MAX_HINTS = 3  # closest-region hints in one call
 AMBIGUOUS = ("{path}: edit #{n}: old text appears {count} times (lines {lines}) — to change ONE of them, include "
              "its surrounding lines in old until the text is unique; to change several, send one edit per place, "
              "each with enough context to be unique")
@@ -274,13 +275,13 @@ def closest_region(text: str, old: str) -> tuple[int, list[str]] | None:
     return best + 1, lines[best : best + span]
 
 
-def not_found(path: str, n: int, text: str, old: str) -> str:
+def not_found(path: str, n: int, text: str, old: str, hint: bool = True) -> str:
     quoted = _trimmed_lines(old) or [old]
     shown = [QUOTE.format(line=line) for line in quoted[:MAX_QUOTED_LINES]]
     if len(quoted) > MAX_QUOTED_LINES:
         shown.append(QUOTE.format(line="…"))
     out = [NOT_FOUND.format(path=path, n=n), *shown]
-    region = closest_region(text, old)
+    region = closest_region(text, old) if hint else None
     # Below half the lines lining up, nothing is offered: an innocent region would mislead more than silence.
     if region is not None:
         first, lines = region
@@ -305,6 +306,7 @@ def locate(path: str, text: str, edits: list[Edit]) -> list[Located]:
     refusals: list[str] = []
     located: list[Located] = []
     unit: str | None | bool = False  # computed once, on the first loose match
+    misses = 0
     for index, edit in enumerate(edits):
         n = index + 1
         if not edit.old:
@@ -315,7 +317,9 @@ def locate(path: str, text: str, edits: list[Edit]) -> list[Located]:
             continue
         regions, relaxed = find(text, edit.old)
         if not regions:
-            refusals.append(not_found(path, n, text, edit.old))
+            # The hint scans the whole file: a call with thousands of stray edits must not burn minutes.
+            refusals.append(not_found(path, n, text, edit.old, hint=misses < MAX_HINTS))
+            misses += 1
         elif len(regions) > 1:
             refusals.append(ambiguous(path, n, text, regions))
         elif relaxed:
