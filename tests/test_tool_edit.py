@@ -260,3 +260,10 @@ def test_only_the_first_three_misses_get_a_closest_region_hint(ws):
     assert out.count("the closest the file comes to it — copy these lines:") == 3
     assert out.count("old text not found") == 5
     assert (ws / "main.go").read_text() == GO
+
+
+def test_a_loose_match_in_a_crlf_file_keeps_crlf(ws):
+    (ws / "f.py").write_bytes(b"def f():\r\n    a = 1\r\n    b = 2\r\n    return a\r\n")
+    out = edit(ws, "f.py", ("a = 1\nb = 2", "a = 10\nb = 20"))
+    assert out.startswith("edited f.py: 1 edit applied, +2 -2 lines, first change at line 2 · 1 matched ignoring")
+    assert (ws / "f.py").read_bytes() == b"def f():\r\n    a = 10\r\n    b = 20\r\n    return a\r\n"

@@ -205,7 +205,10 @@ def relaxed_replacement(text: str, start: int, old: str, new: str, unit: str | N
     line_start = text.rfind("\n", 0, start) + 1
     at_line_start = not text[line_start:start].strip(" \t")
     file_base = text[line_start:start] if at_line_start else _lead(text[line_start:start])
-    new_lines = new.split("\n")
+    # A file with CRLF line ends keeps them: a model types `new` with bare newlines.
+    newline_at = text.find("\n", start)
+    eol = "\r\n" if newline_at > 0 and text[newline_at - 1] == "\r" else "\n"
+    new_lines = [line.removesuffix("\r") for line in new.split("\n")] if eol == "\r\n" else new.split("\n")
     unit_columns = _model_unit(old.split("\n") + new_lines, model_base)
     if unit is None:
         unit = "\t" if any(_lead(line).startswith("\t") for line in new_lines) else " " * unit_columns
@@ -219,7 +222,7 @@ def relaxed_replacement(text: str, start: int, old: str, new: str, unit: str | N
             lead_ws = _lead(line)
             rel = _columns(lead_ws) - _columns(model_base)
             out.append(_shift(file_base, rel, unit_columns, unit) + line[len(lead_ws):])
-    return (line_start if at_line_start else start), "\n".join(out)
+    return (line_start if at_line_start else start), eol.join(out)
 
 
 # ------------------------------------------------------------------------------------------- refusals
