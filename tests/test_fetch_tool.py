@@ -152,11 +152,31 @@ def test_size_limit_and_timeout(tmp_path: Path) -> None:
     ({"url": "x.org", "baseUrl": "/docs/"}, "baseUrl '/docs/' is not an absolute URL"),
     ({"url": "https://user:pw@x.org/"}, "URLs with credentials are not fetched"),
     ({"url": "x.org", "strikethrough": "maybe"}, "strikethrough must be true or false"),
+    ({"url": "http://[v1.x]/"}, "cannot parse url"),
+    ({"url": "http://0177.0.0.1/"}, "cannot parse url"),
+    ({"url": "http://x.org/a\x00b"}, "cannot parse url"),
 ])
 def test_usage_errors_are_code_3_and_send_nothing(tmp_path: Path, args: dict, reason: str) -> None:
     tool, ctx = make(tmp_path, allow=[])
     out = run(tool.run(args, ctx))
     assert out.startswith("[fetch_content: error 3 (usage) — ") and reason in out, out
+
+
+@pytest.mark.parametrize(("location", "reason"), [
+    ("http://127.0.0.1:99999/p", "redirects to an invalid URL"),
+    ("http://[::1", "Invalid URL in location header"),  # refused by httpx itself, as the answer arrives
+    ("http://user:pw@127.0.0.1:{port}/p", "carrying a user name or password"),
+])
+def test_redirect_to_an_unusable_url_is_error_2(tmp_path: Path, location: str, reason: str) -> None:
+    async def scenario():
+        async with Site() as site:
+            site.page("/p", PAGE)
+            site.redirect("/go", location.format(port=site.port))
+            tool, ctx = make(tmp_path)
+            return await tool.run({"url": site.url("/go")}, ctx), site.hits
+    out, hits = run(scenario())
+    assert out.startswith("[fetch_content: error 2 (input) — ") and reason in out, out
+    assert "/p" not in hits
 
 
 def test_url_repairs(tmp_path: Path) -> None:

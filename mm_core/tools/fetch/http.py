@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 from importlib import metadata
-from urllib.parse import urljoin, urlsplit
+from urllib.parse import SplitResult, urljoin, urlsplit
 
 import httpcore
 import httpx
@@ -70,9 +70,35 @@ def make_client(guard: AddressGuard, timeout: float) -> httpx.AsyncClient:
                              timeout=httpx.Timeout(timeout), headers={"User-Agent": user_agent()})
 
 
+def parse_url(url: str) -> SplitResult:
+    """The URL's parts; ValueError for one the HTTP client would refuse (a port out of range, a malformed
+    IP literal, a control character), so that the refusal is a clear answer rather than an exception."""
+    parts = urlsplit(url)
+    parts.port  # noqa: B018 - raises ValueError for a port that is not a number
+    try:
+        httpx.URL(url)
+    except httpx.InvalidURL as exc:
+        raise ValueError(str(exc)) from None
+    return parts
+
+
 def _describe(exc: Exception) -> str:
     text = str(exc).strip()
     return text or type(exc).__name__
+
+
+def _redirect_target(url: str, location: str) -> str:
+    try:
+        target = urljoin(url, location)
+        parts = parse_url(target)
+    except ValueError as exc:
+        raise FetchError(INPUT, f"{url} redirects to an invalid URL {location!r} ({exc})") from None
+    if parts.scheme not in ("http", "https"):
+        raise FetchError(INPUT, f"{url} redirects to {target}, which is not an http(s) URL")
+    # The same rule as for the url argument: credentials would go to whatever host is named there.
+    if parts.username is not None or parts.password is not None:
+        raise FetchError(INPUT, f"{url} redirects to a URL carrying a user name or password — not followed")
+    return target
 
 
 class Fetcher:
@@ -111,10 +137,7 @@ class Fetcher:
         response = await self._send(url)
         try:
             if response.is_redirect:
-                target = urljoin(url, response.headers["location"])
-                if urlsplit(target).scheme not in ("http", "https"):
-                    raise FetchError(INPUT, f"{url} redirects to {target}, which is not an http(s) URL")
-                return target
+                return _redirect_target(url, response.headers["location"])
             if response.status_code >= 300:
                 raise FetchError(INPUT, f"HTTP {response.status_code} {response.reason_phrase} for {url}".rstrip())
             content_type = response.headers.get("content-type")

@@ -15,7 +15,7 @@ from mm_core.tools.base import Tool, ToolContext
 from mm_core.tools.fetch import encoding
 from mm_core.tools.fetch.errors import CONVERSION, USAGE, FetchError
 from mm_core.tools.fetch.guard import AddressGuard
-from mm_core.tools.fetch.http import Fetcher, Limits, make_client
+from mm_core.tools.fetch.http import Fetcher, Limits, make_client, parse_url
 from mm_core.tools.fetch.robots import RESOURCE_KEY, RobotsCache
 from mm_core.tools.fetch.webmd import Options, to_markdown
 from mm_core.tools.text import truncate
@@ -41,8 +41,7 @@ def normalize_url(raw: str) -> str:
     if "://" not in url and not _SCHEME.match(url):
         url = "https://" + url.lstrip("/")
     try:
-        parts = urlsplit(url)
-        parts.port  # noqa: B018 - raises ValueError for a port that is not a number
+        parts = parse_url(url)
     except ValueError as exc:
         raise FetchError(USAGE, f"cannot parse url {raw!r}: {exc}") from None
     if parts.scheme.lower() not in ("http", "https"):
