@@ -221,6 +221,20 @@ def test_rename_across_two_files(pylsp):
     assert (greetings.read_text(), app.read_text()) == before
 
 
+def test_rename_moves_past_an_occurrence_the_server_proposes_nothing_for(pylsp):
+    # The first whole-word occurrence is inside a string: pylsp answers it with an empty edit, which is no
+    # answer, so the next occurrence (the definition) is tried.
+    path = pylsp.root / "labels.py"
+    path.write_text('LABEL = "shout"\n\n\ndef shout():\n    return LABEL\n\n\nshout()\n')
+    try:
+        assert pylsp.run(action="rename", path="labels.py", symbol="shout", new_name="yell") == (
+            "renamed to yell: 1 edit(s) in 1 file(s)\nlabels.py: 1 edit(s)"  # pylsp: one edit, the whole file
+        )
+        assert path.read_text() == 'LABEL = "shout"\n\n\ndef yell():\n    return LABEL\n\n\nyell()\n'
+    finally:
+        path.unlink()
+
+
 # ---- UTF-16 on the wire (basedpyright) -------------------------------------------------------------------------
 
 

@@ -469,10 +469,13 @@ class _Session:
 
     async def rename(self, write: bool) -> str:
         async def ask(position: types.Position) -> types.WorkspaceEdit | None:
-            return await self.client.request(
+            edit = await self.client.request(
                 types.TEXT_DOCUMENT_RENAME,
                 types.RenameParams(text_document=self._document(), position=position, new_name=self.call.new_name),
             )
+            # An edit that changes nothing (pylsp's answer on a word inside a string) is no answer: the next
+            # occurrence is tried, as for the other actions.
+            return edit if edit is not None and _changes_something(edit) else None
 
         edit, at = await self._first_answer(ask)
         planned = self._plan(edit) if edit else f"[lsp: nothing to rename for the symbol at {self._at(*at)}]"
@@ -535,6 +538,13 @@ class _Session:
         if not planned:
             return f"[lsp: nothing to rename: the server proposed no edit for {self.call.symbol}]"
         return planned
+
+
+def _changes_something(edit: types.WorkspaceEdit) -> bool:
+    in_changes = any(edits for edits in (edit.changes or {}).values())
+    return in_changes or any(
+        not isinstance(change, types.TextDocumentEdit) or change.edits for change in edit.document_changes or []
+    )
 
 
 @dataclass
