@@ -356,6 +356,7 @@ def test_robots_checked_on_every_redirect_hop(tmp_path: Path) -> None:
     ("224.0.0.1", "multicast"), ("ff02::1", "multicast"), ("0.0.0.0", "unspecified"), ("::", "unspecified"),
     ("fc00::1", "private"), ("fd00:ec2::254", "cloud metadata"), ("64:ff9b::a00:1", "private"),
     ("2002:7f00:1::", "loopback"), ("240.0.0.1", "reserved"), ("192.0.2.1", "private"),
+    ("fec0::1", "site-local"), ("feff::1", "site-local"),
 ])
 def test_internal_addresses_are_classified(address: str, kind: str) -> None:
     assert kind in (blocked_kind(ipaddress.ip_address(address)) or "")

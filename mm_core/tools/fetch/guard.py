@@ -56,6 +56,10 @@ def blocked_kind(ip: IPAddress) -> str | None:
         return "an unspecified address"
     if ip.is_link_local:
         return "a link-local address"
+    # fec0::/10: deprecated (RFC 3879), but still the internal network where it was deployed, and `is_global`
+    # counts it as global.
+    if isinstance(ip, ipaddress.IPv6Address) and ip.is_site_local:
+        return "a site-local address"
     if ip.is_multicast:
         return "a multicast address"
     if isinstance(ip, ipaddress.IPv4Address) and ip in _CGNAT:
