@@ -155,6 +155,8 @@ def test_size_limit_and_timeout(tmp_path: Path) -> None:
     ({"url": "http://[v1.x]/"}, "cannot parse url"),
     ({"url": "http://0177.0.0.1/"}, "cannot parse url"),
     ({"url": "http://x.org/a\x00b"}, "cannot parse url"),
+    ({"url": "http://a..b/"}, "not a valid host name"),
+    ({"url": "https://" + "a" * 64 + ".org/"}, "not a valid host name"),
 ])
 def test_usage_errors_are_code_3_and_send_nothing(tmp_path: Path, args: dict, reason: str) -> None:
     tool, ctx = make(tmp_path, allow=[])

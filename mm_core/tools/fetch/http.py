@@ -79,6 +79,11 @@ def parse_url(url: str) -> SplitResult:
         httpx.URL(url)
     except httpx.InvalidURL as exc:
         raise ValueError(str(exc)) from None
+    try:
+        # The codec the resolver uses: a name it cannot encode (an empty or 64-character label) is no host.
+        (parts.hostname or "").encode("idna")
+    except UnicodeError:
+        raise ValueError(f"{parts.hostname!r} is not a valid host name") from None
     return parts
 
 
