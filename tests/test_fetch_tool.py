@@ -319,6 +319,50 @@ def test_unreachable_robots_forbids(tmp_path: Path) -> None:
     assert out.startswith(FORBIDS) and page_hits == 0
 
 
+async def _endless(request):
+    """A body that never ends: robots.txt as fast as it goes, a page one byte at a time (slowloris)."""
+    from aiohttp import web
+
+    robots = request.path == "/robots.txt"
+    response = web.StreamResponse(headers={"Content-Type": "text/plain" if robots else "text/html"})
+    await response.prepare(request)
+    line = b"User-agent: *\nDisallow: /private\n" if robots else b"<p>"
+    while True:
+        await response.write(line * (1000 if robots else 1))
+        await asyncio.sleep(0 if robots else 0.05)
+
+
+async def _page(request):
+    from aiohttp import web
+
+    return web.Response(text=PAGE, content_type="text/html")
+
+
+def test_endless_robots_is_read_up_to_its_limit_and_a_slowloris_page_times_out(tmp_path: Path) -> None:
+    from aiohttp import web
+
+    async def scenario():
+        app = web.Application()
+        app.router.add_get("/robots.txt", _endless)
+        app.router.add_get("/drip", _endless)
+        app.router.add_get("/page", _page)
+        runner = web.AppRunner(app, shutdown_timeout=0.2)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        base = f"http://127.0.0.1:{runner.addresses[0][1]}"
+        try:
+            tool, ctx = make(tmp_path, limits=Limits(timeout=2))
+            return (await tool.run({"url": base + "/page"}, ctx), await tool.run({"url": base + "/private"}, ctx),
+                    await tool.run({"url": base + "/drip"}, ctx))
+        finally:
+            await runner.cleanup()
+
+    page, private, drip = run(scenario())
+    assert page == "# Title\n\nBody text.\n"
+    assert private.startswith(FORBIDS) and "forbids" in private
+    assert drip.startswith(FORBIDS) and "did not answer within 2s" in drip
+
+
 def test_robots_cache_expires_after_24_hours(tmp_path: Path) -> None:
     now = [1000.0]
 
