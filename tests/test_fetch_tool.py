@@ -239,6 +239,10 @@ def test_output_is_truncated_to_max_output(tmp_path: Path) -> None:
     ('<meta charset="no-such-thing"><p>café</p>'.encode(), "text/html", "café"),  # unknown name skipped → UTF-8
     ("<p>naïve “quotes”</p>".encode("cp1252"), "text/html", "naïve “quotes”"),  # invalid UTF-8 → windows-1252
     ("<p>\u0161\u00e9</p>".encode("utf-16-le").join([b"\xff\xfe", b""]), "text/html", "šé"),  # UTF-16 BOM
+    # Python codec names that are no charset are unknown names, skipped: here the valid UTF-8 decides.
+    ("<p>café</p>".encode(), "text/html; charset=base64", "café"),
+    ("<p>café</p>".encode(), "text/html; charset=unicode_escape", "café"),
+    ('<meta charset="rot13"><p>café</p>'.encode(), "text/html", "café"),
 ])
 def test_encoding_chain(tmp_path: Path, body: bytes, content_type: str, text: str) -> None:
     async def scenario():

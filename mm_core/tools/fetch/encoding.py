@@ -2,8 +2,10 @@
 first 4 KiB, UTF-8 when the bytes are valid UTF-8, else windows-1252. No guessing: on real Western European
 pages a detector's guess was wrong where this rule was right.
 
-Labels follow the WHATWG Encoding Standard, as browsers (and the reference's Go library) read them:
-`iso-8859-1`, `latin1` and `ascii` mean windows-1252, and a `<meta>` that says UTF-16 means UTF-8.
+Labels follow the WHATWG Encoding Standard, as browsers (and the reference's Go library) read them, through
+`webencodings` (html5lib's own label table): `iso-8859-1`, `latin1` and `ascii` mean windows-1252, a name
+that is not a charset there (`base64`, `unicode_escape`: Python codecs, not encodings of text) is unknown,
+and a `<meta>` that says UTF-16 means UTF-8.
 """
 
 from __future__ import annotations
@@ -11,10 +13,9 @@ from __future__ import annotations
 import codecs
 import re
 
+import webencodings
+
 _BOMS = ((codecs.BOM_UTF8, "utf-8"), (codecs.BOM_UTF16_LE, "utf-16-le"), (codecs.BOM_UTF16_BE, "utf-16-be"))
-_WINDOWS_1252 = {"ascii", "us-ascii", "iso-8859-1", "iso8859-1", "iso_8859-1", "latin1", "latin-1", "l1",
-                 "cp819", "ibm819", "iso-ir-100", "iso_8859-1:1987", "csisolatin1", "ansi_x3.4-1968",
-                 "windows-1252", "cp1252", "x-cp1252"}
 _CHARSET = re.compile(r"""charset\s*=\s*["']?\s*([^\s"';>/]+)""", re.I)
 _META = re.compile(r"<meta\b[^>]*>", re.I)
 _HTTP_EQUIV = re.compile(r"""http-equiv\s*=\s*["']?\s*content-type""", re.I)
@@ -35,11 +36,11 @@ def lookup(label: str | None) -> str | None:
     """The Python codec for a charset label, or None for an unknown one (which the chain skips)."""
     if not label:
         return None
-    label = label.strip().strip("\"'").lower()
-    if label in _WINDOWS_1252:
-        return "cp1252"
-    try:
-        return codecs.lookup(label).name
+    encoding = webencodings.lookup(label.strip().strip("\"'"))
+    if encoding is None:
+        return None
+    try:  # x-user-defined has a codec in webencodings only, not in Python's registry
+        return codecs.lookup(encoding.codec_info.name).name
     except LookupError:
         return None
 
