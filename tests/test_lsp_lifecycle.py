@@ -202,3 +202,26 @@ def test_server_flooding_stderr_without_newlines_keeps_working(tmp_path):
             await asyncio.wait_for(ctx.resources.aclose(), 10)
 
     assert asyncio.run(scenario()) == ANSWER
+
+
+def test_server_garbling_its_output_fails_the_call_at_once(tmp_path):
+    # A header line past the reader's limit, then a flood: the conversation cannot be resynchronised, so the
+    # server is ended and the pending request fails then, not at the request timeout.
+    garble = tmp_path / "garble.py"
+    garble.write_text(
+        "import sys, time\n"
+        "sys.stdout.write('X' * 100_000 + '\\r\\n' + 'Y' * 1_000_000)\n"
+        "sys.stdout.flush()\n"
+        "time.sleep(60)\n"
+    )
+    cfg = AgentConfig.model_validate({"lsp": {"requestTimeout": "30s", "servers": {
+        "garble": {"command": sys.executable, "args": [str(garble)], "extensions": [".py"]}}}})
+    tool, ctx = LspTool(cfg, find_servers(cfg)[0]), ToolContext(workspace=workspace(tmp_path, "w"), config=cfg)
+
+    async def scenario():
+        try:
+            return await asyncio.wait_for(tool.run(DEFINITION, ctx), 15)
+        finally:
+            await asyncio.wait_for(ctx.resources.aclose(), 10)
+
+    assert asyncio.run(scenario()).startswith("[lsp: garble: definition failed: the server exited (code -9)")

@@ -33,8 +33,8 @@ from mm_core.tools.lsp.positions import UTF8, UTF16, UTF32
 # Documents a server keeps open at once; the least recently used one is closed beyond this, so a long
 # session walking a large project does not make the server hold every file it ever saw.
 MAX_OPEN_DOCUMENTS = 64
-# Bytes read from the server's stderr at a time; also the most of one stderr line kept for an exit message.
-STDERR_CHUNK = 4096
+# Bytes read from a server's stderr at a time; also the most of one stderr line kept for an exit message.
+READ_CHUNK = 4096
 
 _LANGUAGE_IDS = {
     ".py": "python", ".pyi": "python", ".go": "go", ".rs": "rust", ".js": "javascript", ".jsx": "javascriptreact",
@@ -166,11 +166,7 @@ class LspClient:
         if proc is None:
             return
         if proc.returncode is None:
-            try:
-                await asyncio.wait_for(proc.wait(), grace)
-            except asyncio.TimeoutError:
-                kill_group(proc.pid)
-                await proc.wait()
+            await _reap(proc, grace)
         if proc.stdin is not None:
             proc.stdin.close()
         done, pending = await asyncio.wait(self._tasks, timeout=grace)
@@ -186,11 +182,11 @@ class LspClient:
         # Read in chunks, not lines: `readline` gives up on a line longer than the stream's limit, and a pipe
         # left undrained blocks the server (and, on Python 3.11, `wait()` for its exit) for ever.
         partial = b""
-        while chunk := await stream.read(STDERR_CHUNK):
+        while chunk := await stream.read(READ_CHUNK):
             *lines, partial = (partial + chunk).split(b"\n")
-            partial = partial[-STDERR_CHUNK:]
+            partial = partial[-READ_CHUNK:]
             for line in lines[-self._stderr.maxlen:]:  # type: ignore[misc]
-                self._stderr.append(line[-STDERR_CHUNK:].decode("utf-8", errors="replace").rstrip())
+                self._stderr.append(line[-READ_CHUNK:].decode("utf-8", errors="replace").rstrip())
         if partial:
             self._stderr.append(partial.decode("utf-8", errors="replace").rstrip())
 
@@ -216,17 +212,19 @@ class LspClient:
         except (asyncio.IncompleteReadError, ConnectionError, ValueError):
             return
         finally:
+            # What is left of a garbled conversation is read and dropped: a pipe nobody reads fills, pauses, and
+            # never reaches its end, which on Python 3.11 keeps the process's exit from being reported at all.
+            drain = asyncio.create_task(_discard(stream))
             await self._gone()
+            done, pending = await asyncio.wait([drain], timeout=2.0)
+            for task in pending:
+                task.cancel()
 
     async def _gone(self) -> None:
         """stdout closed: the server is exiting. Fail what is pending now, with its exit status."""
         proc = self._proc
         assert proc is not None
-        try:
-            await asyncio.wait_for(proc.wait(), 2.0)
-        except asyncio.TimeoutError:
-            kill_group(proc.pid)  # a server that closed its stdout is of no use any more
-            await proc.wait()
+        await _reap(proc, 2.0)  # a server that closed or garbled its stdout is of no use any more
         await asyncio.sleep(0)  # let the stderr reader take the last words
         self.exit_reason = self._exit_text(proc.returncode)
         for future in self._pending.values():
@@ -365,6 +363,26 @@ class LspClient:
             except asyncio.TimeoutError:
                 return self.fresh_diagnostics(path)
         return found
+
+
+async def _discard(stream: asyncio.StreamReader) -> None:
+    while await stream.read(READ_CHUNK):
+        pass
+
+
+async def _reap(proc: asyncio.subprocess.Process, grace: float) -> None:
+    """Wait `grace` for the process to exit, then kill its group. Past the kill the wait is bounded too: on
+    Python 3.11 `wait()` also waits for the pipes to close, and a pipe nobody reads any more (a garbled stdout)
+    stays paused for ever; the exit status is known by then all the same."""
+    try:
+        await asyncio.wait_for(proc.wait(), grace)
+        return
+    except asyncio.TimeoutError:
+        kill_group(proc.pid)
+    try:
+        await asyncio.wait_for(proc.wait(), grace)
+    except asyncio.TimeoutError:
+        pass
 
 
 def kill_group(pid: int | None) -> None:
