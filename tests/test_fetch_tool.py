@@ -220,6 +220,12 @@ def test_output_mode_writes_the_file_and_refuses_escapes(tmp_path: Path) -> None
     assert before == after and not (tmp_path.parent / "outside.md").exists()
 
 
+def test_output_name_too_long_is_error_1_before_fetching(tmp_path: Path) -> None:
+    name = "x" * 300 + ".md"
+    out = run(make(tmp_path, allow=[])[0].run({"url": "http://127.0.0.1:9/", "output": name}, make(tmp_path)[1]))
+    assert out == f"[fetch_content: error 1 (conversion) — cannot write {name}: File name too long]"
+
+
 def test_output_is_truncated_to_max_output(tmp_path: Path) -> None:
     async def scenario():
         async with Site() as site:

@@ -168,6 +168,8 @@ def test_failures_are_bracketed_texts(pylsp):
     assert pylsp.run(action="hover", path="missing.py", symbol="x") == "[lsp: missing.py does not exist]"
     assert pylsp.run(action="hover", path="../outside.py", symbol="x") == "[lsp: ../outside.py is outside the workspace]"
     assert pylsp.run(action="hover", path="/etc/passwd.py", symbol="x") == "[lsp: /etc/passwd.py is outside the workspace]"
+    long_name = "x" * 300 + ".py"
+    assert pylsp.run(action="hover", path=long_name, symbol="x") == f"[lsp: {long_name}: File name too long]"
     assert pylsp.run(action="rename", path="app.py", symbol="main") == (
         '[lsp: rename needs new_name — call lsp again with {"action": "rename", "path": …, "symbol": …, '
         '"new_name": "<the new identifier>"}; do not use edit_file for a rename]'

@@ -154,7 +154,11 @@ class FetchContentTool(Tool):
             target = workspace.resolve(root, output)
         except workspace.WorkspaceError as exc:
             raise FetchError(CONVERSION, f"cannot write {output}: {_OUTSIDE}") from None
-        if target.is_dir():
+        try:
+            is_dir = target.is_dir()
+        except OSError as exc:  # a name too long for the file system, say: is_dir() does not swallow that
+            raise FetchError(CONVERSION, f"cannot write {output}: {exc.strerror or exc}") from None
+        if is_dir:
             raise FetchError(CONVERSION, f"cannot write {output}: it is a directory")
         return target
 

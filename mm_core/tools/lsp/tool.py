@@ -211,6 +211,8 @@ class LspTool(Tool):
             text = await self._call(args, ctx, write)
         except WorkspaceError as err:
             text = "[lsp: " + err.text.removeprefix("[error: ")
+        except OSError as err:  # the file system's refusal (a name too long, no permission): its own words
+            text = f"[lsp: {args.get('path')}: {err.strerror or err}]"
         except Exception as err:  # noqa: BLE001 - a tool answers, it does not raise
             text = f"[lsp: internal error: {type(err).__name__}: {err}]"
         return truncate(text, self.config.maxOutput)
