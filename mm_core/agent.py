@@ -138,9 +138,11 @@ class Agent:
     async def resume(self, decisions: Iterable[Decision] = ()) -> TurnFinished:
         """Continue the turn: after approvals, or after the process that ran it died."""
         state = self._load()
-        known = state.decisions()
+        waiting, known = state.open_calls(), set(state.decisions())
         for d in decisions:
-            if d.call_id not in known:
+            # The first decision on a call wins; one for a call that waits no more (a stale button) is dropped.
+            if d.call_id in waiting and d.call_id not in known:
+                known.add(d.call_id)
                 self._append(ApprovalDecision(d.call_id, d.approved, d.by, d.all))
         return await self._run()
 

@@ -16,6 +16,7 @@ from mm_core.log import (
     AssistantMessage,
     Compaction,
     Entry,
+    Nested,
     Reset,
     ToolCallRequest,
     ToolResult,
@@ -23,6 +24,7 @@ from mm_core.log import (
     ToolSuspended,
     TurnEnded,
     UserMessage,
+    from_dict,
 )
 from mm_core.loopdetect import LoopDetector
 
@@ -83,6 +85,18 @@ class SessionState:
             return []
         done = self.results()
         return [c for c in last.tool_calls if c.id not in done]
+
+    def open_calls(self) -> set[str]:
+        """The calls a decision may be for: the turn's calls without a result, and those of the asked agents
+        (ask_agent) running inside them, at any depth. A decision for any other call is stale."""
+        open_ids = {c.id for c in self.pending()}
+        nested: dict[str, list[Entry]] = {}
+        for e in self.entries:
+            if isinstance(e, Nested) and e.scope in open_ids:
+                nested.setdefault(e.scope, []).append(from_dict(e.entry))
+        for log in nested.values():
+            open_ids |= SessionState.of(log).open_calls()
+        return open_ids
 
     def answered(self) -> bool:
         """The model's latest answer in this turn had no tool calls: the turn is over but for its end mark."""

@@ -418,3 +418,28 @@ def test_a_failing_model_answer_leaves_the_session_usable(model_server, tmp_path
     assert run(agent.send("hi")).outcome == "failed"
     assert ErrorRecord("the model endpoint answered HTTP 503: overloaded", "generation") in store.load("s1")
     assert run(agent.send("again")).answer == "back"
+
+
+def test_a_decision_for_a_call_that_is_not_pending_is_dropped(model_server, tmp_path):
+    # A stale "approve all" button, clicked after its turn was stopped, must not switch the session to yolo.
+    model_server.script(Reply(tool_calls=[bash("echo 1", "a")]), Reply(tool_calls=[bash("touch later", "b")]))
+    store = MemoryStore()
+    agent = make_agent(agent_config(model_server.url, yolo=False), store, tmp_path)
+    assert run(agent.send("go")).outcome == "suspended"
+    [a] = call_ids(store.load("s1"))
+    assert run(agent.stop()).outcome == "cancelled"
+    assert run(agent.resume([Decision(a, True, "U1", all=True)])).outcome == "idle"
+    assert not any(isinstance(e, ApprovalDecision) for e in store.load("s1"))
+    assert run(agent.send("again")).outcome == "suspended"
+    assert not (tmp_path / "later").exists()
+
+
+def test_the_first_decision_on_a_call_wins(model_server, tmp_path):
+    model_server.script(Reply(tool_calls=[bash("touch made", "a")]), Reply(text="ok"))
+    store = MemoryStore()
+    agent = make_agent(agent_config(model_server.url, yolo=False), store, tmp_path)
+    assert run(agent.send("go")).outcome == "suspended"
+    [a] = call_ids(store.load("s1"))
+    assert run(agent.resume([Decision(a, False, "U1"), Decision(a, True, "U2")])).outcome == "answered"
+    assert not (tmp_path / "made").exists()
+    assert [(d.approved, d.by) for d in store.load("s1") if isinstance(d, ApprovalDecision)] == [(False, "U1")]

@@ -167,3 +167,30 @@ def test_depth_limit(tmp_path, model_server):
     assert result.output == (
         "[ask_agent: reviewer cannot be asked: agents may only be nested 2 levels deep (MM_ASK_DEPTH)]"
     )
+
+
+def test_a_gated_call_two_agents_deep_suspends_and_resumes(tmp_path, model_server):
+    config = setup(tmp_path, model_server)
+    reviewer = tmp_path / "agents" / "reviewer.yaml"
+    reviewer.write_text(reviewer.read_text() + "mmConfigs: {helper: {config: agents/helper.yaml}}\n")
+    (tmp_path / "agents" / "helper.yaml").write_text(f"model: {{url: {model_server.url}, name: test-model}}\n")
+    model_server.script(
+        ask(),
+        Reply(tool_calls=[ToolCall("ask_agent", {"agent": "helper", "prompt": "help me"})]),
+        Reply(tool_calls=[ToolCall("bash", {"command": "echo helped > helped.txt"})]),
+        Reply(text="helped"),
+        Reply(text="reviewed"),
+        Reply(text="done"),
+    )
+    store, events = MemoryStore(), []
+    agent = make_agent(config, store, tmp_path, events=events)
+    result = asyncio.run(agent.send("go"))
+    asked: list[str | None] = []
+    for _ in range(3):  # the caller's ask_agent, the reviewer's ask_agent, the helper's bash
+        assert result.outcome == "suspended"
+        [call] = [e for e in events if isinstance(e, PermissionRequested)][-1].calls
+        asked.append(call.agent)
+        result = asyncio.run(make_agent(config, store, tmp_path, events=events).resume([Decision(call.call_id, True)]))
+    assert asked == [None, "reviewer", "helper"]
+    assert result.outcome == "answered" and result.answer == "done"
+    assert (tmp_path / "helped.txt").read_text() == "helped\n"

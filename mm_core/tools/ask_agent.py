@@ -153,11 +153,12 @@ class AskAgentTool(Tool):
                 context = self._context(caller) if with_context else ""
                 result = await agent.send(f"{context}{prompt}")
             elif state.turn_start() is not None:
-                pending = {c.id for c in state.pending()}
+                # Decisions for the asked agent's calls, and for those of any agent it asked in turn.
+                waiting = state.open_calls()
                 decisions = [
                     Decision(d.call_id, d.approved, d.by, d.all)
                     for d in caller.state().decisions().values()
-                    if d.call_id in pending
+                    if d.call_id in waiting
                 ]
                 result = await agent.resume(decisions)
             else:
