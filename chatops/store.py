@@ -8,11 +8,12 @@ written in the append's own transaction so they never disagree with it.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Engine, func, insert, or_, select, update
+from sqlalchemy import Connection, Engine, Table, func, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError
 
 from chatops.schema import Approval, Error, Session, SessionEvent, SlackEvent, ToolCall, utcnow
@@ -98,7 +99,8 @@ def _project(conn: Connection, session_id: str, entry: Entry, now: datetime) -> 
             decision = "approved" if approved else "rejected"
             _upsert_call(conn, session_id, call_id, decision=decision, decided_by=by)
         case ErrorRecord(message=message, where=where):
-            conn.execute(insert(Error).values(session_id=session_id, where=where, message=message, created_at=now))
+            values = _fit(Error.__table__, where=where, message=message)
+            conn.execute(insert(Error).values(session_id=session_id, created_at=now, **values))
         case Nested(entry=inner):
             # An asked agent's calls are the session's calls too: listed, with who approved them.
             _project(conn, session_id, from_dict(inner), now)
@@ -106,9 +108,26 @@ def _project(conn: Connection, session_id: str, entry: Entry, now: datetime) -> 
             pass
 
 
+# PostgreSQL text cannot hold NUL, and no driver can encode a lone surrogate.
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+
+
+def _fit(table: Table, **values: Any) -> dict[str, Any]:
+    """The values as the table's columns can hold them: unstorable characters become U+FFFD and strings are
+    cut to their column's length. Only for projections and records for people: the log keeps the exact text,
+    and a binary file printed by `bash` or a tool name a model made up must not fail the append."""
+    fitted = {}
+    for key, value in values.items():
+        if isinstance(value, str):
+            value = _UNSTORABLE.sub("\ufffd", value)[: getattr(table.c[key].type, "length", None)]
+        fitted[key] = value
+    return fitted
+
+
 def _upsert_call(conn: Connection, session_id: str, call_id: str, **values: Any) -> int:
     """Update the call's row, or create it; never fails the append (the session row lock serializes us)."""
-    values = {k: v for k, v in values.items() if v is not None}
+    values = _fit(ToolCall.__table__, call_id=call_id, **{k: v for k, v in values.items() if v is not None})
+    call_id = values.pop("call_id")
     row = conn.execute(
         select(ToolCall.id).where(ToolCall.session_id == session_id, ToolCall.call_id == call_id)
     ).scalar_one_or_none()
@@ -181,10 +200,9 @@ def record_slack_event(engine: Engine, event_id: str) -> bool:
 
 def record_error(engine: Engine, where: str, message: str, *, session_id: str | None = None, detail: Any = None) -> None:
     """An error outside any turn's log (a failed Slack call, a crashed task): kept for the operators."""
+    values = _fit(Error.__table__, where=where, message=message)
     with engine.begin() as conn:
-        conn.execute(
-            insert(Error).values(session_id=session_id, where=where, message=message, detail=detail, created_at=utcnow())
-        )
+        conn.execute(insert(Error).values(session_id=session_id, detail=detail, created_at=utcnow(), **values))
 
 
 # --- leases -------------------------------------------------------------------------------------------------
@@ -275,10 +293,7 @@ def request_approval(
                 insert(Approval).values(
                     call_id=call_id,
                     session_id=session_id,
-                    tool=tool,
-                    arguments=arguments,
-                    preview=preview,
-                    requested_by=requested_by,
+                    **_fit(Approval.__table__, tool=tool, arguments=arguments, preview=preview, requested_by=requested_by),
                     state="pending",
                     expires_at=now + timedelta(seconds=timeout_s) if timeout_s is not None else None,
                     created_at=now,

@@ -252,3 +252,38 @@ def test_status_compare_and_set_and_slack_event_dedupe(engine: Engine, session_i
     event_id = f"Ev{uuid.uuid4().hex[:10]}"
     firsts = _concurrently(4, lambda i: store.record_slack_event(engine, event_id))
     assert sorted(firsts) == [False, False, False, True]
+
+
+def test_hostile_text_never_fails_an_append(engine: Engine, session_id: str) -> None:
+    """The log keeps what happened exactly; the projections store what their columns can hold.
+
+    PostgreSQL refuses NUL in text and overlong strings, and no driver encodes a lone surrogate: a `bash`
+    command printing a binary file, a model inventing a 300-character tool name or sending broken JSON
+    escapes must not make the turn's append fail.
+    """
+    log = store.DbStore(engine)
+    entries = [
+        AssistantMessage("", tool_calls=(ToolCallRequest("h1", "b" * 300, '{"a": "\x00\ud800"}'),)),
+        ToolStarted("h1", "bash", agent="a" * 300),
+        ToolResult("h1", "bash", "ELF\x00\x01\x02 \udc80 done", duration_ms=3),
+        ApprovalDecision("h1", approved=True, by="U" * 100),
+        ErrorRecord("bad \x00 byte \ud800", where="w" * 100),
+    ]
+    for entry in entries:
+        log.append(session_id, entry)
+    assert log.load(session_id) == entries
+    with engine.connect() as conn:
+        row = conn.execute(
+            select(ToolCall.__table__).where(ToolCall.session_id == session_id, ToolCall.call_id == "h1")
+        ).one()
+        error = conn.execute(select(Error.where, Error.message).where(Error.session_id == session_id)).one()
+    assert row.tool == "bash" and row.agent == "a" * 100 and row.decided_by == "U" * 64
+    assert row.arguments == '{"a": "\ufffd\ufffd"}'
+    assert row.output == "ELF\ufffd\x01\x02 \ufffd done"
+    assert error == ("w" * 64, "bad \ufffd byte \ufffd")
+    store.record_error(engine, "x" * 100, "late \x00", session_id=session_id)
+    approval = store.request_approval(
+        engine, call_id=f"call-{uuid.uuid4()}", session_id=session_id, tool="t" * 300,
+        arguments="\x00", preview="ELF\x00\udc80", requested_by="U" * 100,
+    )
+    assert (approval.tool, approval.arguments, approval.preview) == ("t" * 100, "\ufffd", "ELF\ufffd\ufffd")
