@@ -229,7 +229,7 @@ class Agent:
         for i, call in enumerate(pending):
             tool = self.tools.get(call.name)
             args, problem = _parse(call, tool, list(self.tools))
-            if call.id in started:
+            if call.id in started and not (tool and tool.resumable):
                 self._result(call, INTERRUPTED, "interrupted")
                 continue
             if problem:

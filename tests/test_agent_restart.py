@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -98,3 +99,113 @@ def test_kill_9_mid_tool_then_resume_never_reruns_a_completed_call(model_server,
     assert sum(isinstance(e, ToolStarted) and e.call_id == done1 for e in log) == 1
     tool_messages = [m for m in model_server.messages(1) if m["role"] == "tool"]
     assert [m["tool_call_id"] for m in tool_messages] == [done1, slow, later]
+
+
+class Killed(BaseException):
+    """The process died here (a BaseException, so no `except Exception` in the loop or a tool can catch it)."""
+
+
+class DyingStore:
+    """A FileStore whose process dies on its n-th append: that entry and every later one never reach the disk,
+    which is the log a SIGKILL at that moment leaves. Sweeping n covers a kill between every pair of appends."""
+
+    def __init__(self, store: FileStore, lives: int):
+        self.store, self.lives = store, lives
+
+    def load(self, session_id: str) -> list:
+        return self.store.load(session_id)
+
+    def append(self, session_id: str, entry) -> None:
+        if self.lives <= 0:
+            raise Killed
+        self.lives -= 1
+        self.store.append(session_id, entry)
+
+
+def conversation_is_valid(messages: list[dict]) -> bool:
+    """Every assistant tool call is answered by a tool message right after it, and no tool message is orphaned."""
+    expected: list[str] = []
+    for m in messages:
+        if m["role"] == "tool":
+            if not expected or m["tool_call_id"] != expected.pop(0):
+                return False
+        elif expected:
+            return False
+        if m["role"] == "assistant":
+            expected = [c["id"] for c in m.get("tool_calls") or ()]
+    return not expected
+
+
+def kill_at_every_append(model_server, tmp_path, config: dict, check) -> int:
+    from agent_support import agent_config, make_agent
+
+    n = 0
+    while True:
+        ws, store = tmp_path / f"ws{n}", FileStore(tmp_path / f"store{n}")
+        ws.mkdir()
+        first = len(model_server.requests)
+        dying = make_agent(agent_config(model_server.url, **config), DyingStore(store, n), ws)
+        try:
+            asyncio.run(closing(dying, dying.send("go")))
+            return n  # no append left to die at
+        except Killed:
+            pass
+        again = make_agent(agent_config(model_server.url, **config), store, ws)
+        result = asyncio.run(closing(again, again.resume() if store.load("s1") else again.send("go")))
+        assert result.outcome == "answered", (n, result)
+        for request in model_server.requests[first:]:
+            assert conversation_is_valid(request.json["messages"]), (n, request.json["messages"])
+        check(n, ws, store.load("s1"))
+        n += 1
+
+
+async def closing(agent, coro):
+    try:
+        return await coro
+    finally:
+        await agent.model.aclose()
+
+
+def first_user(request: dict) -> str:
+    return next(m["content"] for m in request["messages"] if m["role"] == "user")
+
+
+def test_a_kill_between_any_two_appends_resumes_without_rerunning_a_call(model_server, tmp_path):
+    def reply(request: dict) -> Reply:
+        if request["messages"][-1]["role"] == "user":
+            return Reply(tool_calls=[ToolCall("bash", {"command": f"echo {x} >> count.txt"}) for x in "ab"])
+        return Reply(text="done")
+
+    def check(n: int, ws: Path, log: list) -> None:
+        ran = (ws / "count.txt").read_text().split() if (ws / "count.txt").exists() else []
+        assert sorted(set(ran)) == sorted(ran), (n, ran)  # nothing ran twice
+        for e in log:
+            if isinstance(e, ToolResult) and e.status != "interrupted":
+                assert e.output == "", (n, e)  # a call reported done did run
+
+    model_server.always(reply)
+    assert kill_at_every_append(model_server, tmp_path, {}, check) == 8
+
+
+def test_a_kill_inside_an_asked_agent_resumes_it_where_it_stopped(model_server, tmp_path):
+    (tmp_path / "reviewer.yaml").write_text(f"model: {{url: {model_server.url}, name: test-model}}\n")
+
+    def reply(request: dict) -> Reply:
+        last = request["messages"][-1]["role"]
+        if first_user(request) == "review it":
+            if last == "user":
+                return Reply(tool_calls=[ToolCall("bash", {"command": "echo r >> count.txt"})])
+            return Reply(text="reviewed")
+        if last == "user":
+            return Reply(tool_calls=[ToolCall("ask_agent", {"agent": "reviewer", "prompt": "review it"})])
+        return Reply(text="done")
+
+    def check(n: int, ws: Path, log: list) -> None:
+        ran = (ws / "count.txt").read_text().split() if (ws / "count.txt").exists() else []
+        assert ran == ["r"], (n, ran)  # the reviewer's command ran, once
+        [answer] = [e for e in log if isinstance(e, ToolResult)]
+        assert answer.output == "reviewed", (n, answer)  # its work survived the kill
+
+    model_server.always(reply)
+    config = {"mmConfigs": {"reviewer": {"config": str(tmp_path / "reviewer.yaml")}}}
+    assert kill_at_every_append(model_server, tmp_path, config, check) > 8

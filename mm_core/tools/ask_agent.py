@@ -54,6 +54,7 @@ def purpose(ref: AgentRef, workspace: Path) -> str:
 class AskAgentTool(Tool):
     name = "ask_agent"
     emoji = "🗣"
+    resumable = True  # the asked agent's log is kept in the caller's: a crash resumes it where it stopped
 
     def __init__(self, config: AgentConfig, workspace: Path | None = None):
         self.config = config

@@ -101,6 +101,9 @@ class Tool(ABC):
     counter: ClassVar[str | None] = None
     # The emoji of the reference's display line (🛠️ bash, 📝 edits, 📖 skills, 🔎 lsp, 🌐 fetch, 🗣 ask).
     emoji: ClassVar[str] = "🛠️"
+    # Whether a call cut off by a crash is run again rather than reported interrupted: true only for a tool
+    # whose progress is itself in the session log, so running it again continues it (ask_agent).
+    resumable: ClassVar[bool] = False
 
     @abstractmethod
     def schema(self) -> dict[str, Any]:
