@@ -186,6 +186,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:
+        # chatops.db is imported only by the commands that use it (it takes half a second to import), so its
+        # error is looked up only once it can have been raised.
+        db = sys.modules.get("chatops.db")
+        if db is None or not isinstance(exc, db.DatabaseUnavailable):
+            raise
+        print(f"mm-bot {args.command}: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

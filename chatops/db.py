@@ -20,6 +20,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, OperationalError
 
 # The `migrations` package sits beside `chatops`, in a checkout and in an installed wheel alike; found by path,
 # so that it works before (and without) `migrations` being importable from the current directory.
@@ -28,6 +29,38 @@ MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
 # Any constant will do, as long as every replica uses the same one: "mm-bot" in ASCII.
 MIGRATION_LOCK_KEY = 0x6D6D2D626F74
 SQLITE_BUSY_TIMEOUT_S = 30.0
+
+
+class DatabaseUnavailable(Exception):
+    """The database cannot be opened or reached: a bad URL, a server that does not answer, a file that
+    cannot be created. str() names it (password masked), says why and what to do; `reason` is the why."""
+
+    def __init__(self, url: str, error: BaseException):
+        from chatops.doctor import describe_error, mask_url, scrub
+
+        try:
+            password = make_url(url).password
+        except ArgumentError:
+            password = None
+        self.reason = scrub(describe_error(error), [str(password)] if password else [])
+        super().__init__(
+            f"cannot use the database {mask_url(url)}: {self.reason} — start it, or set DATABASE_URL to one that works"
+        )
+
+
+@contextmanager
+def connect(url: str, **kwargs: Any) -> Iterator[Connection]:
+    """A connection on a private engine, disposed of afterwards; DatabaseUnavailable if none can be made."""
+    try:
+        engine = engine_for(url, **kwargs)
+        conn = engine.connect()
+    except (ArgumentError, OperationalError, OSError, ImportError) as exc:  # ImportError: a driver we lack
+        raise DatabaseUnavailable(url, exc) from exc
+    try:
+        with conn:
+            yield conn
+    finally:
+        engine.dispose()
 
 
 def normalize_url(url: str) -> str:
@@ -107,26 +140,18 @@ def head_revision() -> str | None:
 
 def current_revision(url: str) -> str | None:
     """The revision the database is at (None: never migrated); `doctor` compares it with head_revision()."""
-    engine = engine_for(url)
-    try:
-        with engine.connect() as conn:
-            return MigrationContext.configure(conn).get_current_revision()
-    finally:
-        engine.dispose()
+    with connect(url) as conn:
+        return MigrationContext.configure(conn).get_current_revision()
 
 
 def _run(url: str, action: Any) -> None:
     # Foreign keys off on SQLite: batch mode copies and drops tables, which must not cascade.
-    engine = engine_for(url, foreign_keys=False)
-    try:
-        with engine.connect() as conn, _migration_lock(conn):
-            cfg = alembic_config(url)
-            cfg.attributes["connection"] = conn
-            # One transaction around everything, begun here: env.py sees it and runs inside it.
-            with conn.begin():
-                action(cfg)
-    finally:
-        engine.dispose()
+    with connect(url, foreign_keys=False) as conn, _migration_lock(conn):
+        cfg = alembic_config(url)
+        cfg.attributes["connection"] = conn
+        # One transaction around everything, begun here: env.py sees it and runs inside it.
+        with conn.begin():
+            action(cfg)
 
 
 @contextmanager

@@ -74,8 +74,9 @@ def scrub(text: str, secrets: list[str]) -> str:
     return text
 
 
-def _reason(exc: BaseException) -> str:
-    """The first line of an exception, without errno prefixes: "connection refused"."""
+def describe_error(exc: BaseException) -> str:
+    """The first line of an exception, without errno prefixes or SQLAlchemy's wrapping: "connection refused"."""
+    exc = getattr(exc, "orig", None) or exc  # SQLAlchemy's DBAPIError prefixes "(psycopg.OperationalError)"
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     text = re.sub(r"^\[Errno -?\d+\]\s*", "", text)
     if re.search(r"connection refused", text, re.IGNORECASE):
@@ -93,7 +94,8 @@ def check_database(config: Config) -> Check:
     try:
         current = db.current_revision(config.database_url)
     except Exception as exc:  # any driver error: the sentence says what to do
-        return Check("database", False, f"{url} unreachable: {_reason(exc)} — start the database or set DATABASE_URL")
+        why = getattr(exc, "reason", None) or describe_error(exc)  # db.DatabaseUnavailable has said it already
+        return Check("database", False, f"{url} unreachable: {why} — start the database or set DATABASE_URL")
     head = db.head_revision()
     if current == head:
         return Check("database", True, f"{url} (at head {head})")
@@ -119,7 +121,7 @@ def broker_reachable(url: str, timeout: float = 3.0) -> tuple[bool, str]:
             conn.ensure_connection(max_retries=1, interval_start=0, interval_step=0, timeout=timeout)
         return True, ""
     except Exception as exc:  # kombu raises the transport's own errors
-        return False, _reason(exc)
+        return False, describe_error(exc)
 
 
 def check_model(config: Config) -> Check:
@@ -133,7 +135,7 @@ def check_model(config: Config) -> Check:
     except httpx.TimeoutException:
         return Check("model", False, f"{url} did not answer within {TIMEOUT:g}s — is the model server up?")
     except httpx.HTTPError as exc:
-        return Check("model", False, f"{url} unreachable: {_reason(exc)} — start your model server or set MM_MODEL_URL")
+        return Check("model", False, f"{url} unreachable: {describe_error(exc)} — start your model server or set MM_MODEL_URL")
     if response.status_code in (401, 403):
         fix = f"check the key in {key_env}" if key_env else "set model.apiKeyEnv in mm.yaml and export that variable"
         return Check("model", False, f"{url} rejected the API key (HTTP {response.status_code}) — {fix}")
@@ -172,7 +174,7 @@ def check_slack(config: Config) -> Check:
             "slack", False, f"{api} rejected SLACK_BOT_TOKEN ({error}) — copy the Bot User OAuth Token again ({SLACK_DOCS})"
         )
     except Exception as exc:  # urllib's connection errors
-        return Check("slack", False, f"{api} unreachable: {_reason(exc)} — check SLACK_API_URL and the network")
+        return Check("slack", False, f"{api} unreachable: {describe_error(exc)} — check SLACK_API_URL and the network")
     missing = config.missing_slack_secrets(socket_mode=bool(config.slack_app_token))
     who = f"@{auth.get('user')} in {auth.get('team')}"
     if missing:

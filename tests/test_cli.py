@@ -85,6 +85,25 @@ def test_migrate_on_postgres_masks_the_password(tmp_path: Path, fresh_pg_url: st
     assert db.current_revision(fresh_pg_url) == db.head_revision()
 
 
+@pytest.mark.parametrize("command", ["migrate", "dev"])
+def test_an_unreachable_or_unusable_database_is_a_sentence_not_a_traceback(tmp_path: Path, command: str) -> None:
+    closed = free_port()  # nothing listens there
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    for url, reason in (
+        (f"postgresql://mm:s3cret-pw@127.0.0.1:{closed}/mm", "connection refused"),
+        (f"sqlite:///{blocker}/sub/mm.sqlite3", "Not a directory"),
+        ("nonsense", "Could not parse"),
+        ("mysql://mm:s3cret-pw@127.0.0.1/mm", "No module named"),  # a driver that is not installed
+    ):
+        result = mm_bot(command, "--port", str(free_port()), env=clean_env(DATABASE_URL=url), cwd=tmp_path) \
+            if command == "dev" else mm_bot(command, env=clean_env(DATABASE_URL=url), cwd=tmp_path)
+        assert result.returncode == 1, (url, result.stderr)
+        assert "Traceback" not in result.stderr and "s3cret-pw" not in result.stderr + result.stdout
+        assert f"mm-bot {command}: cannot use the database" in result.stderr and reason in result.stderr
+        assert "set DATABASE_URL" in result.stderr
+
+
 def test_beat_says_it_is_not_available_yet(tmp_path: Path) -> None:
     result = mm_bot("beat", env=clean_env(), cwd=tmp_path)
     assert result.returncode == 2
