@@ -209,3 +209,52 @@ def test_a_kill_inside_an_asked_agent_resumes_it_where_it_stopped(model_server, 
     model_server.always(reply)
     config = {"mmConfigs": {"reviewer": {"config": str(tmp_path / "reviewer.yaml")}}}
     assert kill_at_every_append(model_server, tmp_path, config, check) > 8
+
+
+def test_a_kill_while_resuming_an_approved_nested_call(model_server, tmp_path):
+    from agent_support import agent_config, make_agent
+    from mm_core.agent import Decision
+    from mm_core.events import PermissionRequested
+
+    (tmp_path / "reviewer.yaml").write_text(f"model: {{url: {model_server.url}, name: test-model}}\n")
+    config = agent_config(
+        model_server.url, yolo=False, mmConfigs={"reviewer": {"config": str(tmp_path / "reviewer.yaml")}}
+    )
+
+    def reply(request: dict) -> Reply:
+        last = request["messages"][-1]["role"]
+        if first_user(request) == "review it":
+            if last == "user":
+                return Reply(tool_calls=[ToolCall("bash", {"command": "echo r >> count.txt"})])
+            return Reply(text="reviewed")
+        if last == "user":
+            return Reply(tool_calls=[ToolCall("ask_agent", {"agent": "reviewer", "prompt": "review it"})])
+        return Reply(text="done")
+
+    model_server.always(reply)
+    asked = lambda events: [e for e in events if isinstance(e, PermissionRequested)][-1].calls  # noqa: E731
+    n, died = 0, True
+    while died:
+        ws, store, events = tmp_path / f"ws{n}", FileStore(tmp_path / f"store{n}"), []
+        ws.mkdir()
+        agent = make_agent(config, store, ws, events=events)
+        assert asyncio.run(closing(agent, agent.send("go"))).outcome == "suspended"
+        [ask] = asked(events)
+        assert asyncio.run(closing(agent, agent.resume([Decision(ask.call_id, True)]))).outcome == "suspended"
+        [bash] = asked(events)
+        approval = [Decision(bash.call_id, True, "U1")]
+        dying = make_agent(config, DyingStore(store, n), ws)
+        try:
+            asyncio.run(closing(dying, dying.resume(approval)))
+            died = False
+        except Killed:
+            pass
+        again = make_agent(config, store, ws)
+        # The front end passes the person's decision again: it may not have reached the log.
+        result = asyncio.run(closing(again, again.resume(approval)))
+        assert result.outcome == ("answered" if died else "idle"), (n, result)
+        assert (ws / "count.txt").read_text() == "r\n", n
+        [answer] = [e for e in store.load("s1") if isinstance(e, ToolResult)]
+        assert answer.output == "reviewed", (n, answer)
+        n += 1
+    assert n > 8
