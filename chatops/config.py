@@ -320,6 +320,8 @@ def _pydantic_problems(error: ValidationError) -> list[tuple[Loc, str]]:
         loc, kind, ctx = tuple(err["loc"]), err["type"], err.get("ctx") or {}
         if loc and loc[-1] == "[key]":  # pydantic's marker for a mapping's key rather than its value
             problems.append((loc[:-1], f"expected a string as the key, got {_describe(err['input'])}"))
+        elif kind == "invalid_key":  # the same, in a model's own mapping (the top level, `model`, ...)
+            problems.append((loc, f"expected a string as the key, got {_describe(err['input'])}"))
         elif kind == "extra_forbidden":
             problems.append((loc, _unknown_key(loc)))
         elif kind == "missing":

@@ -191,6 +191,11 @@ def test_keys_must_be_strings_and_values_not_null(tmp_path: Path) -> None:
         "2: channels[123]: expected a string as the key, got an integer",
         "3: model: expected a mapping of keys, got nothing (null)",
     ]
+    # Where the model has fields (the top level, `model`), pydantic words it differently: the same sentence.
+    assert _problems(tmp_path, "1: x\nmodel:\n  2.5: y\n") == [
+        "1: [1]: expected a string as the key, got an integer",
+        "3: model.2.5: expected a string as the key, got a number",
+    ]
 
 
 def test_top_level_must_be_a_mapping(tmp_path: Path) -> None:
