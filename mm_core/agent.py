@@ -183,6 +183,8 @@ class Agent:
                 state = self._state()
                 if state.turn_start() is None:
                     return TurnFinished("idle")
+                if state.failure() is not None:  # it failed, and the process died before the end mark
+                    return self._close_failed("failed")
                 if state.answered():
                     return self._end("answered")
                 if state.pending():
@@ -211,9 +213,7 @@ class Agent:
                         self.name,
                     )
                 )
-        except ModelError as e:
-            return self._fail(str(e), "failed")
-        except _LoopStopped as e:
+        except (ModelError, _LoopStopped) as e:
             return self._fail(str(e), "failed")
         except asyncio.CancelledError:
             self._close_pending(self._state(), CANCELLED, "cancelled")
@@ -271,8 +271,7 @@ class Agent:
         except Exception as e:  # noqa: BLE001 - a broken tool is text for the model, not a dead turn
             output, status = f"[error: {call.name} failed: {type(e).__name__}: {e}]", "error"
         run = detector.record(call.name, call.arguments, output) if status == "ok" else 0
-        if run >= STOP_AT:
-            self._result(call, stop_text(call.name), "error", began)
+        if run >= STOP_AT:  # the call's result is the error: _fail writes both, the error first
             raise _LoopStopped(stop_text(call.name))
         self._result(call, LoopDetector.annotate(output, run), status, began, tool.shown(args, output))
 
@@ -308,9 +307,19 @@ class Agent:
         return self._finished("suspended", self._state())
 
     def _fail(self, message: str, outcome: str) -> TurnFinished:
-        self._close_pending(self._state(), NOT_RUN, "cancelled")
+        # The error is the decision that ends the turn, so it is written first: a crash after it still ends it.
         self._append(ErrorRecord(message, "generation"))
         self.emit(Error(message, "generation", self.name))
+        return self._close_failed(outcome)
+
+    def _close_failed(self, outcome: str) -> TurnFinished:
+        state = self._state()
+        started = state.started()
+        for call in state.pending():  # the call the loop detector stopped gets the error as its result
+            if call.id in started:
+                self._result(call, state.failure() or NOT_RUN, "error")
+            else:
+                self._result(call, NOT_RUN, "cancelled")
         return self._end(outcome)
 
     def _end(self, outcome: str) -> TurnFinished:

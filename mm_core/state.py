@@ -16,6 +16,7 @@ from mm_core.log import (
     AssistantMessage,
     Compaction,
     Entry,
+    ErrorRecord,
     Nested,
     Reset,
     ToolCallRequest,
@@ -97,6 +98,11 @@ class SessionState:
         for log in nested.values():
             open_ids |= SessionState.of(log).open_calls()
         return open_ids
+
+    def failure(self) -> str | None:
+        """The error that ended the turn in progress, when a crash came before its end mark."""
+        errors = [e.message for e in self.turn_entries() if isinstance(e, ErrorRecord)]
+        return errors[-1] if errors else None
 
     def answered(self) -> bool:
         """The model's latest answer in this turn had no tool calls: the turn is over but for its end mark."""

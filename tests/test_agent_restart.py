@@ -258,3 +258,32 @@ def test_a_kill_while_resuming_an_approved_nested_call(model_server, tmp_path):
         assert answer.output == "reviewed", (n, answer)
         n += 1
     assert n > 8
+
+
+def test_a_kill_while_the_loop_detector_stops_the_turn_keeps_it_stopped(model_server, tmp_path):
+    from agent_support import agent_config, make_agent
+    from mm_core.log import ErrorRecord, TurnEnded
+    from mm_core.loopdetect import stop_text
+
+    model_server.always(lambda request: Reply(tool_calls=[ToolCall("bash", {"command": "echo x >> ran.txt; cat nope"})]))
+    n, died = 0, True
+    while died:
+        ws, store = tmp_path / f"ws{n}", FileStore(tmp_path / f"store{n}")
+        ws.mkdir()
+        dying = make_agent(agent_config(model_server.url), DyingStore(store, n), ws)
+        try:
+            asyncio.run(closing(dying, dying.send("go")))
+            died = False
+        except Killed:
+            again = make_agent(agent_config(model_server.url), store, ws)
+            result = asyncio.run(closing(again, again.resume() if store.load("s1") else again.send("go")))
+            assert result.outcome == "failed", (n, result)
+        log = store.load("s1")
+        results = [e for e in log if isinstance(e, ToolResult)]
+        interrupted = sum(r.status == "interrupted" for r in results)
+        assert (ws / "ran.txt").read_text().count("x") == 6 + interrupted, n
+        assert [r.output for r in results].count(stop_text("bash")) == 1, n
+        assert [e for e in log if isinstance(e, ErrorRecord)] == [ErrorRecord(stop_text("bash"), "generation")], n
+        assert log[-1] == TurnEnded("failed"), n
+        n += 1
+    assert n == 22  # a kill at each of the 21 appends, then a run without one
