@@ -134,6 +134,8 @@ def check_model(config: Config) -> Check:
         response = httpx.get(f"{base}/models", headers=headers, timeout=TIMEOUT)
     except httpx.TimeoutException:
         return Check("model", False, f"{url} did not answer within {TIMEOUT:g}s — is the model server up?")
+    except httpx.InvalidURL as exc:  # not an HTTPError: a URL httpx cannot even parse
+        return Check("model", False, f"{url} is not a usable URL: {describe_error(exc)} — set MM_MODEL_URL or model.url")
     except httpx.HTTPError as exc:
         return Check("model", False, f"{url} unreachable: {describe_error(exc)} — start your model server or set MM_MODEL_URL")
     if response.status_code in (401, 403):

@@ -125,6 +125,18 @@ def test_database_and_broker_unreachable_with_passwords_masked(tmp_path, healthy
 
 
 @pytest.mark.postgres
+@pytest.mark.parametrize("url", [
+    "http://mm:model-password-never-printed@127.0.0.1:port/v1",  # httpx: InvalidURL, not an HTTPError
+    "http://mm:model-password-never-printed@127.0.0.1:99999/v1",
+    "gopher://mm:model-password-never-printed@127.0.0.1/v1",
+])
+def test_unusable_model_url_is_a_fail_line_not_a_crash(tmp_path, healthy, monkeypatch, capsys, url) -> None:
+    code, lines, out = run_doctor(healthy | {"MM_MODEL_URL": url}, monkeypatch, capsys, tmp_path)
+    assert code == 1 and lines["model"].startswith("FAIL model")
+    assert "set MM_MODEL_URL" in lines["model"] and lines["slack"].startswith("ok")  # the checks after it ran
+    assert "never-printed" not in out
+
+
 def test_postgres_at_head(tmp_path, healthy, fresh_pg_url, monkeypatch, capsys) -> None:
     db.migrate(fresh_pg_url)
     code, lines, _ = run_doctor(healthy | {"DATABASE_URL": fresh_pg_url}, monkeypatch, capsys, tmp_path)
