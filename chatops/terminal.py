@@ -26,6 +26,7 @@ from mm_core.events import (
     TurnFinished,
 )
 from mm_core.log import MemoryStore
+from mm_core.model import ModelError
 from mm_core.tools import build_tools
 
 DIM, RESET = "\033[2m", "\033[0m"
@@ -79,7 +80,11 @@ def ask(event: PermissionRequested, out: TextIO, read=input) -> list[Decision]:
         out.write(f"🔐 {call.title}\n")
         if call.preview and call.preview != call.title.split(": ", 1)[-1]:
             out.write("\n".join("   " + line for line in call.preview.splitlines()) + "\n")
-        answer = read("   allow? [y]es / [n]o / [a]ll for this session: ").strip().lower()
+        try:
+            answer = read("   allow? [y]es / [n]o / [a]ll for this session: ").strip().lower()
+        except EOFError:  # input ended: nobody is there to allow anything
+            answer = "n"
+            out.write("\n")
         approve_all = answer in ("a", "all")
         decisions.append(Decision(call.call_id, approve_all or answer in ("y", "yes"), "terminal", approve_all))
         if approve_all:
@@ -146,7 +151,10 @@ async def interactive(agent: Agent, pending, render: Renderer, out: TextIO, read
             out.write("(new conversation)\n")
             continue
         if line == "/compact":
-            out.write(f"({await agent.compact()})\n")
+            try:
+                out.write(f"({await agent.compact()})\n")
+            except ModelError as e:
+                out.write(f"(compact failed: {e})\n")
             continue
         running[:] = [asyncio.create_task(turn(agent, line, pending, out, read))]
         try:

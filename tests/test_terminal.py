@@ -71,3 +71,24 @@ def test_bad_config_is_a_message_not_a_traceback(model_server, tmp_path):
     assert done.returncode == 2
     assert "mm.yaml:1: yoloo: unknown key" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_end_of_input_at_the_permission_prompt_rejects_and_exits(model_server, tmp_path):
+    model_server.script(
+        Reply(tool_calls=[ToolCall("write_file", {"path": "a.txt", "content": "A\n"})]), Reply(text="Not written.")
+    )
+    done = mm_run(tmp_path, model_server.url, [], config="yolo: false\nsandbox: none\n", stdin="write a\n")
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / "a.txt").exists()
+    assert model_server.messages(1)[-1]["content"] == "[write_file rejected by the user]"
+
+
+def test_a_failing_compact_is_a_message_and_the_session_goes_on(model_server, tmp_path):
+    from mm_testkit.model_server import Fail
+
+    model_server.script(Reply(text="one"), Reply(text="two"), Fail(503, "overloaded"), Reply(text="three"))
+    done = mm_run(tmp_path, model_server.url, [], stdin="a\nb\n/compact\nc\n/quit\n")
+    assert done.returncode == 0, done.stderr
+    assert "> (compact failed: the model endpoint answered HTTP 503: overloaded)" in done.stdout.splitlines()
+    assert "three" in done.stdout
