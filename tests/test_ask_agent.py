@@ -194,3 +194,38 @@ def test_a_gated_call_two_agents_deep_suspends_and_resumes(tmp_path, model_serve
     assert asked == [None, "reviewer", "helper"]
     assert result.outcome == "answered" and result.answer == "done"
     assert (tmp_path / "helped.txt").read_text() == "helped\n"
+
+
+def test_cancel_while_the_asked_agent_runs_a_tool(tmp_path, model_server):
+    config = setup(tmp_path, model_server).model_copy(update={"yolo": True})
+    model_server.script(
+        ask(),
+        Reply(text="Checking. ", tool_calls=[ToolCall("bash", {"command": "touch running; sleep 30; touch never"})]),
+        Reply(text="next"),
+    )
+    store = MemoryStore()
+    agent = make_agent(config, store, tmp_path)
+
+    async def scenario():
+        task = asyncio.create_task(agent.send("go"))
+        for _ in range(200):
+            if (tmp_path / "running").exists():
+                break
+            await asyncio.sleep(0.05)
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+        else:
+            raise AssertionError("the turn was not cancelled")
+        return await agent.send("again")
+
+    assert asyncio.run(scenario()).answer == "next"
+    assert not (tmp_path / "never").exists()
+    [result] = [e for e in store.load("s1") if isinstance(e, ToolResult)]
+    assert (result.status, result.output) == (
+        "cancelled", "Checking. \n[ask_agent: reviewer stopped before finishing: cancelled]"
+    )
+    # The next conversation is consistent: the cancelled call has its result.
+    assert [m["role"] for m in model_server.messages(2)] == ["system", "user", "assistant", "tool", "user"]
