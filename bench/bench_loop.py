@@ -2,7 +2,7 @@
 
 Both sides talk to the scripted model server at zero latency and stream the same answer (one read_file call),
 and both grow the conversation the same way; the difference is what the loop adds: the openai SDK, the
-event log (in memory, and in the SQLite database store), events, the loop detector, and the tool call.
+event log (in memory, and in the fsynced JSON-lines FileStore), events, the loop detector, and the tool call.
 
     .venv/bin/python bench/bench_loop.py [steps]
 """
