@@ -51,10 +51,11 @@ class DatabaseUnavailable(Exception):
 @contextmanager
 def connect(url: str, **kwargs: Any) -> Iterator[Connection]:
     """A connection on a private engine, disposed of afterwards; DatabaseUnavailable if none can be made."""
+    engine = engine_for(url, **kwargs)
     try:
-        engine = engine_for(url, **kwargs)
         conn = engine.connect()
-    except (ArgumentError, OperationalError, OSError, ImportError) as exc:  # ImportError: a driver we lack
+    except OperationalError as exc:
+        engine.dispose()
         raise DatabaseUnavailable(url, exc) from exc
     try:
         with conn:
@@ -76,7 +77,16 @@ def engine_for(url: str, *, foreign_keys: bool = True, **kwargs: Any) -> Engine:
 
     On SQLite: the file's directory is created, foreign keys are enforced, and every transaction starts with
     BEGIN IMMEDIATE, so writers queue on the busy timeout instead of failing when a read turns into a write.
+    DatabaseUnavailable when it can never work: a URL that does not parse, a driver that is not installed, an
+    SQLite directory that cannot be created. A server that is down is only found on connecting.
     """
+    try:
+        return _engine_for(url, foreign_keys, **kwargs)
+    except (ArgumentError, OSError, ImportError) as exc:
+        raise DatabaseUnavailable(url, exc) from exc
+
+
+def _engine_for(url: str, foreign_keys: bool, **kwargs: Any) -> Engine:
     url = normalize_url(url)
     parsed = make_url(url)
     if parsed.get_backend_name() != "sqlite":

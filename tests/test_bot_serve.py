@@ -156,3 +156,20 @@ def test_the_slack_manifest_points_every_request_at_the_bots_endpoint() -> None:
     assert settings["interactivity"]["is_enabled"] is True
     # assistant:write is only granted to apps with the assistant view.
     assert "assistant:write" in manifest["oauth_config"]["scopes"]["bot"] and "assistant_view" in features
+
+
+def test_serve_with_a_database_url_it_cannot_use_says_so_without_a_traceback(tmp_path: Path) -> None:
+    """Down is not broken: a server that does not answer is served around (above), a URL that can never work is
+    refused at start-up, in one sentence."""
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    for url, reason in (
+        ("nonsense", "Could not parse"),
+        (f"sqlite:///{blocker}/sub/mm.sqlite3", "Not a directory"),
+        ("mysql://mm:s3cret-pw@127.0.0.1/mm", "No module named"),
+    ):
+        env = clean_env(SLACK_BOT_TOKEN="xoxb-x", SLACK_SIGNING_SECRET="s", DATABASE_URL=url)
+        result = mm_bot("serve", "--port", str(free_port()), env=env, cwd=tmp_path)
+        assert result.returncode == 1, result.stderr
+        assert "Traceback" not in result.stderr and "s3cret-pw" not in result.stderr
+        assert "mm-bot serve: cannot use the database" in result.stderr and reason in result.stderr
