@@ -293,7 +293,9 @@ def request_approval(
                 insert(Approval).values(
                     call_id=call_id,
                     session_id=session_id,
-                    **_fit(Approval.__table__, tool=tool, arguments=arguments, preview=preview, requested_by=requested_by),
+                    **_fit(
+                        Approval.__table__, tool=tool, arguments=arguments, preview=preview, requested_by=requested_by
+                    ),
                     state="pending",
                     expires_at=now + timedelta(seconds=timeout_s) if timeout_s is not None else None,
                     created_at=now,
@@ -302,7 +304,9 @@ def request_approval(
     except IntegrityError:
         pass
     found = get_approval(engine, call_id)
-    if found is None or found.session_id != session_id:
+    if found is None:  # the insert broke the foreign key, not the primary key
+        raise UnknownSession(session_id)
+    if found.session_id != session_id:
         raise ValueError(f"call id {call_id!r} is already used by another session")
     return found
 

@@ -287,3 +287,8 @@ def test_hostile_text_never_fails_an_append(engine: Engine, session_id: str) -> 
         arguments="\x00", preview="ELF\x00\udc80", requested_by="U" * 100,
     )
     assert (approval.tool, approval.arguments, approval.preview) == ("t" * 100, "\ufffd", "ELF\ufffd\ufffd")
+
+
+def test_approval_for_an_unknown_session_says_so(engine: Engine) -> None:
+    with pytest.raises(store.UnknownSession):
+        store.request_approval(engine, call_id=f"call-{uuid.uuid4()}", session_id="no-such-session", tool="bash")
