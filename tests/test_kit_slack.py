@@ -212,7 +212,7 @@ def endpoint() -> Any:
 def test_signed_requests_verify(endpoint: VerifyingEndpoint, slack_sender: Callable[..., SlackEventSender]) -> None:
     sender = slack_sender(endpoint.base, SECRET)
     mention = sender.app_mention("<@U0BOT> run the tests", channel="C0TEST", user="U0ALICE")
-    assert mention.status_code == 200 and mention.elapsed.total_seconds() >= 0
+    assert mention.status_code == 200
     sent = json.loads(endpoint.received[-1]["body"])
     assert sent["type"] == "event_callback" and sent["event"]["type"] == "app_mention"
     assert sent["event_id"] == sender.last_payload["event_id"] and sent["authorizations"][0]["user_id"] == "U0BOT"
