@@ -20,7 +20,7 @@ import httpx
 
 from chatops import db
 from chatops.config import Config, load_config
-from chatops.doctor import broker_reachable, check_model, mask_url
+from chatops.doctor import broker_reachable, check_model, mask_url, scrub, secrets_of
 
 SLACK_DOCS = "docs/slack-app.md"
 EMBEDDED_BROKER_FILE = Path("var") / "broker.sqlite3"
@@ -137,7 +137,7 @@ def run_dev(config_path: str | None, host: str, port: int) -> int:
             say(MISSING[name])
         model = check_model(config)
         if not model.ok:
-            say(f"model: {model.detail}")
+            say(f"model: {scrub(model.detail, secrets_of(config))}")
         say("ready; Ctrl-C stops everything")
         while True:
             for child in children:
