@@ -185,6 +185,9 @@ class Agent:
                     return TurnFinished("idle")
                 if state.failure() is not None:  # it failed, and the process died before the end mark
                     return self._close_failed("failed")
+                if state.cancelled():  # it was being cancelled when the process died: finish that, not the turn
+                    self._close_pending(state, CANCELLED, "cancelled")
+                    return self._end("cancelled")
                 if state.answered():
                     return self._end("answered")
                 if state.pending():

@@ -104,6 +104,10 @@ class SessionState:
         errors = [e.message for e in self.turn_entries() if isinstance(e, ErrorRecord)]
         return errors[-1] if errors else None
 
+    def cancelled(self) -> bool:
+        """A call of the turn ended cancelled: the turn was being stopped (perhaps when the process died)."""
+        return any(isinstance(e, ToolResult) and e.status == "cancelled" for e in self.turn_entries())
+
     def answered(self) -> bool:
         """The model's latest answer in this turn had no tool calls: the turn is over but for its end mark."""
         last = self.last_assistant()

@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from agent_support import call_ids
 from mm_core.log import FileStore, ToolResult, ToolStarted
 from mm_testkit.model_server import Reply, ToolCall
@@ -287,3 +289,26 @@ def test_a_kill_while_the_loop_detector_stops_the_turn_keeps_it_stopped(model_se
         assert log[-1] == TurnEnded("failed"), n
         n += 1
     assert n == 22  # a kill at each of the 21 appends, then a run without one
+
+
+@pytest.mark.parametrize("recorded", [1, 2])
+def test_a_kill_while_a_cancellation_is_recorded_keeps_the_turn_cancelled(model_server, tmp_path, recorded):
+    """The log a cancel leaves when the process dies after `recorded` of its two results, before the end mark:
+    the resume finishes the cancellation and neither runs the other call nor asks the model again."""
+    from agent_support import agent_config, make_agent
+    from mm_core.log import AssistantMessage, MemoryStore, ToolCallRequest, TurnEnded, UserMessage
+
+    calls = (ToolCallRequest("call_a", "bash", '{"command": "sleep 30"}'),
+             ToolCallRequest("call_b", "bash", '{"command": "touch b-ran"}'))
+    store = MemoryStore()
+    for entry in [UserMessage("go"), AssistantMessage("", calls), ToolStarted("call_a", "bash"),
+                  ToolResult("call_a", "bash", "[error: cancelled]", "cancelled"),
+                  ToolResult("call_b", "bash", "[error: cancelled]", "cancelled")][: 3 + recorded]:
+        store.append("s1", entry)
+    agent = make_agent(agent_config(model_server.url), store, tmp_path)
+    assert asyncio.run(agent.resume()).outcome == "cancelled"
+    assert not (tmp_path / "b-ran").exists()
+    assert model_server.requests == []
+    log = store.load("s1")
+    assert [e.status for e in log if isinstance(e, ToolResult)] == ["cancelled", "cancelled"]
+    assert log[-1] == TurnEnded("cancelled")
