@@ -43,7 +43,8 @@ class Renderer:
         return f"{DIM}{text}{RESET}" if self.color else text
 
     def __call__(self, event: object) -> None:
-        prefix = f"[{event.agent}] " if getattr(event, "agent", None) else ""
+        # An asked agent's lines carry its name: `reviewer · 🛠️  bash: …` (tools.md, ask_agent's display).
+        prefix = f"{event.agent} · " if getattr(event, "agent", None) else ""
         if isinstance(event, TextDelta):
             self.write(event.text)
             self.mid_line = not event.text.endswith("\n")

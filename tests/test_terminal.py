@@ -92,3 +92,26 @@ def test_a_failing_compact_is_a_message_and_the_session_goes_on(model_server, tm
     assert done.returncode == 0, done.stderr
     assert "> (compact failed: the model endpoint answered HTTP 503: overloaded)" in done.stdout.splitlines()
     assert "three" in done.stdout
+
+
+def test_an_asked_agents_lines_carry_its_name(model_server, tmp_path):
+    (tmp_path / "agents").mkdir()
+    (tmp_path / "agents" / "reviewer.yaml").write_text(
+        f"model: {{url: {model_server.url}, name: test-model}}\nsandbox: none\n"
+    )
+    model_server.script(
+        Reply(tool_calls=[ToolCall("ask_agent", {"agent": "reviewer", "prompt": "Check the build\nthoroughly"})]),
+        Reply(tool_calls=[ToolCall("bash", {"command": "echo built"})]),
+        Reply(text="The build is fine."),
+        Reply(text="Reviewer says fine."),
+    )
+    config = "sandbox: none\nmmConfigs: {reviewer: {config: agents/reviewer.yaml, description: reviews}}\n"
+    done = mm_run(tmp_path, model_server.url, ["-p", "review"], config=config)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    host = model_server.url.split("//")[1].split("/")[0]
+    assert lines[0] == f"🗣 ask_agent: reviewer ({host}/test-model) — Check the build"
+    assert lines[1] == "reviewer · 🛠️  bash: echo built"
+    assert lines[2] == "   built"
+    assert "reviewer answered (18 characters)" in done.stdout
+    assert "Reviewer says fine." in done.stdout
