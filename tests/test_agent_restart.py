@@ -189,18 +189,20 @@ def test_a_kill_between_any_two_appends_resumes_without_rerunning_a_call(model_s
     assert kill_at_every_append(model_server, tmp_path, {}, check) == 8
 
 
+def review_reply(request: dict) -> Reply:
+    """The caller asks the reviewer, whose one command appends to count.txt; both then answer."""
+    last = request["messages"][-1]["role"]
+    if first_user(request) == "review it":
+        if last == "user":
+            return Reply(tool_calls=[ToolCall("bash", {"command": "echo r >> count.txt"})])
+        return Reply(text="reviewed")
+    if last == "user":
+        return Reply(tool_calls=[ToolCall("ask_agent", {"agent": "reviewer", "prompt": "review it"})])
+    return Reply(text="done")
+
+
 def test_a_kill_inside_an_asked_agent_resumes_it_where_it_stopped(model_server, tmp_path):
     (tmp_path / "reviewer.yaml").write_text(f"model: {{url: {model_server.url}, name: test-model}}\n")
-
-    def reply(request: dict) -> Reply:
-        last = request["messages"][-1]["role"]
-        if first_user(request) == "review it":
-            if last == "user":
-                return Reply(tool_calls=[ToolCall("bash", {"command": "echo r >> count.txt"})])
-            return Reply(text="reviewed")
-        if last == "user":
-            return Reply(tool_calls=[ToolCall("ask_agent", {"agent": "reviewer", "prompt": "review it"})])
-        return Reply(text="done")
 
     def check(n: int, ws: Path, log: list) -> None:
         ran = (ws / "count.txt").read_text().split() if (ws / "count.txt").exists() else []
@@ -208,7 +210,7 @@ def test_a_kill_inside_an_asked_agent_resumes_it_where_it_stopped(model_server, 
         [answer] = [e for e in log if isinstance(e, ToolResult)]
         assert answer.output == "reviewed", (n, answer)  # its work survived the kill
 
-    model_server.always(reply)
+    model_server.always(review_reply)
     config = {"mmConfigs": {"reviewer": {"config": str(tmp_path / "reviewer.yaml")}}}
     assert kill_at_every_append(model_server, tmp_path, config, check) > 8
 
@@ -223,17 +225,7 @@ def test_a_kill_while_resuming_an_approved_nested_call(model_server, tmp_path):
         model_server.url, yolo=False, mmConfigs={"reviewer": {"config": str(tmp_path / "reviewer.yaml")}}
     )
 
-    def reply(request: dict) -> Reply:
-        last = request["messages"][-1]["role"]
-        if first_user(request) == "review it":
-            if last == "user":
-                return Reply(tool_calls=[ToolCall("bash", {"command": "echo r >> count.txt"})])
-            return Reply(text="reviewed")
-        if last == "user":
-            return Reply(tool_calls=[ToolCall("ask_agent", {"agent": "reviewer", "prompt": "review it"})])
-        return Reply(text="done")
-
-    model_server.always(reply)
+    model_server.always(review_reply)
     asked = lambda events: [e for e in events if isinstance(e, PermissionRequested)][-1].calls  # noqa: E731
     n, died = 0, True
     while died:

@@ -13,19 +13,10 @@ from pathlib import Path
 import pytest
 
 from mm_core.tools.bash import BashTool
-from tool_helpers import call, make_ctx
+from tool_helpers import call, make_ctx, spaces  # noqa: F401 - spaces is a fixture
 
 BASH = BashTool()
 NOBODY = 65534
-
-
-@pytest.fixture
-def spaces(tmp_path: Path) -> tuple[Path, Path]:
-    ws, sibling = tmp_path / "workspaces" / "team-a", tmp_path / "workspaces" / "team-b"
-    ws.mkdir(parents=True)
-    sibling.mkdir()
-    (sibling / "secret.txt").write_text("team b's secret\n")
-    return ws, sibling
 
 
 def test_bwrap_is_installed_here():

@@ -10,19 +10,9 @@ import pytest
 from mm_core.tools.edit import EditFileTool
 from mm_core.tools.files import ReadFileTool, WriteFileTool
 from mm_core.tools.workspace import WorkspaceError, resolve, write_bytes
-from tool_helpers import call, make_ctx
+from tool_helpers import call, make_ctx, spaces  # noqa: F401 - spaces is a fixture
 
 READ, WRITE, EDIT = ReadFileTool(), WriteFileTool(), EditFileTool()
-
-
-@pytest.fixture
-def spaces(tmp_path: Path) -> tuple[Path, Path]:
-    ws, sibling = tmp_path / "workspaces" / "team-a", tmp_path / "workspaces" / "team-b"
-    ws.mkdir(parents=True)
-    sibling.mkdir()
-    (sibling / "secret.txt").write_text("team b's secret\n")
-    (ws / "mine.txt").write_text("mine\n")
-    return ws, sibling
 
 
 @pytest.mark.parametrize("path", ["../team-b/secret.txt", "../../x", "/etc/passwd", "sub/../../team-b/secret.txt"])

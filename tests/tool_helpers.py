@@ -6,6 +6,8 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from mm_core.config import AgentConfig
 from mm_core.tools.base import Tool, ToolContext
 
@@ -20,3 +22,14 @@ def call(tool: Tool, args: dict[str, Any], ctx: ToolContext) -> str:
 
 def preview(tool: Tool, args: dict[str, Any], ctx: ToolContext) -> str:
     return asyncio.run(tool.preview(args, ctx))
+
+
+@pytest.fixture
+def spaces(tmp_path: Path) -> tuple[Path, Path]:
+    """Two workspaces side by side, as a worker keeps them: ours (with mine.txt) and a sibling team's secret."""
+    ws, sibling = tmp_path / "workspaces" / "team-a", tmp_path / "workspaces" / "team-b"
+    ws.mkdir(parents=True)
+    sibling.mkdir()
+    (sibling / "secret.txt").write_text("team b's secret\n")
+    (ws / "mine.txt").write_text("mine\n")
+    return ws, sibling
