@@ -443,3 +443,20 @@ def test_the_first_decision_on_a_call_wins(model_server, tmp_path):
     assert run(agent.resume([Decision(a, False, "U1"), Decision(a, True, "U2")])).outcome == "answered"
     assert not (tmp_path / "made").exists()
     assert [(d.approved, d.by) for d in store.load("s1") if isinstance(d, ApprovalDecision)] == [(False, "U1")]
+
+
+def test_new_reaps_the_background_jobs_of_the_session(model_server, tmp_path):
+    import os
+    import time
+
+    model_server.script(Reply(tool_calls=[bash("nohup sleep 300 > /dev/null 2>&1 & echo $! > job.pid")]),
+                        Reply(text="started"))
+    agent = make_agent(agent_config(model_server.url), MemoryStore(), tmp_path)
+    assert run(agent.send("start a job")).answer == "started"
+    pid = int((tmp_path / "job.pid").read_text())
+    os.kill(pid, 0)  # the job outlived the call, as the reference promises
+    run(agent.new())
+    with pytest.raises(ProcessLookupError):
+        for _ in range(100):  # the kill is sent; give the kernel a moment to take the process away
+            os.kill(pid, 0)
+            time.sleep(0.05)
