@@ -9,26 +9,40 @@ Methods live at `/api/<method>` and answer Slack's shapes (`{"ok": true, ...}` o
 HTTP 200 either way). Form-encoded, multipart and JSON bodies are accepted; the token comes from
 `Authorization: Bearer ...` or a `token` parameter. Every call is recorded (`calls`, `calls_to(method)`).
 `fail()` and `rate_limit()` make a method misbehave a number of times.
+
+Socket Mode, on Slack's wire protocol: `apps.connections.open` (app-level token only) answers a
+`ws://…/socket?ticket=…` URL on this server; on connect the socket says `hello`; the test then pushes envelopes
+(`push_app_mention`, `push_block_action`, `push_slash_command`, or `push(type, payload)`), waits for the app's
+ack with `wait_for_ack(envelope_id)`, and asks for a reconnection with `disconnect()`:
+
+    envelope_id = slack.push_slash_command("/mm", "help", user="U0ALICE", channel="C0TEST")
+    assert slack.wait_for_ack(envelope_id) == {"envelope_id": envelope_id}
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import mimetypes
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiohttp import web
+from aiohttp import WSCloseCode, WSMsgType, web
 
 from mm_testkit._server_thread import ThreadedAiohttpServer
+from mm_testkit.slack_client import SlackEventSender
 
 Params = dict[str, Any]
 # Parameters that form-encoded callers send as JSON text; decoded so state holds one shape.
 _JSON_PARAMS = {"blocks", "attachments", "files", "chunks", "metadata", "view", "loading_messages"}
+SOCKET_PATH = "/socket"
+# The one method an app-level token may call, and the one a bot token may not (Slack: not_allowed_token_type).
+CONNECTIONS_OPEN = "apps.connections.open"
 
 
 class SlackError(Exception):
@@ -76,12 +90,20 @@ class SlackEmulator(ThreadedAiohttpServer):
         bot_id: str = "B0BOT",
         app_id: str = "A0TESTAPP",
         bot_name: str = "mm",
+        app_token: str = "xapp-1-A0TESTAPP-1-test",
     ) -> None:
         super().__init__()
         self.bot_token, self.team_id, self.team_name = bot_token, team_id, team_name
         self.bot_user_id, self.bot_id, self.app_id, self.bot_name = bot_user_id, bot_id, app_id, bot_name
         self.tokens = {bot_token}
+        self.app_token = app_token
         self._lock = threading.RLock()
+        self._changed = threading.Condition(self._lock)  # a socket connected or closed, an ack arrived
+        self._sockets: list[web.WebSocketResponse] = []  # live Socket Mode connections, oldest first
+        # Socket Mode payloads are the HTTP bodies, so the signed-request client builds them (never sending).
+        self._payloads = _PayloadBuilder("http://127.0.0.1:9", "", team_id=team_id, api_app_id=app_id,
+                                         bot_user_id=bot_user_id, response_url=self.response_url)
+        self._payloads.close()  # its HTTP client is never used
         self._methods: dict[str, Callable[[Params], dict[str, Any]]] = {
             "auth.test": self._auth_test,
             "chat.postMessage": self._post_message,
@@ -106,6 +128,7 @@ class SlackEmulator(ThreadedAiohttpServer):
             "files.getUploadURLExternal": self._upload_url,
             "files.completeUploadExternal": self._complete_upload,
             "files.info": self._file_info,
+            CONNECTIONS_OPEN: self._connections_open,
         }
         self.reset()
 
@@ -132,6 +155,9 @@ class SlackEmulator(ThreadedAiohttpServer):
             self._injected: dict[str, list[_Injected]] = {}
             self._last_ts_us = 0
             self._ids = itertools.count(1)
+            self._tickets: set[str] = set()
+            self.socket_connections = 0  # Socket Mode connections accepted (a reconnection makes it 2)
+            self.acks: list[dict[str, Any]] = []  # what the app sent back over the sockets, in order
             self.add_user(self.bot_user_id, self.bot_name, is_bot=True)
 
     def add_user(self, user_id: str, name: str, *, real_name: str | None = None, is_admin: bool = False,
@@ -212,6 +238,8 @@ class SlackEmulator(ThreadedAiohttpServer):
         app.router.add_route("*", "/api/{method}", self._api)
         app.router.add_post("/upload/v1/{file_id}", self._upload)
         app.router.add_post("/response-url/{team}/{n}", self._response_url_post)
+        app.router.add_get(SOCKET_PATH, self._socket)
+        app.on_shutdown.append(self._close_sockets)
         return app
 
     async def _api(self, request: web.Request) -> web.Response:
@@ -236,8 +264,10 @@ class SlackEmulator(ThreadedAiohttpServer):
             return 200, {"ok": False, "error": "unknown_method"}, {}
         if not token:
             return 200, {"ok": False, "error": "not_authed"}, {}
-        if token not in self.tokens:
+        if token not in self.tokens | {self.app_token}:
             return 200, {"ok": False, "error": "invalid_auth"}, {}
+        if (token == self.app_token) != (method == CONNECTIONS_OPEN):
+            return 200, {"ok": False, "error": "not_allowed_token_type"}, {}
         queue = self._injected.get(method)
         if queue:
             injected = queue[0]
@@ -265,6 +295,133 @@ class SlackEmulator(ThreadedAiohttpServer):
         with self._lock:
             self.responses.append({"url": str(request.url), "body": await request.json()})
         return web.Response(text="ok")
+
+    # -- Socket Mode ----------------------------------------------------------------------------------------
+
+    def push(self, type: str, payload: dict[str, Any], *, envelope_id: str | None = None,
+             accepts_response_payload: bool | None = None, timeout: float = 10) -> str:
+        """Send an envelope (`events_api`, `interactive`, `slash_commands`) on the newest live connection, as
+        Slack does with one of an app's connections; returns its envelope_id. Waits up to `timeout` for one."""
+        envelope_id = envelope_id or str(uuid.uuid4())
+        if accepts_response_payload is None:
+            # Slack lets slash commands (and some interactions) answer in the ack; events never.
+            accepts_response_payload = type == "slash_commands"
+        envelope: dict[str, Any] = {"envelope_id": envelope_id, "payload": payload, "type": type,
+                                    "accepts_response_payload": accepts_response_payload}
+        if type == "events_api":
+            envelope |= {"retry_attempt": 0, "retry_reason": ""}
+        self._send_socket(envelope, timeout)
+        return envelope_id
+
+    def push_app_mention(self, text: str, *, channel: str, user: str, thread_ts: str | None = None) -> str:
+        """An `events_api` envelope around an app_mention event_callback (the Events API body)."""
+        self._payloads.app_mention(text, channel=channel, user=user, thread_ts=thread_ts)
+        return self.push("events_api", self._payloads.last_payload)
+
+    def push_message(self, text: str, *, channel: str, user: str, thread_ts: str | None = None,
+                     channel_type: str = "channel") -> str:
+        self._payloads.message(text, channel=channel, user=user, thread_ts=thread_ts, channel_type=channel_type)
+        return self.push("events_api", self._payloads.last_payload)
+
+    def push_block_action(self, action_id: str, value: str, *, user: str, channel: str,
+                          message_ts: str | None = None) -> str:
+        """An `interactive` envelope around a block_actions payload (a button click)."""
+        ts = message_ts or self._payloads.new_ts()
+        self._payloads.block_action(action_id, value, user=user, channel=channel, message_ts=ts)
+        return self.push("interactive", self._payloads.last_payload)
+
+    def push_slash_command(self, command: str, text: str, *, user: str, channel: str) -> str:
+        """A `slash_commands` envelope: its payload is the command's fields, as the HTTP form has them."""
+        self._payloads.slash_command(command, text, user=user, channel=channel)
+        return self.push("slash_commands", self._payloads.last_payload)
+
+    def disconnect(self, reason: str = "refresh_requested", timeout: float = 10) -> None:
+        """Tell the newest connection to go away; slack_sdk's clients then open a new one (apps.connections.open
+        again). Slack keeps the old socket open for a while, so the emulator leaves closing it to the client."""
+        self._send_socket({"type": "disconnect", "reason": reason, "debug_info": {"host": "applink-emulator"}},
+                          timeout)
+
+    def wait_for_ack(self, envelope_id: str, timeout: float = 10) -> dict[str, Any]:
+        """The app's ack of `envelope_id` (`{"envelope_id": …}`, with `payload` when it answered in the ack)."""
+        found: list[dict[str, Any]] = []
+
+        def acked() -> bool:
+            found[:] = [ack for ack in self.acks if ack.get("envelope_id") == envelope_id]
+            return bool(found)
+
+        with self._changed:
+            if not self._changed.wait_for(acked, timeout):
+                raise TimeoutError(f"no ack of envelope {envelope_id} within {timeout}s (acks: {self.acks})")
+        return found[0]
+
+    def wait_for_socket_connections(self, count: int, timeout: float = 10) -> None:
+        """Until `count` Socket Mode connections have been accepted (and greeted) since the last reset."""
+        with self._changed:
+            if not self._changed.wait_for(lambda: self.socket_connections >= count, timeout):
+                raise TimeoutError(f"{self.socket_connections} Socket Mode connection(s), not {count}, "
+                                   f"within {timeout}s")
+
+    @property
+    def live_sockets(self) -> int:
+        with self._lock:
+            return len(self._sockets)
+
+    def _send_socket(self, message: dict[str, Any], timeout: float) -> None:
+        with self._changed:
+            if not self._changed.wait_for(lambda: self._sockets, timeout):
+                raise TimeoutError(f"no Socket Mode connection within {timeout}s")
+            ws = self._sockets[-1]
+        assert self._loop is not None
+        asyncio.run_coroutine_threadsafe(ws.send_str(json.dumps(message)), self._loop).result(timeout)
+
+    def _connections_open(self, params: Params) -> dict[str, Any]:
+        ticket = str(uuid.uuid4())
+        self._tickets.add(ticket)
+        return {"url": f"ws://127.0.0.1:{self.port}{SOCKET_PATH}?ticket={ticket}&app_id={self.app_id}"}
+
+    async def _socket(self, request: web.Request) -> web.StreamResponse:
+        with self._lock:
+            ticket = request.query.get("ticket", "")
+            if ticket not in self._tickets:  # each URL from apps.connections.open is good for one connection
+                return web.json_response({"ok": False, "error": "invalid_ticket"}, status=401)
+            self._tickets.discard(ticket)
+            live = len(self._sockets) + 1
+        ws = web.WebSocketResponse()  # answers the client's pings (slack_sdk checks its pongs)
+        await ws.prepare(request)
+        await ws.send_str(json.dumps({
+            "type": "hello", "num_connections": live,
+            "debug_info": {"host": "applink-emulator", "build_number": 1, "approximate_connection_time": 18060},
+            "connection_info": {"app_id": self.app_id}}))
+        with self._changed:
+            self._sockets.append(ws)
+            self.socket_connections += 1
+            self._changed.notify_all()
+        try:
+            async for message in ws:
+                if message.type == WSMsgType.TEXT:
+                    self._received(message.data)
+        finally:
+            with self._changed:
+                self._sockets.remove(ws)
+                self._changed.notify_all()
+        return ws
+
+    def _received(self, text: str) -> None:
+        try:
+            message = json.loads(text)
+        except ValueError:
+            message = None
+        if not isinstance(message, dict) or "envelope_id" not in message:
+            return  # Slack ignores what is not an ack
+        with self._changed:
+            self.acks.append(message)
+            self._changed.notify_all()
+
+    async def _close_sockets(self, _app: web.Application) -> None:
+        with self._lock:
+            sockets = list(self._sockets)
+        for ws in sockets:
+            await ws.close(code=WSCloseCode.GOING_AWAY, message=b"server shutdown")
 
     # -- state helpers --------------------------------------------------------------------------------------
 
@@ -534,6 +691,13 @@ class SlackEmulator(ThreadedAiohttpServer):
         if file_id not in self.files:
             raise SlackError("file_not_found")
         return {"file": self.files[file_id]}
+
+
+class _PayloadBuilder(SlackEventSender):
+    """The sender's payloads without the sending: `last_payload` holds what would have been POSTed."""
+
+    def send(self, *_args: Any, **_kwargs: Any) -> Any:  # noqa: ANN401 - the sender's callers ignore it here
+        return None
 
 
 def _chunk_text(params: Params) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import time
@@ -17,6 +18,9 @@ from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError
 from slack_sdk.http_retry.builtin_handlers import RateLimitErrorRetryHandler
 from slack_sdk.signature import SignatureVerifier
+from slack_sdk.socket_mode.aiohttp import SocketModeClient
+from slack_sdk.socket_mode.request import SocketModeRequest
+from slack_sdk.socket_mode.response import SocketModeResponse
 from slack_sdk.web.async_client import AsyncWebClient
 
 from mm_testkit._server_thread import ThreadedAiohttpServer
@@ -310,3 +314,118 @@ def test_malformed_bodies_and_unknown_upload_urls_get_clear_answers(slack: Slack
     assert len(slack.calls_to("chat.postMessage")) == 2
     slack.reset()
     assert slack.calls == [] and list(slack.users) == ["U0BOT"]
+
+
+# -- Socket Mode ----------------------------------------------------------------------------------------------
+
+
+def test_connections_open_takes_only_the_app_level_token(slack: SlackEmulator) -> None:
+    client = WebClient(base_url=slack.url)
+    url = client.apps_connections_open(app_token=slack.app_token)["url"]
+    assert re.match(rf"^ws://127\.0\.0\.1:{slack.port}/socket\?ticket=[0-9a-f-]{{36}}&app_id=A0TESTAPP$", url)
+    assert slack.calls_to("apps.connections.open")[0].headers["Authorization"] == f"Bearer {slack.app_token}"
+    for token, error in ((slack.bot_token, "not_allowed_token_type"), ("xapp-1-A0TESTAPP-1-wrong", "invalid_auth")):
+        with pytest.raises(SlackApiError) as caught:
+            client.apps_connections_open(app_token=token)
+        assert caught.value.response["error"] == error
+    # ...and the app-level token calls nothing else.
+    with pytest.raises(SlackApiError) as caught:
+        WebClient(token=slack.app_token, base_url=slack.url).chat_postMessage(channel="C0TEST", text="hi")
+    assert caught.value.response["error"] == "not_allowed_token_type"
+
+
+def test_the_socket_says_hello_records_acks_and_refuses_tickets_it_did_not_issue(slack: SlackEmulator) -> None:
+    import aiohttp
+
+    url = WebClient(base_url=slack.url).apps_connections_open(app_token=slack.app_token)["url"]
+
+    async def scenario() -> tuple[dict[str, Any], dict[str, Any], list[int]]:
+        refused = []
+        async with aiohttp.ClientSession() as session:
+            async with session.ws_connect(url) as ws:
+                hello = await ws.receive_json(timeout=10)
+                envelope_id = await asyncio.to_thread(slack.push_slash_command, "/mm", "status", user="U0ALICE",
+                                                      channel="C0TEST")
+                envelope = await ws.receive_json(timeout=10)
+                assert envelope["envelope_id"] == envelope_id
+                for junk in ("not json", "[1, 2]", '{"type": "pong"}'):
+                    await ws.send_str(junk)
+                await ws.send_json({"envelope_id": envelope_id, "payload": {"text": "Running."}})
+                await asyncio.to_thread(slack.wait_for_ack, envelope_id)
+            # A ticket is good for one connection; a made-up one for none.
+            for bad in (url, url.replace("ticket=", "ticket=0")):
+                with pytest.raises(aiohttp.WSServerHandshakeError) as caught:
+                    await session.ws_connect(bad)
+                refused.append(caught.value.status)
+        return hello, envelope, refused
+
+    hello, envelope, refused = asyncio.run(scenario())
+    assert hello == {"type": "hello", "num_connections": 1, "connection_info": {"app_id": "A0TESTAPP"},
+                     "debug_info": {"host": "applink-emulator", "build_number": 1,
+                                    "approximate_connection_time": 18060}}
+    assert envelope["type"] == "slash_commands" and envelope["accepts_response_payload"] is True
+    assert envelope["payload"]["command"] == "/mm" and envelope["payload"]["text"] == "status"
+    assert envelope["payload"]["response_url"].startswith(slack.base)
+    assert slack.acks == [{"envelope_id": envelope["envelope_id"], "payload": {"text": "Running."}}]
+    assert refused == [401, 401]
+
+
+async def _socket_mode_client(slack: SlackEmulator, seen: list[SocketModeRequest]) -> SocketModeClient:
+    """slack_sdk's own client against the emulator, acking every request as bolt does."""
+
+    async def on_request(client: SocketModeClient, request: SocketModeRequest) -> None:
+        seen.append(request)
+        await client.send_socket_mode_response(SocketModeResponse(envelope_id=request.envelope_id))
+
+    client = SocketModeClient(app_token=slack.app_token, web_client=AsyncWebClient(base_url=slack.url))
+    client.socket_mode_request_listeners.append(on_request)
+    await client.connect()
+    return client
+
+
+def test_slack_sdks_socket_mode_client_gets_each_envelope_and_acks_it(slack: SlackEmulator) -> None:
+    seen: list[SocketModeRequest] = []
+
+    async def scenario() -> list[dict[str, Any]]:
+        client = await _socket_mode_client(slack, seen)
+        try:
+            pushed = [
+                slack.push_app_mention("<@U0BOT> fix the tests", channel="C0TEST", user="U0ALICE"),
+                slack.push_block_action("approve", "call_1", user="U0ALICE", channel="C0TEST"),
+                slack.push_slash_command("/mm", "help", user="U0ALICE", channel="C0TEST"),
+            ]
+            return [await asyncio.to_thread(slack.wait_for_ack, envelope_id) for envelope_id in pushed]
+        finally:
+            await client.close()
+
+    acks = asyncio.run(scenario())
+    assert acks == [{"envelope_id": request.envelope_id} for request in seen]
+    assert [request.type for request in seen] == ["events_api", "interactive", "slash_commands"]
+    mention, click, command = (request.payload for request in seen)
+    assert mention["type"] == "event_callback" and mention["api_app_id"] == "A0TESTAPP"
+    assert mention["event"]["type"] == "app_mention" and mention["event"]["text"] == "<@U0BOT> fix the tests"
+    assert seen[0].retry_attempt == 0 and seen[0].accepts_response_payload is False
+    assert click["type"] == "block_actions" and click["actions"][0]["action_id"] == "approve"
+    assert command["command"] == "/mm" and seen[2].accepts_response_payload is True
+    assert slack.socket_connections == 1
+
+
+def test_a_disconnect_makes_slack_sdks_client_open_a_new_connection(slack: SlackEmulator) -> None:
+    seen: list[SocketModeRequest] = []
+
+    async def scenario() -> dict[str, Any]:
+        client = await _socket_mode_client(slack, seen)
+        try:
+            await asyncio.to_thread(slack.wait_for_socket_connections, 1)
+            slack.disconnect()
+            await asyncio.to_thread(slack.wait_for_socket_connections, 2)
+            # Envelopes go to the new connection, and are acked there.
+            envelope_id = slack.push_message("still there?", channel="C0TEST", user="U0ALICE")
+            return await asyncio.to_thread(slack.wait_for_ack, envelope_id)
+        finally:
+            await client.close()
+
+    ack = asyncio.run(scenario())
+    assert ack == {"envelope_id": seen[0].envelope_id}
+    assert len(slack.calls_to("apps.connections.open")) == 2
+    assert seen[0].payload["event"]["text"] == "still there?"
