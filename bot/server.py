@@ -12,6 +12,7 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+import aiohttp
 from aiohttp import web
 from slack_bolt.adapter.aiohttp import to_aiohttp_response, to_bolt_request
 from sqlalchemy import text
@@ -81,16 +82,43 @@ async def _database_reachable(engine) -> bool:  # noqa: ANN001 - an sqlalchemy E
         return False
 
 
+class SocketModeRefused(Exception):
+    """Slack said no to SLACK_APP_TOKEN: no retry will change that."""
+
+
 def _socket_mode(bolt, app_token: str) -> Callable:  # noqa: ANN001 - an AsyncApp
     from slack_bolt.adapter.socket_mode.aiohttp import AsyncSocketModeHandler
 
     async def context(_app: web.Application):  # noqa: ANN202 - aiohttp cleanup context
+        url = await _first_socket_url(bolt.client, app_token)
         handler = AsyncSocketModeHandler(bolt, app_token)
+        handler.client.wss_uri = url  # None: the client asks for one itself, with its own retries
         await handler.connect_async()
         yield
         await handler.close_async()
 
     return context
+
+
+async def _first_socket_url(client, app_token: str) -> str | None:  # noqa: ANN001 - an AsyncWebClient
+    """The app-level token checked once, at start-up. slack_sdk's client retries every failure every 5 seconds
+    with a traceback, forever; a refused token never heals, so that ends the server in one sentence instead.
+    Slack not answering, or rate limiting, is left to the client's retries."""
+    from slack_sdk.errors import SlackApiError
+
+    try:
+        return (await client.apps_connections_open(app_token=app_token))["url"]
+    except SlackApiError as exc:
+        error = exc.response.get("error")
+        if error == "ratelimited":
+            return None
+        raise SocketModeRefused(
+            f"Slack refused SLACK_APP_TOKEN ({error}): it must be the app-level token (xapp-…) with "
+            f"connections:write, from the app's Basic Information page; see {HELP_URL}"
+        ) from None
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        log.warning("Slack did not answer apps.connections.open (%s); retrying", exc)
+        return None
 
 
 def serve(config: Config, host: str, port: int, socket_mode: bool = False) -> None:
@@ -112,4 +140,8 @@ def serve(config: Config, host: str, port: int, socket_mode: bool = False) -> No
             file=sys.stderr,
             flush=True,
         )
-    web.run_app(web_app, host=host, port=port, print=announce, access_log=None)
+    try:
+        web.run_app(web_app, host=host, port=port, print=announce, access_log=None)
+    except SocketModeRefused as exc:
+        print(f"mm-bot serve: {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
