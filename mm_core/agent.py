@@ -115,14 +115,11 @@ class Agent:
     # -- the log ----------------------------------------------------------------------------------
     def _load(self) -> SessionState:
         self._log = self.store.load(self.session_id)
-        return self._state()
-
-    def _state(self) -> SessionState:
-        return SessionState.of(self._log)
+        return self.state()
 
     def state(self) -> SessionState:
         """The session as this agent last read or wrote it."""
-        return self._state()
+        return SessionState.of(self._log)
 
     def _append(self, entry: Entry) -> None:
         self.store.append(self.session_id, entry)  # durable first: the log is the truth
@@ -180,7 +177,7 @@ class Agent:
     async def _run(self) -> TurnFinished:
         try:
             while True:
-                state = self._state()
+                state = self.state()
                 if state.turn_start() is None:
                     return TurnFinished("idle")
                 if state.failure() is not None:  # it failed, and the process died before the end mark
@@ -219,7 +216,7 @@ class Agent:
         except (ModelError, _LoopStopped) as e:
             return self._fail(str(e), "failed")
         except asyncio.CancelledError:
-            self._close_pending(self._state(), CANCELLED, "cancelled")
+            self._close_pending(self.state(), CANCELLED, "cancelled")
             self._end("cancelled")
             raise
 
@@ -307,7 +304,7 @@ class Agent:
     # -- endings ----------------------------------------------------------------------------------
     def _suspend(self, waiting: list[PendingCall]) -> TurnFinished:
         self.emit(PermissionRequested(tuple(waiting)))
-        return self._finished("suspended", self._state())
+        return self._finished("suspended", self.state())
 
     def _fail(self, message: str, outcome: str) -> TurnFinished:
         # The error is the decision that ends the turn, so it is written first: a crash after it still ends it.
@@ -316,7 +313,7 @@ class Agent:
         return self._close_failed(outcome)
 
     def _close_failed(self, outcome: str) -> TurnFinished:
-        state = self._state()
+        state = self.state()
         started = state.started()
         for call in state.pending():  # the call the loop detector stopped gets the error as its result
             if call.id in started:
@@ -326,7 +323,7 @@ class Agent:
         return self._end(outcome)
 
     def _end(self, outcome: str) -> TurnFinished:
-        state = self._state()
+        state = self.state()
         self._append(TurnEnded(outcome))
         return self._finished(outcome, state)
 
