@@ -130,7 +130,7 @@ class ToolCall(Base):
 
     __tablename__ = "tool_calls"
     __table_args__ = (
-        # Call ids come from the model and are unique only within a conversation.
+        # The log's projection is updated by (session, call id); the loop mints call ids unique everywhere.
         UniqueConstraint("session_id", "call_id"),
         CheckConstraint(_one_of("decision", DECISIONS), name="decision"),
     )

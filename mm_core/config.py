@@ -105,6 +105,3 @@ class AgentConfig(Strict):
     sandbox: Literal["auto", "bwrap", "none"] = "auto"
     bash: BashConfig = Field(default_factory=BashConfig)
     acp: AcpConfig = Field(default_factory=AcpConfig)
-
-
-AGENT_KEYS = frozenset(AgentConfig.model_fields)

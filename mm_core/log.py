@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import threading
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -237,7 +236,3 @@ class ScopedStore:
 
     def append(self, session_id: str, entry: Entry) -> None:
         self.store.append(self.session_id, Nested(self.scope, to_dict(entry)))
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
