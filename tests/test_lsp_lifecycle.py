@@ -179,11 +179,27 @@ def test_file_gone_between_calls(tmp_path, action):
     assert asyncio.run(scenario()) == "[lsp: app.py does not exist]"
 
 
+def run_scripted_server(tmp_path: Path, name: str, script: str, request_timeout: str, deadline: float) -> str:
+    """A definition call to a 'language server' that is this Python script, then the session's close."""
+    source = tmp_path / f"{name}_script.py"  # not {name}.py: it would shadow a package of that name
+    source.write_text(script)
+    cfg = AgentConfig.model_validate({"lsp": {"requestTimeout": request_timeout, "servers": {
+        name: {"command": sys.executable, "args": [str(source)], "extensions": [".py"]}}}})
+    tool, ctx = LspTool(cfg, find_servers(cfg)[0]), ToolContext(workspace=workspace(tmp_path, "w"), config=cfg)
+
+    async def scenario():
+        try:
+            return await asyncio.wait_for(tool.run(DEFINITION, ctx), deadline)
+        finally:
+            await asyncio.wait_for(ctx.resources.aclose(), 10)
+
+    return asyncio.run(scenario())
+
+
 def test_server_flooding_stderr_without_newlines_keeps_working(tmp_path):
     # A 200 KB stderr line, then a megabyte more without a newline: a line reader gives up on the first and
     # stops draining, the pipe fills, the server blocks on its next write and the call never ends.
-    flood = tmp_path / "flood.py"
-    flood.write_text(
+    script = (
         "import sys\n"
         "sys.stderr.write('x' * 200_000 + '\\n' + 'y' * 1_000_000)\n"
         "sys.stderr.flush()\n"
@@ -191,37 +207,18 @@ def test_server_flooding_stderr_without_newlines_keeps_working(tmp_path):
         "sys.argv = ['pylsp']\n"
         "main()\n"
     )
-    cfg = AgentConfig.model_validate({"lsp": {"requestTimeout": "10s", "servers": {
-        "pylsp": {"command": sys.executable, "args": [str(flood)], "extensions": [".py"]}}}})
-    tool, ctx = LspTool(cfg, find_servers(cfg)[0]), ToolContext(workspace=workspace(tmp_path, "w"), config=cfg)
-
-    async def scenario():
-        try:
-            return await asyncio.wait_for(tool.run(DEFINITION, ctx), 30)
-        finally:
-            await asyncio.wait_for(ctx.resources.aclose(), 10)
-
-    assert asyncio.run(scenario()) == ANSWER
+    assert run_scripted_server(tmp_path, "pylsp", script, "10s", 30) == ANSWER
 
 
 def test_server_garbling_its_output_fails_the_call_at_once(tmp_path):
     # A header line past the reader's limit, then a flood: the conversation cannot be resynchronised, so the
     # server is ended and the pending request fails then, not at the request timeout.
-    garble = tmp_path / "garble.py"
-    garble.write_text(
+    script = (
         "import sys, time\n"
         "sys.stdout.write('X' * 100_000 + '\\r\\n' + 'Y' * 1_000_000)\n"
         "sys.stdout.flush()\n"
         "time.sleep(60)\n"
     )
-    cfg = AgentConfig.model_validate({"lsp": {"requestTimeout": "30s", "servers": {
-        "garble": {"command": sys.executable, "args": [str(garble)], "extensions": [".py"]}}}})
-    tool, ctx = LspTool(cfg, find_servers(cfg)[0]), ToolContext(workspace=workspace(tmp_path, "w"), config=cfg)
-
-    async def scenario():
-        try:
-            return await asyncio.wait_for(tool.run(DEFINITION, ctx), 15)
-        finally:
-            await asyncio.wait_for(ctx.resources.aclose(), 10)
-
-    assert asyncio.run(scenario()).startswith("[lsp: garble: definition failed: the server exited (code -9)")
+    assert run_scripted_server(tmp_path, "garble", script, "30s", 15).startswith(
+        "[lsp: garble: definition failed: the server exited (code -9)"
+    )
