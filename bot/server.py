@@ -18,6 +18,7 @@ from slack_bolt.adapter.aiohttp import to_aiohttp_response, to_bolt_request
 from sqlalchemy import text
 
 from bot.app import create_app
+from chatops.config import SLACK_DOCS
 
 if TYPE_CHECKING:
     from chatops.config import Config
@@ -27,7 +28,6 @@ log = logging.getLogger("mm.bot")
 EVENTS_PATH = "/slack/events"
 HEALTH_PATH = "/healthz"
 DB_PROBE_TIMEOUT = 2.0
-HELP_URL = "docs/slack-app.md"
 
 
 def build_web_app(config: Config, socket_mode: bool = False) -> web.Application:
@@ -114,7 +114,7 @@ async def _first_socket_url(client, app_token: str) -> str | None:  # noqa: ANN0
             return None
         raise SocketModeRefused(
             f"Slack refused SLACK_APP_TOKEN ({error}): it must be the app-level token (xapp-…) with "
-            f"connections:write, from the app's Basic Information page; see {HELP_URL}"
+            f"connections:write, from the app's Basic Information page; see {SLACK_DOCS}"
         ) from None
     except (aiohttp.ClientError, TimeoutError) as exc:
         log.warning("Slack did not answer apps.connections.open (%s); retrying", exc)
@@ -136,7 +136,7 @@ def serve(config: Config, host: str, port: int, socket_mode: bool = False) -> No
     if missing:
         print(
             f"mm-bot serve: {', '.join(missing)} not set: Slack requests are refused until you set "
-            f"{'it' if len(missing) == 1 else 'them'}; see {HELP_URL}",
+            f"{'it' if len(missing) == 1 else 'them'}; see {SLACK_DOCS}",
             file=sys.stderr,
             flush=True,
         )

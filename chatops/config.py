@@ -30,6 +30,8 @@ DEFAULT_DATABASE_URL = "sqlite:///./var/mm.sqlite3"
 DEFAULT_BROKER_URL = "redis://localhost:6379/0"
 DEFAULT_SLACK_API_URL = "https://slack.com/api/"
 DEFAULT_WORKSPACES = "./var/workspaces"
+# Where a person setting up the Slack app is sent by every message about a missing or refused secret.
+SLACK_DOCS = "docs/slack-app.md"
 
 # Slack ids: channels C/G (private, legacy) and D (direct messages); users U/W; user groups S.
 _CHANNEL_ID = re.compile(r"^[CGD][A-Z0-9]{2,}$")

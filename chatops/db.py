@@ -22,6 +22,8 @@ from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, OperationalError
 
+from chatops.secrets import describe_error, mask_url, scrub
+
 # The `migrations` package sits beside `chatops`, in a checkout and in an installed wheel alike; found by path,
 # so that it works before (and without) `migrations` being importable from the current directory.
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
@@ -36,8 +38,6 @@ class DatabaseUnavailable(Exception):
     cannot be created. str() names it (password masked), says why and what to do; `reason` is the why."""
 
     def __init__(self, url: str, error: BaseException):
-        from chatops.doctor import describe_error, mask_url, scrub
-
         try:
             password = make_url(url).password
         except ArgumentError:

@@ -34,7 +34,7 @@ from typing import Any
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
-from mm_testkit._server_thread import ThreadedAiohttpServer
+from mm_testkit.server_thread import ThreadedAiohttpServer
 from mm_testkit.slack_client import SlackEventSender
 
 Params = dict[str, Any]

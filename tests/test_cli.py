@@ -17,7 +17,7 @@ import redis
 
 from chatops import db
 from chatops.config import load_config
-from chatops.dev import dev_broker
+from commands.dev import dev_broker
 from mmbot_helpers import MM_BOT, clean_env, free_port, mm_bot, session_processes, stop, wait_healthy
 
 

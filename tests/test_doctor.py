@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from chatops import db
-from chatops.doctor import main as doctor
-from chatops.doctor import mask_url
+from commands.doctor import main as doctor
+from chatops.secrets import mask_url
 from mm_testkit.model_server import ModelServer
 from mm_testkit.slack_emulator import SlackEmulator
 from mmbot_helpers import CONFIG_ENV, clean_env, free_port, mm_bot

@@ -23,7 +23,7 @@ from slack_sdk.socket_mode.request import SocketModeRequest
 from slack_sdk.socket_mode.response import SocketModeResponse
 from slack_sdk.web.async_client import AsyncWebClient
 
-from mm_testkit._server_thread import ThreadedAiohttpServer
+from mm_testkit.server_thread import ThreadedAiohttpServer
 from mm_testkit.slack_client import SlackEventSender, stale_timestamp
 from mm_testkit.slack_emulator import SlackEmulator
 

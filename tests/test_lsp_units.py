@@ -11,7 +11,7 @@ from lsprotocol import types
 from mm_core.config import LspServer
 from mm_core.tools.lsp.manager import extension_map
 from mm_core.tools.lsp.positions import UTF8, UTF16, UTF32, from_wire, split_lines, to_wire
-from mm_core.tools.lsp.tool import _positions, apply_edits, clean_identifier, parse
+from mm_core.tools.lsp.tool import apply_edits, clean_identifier, parse, symbol_positions
 
 
 def test_utf16_columns_count_non_bmp_characters_twice():
@@ -103,30 +103,30 @@ x = greet("a")
 def test_occurrences_code_lines_first_comments_last():
     call = parse({"action": "definition", "path": "a.py", "symbol": "greet"})
     # Code occurrences in file order, then the trailing comment on line 2, then the comment line 1.
-    assert _positions(call, split_lines(SOURCE)) == [(1, 4), (5, 4), (0, 2), (0, 20), (1, 20)]
+    assert symbol_positions(call, split_lines(SOURCE)) == [(1, 4), (5, 4), (0, 2), (0, 20), (1, 20)]
 
 
 def test_occurrences_are_whole_words():
     call = parse({"action": "definition", "path": "a.py", "symbol": "name"})
-    assert _positions(call, split_lines("names = 1\nname = 2\nrename(name)\n")) == [(1, 0), (2, 7)]
+    assert symbol_positions(call, split_lines("names = 1\nname = 2\nrename(name)\n")) == [(1, 0), (2, 7)]
 
 
 def test_line_restricts_and_column_picks_the_occurrence():
     lines = split_lines("a = greet(greet)\n")
     call = parse({"action": "hover", "path": "a.py", "symbol": "greet", "line": 1, "column": 12})
-    assert _positions(call, lines)[0] == (0, 10)
+    assert symbol_positions(call, lines)[0] == (0, 10)
     call = parse({"action": "hover", "path": "a.py", "symbol": "other", "line": 1})
-    assert _positions(call, lines) == '[lsp: "other" not found on line 1 of a.py]'
+    assert symbol_positions(call, lines) == '[lsp: "other" not found on line 1 of a.py]'
 
 
 def test_positions_past_the_end_are_refused_with_the_count():
     lines = split_lines("x = 1\nprint(x)\nvalue = 123456789\n")
     call = parse({"action": "hover", "path": "main.py", "line": 3, "column": 40})
-    assert _positions(call, lines) == "[lsp: column 40 is past the end of line 3 (17 characters)]"
+    assert symbol_positions(call, lines) == "[lsp: column 40 is past the end of line 3 (17 characters)]"
     call = parse({"action": "hover", "path": "main.py", "line": 9, "column": 1})
-    assert _positions(call, lines) == "[lsp: line 9 is past the end of main.py (3 lines)]"
+    assert symbol_positions(call, lines) == "[lsp: line 9 is past the end of main.py (3 lines)]"
     call = parse({"action": "hover", "path": "main.py"})
-    assert _positions(call, lines) == (
+    assert symbol_positions(call, lines) == (
         "[lsp: hover needs a symbol (the identifier, as written in the code), or a line and a column]"
     )
 

@@ -232,7 +232,7 @@ class LspTool(Tool):
             return NEEDS_NEW_NAME
         positions: list[tuple[int, int]] = []
         if call.action in NEEDS_POSITION:
-            found = _positions(call, split_lines(text))
+            found = symbol_positions(call, split_lines(text))
             if isinstance(found, str):
                 return found
             positions = found
@@ -254,7 +254,7 @@ class LspTool(Tool):
             return f"[lsp: {server}: {call.action} failed: {err}]"
 
 
-def _positions(call: Call, lines: list[str]) -> list[tuple[int, int]] | str:
+def symbol_positions(call: Call, lines: list[str]) -> list[tuple[int, int]] | str:
     """Candidate positions (0-based line, character index), in the order they are tried."""
     count = len(lines) - 1 if len(lines) > 1 and lines[-1] == "" else len(lines)
     if call.line > count or (call.line and not lines):

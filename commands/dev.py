@@ -19,10 +19,10 @@ from pathlib import Path
 import httpx
 
 from chatops import db
-from chatops.config import Config, load_config
-from chatops.doctor import broker_reachable, check_model, mask_url, scrub, secrets_of
+from chatops.config import SLACK_DOCS, Config, load_config
+from chatops.secrets import mask_url, scrub, secrets_of
+from commands.doctor import broker_reachable, check_model
 
-SLACK_DOCS = "docs/slack-app.md"
 EMBEDDED_BROKER_FILE = Path("var") / "broker.sqlite3"
 READY_TIMEOUT = 60.0
 STOP_TIMEOUT = 15.0
@@ -68,7 +68,7 @@ class Child:
 def _start(name: str, argv: list[str], env: dict[str, str]) -> Child:
     # Each child leads its own process group, so stopping it can reach its own children (Celery's pool),
     # and a terminal's Ctrl-C reaches only us: we stop the children in order, once.
-    process = subprocess.Popen([sys.executable, "-m", "chatops.cli", *argv], env=env, process_group=0)
+    process = subprocess.Popen([sys.executable, "-m", "commands.cli", *argv], env=env, process_group=0)
     return Child(name, process)
 
 

@@ -13,9 +13,8 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from chatops.config import ConfigError, load_config
+from chatops.config import SLACK_DOCS, ConfigError, load_config
 
-SLACK_DOCS = "docs/slack-app.md"
 DEFAULT_PORT = 3000
 DEFAULT_HOST = "127.0.0.1"  # a deployment says --host 0.0.0.0 (the Helm chart does)
 
@@ -59,7 +58,7 @@ def _beat(args: argparse.Namespace) -> int:
 
 def _migrate(args: argparse.Namespace) -> int:
     from chatops import db
-    from chatops.doctor import mask_url
+    from chatops.secrets import mask_url
 
     config = load_config(args.config)
     url = config.database_url
@@ -75,16 +74,16 @@ def _migrate(args: argparse.Namespace) -> int:
 
 
 def _dev(args: argparse.Namespace) -> int:
-    from chatops.dev import run_dev
+    from commands.dev import run_dev
 
     return run_dev(args.config, host=args.host, port=args.port)
 
 
 def _run(args: argparse.Namespace) -> int:
     try:
-        terminal = importlib.import_module("chatops.terminal")
+        terminal = importlib.import_module("commands.terminal")
     except ModuleNotFoundError as exc:
-        if exc.name != "chatops.terminal":
+        if exc.name != "commands.terminal":
             raise
         print("mm-bot run: not available yet", file=sys.stderr)
         return 2
@@ -93,7 +92,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _doctor(args: argparse.Namespace) -> int:
-    from chatops.doctor import main as doctor
+    from commands.doctor import main as doctor
 
     return doctor(args.config)
 

@@ -1,0 +1,65 @@
+"""Keeping secrets out of what the service prints: URLs with their passwords masked, texts scrubbed of the
+secret values the process knows, and exceptions reduced to one readable line.
+
+Every command and every log line that may carry a URL or an error message goes through here, so a password
+in DATABASE_URL or a token echoed by a failing library never reaches a terminal, a log or a Slack thread.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING
+from urllib.parse import parse_qsl, urlsplit
+
+if TYPE_CHECKING:
+    from chatops.config import Config
+
+MASK = "***"
+_SECRET_PARAM = re.compile(r"pass|secret|token|key", re.IGNORECASE)
+
+
+def mask_url(url: str) -> str:
+    """The URL with its password (and secret-looking query parameters) replaced by ***.
+
+    Only those parts are rewritten: urlunsplit would also "normalize" `sqlite:///./var/x` into another URL.
+    """
+    try:
+        parts = urlsplit(url)
+        password = parts.password
+    except ValueError:
+        return "<unparsable URL>"
+    if password is not None:
+        userinfo, host = parts.netloc.rsplit("@", 1)
+        url = url.replace(parts.netloc, f"{userinfo.split(':', 1)[0]}:{MASK}@{host}", 1)
+    if parts.query:
+        pairs = parse_qsl(parts.query, keep_blank_values=True)
+        masked = "&".join(f"{k}={MASK if _SECRET_PARAM.search(k) else v}" for k, v in pairs)
+        url = url.replace(f"?{parts.query}", f"?{masked}", 1)
+    return url
+
+
+def secrets_of(config: Config) -> list[str]:
+    values = [config.slack_bot_token, config.slack_signing_secret, config.slack_app_token, config.model_api_key]
+    for url in (config.database_url, config.broker_url, config.agent.model.url, config.slack_api_url):
+        try:
+            values.append(urlsplit(url).password)
+        except ValueError:
+            pass
+    # Longest first, so that a secret containing another is masked whole.
+    return sorted({v for v in values if v and len(v) >= 4}, key=len, reverse=True)
+
+
+def scrub(text: str, secrets: list[str]) -> str:
+    for secret in secrets:
+        text = text.replace(secret, MASK)
+    return text
+
+
+def describe_error(exc: BaseException) -> str:
+    """The first line of an exception, without errno prefixes or SQLAlchemy's wrapping: "connection refused"."""
+    exc = getattr(exc, "orig", None) or exc  # SQLAlchemy's DBAPIError prefixes "(psycopg.OperationalError)"
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    text = re.sub(r"^\[Errno -?\d+\]\s*", "", text)
+    if re.search(r"connection refused", text, re.IGNORECASE):
+        return "connection refused"
+    return text
