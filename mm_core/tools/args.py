@@ -10,6 +10,8 @@ import json
 import re
 from typing import Any
 
+from mm_core.tools.base import ToolRefusal
+
 # Line numbers and the like: anything beyond a 64-bit integer is a model's garbage, not a position, and
 # Python refuses to print an int of more than 4300 digits.
 INT_LIMIT = 2**63
@@ -17,13 +19,7 @@ _INT_TEXT = re.compile(r"\s*-?[0-9]{1,19}\s*", re.ASCII)
 NOT_UNICODE = '[error: {tool}: {where}"{field}" is not valid Unicode text (it holds a lone surrogate)]'
 
 
-class BadArgument(Exception):
-    def __init__(self, text: str):
-        super().__init__(text)
-        self.text = text
-
-
-def _bad(tool: str, field: str, expected: str, value: Any) -> BadArgument:
+def _bad(tool: str, field: str, expected: str, value: Any) -> ToolRefusal:
     if isinstance(value, int) and not -INT_LIMIT < value < INT_LIMIT:
         shown = "a huge number"
     else:
@@ -36,13 +32,13 @@ def _bad(tool: str, field: str, expected: str, value: Any) -> BadArgument:
             shown = "a value nested too deep to show"
     if len(shown) > 60:
         shown = shown[:57] + "..."
-    return BadArgument(f'[error: {tool}: "{field}" must be {expected}, got {shown}]')
+    return ToolRefusal(f'[error: {tool}: "{field}" must be {expected}, got {shown}]')
 
 
 def get_str(args: dict[str, Any], tool: str, field: str, default: str | None = None) -> str:
     value = args.get(field, default)
     if value is None:
-        raise BadArgument(f'[error: {tool}: missing "{field}"]')
+        raise ToolRefusal(f'[error: {tool}: missing "{field}"]')
     if not isinstance(value, str):
         raise _bad(tool, field, "a string", value)
     return check_text(value, tool, field)
@@ -54,7 +50,7 @@ def check_text(value: str, tool: str, field: str, where: str = "") -> str:
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
-        raise BadArgument(NOT_UNICODE.format(tool=tool, where=where, field=field)) from None
+        raise ToolRefusal(NOT_UNICODE.format(tool=tool, where=where, field=field)) from None
     return value
 
 
@@ -86,5 +82,5 @@ def get_bool(args: dict[str, Any], tool: str, field: str, default: bool = False)
 
 def check_object(args: Any, tool: str) -> dict[str, Any]:
     if not isinstance(args, dict):
-        raise BadArgument(f"[error: {tool}: the arguments must be a JSON object]")
+        raise ToolRefusal(f"[error: {tool}: the arguments must be a JSON object]")
     return args

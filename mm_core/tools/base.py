@@ -18,6 +18,15 @@ from mm_core.config import AgentConfig
 T = TypeVar("T")
 
 
+class ToolRefusal(Exception):
+    """A call the tool will not carry out (a bad argument, a path outside the workspace, a missing sandbox);
+    `text` is the answer for the model, worded as the reference words it."""
+
+    def __init__(self, text: str):
+        super().__init__(text)
+        self.text = text
+
+
 class ToolCancelled(Exception):
     """Raised by a tool from its cancellation handler to hand back what it had so far.
 

@@ -17,9 +17,9 @@ import subprocess
 import tempfile
 from typing import IO, Any
 
-from mm_core.tools.args import BadArgument, check_object, get_str
-from mm_core.tools.base import Tool, ToolCancelled, ToolContext
-from mm_core.tools.sandbox import SandboxMissing, prepare
+from mm_core.tools.args import check_object, get_str
+from mm_core.tools.base import Tool, ToolCancelled, ToolContext, ToolRefusal
+from mm_core.tools.sandbox import prepare
 from mm_core.tools.text import truncate
 
 TIMEOUT = "[error: {duration} timeout exceeded]"
@@ -157,7 +157,7 @@ class BashTool(Tool):
     async def run(self, args: dict[str, Any], ctx: ToolContext) -> str:
         try:
             command = get_str(check_object(args, self.name), self.name, "command")
-        except BadArgument as e:
+        except ToolRefusal as e:
             return e.text
         if not command.strip():
             return EMPTY_COMMAND
@@ -175,7 +175,7 @@ class BashTool(Tool):
                 *launch.argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=launch.cwd,
                 env=launch.env, pass_fds=launch.pass_fds, start_new_session=True, preexec_fn=launch.preexec,
                 user=launch.user, group=launch.group, extra_groups=[] if launch.user is not None else None)
-        except SandboxMissing as e:
+        except ToolRefusal as e:
             os.close(status_r)
             return e.text
         except (OSError, ValueError, subprocess.SubprocessError) as e:  # SubprocessError: a failed setrlimit

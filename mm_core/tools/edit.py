@@ -20,12 +20,12 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from mm_core.tools.args import BadArgument, check_object, check_text, get_bool, get_str
-from mm_core.tools.base import Tool, ToolContext
+from mm_core.tools.args import check_object, check_text, get_bool, get_str
+from mm_core.tools.base import Tool, ToolContext, ToolRefusal
 from mm_core.tools.diff import Diff
 from mm_core.tools.files import PlannedWrite, commit_write, path_arg, plan_write, read_text
 from mm_core.tools.text import plural, show, truncate
-from mm_core.tools.workspace import WorkspaceError, resolve
+from mm_core.tools.workspace import resolve
 
 NOT_FOUND = ("{path}: edit #{n}: old text not found — it must match the file exactly, "
              "including indentation and line breaks:")
@@ -73,10 +73,8 @@ class Located:
     relaxed: bool
 
 
-class Refused(Exception):
-    def __init__(self, text: str):
-        super().__init__(text)
-        self.text = text
+class Refused(ToolRefusal):
+    """A refusal that quotes the file: its undecodable bytes are shown as escapes."""
 
 
 # ---------------------------------------------------------------------------------------------- matching
@@ -373,17 +371,17 @@ def parse_edits(args: dict[str, Any]) -> list[Edit]:
         try:
             raw = json.loads(raw)
         except (ValueError, RecursionError):
-            raise BadArgument(BAD_EDITS) from None
+            raise ToolRefusal(BAD_EDITS) from None
     if isinstance(raw, dict):
         raw = [raw]
     if not isinstance(raw, list):
-        raise BadArgument(BAD_EDITS)
+        raise ToolRefusal(BAD_EDITS)
     if not raw:
-        raise BadArgument(NO_EDITS)
+        raise ToolRefusal(NO_EDITS)
     edits = []
     for n, item in enumerate(raw, 1):
         if not isinstance(item, dict) or not isinstance(item.get("old"), str) or not isinstance(item.get("new", ""), str):
-            raise BadArgument(BAD_EDIT.format(n=n))
+            raise ToolRefusal(BAD_EDIT.format(n=n))
         old, new = (check_text(item.get(f, ""), "edit_file", f, where=f"edit #{n}: ") for f in ("old", "new"))
         edits.append(Edit(old, new))
     return edits
@@ -440,10 +438,10 @@ class EditFileTool(Tool):
             real = resolve(ctx.workspace, path)
             text = read_text(ctx.workspace, path, real)
             located = locate(path, text, edits)
-        except (BadArgument, WorkspaceError) as e:
-            return e.text
-        except Refused as e:  # it quotes the file, whose undecodable bytes are kept as escapes
+        except Refused as e:
             return show(e.text)
+        except ToolRefusal as e:
+            return e.text
         new = apply(text, located)
         if new == text:
             return UNCHANGED.format(path=path)
@@ -464,7 +462,7 @@ class EditFileTool(Tool):
     async def run(self, args: dict[str, Any], ctx: ToolContext) -> str:
         try:
             dry_run = get_bool(check_object(args, self.name), self.name, "dry_run")
-        except BadArgument as e:
+        except ToolRefusal as e:
             return e.text
         plan = self._plan(args, ctx, dry_run)
         if isinstance(plan, str):

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from mm_core.tools.args import BadArgument, check_object, get_bool, get_int, get_str
-from mm_core.tools.base import Tool, ToolContext
+from mm_core.tools.args import check_object, get_bool, get_int, get_str
+from mm_core.tools.base import Tool, ToolContext, ToolRefusal
 from mm_core.tools.diff import Diff, diff, split_lines
 from mm_core.tools.text import plural, show, truncate
 from mm_core.tools.workspace import (EMPTY_PATH, SPECIAL, NotRegularFile, WorkspaceError, open_regular, resolve,
@@ -34,12 +34,12 @@ MAX_READ_BYTES = 64 * 1024 * 1024
 def path_arg(args: dict[str, Any], tool: str) -> str:
     path = get_str(check_object(args, tool), tool, "path")
     if not path.strip():
-        raise BadArgument(EMPTY_PATH.format(tool=tool))
+        raise ToolRefusal(EMPTY_PATH.format(tool=tool))
     return path
 
 
 def load(ws: Path, path: str, real: Path, verb: str = "read") -> str | None:
-    """The file's text, None when there is no such file. Raises BadArgument with the answer otherwise.
+    """The file's text, None when there is no such file. Raises ToolRefusal with the answer otherwise.
 
     Bytes that are not UTF-8 are kept as surrogate escapes: an edit then writes them back unchanged instead of
     turning every é of a Latin-1 file into U+FFFD. show() gives the text the model sees.
@@ -47,18 +47,18 @@ def load(ws: Path, path: str, real: Path, verb: str = "read") -> str | None:
     try:
         fd, st = open_regular(ws, real, os.O_RDONLY)
     except NotRegularFile as e:
-        raise BadArgument(IS_DIR.format(path=path) if e.is_dir else SPECIAL.format(path=path, kind=e.kind)) from e
+        raise ToolRefusal(IS_DIR.format(path=path) if e.is_dir else SPECIAL.format(path=path, kind=e.kind)) from e
     except OSError as e:
         if e.errno in (errno.ENOENT, errno.ENOTDIR):
             return None
-        raise BadArgument(CANNOT.format(verb=verb, path=path, reason=e.strerror or e)) from e
+        raise ToolRefusal(CANNOT.format(verb=verb, path=path, reason=e.strerror or e)) from e
     with os.fdopen(fd, "rb") as f:
         if st.st_size > MAX_READ_BYTES:
-            raise BadArgument(TOO_LARGE.format(path=path, size=st.st_size))
+            raise ToolRefusal(TOO_LARGE.format(path=path, size=st.st_size))
         try:
             data = f.read()
         except OSError as e:
-            raise BadArgument(CANNOT.format(verb=verb, path=path, reason=e.strerror or e)) from e
+            raise ToolRefusal(CANNOT.format(verb=verb, path=path, reason=e.strerror or e)) from e
     return data.decode("utf-8", errors="surrogateescape")
 
 
@@ -66,7 +66,7 @@ def read_text(ws: Path, path: str, real: Path) -> str:
     """load() for a file that must exist."""
     text = load(ws, path, real)
     if text is None:
-        raise BadArgument(MISSING.format(path=path))
+        raise ToolRefusal(MISSING.format(path=path))
     return text
 
 
@@ -124,7 +124,7 @@ class ReadFileTool(Tool):
             if end and end < start:
                 return END_BEFORE_START.format(end=end, start=start)
             text = read_text(ctx.workspace, path, resolve(ctx.workspace, path))
-        except (BadArgument, WorkspaceError) as e:
+        except ToolRefusal as e:
             return e.text
         if not text:
             return EMPTY_FILE.format(path=path)
@@ -201,7 +201,7 @@ class WriteFileTool(Tool):
             content = get_str(args, self.name, "content")
             real = resolve(ctx.workspace, path)
             old = load(ctx.workspace, path, real, verb="write")
-        except (BadArgument, WorkspaceError) as e:
+        except ToolRefusal as e:
             return e.text
         lines = plural(len(split_lines(content)), "line")
         if old is None:

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Callable
 
 from mm_core.config import AgentConfig
+from mm_core.tools.base import ToolRefusal
 
 BWRAP_MISSING = ('[error: the configuration requires the bwrap sandbox (sandbox: bwrap) but bubblewrap is not '
                  'installed on this worker — the command was not run]')
@@ -76,19 +77,13 @@ class Launch:
 
 
 def bwrap_path(config: AgentConfig) -> str | None:
-    """The bwrap binary to use, None for no sandbox. Raises SandboxMissing when `sandbox: bwrap` can't be met."""
+    """The bwrap binary to use, None for no sandbox. Raises ToolRefusal when `sandbox: bwrap` can't be met."""
     if config.sandbox == "none":
         return None
     found = shutil.which("bwrap")
     if found is None and config.sandbox == "bwrap":
-        raise SandboxMissing(BWRAP_MISSING)
+        raise ToolRefusal(BWRAP_MISSING)
     return found
-
-
-class SandboxMissing(Exception):
-    def __init__(self, text: str):
-        super().__init__(text)
-        self.text = text
 
 
 def scrubbed_env(config: AgentConfig, workspace: Path, user: str) -> dict[str, str]:
@@ -170,7 +165,7 @@ def _bwrap_args(bwrap: str, config: AgentConfig, workspace: str, inner_uid: int 
 def prepare(config: AgentConfig, workspace: Path, command: str, status_fd: int) -> Launch:
     """The launch of `command` in `workspace`; its exit status is written to `status_fd` as a decimal line.
 
-    Raises SandboxMissing when the configuration requires a sandbox that is not installed.
+    Raises ToolRefusal when the configuration requires a sandbox that is not installed.
     """
     ws = os.path.realpath(workspace)
     bwrap = bwrap_path(config)

@@ -15,8 +15,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from mm_core.tools.args import BadArgument, check_object, get_str
-from mm_core.tools.base import Tool, ToolContext
+from mm_core.tools.args import check_object, get_str
+from mm_core.tools.base import Tool, ToolContext, ToolRefusal
 from mm_core.tools.text import truncate
 from mm_core.tools.workspace import WorkspaceError, open_regular
 
@@ -132,7 +132,7 @@ class ReadSkillTool(Tool):
     async def run(self, args: dict[str, Any], ctx: ToolContext) -> str:
         try:
             given = get_str(check_object(args, self.name), self.name, "name")
-        except BadArgument as e:
+        except ToolRefusal as e:
             return e.text
         # Only the base name counts: `../../etc/passwd` is the skill `passwd`, looked up in skillsDir.
         name = os.path.basename(given.strip().rstrip("/")).removesuffix(".md")

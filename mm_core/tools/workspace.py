@@ -14,17 +14,15 @@ import os
 import stat
 from pathlib import Path
 
+from mm_core.tools.base import ToolRefusal
+
 OUTSIDE = "[error: {path} is outside the workspace]"
 EMPTY_PATH = "[error: {tool} needs a path, relative to the working directory]"
 SPECIAL = "[error: {path} is not a regular file ({kind}) — the file tools read and write only regular files]"
 
 
-class WorkspaceError(Exception):
-    """A path the tools refuse; `text` is the answer for the model."""
-
-    def __init__(self, text: str):
-        super().__init__(text)
-        self.text = text
+class WorkspaceError(ToolRefusal):
+    """A path the tools refuse (outside the workspace, not a regular file); some callers tell it apart."""
 
 
 def resolve(workspace: Path, path: str) -> Path:
