@@ -18,7 +18,12 @@ install: $(STAMP)
 run: $(STAMP)
 	$(VENV)/bin/mm-bot dev
 
+# The static checks come first and stop the run: ruff (lint, then formatting) and basedpyright, as pyproject.toml
+# configures them.
 test: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/basedpyright
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 bench: $(STAMP)
