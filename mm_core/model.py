@@ -9,10 +9,10 @@ tool call whose arguments loop or balloon is stopped at once, not after minutes 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
-import httpx
 import openai
 from openai.types.chat import ChatCompletionChunk
 
@@ -88,7 +88,7 @@ class ModelClient:
                 base_url=self.config.url,
                 api_key=self.api_key or "not-needed",
                 # The watchdog, not the HTTP read timeout, decides when silence is too long.
-                timeout=httpx.Timeout(self.config.requestTimeout, connect=10.0),
+                timeout=openai.Timeout(self.config.requestTimeout, connect=10.0),
                 max_retries=0,
             )
             self._loop = loop
