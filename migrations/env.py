@@ -3,6 +3,8 @@ under the migration lock) or by the `alembic` command with a URL."""
 
 from __future__ import annotations
 
+from typing import Literal
+
 from alembic import context
 from sqlalchemy import Connection
 
@@ -12,25 +14,24 @@ config = context.config
 target_metadata = Base.metadata
 
 
-def _render_item(kind: str, obj: object, autogen_context: object) -> str | bool:
+def _render_item(kind: str, obj: object, autogen_context: object) -> str | Literal[False]:
     # Migrations spell the portable type, never the model's decorator: they must not import the models.
     if kind == "type" and isinstance(obj, UTCDateTime):
         return "sa.DateTime(timezone=True)"
     return False
 
 
-def _configure(**kwargs: object) -> None:
-    url = kwargs.pop("url", None)
-    connection = kwargs.get("connection")
-    dialect = connection.dialect.name if isinstance(connection, Connection) else str(url).split(":")[0]
+def _configure(*, url: str | None = None, connection: Connection | None = None, literal_binds: bool = False) -> None:
+    dialect = connection.dialect.name if connection is not None else str(url).split(":")[0]
     context.configure(
         url=url,
+        connection=connection,
+        literal_binds=literal_binds,
         target_metadata=target_metadata,
         compare_type=True,
         render_item=_render_item,
         # SQLite alters a table by copying it; the naming convention gives the copies stable constraint names.
         render_as_batch=dialect.startswith("sqlite"),
-        **kwargs,
     )
 
 
@@ -49,7 +50,10 @@ def run_online() -> None:
         return
     from chatops.db import engine_for
 
-    engine = engine_for(config.get_main_option("sqlalchemy.url"), foreign_keys=False)
+    url = config.get_main_option("sqlalchemy.url")
+    if url is None:
+        raise RuntimeError("alembic: no connection was passed and sqlalchemy.url is not set")
+    engine = engine_for(url, foreign_keys=False)
     try:
         with engine.connect() as connection, connection.begin():
             _configure(connection=connection)
