@@ -243,11 +243,12 @@ def _load_file(file: Path, env: Mapping[str, str]) -> FileConfig:
 
     problems = [(_line(root, loc), _render(loc, msg)) for loc, msg in _duplicate_keys(root)]
     problems += [(_line(root, loc), _render(loc, msg)) for loc, msg in _cross_checks(data, env)]
+    config: FileConfig | None = None
     try:
         config = FileConfig.model_validate(data, strict=True)
     except ValidationError as e:
         problems += [(_line(root, loc), _render(loc, msg)) for loc, msg in _pydantic_problems(e)]
-    if problems:
+    if problems or config is None:
         ordered = sorted(dict.fromkeys(problems), key=lambda p: p[0])  # one line per problem, in file order
         raise ConfigError([f"{file}:{line}: {message}" for line, message in ordered])
     return config
@@ -397,7 +398,9 @@ def _cross_checks(data: dict[str, Any], env: Mapping[str, str]) -> list[tuple[Lo
                 owner.setdefault(ext, name)
     for channel_id, _ in _items(data.get("channels")):
         if isinstance(channel_id, str) and channel_id != "default" and not _CHANNEL_ID.match(channel_id):
-            problems.append((("channels", channel_id), "expected `default` or a channel id such as C0123ABCD as the key"))
+            problems.append(
+                (("channels", channel_id), "expected `default` or a channel id such as C0123ABCD as the key")
+            )
     names: set[str] = set()
     jobs = data.get("jobs")
     for i, job in enumerate(jobs if isinstance(jobs, list) else ()):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, ClassVar
 
 from sqlalchemy import (
     JSON,
@@ -27,6 +27,7 @@ from sqlalchemy import (
     UniqueConstraint,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import TypeEngine
 
 NAMING_CONVENTION = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -79,7 +80,7 @@ def _one_of(column: str, values: tuple[str, ...]) -> str:
 
 class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING_CONVENTION)
-    type_annotation_map = {datetime: UTCDateTime(), dict[str, Any]: JSON()}
+    type_annotation_map: ClassVar[dict[Any, TypeEngine[Any]]] = {datetime: UTCDateTime(), dict[str, Any]: JSON()}
 
 
 class Session(Base):
