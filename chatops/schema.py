@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import UTC, datetime
+from enum import StrEnum
 from typing import Any, ClassVar
 
 from sqlalchemy import (
@@ -37,11 +38,43 @@ NAMING_CONVENTION = {
     "pk": "pk_%(table_name)s",
 }
 
-SESSION_KINDS = ("thread", "job")
-SESSION_STATUSES = ("idle", "queued", "running", "awaiting_approval")
-APPROVAL_STATES = ("pending", "approved", "rejected", "expired")
-DECISIONS = ("approved", "rejected", "auto")
-JOB_RUN_STATUSES = ("scheduled", "running", "succeeded", "failed")
+
+
+class SessionKind(StrEnum):
+    THREAD = "thread"
+    JOB = "job"
+
+
+class SessionStatus(StrEnum):
+    IDLE = "idle"
+    QUEUED = "queued"
+    RUNNING = "running"
+    AWAITING_APPROVAL = "awaiting_approval"
+
+
+class ApprovalState(StrEnum):
+    """The approval row decides: the first valid click moves it out of `pending`, by compare-and-set, and
+    only then is the decision handed to the turn (mm_core.log.Decision in the session's log)."""
+
+    PENDING = "pending"
+    APPROVED = "approved"
+    REJECTED = "rejected"
+    EXPIRED = "expired"
+
+
+class CallDecision(StrEnum):
+    """tool_calls.decision: a projection of the log's Decision entries, for people and dashboards."""
+
+    APPROVED = "approved"
+    REJECTED = "rejected"
+    AUTO = "auto"  # it ran without asking (yolo, or a call that is never gated)
+
+
+class JobRunStatus(StrEnum):
+    SCHEDULED = "scheduled"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
 
 # SQLite only auto-increments an INTEGER PRIMARY KEY; PostgreSQL gets the 64 bits.
 BigId = BigInteger().with_variant(Integer(), "sqlite")
@@ -74,8 +107,8 @@ def new_id() -> str:
     return str(uuid.uuid4())
 
 
-def _one_of(column: str, values: tuple[str, ...]) -> str:
-    return f"{column} IN ({', '.join(repr(v) for v in values)})"
+def _one_of(column: str, values: type[StrEnum]) -> str:
+    return f"{column} IN ({', '.join(repr(v.value) for v in values)})"
 
 
 class Base(DeclarativeBase):
@@ -89,13 +122,13 @@ class Session(Base):
     __tablename__ = "sessions"
     __table_args__ = (
         UniqueConstraint("channel_id", "thread_ts"),
-        CheckConstraint(_one_of("kind", SESSION_KINDS), name="kind"),
-        CheckConstraint(_one_of("status", SESSION_STATUSES), name="status"),
+        CheckConstraint(_one_of("kind", SessionKind), name="kind"),
+        CheckConstraint(_one_of("status", SessionStatus), name="status"),
         Index(None, "status", "lease_expires_at"),
     )
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
-    kind: Mapped[str] = mapped_column(String(16), default="thread")
+    kind: Mapped[str] = mapped_column(String(16), default=SessionKind.THREAD)
     team_id: Mapped[str | None] = mapped_column(String(32))
     channel_id: Mapped[str | None] = mapped_column(String(32))
     thread_ts: Mapped[str | None] = mapped_column(String(32))
@@ -103,7 +136,7 @@ class Session(Base):
     workspace: Mapped[str | None] = mapped_column(Text)
     agent_name: Mapped[str | None] = mapped_column(String(100))
     agent_config: Mapped[dict[str, Any] | None]
-    status: Mapped[str] = mapped_column(String(24), default="idle")
+    status: Mapped[str] = mapped_column(String(24), default=SessionStatus.IDLE)
     # None: the channel's (or the config's) yolo; "Approve all in this thread" sets it to True.
     yolo: Mapped[bool | None] = mapped_column(Boolean)
     # Fencing: the token only ever grows, and every append checks it, so an expired owner cannot write.
@@ -133,7 +166,7 @@ class ToolCall(Base):
     __table_args__ = (
         # The log's projection is updated by (session, call id); the loop mints call ids unique everywhere.
         UniqueConstraint("session_id", "call_id"),
-        CheckConstraint(_one_of("decision", DECISIONS), name="decision"),
+        CheckConstraint(_one_of("decision", CallDecision), name="decision"),
     )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
@@ -156,7 +189,7 @@ class Approval(Base):
 
     __tablename__ = "approvals"
     __table_args__ = (
-        CheckConstraint(_one_of("state", APPROVAL_STATES), name="state"),
+        CheckConstraint(_one_of("state", ApprovalState), name="state"),
         Index(None, "state", "expires_at"),
     )
 
@@ -166,7 +199,7 @@ class Approval(Base):
     arguments: Mapped[str | None] = mapped_column(Text)
     preview: Mapped[str | None] = mapped_column(Text)
     requested_by: Mapped[str | None] = mapped_column(String(64))
-    state: Mapped[str] = mapped_column(String(16), default="pending")
+    state: Mapped[str] = mapped_column(String(16), default=ApprovalState.PENDING)
     decided_by: Mapped[str | None] = mapped_column(String(64))
     decided_at: Mapped[datetime | None]
     expires_at: Mapped[datetime | None]
@@ -202,7 +235,7 @@ class JobRun(Base):
     __tablename__ = "job_runs"
     __table_args__ = (
         UniqueConstraint("job_name", "scheduled_for"),
-        CheckConstraint(_one_of("status", JOB_RUN_STATUSES), name="status"),
+        CheckConstraint(_one_of("status", JobRunStatus), name="status"),
     )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
@@ -211,5 +244,5 @@ class JobRun(Base):
     session_id: Mapped[str | None] = mapped_column(ForeignKey("sessions.id", ondelete="SET NULL"))
     started_at: Mapped[datetime | None]
     finished_at: Mapped[datetime | None]
-    status: Mapped[str] = mapped_column(String(16), default="scheduled")
+    status: Mapped[str] = mapped_column(String(16), default=JobRunStatus.SCHEDULED)
     summary: Mapped[str | None] = mapped_column(Text)

@@ -16,9 +16,21 @@ from typing import Any
 from sqlalchemy import Connection, Engine, Table, func, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError
 
-from chatops.schema import Approval, Error, Session, SessionEvent, SlackEvent, ToolCall, utcnow
+from chatops.schema import (
+    Approval,
+    ApprovalState,
+    CallDecision,
+    Error,
+    Session,
+    SessionEvent,
+    SessionKind,
+    SessionStatus,
+    SlackEvent,
+    ToolCall,
+    utcnow,
+)
 from mm_core.log import (
-    ApprovalDecision,
+    Decision,
     AssistantMessage,
     Entry,
     ErrorRecord,
@@ -81,7 +93,7 @@ def _project(conn: Connection, session_id: str, entry: Entry, now: datetime) -> 
             row = _upsert_call(conn, session_id, call_id, tool=tool, agent=agent, status="running", started_at=now)
             # No decision recorded before it started: it ran without asking (yolo).
             conn.execute(
-                update(ToolCall).where(ToolCall.id == row, ToolCall.decision.is_(None)).values(decision="auto")
+                update(ToolCall).where(ToolCall.id == row, ToolCall.decision.is_(None)).values(decision=CallDecision.AUTO)
             )
         case ToolResult():
             _upsert_call(
@@ -95,8 +107,8 @@ def _project(conn: Connection, session_id: str, entry: Entry, now: datetime) -> 
                 finished_at=now,
                 duration_ms=entry.duration_ms,
             )
-        case ApprovalDecision(call_id=call_id, approved=approved, by=by):
-            decision = "approved" if approved else "rejected"
+        case Decision(call_id=call_id, approved=approved, by=by):
+            decision = CallDecision.APPROVED if approved else CallDecision.REJECTED
             _upsert_call(conn, session_id, call_id, decision=decision, decided_by=by)
         case ErrorRecord(message=message, where=where):
             values = _fit(Error.__table__, where=where, message=message)
@@ -149,7 +161,7 @@ def ensure_session(
     *,
     channel_id: str | None,
     thread_ts: str | None,
-    kind: str = "thread",
+    kind: SessionKind = SessionKind.THREAD,
     team_id: str | None = None,
     requester: str | None = None,
     **values: Any,
@@ -179,7 +191,9 @@ def ensure_session(
     raise RuntimeError(f"could not create the session of {channel_id}/{thread_ts}")
 
 
-def set_status(engine: Engine, session_id: str, status: str, *, expect: str | None = None) -> bool:
+def set_status(
+    engine: Engine, session_id: str, status: SessionStatus, *, expect: SessionStatus | None = None
+) -> bool:
     """Set the session's status (only if it is `expect`, when given); True if it changed."""
     stmt = update(Session).where(Session.id == session_id)
     if expect is not None:
@@ -263,7 +277,7 @@ class ApprovalRow:
     arguments: str | None
     preview: str | None
     requested_by: str | None
-    state: str
+    state: ApprovalState
     decided_by: str | None
     decided_at: datetime | None
     expires_at: datetime | None
@@ -271,6 +285,11 @@ class ApprovalRow:
 
 
 _APPROVAL_COLUMNS = [getattr(Approval, f) for f in ApprovalRow.__dataclass_fields__]
+
+
+def _approval_row(row: Any) -> ApprovalRow:
+    values = row._asdict()
+    return ApprovalRow(**{**values, "state": ApprovalState(values["state"])})
 
 
 def request_approval(
@@ -296,7 +315,7 @@ def request_approval(
                     **_fit(
                         Approval.__table__, tool=tool, arguments=arguments, preview=preview, requested_by=requested_by
                     ),
-                    state="pending",
+                    state=ApprovalState.PENDING,
                     expires_at=now + timedelta(seconds=timeout_s) if timeout_s is not None else None,
                     created_at=now,
                 )
@@ -314,7 +333,7 @@ def request_approval(
 def get_approval(engine: Engine, call_id: str) -> ApprovalRow | None:
     with engine.connect() as conn:
         row = conn.execute(select(*_APPROVAL_COLUMNS).where(Approval.call_id == call_id)).first()
-    return ApprovalRow(*row) if row else None
+    return _approval_row(row) if row else None
 
 
 def set_approval_message(engine: Engine, call_id: str, message_ts: str) -> None:
@@ -331,10 +350,12 @@ def decide_approval(engine: Engine, call_id: str, approved: bool, by: str, now: 
             update(Approval)
             .where(
                 Approval.call_id == call_id,
-                Approval.state == "pending",
+                Approval.state == ApprovalState.PENDING,
                 or_(Approval.expires_at.is_(None), Approval.expires_at > now),
             )
-            .values(state="approved" if approved else "rejected", decided_by=by, decided_at=now)
+            .values(
+                state=ApprovalState.APPROVED if approved else ApprovalState.REJECTED, decided_by=by, decided_at=now
+            )
         )
         return result.rowcount == 1
 
@@ -345,8 +366,8 @@ def expire_approvals(engine: Engine, now: datetime | None = None) -> list[Approv
     with engine.begin() as conn:
         rows = conn.execute(
             update(Approval)
-            .where(Approval.state == "pending", Approval.expires_at <= now)
-            .values(state="expired", decided_at=now)
+            .where(Approval.state == ApprovalState.PENDING, Approval.expires_at <= now)
+            .values(state=ApprovalState.EXPIRED, decided_at=now)
             .returning(*_APPROVAL_COLUMNS)
         ).all()
-    return [ApprovalRow(*row) for row in rows]
+    return [_approval_row(row) for row in rows]

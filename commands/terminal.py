@@ -11,22 +11,26 @@ import asyncio
 import signal
 import sys
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
 from chatops.config import ConfigError, load_config
-from mm_core.agent import Agent, Decision
-from mm_core.events import (
+from mm_core import (
+    Agent,
+    Decision,
     Error,
+    Event,
+    MemoryStore,
+    ModelError,
     PermissionRequested,
     Status,
     TextDelta,
     ToolCallFinished,
     ToolCallStarted,
     TurnFinished,
+    display,
 )
-from mm_core.log import MemoryStore
-from mm_core.model import ModelError
 from mm_core.tools import build_tools
 
 DIM, RESET = "\033[2m", "\033[0m"
@@ -34,36 +38,44 @@ HELP = "commands: /new (fresh conversation), /compact (summarise older history),
 
 
 class Renderer:
-    """Prints turn events the way the reference's line mode does."""
+    """Lays out mm_core.display's lines the way the reference's line mode does."""
 
-    def __init__(self, out: TextIO, color: bool):
-        self.out, self.color, self.mid_line = out, color, False
+    def __init__(self, out: TextIO, color: bool, oneshot: bool = False):
+        self.out, self.color, self.oneshot, self.mid_line = out, color, oneshot, False
 
     def dim(self, text: str) -> str:
         return f"{DIM}{text}{RESET}" if self.color else text
 
-    def __call__(self, event: object) -> None:
-        # An asked agent's lines carry its name: `reviewer · 🛠️  bash: …` (tools.md, ask_agent's display).
-        prefix = f"{event.agent} · " if getattr(event, "agent", None) else ""
+    def __call__(self, event: Event) -> None:
         if isinstance(event, TextDelta):
             self.write(event.text)
             self.mid_line = not event.text.endswith("\n")
             return
-        if isinstance(event, Status):
-            return  # a spinner has no place in a log-like line mode
+        if isinstance(event, (Status, PermissionRequested)):
+            return  # no spinner in a log-like line mode; the prompt is asked by `ask`
         self.newline()
         if isinstance(event, ToolCallStarted):
-            # The wrench's variation selector makes it one column wide in most terminals: the reference pads it.
-            self.write(prefix + event.title.replace("🛠️ ", "🛠️  ", 1) + "\n")
+            self.write(self.line(display.call_line(event)) + "\n")
         elif isinstance(event, ToolCallFinished):
-            for line in event.preview.splitlines():
+            for line in display.result_lines(event):
                 self.write(self.dim("   " + line) + "\n")
+            note = display.oneshot_note(event) if self.oneshot else None
+            if note:
+                print(f"mm-bot run: {note}", file=sys.stderr, flush=True)
         elif isinstance(event, Error):
-            self.write(prefix + event.message + "\n")
-        elif isinstance(event, TurnFinished) and event.outcome != "suspended":
-            recap = event.counters.recap()
-            tokens = f"{event.usage.total_tokens} tokens"
-            self.write(self.dim(f"{recap + ' · ' if recap else ''}{tokens}") + "\n")
+            prefix = f"{event.agent} · " if event.agent else ""
+            self.write(prefix + display.error_line(event) + "\n")
+        elif isinstance(event, TurnFinished):
+            recap = display.recap(event)
+            if recap:
+                self.write(self.dim(recap) + "\n")
+
+    @staticmethod
+    def line(line: display.CallLine) -> str:
+        # An asked agent's lines carry its name: `reviewer · 🛠️  bash: …` (tools.md, ask_agent's display).
+        # The wrench's variation selector makes it one column wide in most terminals: the reference pads it.
+        icon = "🛠️ " if line.icon == "🛠️" else line.icon
+        return f"{line.agent + ' · ' if line.agent else ''}{icon} {line.title}"
 
     def newline(self) -> None:
         if self.mid_line:
@@ -75,12 +87,13 @@ class Renderer:
         self.out.flush()
 
 
-def ask(event: PermissionRequested, out: TextIO, read=input) -> list[Decision]:
+def ask(event: PermissionRequested, out: TextIO, read: Callable[[str], str] = input) -> list[Decision]:
     decisions = []
     for call in event.calls:
-        out.write(f"🔐 {call.title}\n")
-        if call.preview and call.preview != call.title.split(": ", 1)[-1]:
-            out.write("\n".join("   " + line for line in call.preview.splitlines()) + "\n")
+        shown = display.prompt(call)
+        out.write(f"{display.PROMPT_ICON} {shown.line.text}\n")
+        if shown.details:
+            out.write("\n".join("   " + line for line in shown.details) + "\n")
         try:
             answer = read("   allow? [y]es / [n]o / [a]ll for this session: ").strip().lower()
         except EOFError:  # input ended: nobody is there to allow anything
@@ -113,9 +126,9 @@ def main(argv: list[str] | None = None, out: TextIO = sys.stdout, read=input) ->
     for warning in warnings:
         print(warning, file=sys.stderr)
     pending: list[PermissionRequested] = []
-    render = Renderer(out, color=out.isatty())
+    render = Renderer(out, color=out.isatty(), oneshot=args.prompt is not None)
 
-    def emit(event: object) -> None:
+    def emit(event: Event) -> None:
         if isinstance(event, PermissionRequested):
             pending.append(event)
         render(event)

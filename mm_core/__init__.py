@@ -1,0 +1,51 @@
+"""mm_core: the agent core, a plain library (no Slack, no Celery, no database).
+
+Front ends use what is listed here: an `Agent` on a session's log (`Store`), driven by `send`, `resume`
+(with a person's `Decision`s), `stop`, `new` and `compact`; the typed events it emits while it works; and
+`mm_core.display` for what to show of them. Everything else is the core's own business.
+"""
+
+from mm_core.agent import Agent, TurnInProgress
+from mm_core.config import AgentConfig
+from mm_core.events import (
+    Counters,
+    Emit,
+    Error,
+    Event,
+    PendingCall,
+    PermissionRequested,
+    Status,
+    TextDelta,
+    ToolCallFinished,
+    ToolCallStarted,
+    TurnFinished,
+    Usage,
+)
+from mm_core.log import CallStatus, Decision, Fenced, FileStore, MemoryStore, Outcome, Store
+from mm_core.model import ModelError
+
+__all__ = [
+    "Agent",
+    "AgentConfig",
+    "CallStatus",
+    "Counters",
+    "Decision",
+    "Emit",
+    "Error",
+    "Event",
+    "Fenced",
+    "FileStore",
+    "MemoryStore",
+    "ModelError",
+    "Outcome",
+    "PendingCall",
+    "PermissionRequested",
+    "Status",
+    "Store",
+    "TextDelta",
+    "ToolCallFinished",
+    "ToolCallStarted",
+    "TurnFinished",
+    "TurnInProgress",
+    "Usage",
+]

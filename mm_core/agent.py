@@ -15,26 +15,31 @@ import asyncio
 import json
 import time
 import uuid
-from dataclasses import dataclass
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from mm_core.config import AgentConfig
 from mm_core.events import (
+    Emit,
     Error,
     PendingCall,
     PermissionRequested,
     ToolCallFinished,
     ToolCallStarted,
     TurnFinished,
+    ignore,
 )
 from mm_core.log import (
-    ApprovalDecision,
     AssistantMessage,
+    CallStatus,
     Compaction,
+    Decision,
     Entry,
     ErrorRecord,
+    Outcome,
     Reset,
+    ScopedStore,
     Store,
     ToolCallRequest,
     ToolResult,
@@ -46,14 +51,14 @@ from mm_core.log import (
 from mm_core.loopdetect import STOP_AT, LoopDetector, stop_text
 from mm_core.model import ModelClient, ModelError
 from mm_core.state import SessionState
-from mm_core.tools.base import SessionResources, SuspendTurn, Tool, ToolCancelled, ToolContext
+from mm_core.tools import build_tools
+from mm_core.tools.base import CANCELLED, Caller, SessionResources, SuspendTurn, Tool, ToolCancelled, ToolContext
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are mm, a coding agent working in a checkout of the user's repository (your working directory). "
     "Use the tools to look at the code, run commands and change files; check what you changed before you "
     "say it is done. Answer briefly and concretely."
 )
-CANCELLED = "[error: cancelled]"
 INTERRUPTED = (
     "[error: interrupted — the process running this call stopped before it finished; it may have done part "
     "of its work: check before running it again]"
@@ -74,14 +79,6 @@ class _LoopStopped(Exception):
     pass
 
 
-@dataclass(frozen=True)
-class Decision:
-    call_id: str
-    approved: bool
-    by: str | None = None
-    all: bool = False  # "Approve all for this session": yolo from here on
-
-
 class Agent:
     def __init__(
         self,
@@ -93,14 +90,12 @@ class Agent:
         tools: list[Tool] | None = None,
         model: ModelClient | None = None,
         api_key: str | None = None,
-        emit: Callable[[Any], None] = lambda event: None,
+        emit: Emit = ignore,
         resources: SessionResources | None = None,
         oneshot: bool = False,
         depth: int = 0,
         name: str | None = None,
     ):
-        from mm_core.tools import build_tools
-
         self.config, self.store, self.session_id = config, store, session_id
         self.workspace = Path(workspace)
         self.emit, self.oneshot, self.depth, self.name = emit, oneshot, depth, name
@@ -113,7 +108,8 @@ class Agent:
         self._log: list[Entry] = []
 
     # -- the log ----------------------------------------------------------------------------------
-    def _load(self) -> SessionState:
+    def load(self) -> SessionState:
+        """The session as stored: read again, since another process may have written it."""
         self._log = self.store.load(self.session_id)
         return self.state()
 
@@ -127,40 +123,44 @@ class Agent:
 
     # -- what front ends call ---------------------------------------------------------------------
     async def send(self, text: str, author: str | None = None) -> TurnFinished:
-        if self._load().turn_start() is not None:
+        if self.load().turn_start() is not None:
             raise TurnInProgress(self.session_id)
         self._append(UserMessage(text, author))
         return await self._run()
 
     async def resume(self, decisions: Iterable[Decision] = ()) -> TurnFinished:
         """Continue the turn: after approvals, or after the process that ran it died."""
-        state = self._load()
+        state = self.load()
         waiting, known = state.open_calls(), set(state.decisions())
         for d in decisions:
             # The first decision on a call wins; one for a call that waits no more (a stale button) is dropped.
             if d.call_id in waiting and d.call_id not in known:
                 known.add(d.call_id)
-                self._append(ApprovalDecision(d.call_id, d.approved, d.by, d.all))
+                self._append(d)
         return await self._run()
 
     async def stop(self) -> TurnFinished:
         """End a turn that is not running in this process (awaiting approval, or orphaned by a crash)."""
-        state = self._load()
+        state = self.load()
         if state.turn_start() is None:
-            return TurnFinished("idle")
-        self._close_pending(state, CANCELLED, "cancelled")
-        return self._end("cancelled")
+            return TurnFinished(Outcome.IDLE)
+        self._close_pending(state, CANCELLED, CallStatus.CANCELLED)
+        return self._end(Outcome.CANCELLED)
 
     async def new(self) -> None:
         """`new`: a fresh conversation. Background jobs, language servers and the loop detector go too."""
-        if self._load().turn_start() is not None:
+        if self.load().turn_start() is not None:
             await self.stop()
         self._append(Reset())
         await self.resources.aclose()
 
+    async def aclose(self) -> None:
+        """Close the model client. The session's resources are the session's: `new` closes them."""
+        await self.model.aclose()
+
     async def compact(self) -> str:
         """`compact`: the model summarises older history; the latest exchange is kept as it is."""
-        state = self._load()
+        state = self.load()
         if state.turn_start() is not None:
             raise TurnInProgress(self.session_id)
         users = [i for i, e in enumerate(state.entries) if isinstance(e, UserMessage)]
@@ -179,14 +179,14 @@ class Agent:
             while True:
                 state = self.state()
                 if state.turn_start() is None:
-                    return TurnFinished("idle")
+                    return TurnFinished(Outcome.IDLE)
                 if state.failure() is not None:  # it failed, and the process died before the end mark
-                    return self._close_failed("failed")
+                    return self._close_failed(Outcome.FAILED)
                 if state.cancelled():  # it was being cancelled when the process died: finish that, not the turn
-                    self._close_pending(state, CANCELLED, "cancelled")
-                    return self._end("cancelled")
+                    self._close_pending(state, CANCELLED, CallStatus.CANCELLED)
+                    return self._end(Outcome.CANCELLED)
                 if state.answered():
-                    return self._end("answered")
+                    return self._end(Outcome.ANSWERED)
                 if state.pending():
                     waiting = await self._run_calls(state)
                     if waiting:
@@ -196,7 +196,7 @@ class Agent:
                     return self._fail(
                         f"[error: the turn reached maxTurns ({self.config.maxTurns}) model calls without a "
                         f"final answer — ask again to continue, or raise maxTurns]",
-                        "max_turns",
+                        Outcome.MAX_TURNS,
                     )
                 specs = [t.schema() for t in self.tools.values()]
                 answer = await self.model.complete(state.messages(self.system_prompt), specs, self.emit, self.name)
@@ -214,33 +214,33 @@ class Agent:
                     )
                 )
         except (ModelError, _LoopStopped) as e:
-            return self._fail(str(e), "failed")
+            return self._fail(str(e), Outcome.FAILED)
         except asyncio.CancelledError:
-            self._close_pending(self.state(), CANCELLED, "cancelled")
-            self._end("cancelled")
+            self._close_pending(self.state(), CANCELLED, CallStatus.CANCELLED)
+            self._end(Outcome.CANCELLED)
             raise
 
     async def _run_calls(self, state: SessionState) -> list[PendingCall]:
         """Run the pending calls in order; return the ones that wait for a person, if any."""
         decisions, started = state.decisions(), state.started()
-        yolo = self.config.yolo or state.approve_all()
+        yolo = self._yolo(state)
         detector = state.loop_detector()
         pending = state.pending()
         for i, call in enumerate(pending):
             tool = self.tools.get(call.name)
             args, problem = _parse(call, tool, list(self.tools))
             if call.id in started and not (tool and tool.resumable):
-                self._result(call, INTERRUPTED, "interrupted")
+                self._result(call, INTERRUPTED, CallStatus.INTERRUPTED)
                 continue
-            if problem:
-                self._result(call, problem, "error")
+            if tool is None or problem:
+                self._result(call, problem or "", CallStatus.ERROR)
                 continue
             if not yolo and tool.needs_approval(args):
                 decision = decisions.get(call.id)
                 if decision is None and not self.oneshot:
                     return await self._waiting(pending[i:], decisions)
                 if decision is None or not decision.approved:
-                    self._result(call, tool.refusal(args), "rejected")
+                    self._result(call, tool.refusal(args), CallStatus.REJECTED)
                     continue
                 yolo = yolo or decision.all
             try:
@@ -250,33 +250,51 @@ class Agent:
                 return list(suspended.calls)
         return []
 
+    def _yolo(self, state: SessionState) -> bool:
+        return self.config.yolo or state.approve_all()
+
+    def _context(self, call: ToolCallRequest, tool: Tool) -> ToolContext:
+        caller = None
+        if tool.asks_agents:
+            caller = Caller(
+                self.state, self._yolo(self.state()), self.oneshot, self.config.model.url, self.model.api_key,
+                lambda name, config, api_key, emit: Agent(
+                    config, ScopedStore(self.store, self.session_id), call.id, self.workspace, api_key=api_key,
+                    emit=emit, resources=self.resources, oneshot=self.oneshot, depth=self.depth + 1, name=name,
+                ),
+            )
+        return ToolContext(
+            self.workspace, self.config, call.id, self.resources, self.emit, self.depth, self.name, caller
+        )
+
     async def _execute(self, call: ToolCallRequest, tool: Tool, args: dict, detector: LoopDetector) -> None:
         self._append(ToolStarted(call.id, call.name, self.name))
-        self.emit(ToolCallStarted(call.id, call.name, args, f"{tool.emoji} {tool.title(args)}", self.name))
-        ctx = ToolContext(
-            self.workspace, self.config, call.id, self.resources, self.emit, self.depth, self.name,
-            {"agent": self},
-        )
-        began, status = time.monotonic(), "ok"
+        self.emit(ToolCallStarted(call.id, call.name, args, tool.emoji, tool.title(args), self.name))
+        began, status = time.monotonic(), CallStatus.OK
         try:
-            output = await tool.run(args, ctx)
+            output = await tool.run(args, self._context(call, tool))
         except ToolCancelled as e:
-            self._result(call, e.output, "cancelled", began)
+            self._result(call, e.output, CallStatus.CANCELLED, began)
             raise asyncio.CancelledError from None
         except asyncio.CancelledError:
-            self._result(call, CANCELLED, "cancelled", began)
+            self._result(call, CANCELLED, CallStatus.CANCELLED, began)
             raise
         except SuspendTurn:
             raise
         except Exception as e:  # noqa: BLE001 - a broken tool is text for the model, not a dead turn
-            output, status = f"[error: {call.name} failed: {type(e).__name__}: {e}]", "error"
-        run = detector.record(call.name, call.arguments, output) if status == "ok" else 0
+            output, status = f"[error: {call.name} failed: {type(e).__name__}: {e}]", CallStatus.ERROR
+        run = detector.record(call.name, call.arguments, output) if status == CallStatus.OK else 0
         if run >= STOP_AT:  # the call's result is the error: _fail writes both, the error first
             raise _LoopStopped(stop_text(call.name))
         self._result(call, LoopDetector.annotate(output, run), status, began, tool.shown(args, output))
 
     def _result(
-        self, call: ToolCallRequest, output: str, status: str, began: float | None = None, shown: str | None = None
+        self,
+        call: ToolCallRequest,
+        output: str,
+        status: CallStatus,
+        began: float | None = None,
+        shown: str | None = None,
     ) -> None:
         ms = int((time.monotonic() - began) * 1000) if began is not None else 0
         self._append(ToolResult(call.id, call.name, output, status, ms, self.name))
@@ -284,65 +302,62 @@ class Agent:
         preview = shown or ("\n".join(lines) if output.strip() else "(no output)")
         self.emit(ToolCallFinished(call.id, call.name, output, preview, status, self.name))
 
-    async def _waiting(self, calls: list[ToolCallRequest], decisions: dict) -> list[PendingCall]:
+    async def _waiting(self, calls: list[ToolCallRequest], decisions: dict[str, Decision]) -> list[PendingCall]:
         waiting = []
         for call in calls:
             tool = self.tools.get(call.name)
             args, problem = _parse(call, tool, list(self.tools))
-            if problem or call.id in decisions or not tool.needs_approval(args):
+            if tool is None or problem or call.id in decisions or not tool.needs_approval(args):
                 continue
             ctx = ToolContext(self.workspace, self.config, call.id, self.resources, self.emit, self.depth, self.name)
             try:
                 preview = await tool.preview(args, ctx)
             except Exception as e:  # noqa: BLE001 - a person still decides, with what we could show
                 preview = f"{tool.title(args)}\n(preview failed: {e})"
-            waiting.append(
-                PendingCall(call.id, call.name, args, f"{tool.emoji} {tool.title(args)}", preview, self.name)
-            )
+            waiting.append(PendingCall(call.id, call.name, args, tool.emoji, tool.title(args), preview, self.name))
         return waiting
 
     # -- endings ----------------------------------------------------------------------------------
     def _suspend(self, waiting: list[PendingCall]) -> TurnFinished:
         self.emit(PermissionRequested(tuple(waiting)))
-        return self._finished("suspended", self.state())
+        return self._finished(Outcome.SUSPENDED, self.state())
 
-    def _fail(self, message: str, outcome: str) -> TurnFinished:
+    def _fail(self, message: str, outcome: Outcome) -> TurnFinished:
         # The error is the decision that ends the turn, so it is written first: a crash after it still ends it.
         self._append(ErrorRecord(message, "generation"))
         self.emit(Error(message, "generation", self.name))
         return self._close_failed(outcome)
 
-    def _close_failed(self, outcome: str) -> TurnFinished:
+    def _close_failed(self, outcome: Outcome) -> TurnFinished:
         state = self.state()
         started = state.started()
         for call in state.pending():  # the call the loop detector stopped gets the error as its result
             if call.id in started:
-                self._result(call, state.failure() or NOT_RUN, "error")
+                self._result(call, state.failure() or NOT_RUN, CallStatus.ERROR)
             else:
-                self._result(call, NOT_RUN, "cancelled")
+                self._result(call, NOT_RUN, CallStatus.CANCELLED)
         return self._end(outcome)
 
-    def _end(self, outcome: str) -> TurnFinished:
+    def _end(self, outcome: Outcome) -> TurnFinished:
         state = self.state()
         self._append(TurnEnded(outcome))
         return self._finished(outcome, state)
 
-    def _finished(self, outcome: str, state: SessionState) -> TurnFinished:
+    def _finished(self, outcome: Outcome, state: SessionState) -> TurnFinished:
         last = state.last_assistant()
         counter_of = {name: tool.counter for name, tool in self.tools.items()}
-        event = TurnFinished(
-            outcome, last.text if last and outcome == "answered" else "", state.counters(counter_of), state.usage()
-        )
+        answer = last.text if last and outcome == Outcome.ANSWERED else ""
+        event = TurnFinished(outcome, answer, state.counters(counter_of), state.usage())
         self.emit(event)
         return event
 
-    def _close_pending(self, state: SessionState, text: str, status: str) -> None:
+    def _close_pending(self, state: SessionState, text: str, status: CallStatus) -> None:
         """Give every call without a result one, so the log stays a valid conversation."""
         for call in state.pending():
             self._result(call, text, status)
 
 
-def _parse(call: ToolCallRequest, tool: Tool | None, names: list[str]) -> tuple[dict, str | None]:
+def _parse(call: ToolCallRequest, tool: Tool | None, names: list[str]) -> tuple[dict[str, Any], str | None]:
     if tool is None:
         return {}, f"[error: there is no tool named {call.name!r} — available tools: {', '.join(sorted(names))}]"
     try:

@@ -1,13 +1,17 @@
 """Typed events the turn emits for front ends (the terminal, the Slack renderer, the tests).
 
-Front ends subscribe to these and nothing else: they never reach into the loop. `agent` names the asked
-agent (ask_agent) whose event it is, None for the agent the user talks to.
+Front ends subscribe to these and nothing else: they never reach into the loop, and what they show of them
+is computed once, in mm_core.display. `agent` names the asked agent (ask_agent) whose event it is, None for
+the agent the user talks to.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from mm_core.log import CallStatus, Outcome
 
 
 @dataclass(frozen=True)
@@ -29,7 +33,8 @@ class ToolCallStarted:
     call_id: str
     tool: str
     arguments: dict[str, Any]
-    # The reference's display line, emoji included: "🛠️  bash: ls", "📖 read_skill: go".
+    # The reference's display line, in two parts: the tool's icon ("🛠️", "📖") and "bash: ls", "read_skill: go".
+    icon: str
     title: str
     agent: str | None = None
 
@@ -41,7 +46,7 @@ class ToolCallFinished:
     output: str
     # Up to previewLines lines of the output, or "(no output)".
     preview: str
-    status: str = "ok"  # ok | rejected | cancelled | interrupted | error
+    status: CallStatus = CallStatus.OK
     agent: str | None = None
 
 
@@ -50,6 +55,7 @@ class PendingCall:
     call_id: str
     tool: str
     arguments: dict[str, Any]
+    icon: str
     title: str
     # What a person judges: the command, or the diff the edit would make.
     preview: str
@@ -81,24 +87,10 @@ class Counters:
     skills: int = 0
     lsp: int = 0
 
-    def recap(self) -> str:
-        """The reference's recap line: `⚙ N command(s) 📝 N file op(s) 📖 N skill(s) 🔎 N lsp call(s)`."""
-        parts = []
-        if self.commands:
-            parts.append(f"⚙ {self.commands} command(s)")
-        if self.file_ops:
-            parts.append(f"📝 {self.file_ops} file op(s)")
-        if self.skills:
-            parts.append(f"📖 {self.skills} skill(s)")
-        if self.lsp:
-            parts.append(f"🔎 {self.lsp} lsp call(s)")
-        return " ".join(parts)
-
 
 @dataclass(frozen=True)
 class TurnFinished:
-    # answered | suspended | cancelled | failed | max_turns
-    outcome: str
+    outcome: Outcome
     answer: str = ""
     counters: Counters = field(default_factory=Counters)
     usage: Usage = field(default_factory=Usage)
@@ -112,3 +104,9 @@ class Error:
 
 
 Event = Status | TextDelta | ToolCallStarted | ToolCallFinished | PermissionRequested | TurnFinished | Error
+# How the loop hands events to a front end.
+Emit = Callable[[Event], None]
+
+
+def ignore(_event: Event) -> None:
+    """The front end of a turn nobody watches."""

@@ -12,8 +12,31 @@ import json
 import os
 import threading
 from dataclasses import asdict, dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, Protocol
+
+
+class CallStatus(StrEnum):
+    """How a tool call ended, as its result records it."""
+
+    OK = "ok"
+    REJECTED = "rejected"  # a person said no (or one-shot mode, which cannot ask)
+    CANCELLED = "cancelled"  # the turn was stopped while it ran, or before it ran
+    INTERRUPTED = "interrupted"  # the process running it died; it may have done part of its work
+    ERROR = "error"  # bad arguments, an unknown tool, a tool that crashed, the loop detector's stop
+
+
+class Outcome(StrEnum):
+    """How a call to the turn loop ended (TurnFinished.outcome); all but `suspended` and `idle` end the turn
+    and are recorded by TurnEnded."""
+
+    ANSWERED = "answered"
+    SUSPENDED = "suspended"  # gated calls wait for a person; resume() continues the same turn
+    CANCELLED = "cancelled"
+    FAILED = "failed"
+    MAX_TURNS = "max_turns"
+    IDLE = "idle"  # there was no turn to continue (a stale resume, a stop of an idle session)
 
 
 @dataclass(frozen=True)
@@ -53,7 +76,7 @@ class ToolResult:
     call_id: str
     tool: str
     output: str
-    status: str = "ok"  # ok | rejected | cancelled | interrupted | error
+    status: CallStatus = CallStatus.OK
     duration_ms: int = 0
     agent: str | None = None
     kind: str = "tool_result"
@@ -78,7 +101,11 @@ class Nested:
 
 
 @dataclass(frozen=True)
-class ApprovalDecision:
+class Decision:
+    """A person's answer to a gated call: what front ends pass to Agent.resume(), and the entry the turn acts
+    on. The service decides who may give it and which click wins (the approvals table), then hands the
+    winner over; the log keeps the first decision for each call and drops any later one."""
+
     call_id: str
     approved: bool
     by: str | None = None
@@ -104,7 +131,7 @@ class ErrorRecord:
 
 @dataclass(frozen=True)
 class TurnEnded:
-    outcome: str  # answered | cancelled | failed | max_turns
+    outcome: Outcome  # never suspended nor idle: those do not end a turn
     kind: str = "turn_ended"
 
 
@@ -122,7 +149,7 @@ Entry = (
     | ToolResult
     | ToolSuspended
     | Nested
-    | ApprovalDecision
+    | Decision
     | Compaction
     | ErrorRecord
     | TurnEnded
@@ -136,7 +163,7 @@ _KINDS: dict[str, type] = {
     "tool_result": ToolResult,
     "tool_suspended": ToolSuspended,
     "nested": Nested,
-    "approval": ApprovalDecision,
+    "approval": Decision,
     "compaction": Compaction,
     "error": ErrorRecord,
     "turn_ended": TurnEnded,
@@ -153,6 +180,10 @@ def from_dict(data: dict[str, Any]) -> Entry:
     cls = _KINDS[data["kind"]]
     if cls is AssistantMessage:
         data["tool_calls"] = tuple(ToolCallRequest(**c) for c in data.get("tool_calls", ()))
+    elif cls is ToolResult:
+        data["status"] = CallStatus(data.get("status", CallStatus.OK))
+    elif cls is TurnEnded:
+        data["outcome"] = Outcome(data["outcome"])
     return cls(**data)
 
 
@@ -218,21 +249,22 @@ class FileStore:
 
 
 class ScopedStore:
-    """An asked agent's log, stored as Nested entries of its caller's session.
+    """The logs of the agents asked (ask_agent) inside one session, stored as Nested entries of it.
 
-    The nested agent then lives and dies with the caller's session, under the same lease, and a suspension
-    inside it is persisted exactly like the caller's own.
+    An asked agent's session id is the id of the call that asked it (its scope), so it lives and dies with
+    the caller's session, under the same lease, and a suspension inside it is persisted exactly like the
+    caller's own. Agents asked by an asked agent nest the same way, one scope inside another.
     """
 
-    def __init__(self, store: Store, session_id: str, scope: str):
-        self.store, self.session_id, self.scope = store, session_id, scope
+    def __init__(self, store: Store, session_id: str):
+        self.store, self.session_id = store, session_id
 
     def load(self, session_id: str) -> list[Entry]:
         return [
             from_dict(e.entry)
             for e in self.store.load(self.session_id)
-            if isinstance(e, Nested) and e.scope == self.scope
+            if isinstance(e, Nested) and e.scope == session_id
         ]
 
     def append(self, session_id: str, entry: Entry) -> None:
-        self.store.append(self.session_id, Nested(self.scope, to_dict(entry)))
+        self.store.append(self.session_id, Nested(session_id, to_dict(entry)))

@@ -12,9 +12,10 @@ from typing import Any
 
 from mm_core.events import Counters, Usage
 from mm_core.log import (
-    ApprovalDecision,
     AssistantMessage,
+    CallStatus,
     Compaction,
+    Decision,
     Entry,
     ErrorRecord,
     Nested,
@@ -70,8 +71,8 @@ class SessionState:
                 running.discard(e.call_id)
         return running
 
-    def decisions(self) -> dict[str, ApprovalDecision]:
-        return {e.call_id: e for e in self.entries if isinstance(e, ApprovalDecision)}
+    def decisions(self) -> dict[str, Decision]:
+        return {e.call_id: e for e in self.entries if isinstance(e, Decision)}
 
     def last_assistant(self) -> AssistantMessage | None:
         for e in reversed(self.turn_entries()):
@@ -106,7 +107,7 @@ class SessionState:
 
     def cancelled(self) -> bool:
         """A call of the turn ended cancelled: the turn was being stopped (perhaps when the process died)."""
-        return any(isinstance(e, ToolResult) and e.status == "cancelled" for e in self.turn_entries())
+        return any(isinstance(e, ToolResult) and e.status == CallStatus.CANCELLED for e in self.turn_entries())
 
     def answered(self) -> bool:
         """The model's latest answer in this turn had no tool calls: the turn is over but for its end mark."""
@@ -114,7 +115,7 @@ class SessionState:
         return last is not None and not last.tool_calls and self.entries[-1] is last
 
     def approve_all(self) -> bool:
-        return any(e.all and e.approved for e in self.entries if isinstance(e, ApprovalDecision))
+        return any(e.all and e.approved for e in self.entries if isinstance(e, Decision))
 
     def counters(self, counter_of: dict[str, str | None]) -> Counters:
         """The recap counters of the turn; `counter_of` maps a tool name to its counter (Tool.counter)."""
@@ -138,7 +139,7 @@ class SessionState:
         detector = LoopDetector()
         args = {c.id: c.arguments for e in self.entries if isinstance(e, AssistantMessage) for c in e.tool_calls}
         for e in self.entries:
-            if isinstance(e, ToolResult) and e.status == "ok":
+            if isinstance(e, ToolResult) and e.status == CallStatus.OK:
                 detector.record(e.tool, args.get(e.call_id, ""), e.output)
         return detector
 

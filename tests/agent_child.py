@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-from mm_core.agent import Agent, Decision
+from mm_core import Agent, Decision
 from mm_core.config import AgentConfig
 from mm_core.log import FileStore
 

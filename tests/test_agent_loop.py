@@ -8,12 +8,13 @@ import json
 import pytest
 
 from agent_support import agent_config, call_ids, make_agent
-from mm_core.agent import Decision, TurnInProgress
+from mm_core.agent import TurnInProgress
+from mm_core.display import call_line, counters_line
 from mm_core.events import Error, PermissionRequested, Status, TextDelta, ToolCallFinished, ToolCallStarted
 from mm_core.log import (
-    ApprovalDecision,
     AssistantMessage,
     Compaction,
+    Decision,
     ErrorRecord,
     MemoryStore,
     ToolResult,
@@ -71,9 +72,9 @@ def test_several_tool_rounds_feed_results_back(model_server, tmp_path):
     third = model_server.messages(2)
     assert third[-1]["tool_call_id"] == c3
     assert result.counters.commands == 2 and result.counters.file_ops == 1
-    assert result.counters.recap() == "⚙ 2 command(s) 📝 1 file op(s)"
+    assert counters_line(result.counters) == "⚙ 2 command(s) 📝 1 file op(s)"
     started = [e for e in events if isinstance(e, ToolCallStarted)]
-    assert started[0].title == "🛠️ bash: echo one"
+    assert call_line(started[0]).text == "🛠️ bash: echo one"
     finished = [e for e in events if isinstance(e, ToolCallFinished)]
     assert finished[0].preview == "one"
 
@@ -247,7 +248,7 @@ def test_suspend_resume_approved_and_rejected(model_server, tmp_path):
     assert (tmp_path / "out.txt").read_text() == "approved\n"
     tool_messages = [m for m in model_server.messages(1) if m["role"] == "tool"]
     assert [m["content"] for m in tool_messages] == ["A\n", "", "[command rejected by the user]"]
-    decisions = [e for e in store.load("s1") if isinstance(e, ApprovalDecision)]
+    decisions = [e for e in store.load("s1") if isinstance(e, Decision)]
     assert [(d.call_id, d.approved, d.by) for d in decisions] == [(b1, True, "U1"), (b2, False, "U2")]
 
 
@@ -429,7 +430,7 @@ def test_a_decision_for_a_call_that_is_not_pending_is_dropped(model_server, tmp_
     [a] = call_ids(store.load("s1"))
     assert run(agent.stop()).outcome == "cancelled"
     assert run(agent.resume([Decision(a, True, "U1", all=True)])).outcome == "idle"
-    assert not any(isinstance(e, ApprovalDecision) for e in store.load("s1"))
+    assert not any(isinstance(e, Decision) for e in store.load("s1"))
     assert run(agent.send("again")).outcome == "suspended"
     assert not (tmp_path / "later").exists()
 
@@ -442,7 +443,7 @@ def test_the_first_decision_on_a_call_wins(model_server, tmp_path):
     [a] = call_ids(store.load("s1"))
     assert run(agent.resume([Decision(a, False, "U1"), Decision(a, True, "U2")])).outcome == "answered"
     assert not (tmp_path / "made").exists()
-    assert [(d.approved, d.by) for d in store.load("s1") if isinstance(d, ApprovalDecision)] == [(False, "U1")]
+    assert [(d.approved, d.by) for d in store.load("s1") if isinstance(d, Decision)] == [(False, "U1")]
 
 
 def test_new_reaps_the_background_jobs_of_the_session(model_server, tmp_path):

@@ -217,7 +217,7 @@ def test_a_kill_inside_an_asked_agent_resumes_it_where_it_stopped(model_server, 
 
 def test_a_kill_while_resuming_an_approved_nested_call(model_server, tmp_path):
     from agent_support import agent_config, make_agent
-    from mm_core.agent import Decision
+    from mm_core import Decision
     from mm_core.events import PermissionRequested
 
     (tmp_path / "reviewer.yaml").write_text(f"model: {{url: {model_server.url}, name: test-model}}\n")

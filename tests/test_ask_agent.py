@@ -6,7 +6,8 @@ from __future__ import annotations
 import asyncio
 
 from agent_support import agent_config, call_ids, make_agent
-from mm_core.agent import Decision
+from mm_core import Decision
+from mm_core.display import call_line
 from mm_core.events import PermissionRequested, TextDelta, ToolCallFinished, ToolCallStarted
 from mm_core.log import MemoryStore, ToolResult
 from mm_testkit.model_server import Reply, ToolCall
@@ -48,7 +49,8 @@ def test_nested_gated_call_suspends_and_resumes(tmp_path, model_server):
     agent = make_agent(config, store, tmp_path, events=events)
     assert asyncio.run(agent.send("get a review")).outcome == "suspended"
     [ask_call] = [e for e in events if isinstance(e, PermissionRequested)][-1].calls
-    assert ask_call.tool == "ask_agent" and ask_call.title.startswith("🗣 ask_agent: reviewer (127.0.0.1:")
+    assert ask_call.tool == "ask_agent" and ask_call.icon == "🗣"
+    assert ask_call.title.startswith("ask_agent: reviewer (127.0.0.1:")
     assert ask_call.title.endswith("/test-model) — Review the change in app.py")
 
     # Approving ask_agent runs the reviewer, whose bash call asks in turn: the caller's turn suspends again.
@@ -64,8 +66,8 @@ def test_nested_gated_call_suspends_and_resumes(tmp_path, model_server):
     result = asyncio.run(again.resume([Decision(nested.call_id, True, "U2")]))
     assert result.outcome == "answered" and result.answer == "The reviewer approves."
     assert (tmp_path / "review.txt").read_text() == "reviewed\n"
-    assert [e.title for e in events2 if isinstance(e, ToolCallStarted)] == [
-        ask_call.title, "🛠️ bash: echo reviewed > review.txt"
+    assert [call_line(e).text for e in events2 if isinstance(e, ToolCallStarted)] == [
+        call_line(ask_call).text, "🛠️ bash: echo reviewed > review.txt"
     ]
     results = [e for e in store.load("s1") if isinstance(e, ToolResult)]
     assert [(r.tool, r.output) for r in results] == [("ask_agent", "Looks good to me.")]

@@ -13,7 +13,7 @@ from sqlalchemy import Engine, select
 from chatops import db, store
 from chatops.schema import Error, SessionEvent, ToolCall, utcnow
 from mm_core.log import (
-    ApprovalDecision,
+    Decision,
     AssistantMessage,
     Compaction,
     ErrorRecord,
@@ -37,7 +37,7 @@ EVERY_KIND = [
         prompt_tokens=120,
         completion_tokens=9,
     ),
-    ApprovalDecision("c1", approved=True, by="U02BOB", all=True),
+    Decision("c1", approved=True, by="U02BOB", all=True),
     ToolStarted("c1", "bash"),
     ToolResult("c1", "bash", "ok\n", status="ok", duration_ms=42),
     ToolStarted("c2", "read_file", agent="reviewer"),
@@ -115,7 +115,7 @@ def test_projections_into_tool_calls_and_errors(engine: Engine, session_id: str)
     for entry in EVERY_KIND[: EVERY_KIND.index(TurnEnded("answered"))]:
         log.append(session_id, entry)
     log.append(session_id, AssistantMessage("", tool_calls=(ToolCallRequest("c3", "bash", '{"command":"rm"}'),)))
-    log.append(session_id, ApprovalDecision("c3", approved=False, by="U02BOB"))
+    log.append(session_id, Decision("c3", approved=False, by="U02BOB"))
     log.append(session_id, ToolResult("c3", "bash", "[command rejected by the user]", status="rejected"))
     with engine.connect() as conn:
         calls = conn.execute(select(ToolCall.__table__).where(ToolCall.session_id == session_id))
@@ -142,7 +142,7 @@ def test_an_asked_agents_calls_are_projected_too(engine: Engine, session_id: str
         ToolStarted("n1", "bash", agent="reviewer"),
         ToolResult("n1", "bash", "a.py\n", agent="reviewer", duration_ms=5),
     ]
-    log.append(session_id, ApprovalDecision("n1", approved=True, by="U03CAROL"))
+    log.append(session_id, Decision("n1", approved=True, by="U03CAROL"))
     for entry in nested:
         log.append(session_id, Nested("ask-call", to_dict(entry)))
     with engine.connect() as conn:
@@ -266,7 +266,7 @@ def test_hostile_text_never_fails_an_append(engine: Engine, session_id: str) -> 
         AssistantMessage("", tool_calls=(ToolCallRequest("h1", "b" * 300, '{"a": "\x00\ud800"}'),)),
         ToolStarted("h1", "bash", agent="a" * 300),
         ToolResult("h1", "bash", "ELF\x00\x01\x02 \udc80 done", duration_ms=3),
-        ApprovalDecision("h1", approved=True, by="U" * 100),
+        Decision("h1", approved=True, by="U" * 100),
         ErrorRecord("bad \x00 byte \ud800", where="w" * 100),
     ]
     for entry in entries:

@@ -18,10 +18,10 @@ import yaml
 from pydantic import ValidationError
 
 from mm_core.config import AgentConfig, AgentRef
-from mm_core.events import PermissionRequested, TurnFinished
-from mm_core.log import AssistantMessage, ErrorRecord, ScopedStore, TurnEnded, UserMessage
+from mm_core.events import Event, PermissionRequested, TurnFinished
+from mm_core.log import AssistantMessage, ErrorRecord, Outcome, TurnEnded, UserMessage
 from mm_core.state import SessionState
-from mm_core.tools.base import SuspendTurn, Tool, ToolCancelled, ToolContext
+from mm_core.tools.base import Caller, SuspendTurn, Tool, ToolCancelled, ToolContext
 from mm_core.tools.text import truncate
 
 MAX_DEPTH = 2
@@ -55,6 +55,7 @@ class AskAgentTool(Tool):
     name = "ask_agent"
     emoji = "🗣"
     resumable = True  # the asked agent's log is kept in the caller's: a crash resumes it where it stopped
+    asks_agents = True
 
     def __init__(self, config: AgentConfig, workspace: Path | None = None):
         self.config = config
@@ -118,22 +119,22 @@ class AskAgentTool(Tool):
                 f"[ask_agent: {name} cannot be asked: agents may only be nested {MAX_DEPTH} levels deep "
                 f"(MM_ASK_DEPTH)]"
             )
-        caller = ctx.extra["agent"]
+        if ctx.caller is None:
+            raise RuntimeError("ask_agent runs only inside a turn (ToolContext.caller is not set)")
         ref = self.config.mmConfigs[name]
         try:
             config = load_agent_file(ref, ctx.workspace)
         except (OSError, ValueError, ValidationError, yaml.YAMLError) as e:
             return f"[ask_agent: {name} failed: cannot load {ref.config}: {_first_line(e)}]"
-        caller_yolo = caller.config.yolo or caller.state().approve_all()
-        config = config.model_copy(update={"yolo": ref.yolo if ref.yolo is not None else caller_yolo})
-        return await self._ask(caller, name, config, prompt, bool(args.get("with_context")), ctx)
+        config = config.model_copy(update={"yolo": ref.yolo if ref.yolo is not None else ctx.caller.yolo})
+        return await self._ask(ctx.caller, name, config, prompt, bool(args.get("with_context")), ctx)
 
-    async def _ask(self, caller, name: str, config: AgentConfig, prompt: str, with_context: bool, ctx) -> str:
-        from mm_core.agent import Agent, Decision
-
+    async def _ask(
+        self, caller: Caller, name: str, config: AgentConfig, prompt: str, with_context: bool, ctx: ToolContext
+    ) -> str:
         asked: list[PermissionRequested] = []
 
-        def emit(event: Any) -> None:
+        def emit(event: Event) -> None:
             # The asked agent's text and tool calls stream through the turn; its requests and its end do not:
             # they come back to the caller as this call's suspension or result.
             if isinstance(event, PermissionRequested):
@@ -141,51 +142,45 @@ class AskAgentTool(Tool):
             elif not isinstance(event, TurnFinished):
                 ctx.emit(event)
 
-        store = ScopedStore(caller.store, caller.session_id, ctx.call_id)
         key_env = config.model.apiKeyEnv
-        api_key = os.environ.get(key_env) if key_env else (caller.model.api_key if config.model.url == caller.config.model.url else None)
-        agent = Agent(
-            config, store, f"{caller.session_id}/{ctx.call_id}", ctx.workspace, api_key=api_key, emit=emit,
-            resources=ctx.resources, oneshot=caller.oneshot, depth=ctx.depth + 1, name=name,
-        )
-        state = SessionState.of(store.load(""))
+        # Without a key of its own, an agent on the caller's endpoint uses the caller's key, and no other.
+        same_endpoint = config.model.url == caller.model_url
+        api_key = os.environ.get(key_env) if key_env else (caller.api_key if same_endpoint else None)
+        agent = caller.ask(name, config, api_key, emit)
+        state = agent.load()
         try:
             if not state.entries:
-                context = self._context(caller) if with_context else ""
+                context = self._context(caller.state()) if with_context else ""
                 result = await agent.send(f"{context}{prompt}")
             elif state.turn_start() is not None:
-                # Decisions for the asked agent's calls, and for those of any agent it asked in turn.
+                # The caller's decisions for the asked agent's calls, and for those of any agent it asked.
                 waiting = state.open_calls()
-                decisions = [
-                    Decision(d.call_id, d.approved, d.by, d.all)
-                    for d in caller.state().decisions().values()
-                    if d.call_id in waiting
-                ]
+                decisions = [d for d in caller.state().decisions().values() if d.call_id in waiting]
                 result = await agent.resume(decisions)
             else:
                 result = None  # it finished before the caller's process stopped: read its answer from the log
         except asyncio.CancelledError:
-            raise ToolCancelled(self._stopped(name, store, "cancelled")) from None
+            raise ToolCancelled(self._stopped(name, agent.state(), "cancelled")) from None
         finally:
-            await agent.model.aclose()
-        if result is not None and result.outcome == "suspended":
+            await agent.aclose()
+        if result is not None and result.outcome == Outcome.SUSPENDED:
             raise SuspendTurn(asked[-1].calls if asked else ())
-        outcome = result.outcome if result is not None else _last_outcome(store)
-        if outcome != "answered":
-            errors = [e.message for e in store.load("") if isinstance(e, ErrorRecord)]
-            return self._stopped(name, store, errors[-1] if errors else outcome)
-        answer = _answer(store)
+        state = agent.state()
+        outcome = result.outcome if result is not None else _last_outcome(state)
+        if outcome != Outcome.ANSWERED:
+            errors = [e.message for e in state.entries if isinstance(e, ErrorRecord)]
+            return self._stopped(name, state, errors[-1] if errors else outcome)
+        answer = _answer(state)
         if not answer.strip():
             return f"[ask_agent: {name} gave no answer]"
         return truncate(answer, self.config.maxOutput)
 
-    def _stopped(self, name: str, store: ScopedStore, reason: str) -> str:
-        answered = "\n".join(e.text for e in store.load("") if isinstance(e, AssistantMessage) and e.text)
+    def _stopped(self, name: str, state: SessionState, reason: str) -> str:
+        answered = "\n".join(e.text for e in state.entries if isinstance(e, AssistantMessage) and e.text)
         return f"{answered}\n[ask_agent: {name} stopped before finishing: {reason}]".lstrip("\n")
 
-    def _context(self, caller) -> str:
+    def _context(self, state: SessionState) -> str:
         """The history the turn started from: questions, answers, one line per tool call, never outputs."""
-        state = caller.state()
         start = state.turn_start() or len(state.entries)
         lines: list[str] = []
         for e in state.entries[:start]:
@@ -207,17 +202,16 @@ class AskAgentTool(Tool):
         return "The conversation so far:\n" + "\n".join(reversed(kept)) + "\n\nYour task:\n"
 
 
-def _answer(store: ScopedStore) -> str:
-    state = SessionState.of(store.load(""))
+def _answer(state: SessionState) -> str:
     for e in reversed(state.entries):
         if isinstance(e, AssistantMessage):
             return e.text
     return ""
 
 
-def _last_outcome(store: ScopedStore) -> str:
-    ends = [e for e in store.load("") if isinstance(e, TurnEnded)]
-    return ends[-1].outcome if ends else "failed"
+def _last_outcome(state: SessionState) -> Outcome:
+    ends = [e for e in state.entries if isinstance(e, TurnEnded)]
+    return ends[-1].outcome if ends else Outcome.FAILED
 
 
 def _first_line(e: Exception) -> str:

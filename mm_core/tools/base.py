@@ -9,13 +9,19 @@ from __future__ import annotations
 
 import asyncio
 from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Awaitable, Callable, ClassVar, TypeVar
+from typing import Any, ClassVar, Protocol, TypeVar
 
 from mm_core.config import AgentConfig
+from mm_core.events import Emit, PendingCall, TurnFinished, ignore
+from mm_core.log import Decision
+from mm_core.state import SessionState
 
 T = TypeVar("T")
+# A call's result when the turn is stopped while it runs (or before it ran): the tool's and the loop's word.
+CANCELLED = "[error: cancelled]"
 
 
 class ToolRefusal(Exception):
@@ -45,7 +51,7 @@ class SuspendTurn(Exception):
     resume the tool is run again with the same call id and picks up where its agent stopped.
     """
 
-    def __init__(self, calls: tuple):
+    def __init__(self, calls: tuple[PendingCall, ...]):
         super().__init__(f"{len(calls)} call(s) await approval")
         self.calls = calls
 
@@ -84,6 +90,45 @@ class SessionResources:
                     pass
 
 
+class AskedAgent(Protocol):
+    """An agent that a tool runs inside the current turn (ask_agent); mm_core.agent.Agent is one."""
+
+    def load(self) -> SessionState:
+        """Its session as stored (empty before it was first asked)."""
+        ...
+
+    def state(self) -> SessionState:
+        """Its session as it last read or wrote it."""
+        ...
+
+    async def send(self, text: str, author: str | None = None) -> TurnFinished: ...
+
+    async def resume(self, decisions: Iterable[Decision] = ()) -> TurnFinished: ...
+
+    async def aclose(self) -> None:
+        """Release its model client; the session's resources stay with the session."""
+        ...
+
+
+@dataclass(frozen=True)
+class Caller:
+    """The agent whose call a tool runs, as seen by a tool that runs an agent of its own (ask_agent).
+
+    The tools cannot import the loop (the loop imports them), so the loop hands this over.
+    """
+
+    # The caller's session now: its conversation (with_context) and the decisions it was given.
+    state: Callable[[], SessionState]
+    # The caller's permission: its config's yolo, or "approve all" given in its session.
+    yolo: bool
+    oneshot: bool
+    model_url: str
+    api_key: str | None
+    # An agent named `name`, run with `config` in this turn's workspace one level deeper, whose log is kept
+    # inside the caller's session under this call's id: asking it again with the same call id resumes it.
+    ask: Callable[[str, AgentConfig, str | None, Emit], AskedAgent]
+
+
 @dataclass
 class ToolContext:
     """What a tool may use while it runs."""
@@ -93,13 +138,13 @@ class ToolContext:
     call_id: str = ""
     resources: SessionResources = field(default_factory=SessionResources)
     # Front-end events (see mm_core.events); used by tools that stream (ask_agent) or show progress.
-    emit: Callable[[Any], None] = lambda event: None
+    emit: Emit = ignore
     # Nesting of ask_agent: 0 for the agent the user talks to.
     depth: int = 0
     # The name of the asked agent whose call this is, None for the main agent.
     agent: str | None = None
-    # Set by the turn loop for tools that run a nested agent (ask_agent); opaque to other tools.
-    extra: dict[str, Any] = field(default_factory=dict)
+    # Set by the turn loop for the tools that ask for it (`Tool.asks_agents`).
+    caller: Caller | None = None
 
 
 class Tool(ABC):
@@ -113,6 +158,8 @@ class Tool(ABC):
     # Whether a call cut off by a crash is run again rather than reported interrupted: true only for a tool
     # whose progress is itself in the session log, so running it again continues it (ask_agent).
     resumable: ClassVar[bool] = False
+    # Whether it runs agents of its own, and so needs the calling agent (ToolContext.caller).
+    asks_agents: ClassVar[bool] = False
 
     @abstractmethod
     def schema(self) -> dict[str, Any]:
