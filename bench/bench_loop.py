@@ -16,6 +16,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -32,7 +33,7 @@ def answer(request: dict) -> Reply:
 
 async def bare(url: str, steps: int) -> float:
     """Raw HTTP: post, read the SSE stream to the end, append the answer and a tool result, again."""
-    messages = [{"role": "system", "content": "s"}, {"role": "user", "content": "go"}]
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "s"}, {"role": "user", "content": "go"}]
     async with httpx.AsyncClient(timeout=30) as client:
         began = time.perf_counter()
         for step in range(steps):
@@ -80,7 +81,8 @@ def main() -> None:
     for name, values in rows.items():
         per_step = statistics.median(values)
         print(f"  {name:26s} {per_step * 1000:7.2f} ms/step   ratio {per_step / base:5.2f}x")
-    print(f"  loop overhead per step (memory log): {(statistics.median(rows['Agent, memory log']) - base) * 1000:.2f} ms")
+    overhead = statistics.median(rows["Agent, memory log"]) - base
+    print(f"  loop overhead per step (memory log): {overhead * 1000:.2f} ms")
 
 
 if __name__ == "__main__":

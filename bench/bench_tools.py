@@ -11,6 +11,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Literal
 
 from mm_core.config import AgentConfig
 from mm_core.tools.base import ToolContext
@@ -41,8 +42,10 @@ async def _calls(tool: BashTool, ctx: ToolContext, n: int) -> float:
 
 def bench_bash(ws: Path, n: int) -> None:
     tool = BashTool()
-    modes = ["none"] + (["bwrap"] if shutil.which("bwrap") else [])
-    per_call = {m: asyncio.run(_calls(tool, ToolContext(workspace=ws, config=AgentConfig(sandbox=m)), n)) for m in modes}
+    modes: list[Literal["none", "bwrap"]] = ["none", "bwrap"] if shutil.which("bwrap") else ["none"]
+    per_call = {
+        m: asyncio.run(_calls(tool, ToolContext(workspace=ws, config=AgentConfig(sandbox=m)), n)) for m in modes
+    }
     for mode, seconds in per_call.items():
         print(f"bash `true`, sandbox={mode}: {seconds * 1000:.1f} ms per call ({n} calls)")
     if "bwrap" in per_call:
