@@ -44,7 +44,14 @@ def test_one_shot_rejects_what_would_ask(model_server, tmp_path):
     done = mm_run(tmp_path, model_server.url, ["-p", "make a file"], config="yolo: false\nsandbox: none\n")
     assert done.returncode == 0, done.stderr
     assert not (tmp_path / "made").exists()
+    # The model gets the reference's words; the person is told why, once, and how to allow it.
     assert model_server.messages(1)[-1]["content"] == "[command rejected by the user]"
+    note = (
+        "mm-bot run: bash was not run: one-shot mode cannot ask for approval — set `yolo: true` in the config "
+        "to allow such calls, or run it interactively"
+    )
+    assert done.stderr.splitlines().count(note) == 1, done.stderr
+    assert note not in done.stdout
 
 
 def test_interactive_permission_prompt(model_server, tmp_path):
