@@ -12,7 +12,7 @@ import asyncio
 import ipaddress
 import socket
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, cast
 
 import httpcore
 
@@ -110,7 +110,8 @@ class AddressGuard:
             pass
         loop = asyncio.get_running_loop()
         infos = await loop.getaddrinfo(literal, port, type=socket.SOCK_STREAM)
-        addresses = list(dict.fromkeys(ipaddress.ip_address(info[4][0].split("%")[0]) for info in infos))
+        # sockaddr[0] is the address text for AF_INET / AF_INET6, the only families a host name resolves to here.
+        addresses = list(dict.fromkeys(ipaddress.ip_address(str(info[4][0]).split("%")[0]) for info in infos))
         return self._vet(host, addresses)
 
     def _vet(self, host: str, addresses: list[IPAddress]) -> list[str]:
@@ -124,7 +125,9 @@ class GuardedBackend(httpcore.AsyncNetworkBackend):
 
     def __init__(self, guard: AddressGuard):
         self.guard = guard
-        self.inner = httpcore.AnyIOBackend()
+        # cast: httpcore declares a stand-in AnyIOBackend (no methods) for when anyio is missing, and the type
+        # checker takes that declaration; anyio is installed with httpx, so this is the real backend.
+        self.inner = cast(httpcore.AsyncNetworkBackend, httpcore.AnyIOBackend())
 
     async def connect_tcp(self, host: str, port: int, timeout: float | None = None,
                           local_address: str | None = None, socket_options: Any = None) -> httpcore.AsyncNetworkStream:

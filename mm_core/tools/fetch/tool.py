@@ -90,12 +90,39 @@ class FetchContentTool(Tool):
             "parameters": {
                 "type": "object",
                 "properties": {
-                    "url": {"type": "string", "description": "The page, e.g. https://docs.python.org/3/library/re.html"},
-                    "output": {"type": "string", "description": "Optional file to save the Markdown to, relative to the working directory. When set, the Markdown is not returned."},
-                    "baseUrl": {"type": "string", "description": "Optional absolute URL to resolve relative links against. Default: the page's URL."},
-                    "tables": {"type": "string", "enum": ["html", "flatten"], "description": "Tables with merged cells: html keeps them as HTML (default), flatten makes a Markdown table."},
-                    "strikethrough": {"type": "boolean", "description": "Keep struck-out text as ~~text~~ (default false)."},
-                    "taskList": {"type": "boolean", "description": "Keep checkboxes of list items as - [ ] / - [x] (default false)."},
+                    "url": {
+                        "type": "string",
+                        "description": "The page, e.g. https://docs.python.org/3/library/re.html",
+                    },
+                    "output": {
+                        "type": "string",
+                        "description": (
+                            "Optional file to save the Markdown to, relative to the working directory. "
+                            "When set, the Markdown is not returned."
+                        ),
+                    },
+                    "baseUrl": {
+                        "type": "string",
+                        "description": (
+                            "Optional absolute URL to resolve relative links against. Default: the page's URL."
+                        ),
+                    },
+                    "tables": {
+                        "type": "string",
+                        "enum": ["html", "flatten"],
+                        "description": (
+                            "Tables with merged cells: html keeps them as HTML (default), "
+                            "flatten makes a Markdown table."
+                        ),
+                    },
+                    "strikethrough": {
+                        "type": "boolean",
+                        "description": "Keep struck-out text as ~~text~~ (default false).",
+                    },
+                    "taskList": {
+                        "type": "boolean",
+                        "description": "Keep checkboxes of list items as - [ ] / - [x] (default false).",
+                    },
                 },
                 "required": ["url"],
             },
@@ -152,7 +179,7 @@ class FetchContentTool(Tool):
     def _target(root: Path, output: str) -> Path:
         try:
             target = workspace.resolve(root, output)
-        except workspace.WorkspaceError as exc:
+        except workspace.WorkspaceError:
             raise FetchError(CONVERSION, f"cannot write {output}: {_OUTSIDE}") from None
         try:
             is_dir = target.is_dir()

@@ -10,11 +10,13 @@ its own recursion bounded on hostile pages.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import cast
 from urllib.parse import urljoin
 
-from bs4 import BeautifulSoup, NavigableString, Tag
-from bs4.element import PreformattedString
+from bs4 import BeautifulSoup, Tag
+from bs4.element import NavigableString, PreformattedString
 
 MAX_DEPTH = 200
 
@@ -68,6 +70,24 @@ def to_markdown(html: str, options: Options) -> str:
     return markdown + "\n" if markdown.strip() else ""
 
 
+# bs4 types a tag's children and descendants as PageElement; in a parsed document each is a Tag or a string.
+Node = Tag | NavigableString
+
+
+def _contents(node: Tag) -> list[Node]:
+    return cast("list[Node]", node.contents)
+
+
+def _descendants(node: Tag) -> Iterator[Node]:
+    return cast("Iterator[Node]", node.descendants)
+
+
+def _text_attr(el: Tag, name: str) -> str | None:
+    """A single-valued attribute (href, src, alt): bs4 types every value as a string or a list of them."""
+    value = el.attrs.get(name)
+    return value if value is None or isinstance(value, str) else " ".join(value)
+
+
 # --- removals -------------------------------------------------------------------------------------------
 
 
@@ -79,7 +99,7 @@ def _clean(root: Tag, base: str) -> set[int]:
         node, in_article = stack.pop()
         order.append(node)
         in_article = in_article or node.name in ("article", "main")
-        for child in list(node.contents):
+        for child in list(_contents(node)):
             if isinstance(child, NavigableString):
                 if isinstance(child, PreformattedString):  # comments, doctype, CDATA, processing instructions
                     child.extract()
@@ -146,11 +166,13 @@ def _keep_attributes(el: Tag, base: str) -> None:
         return
     name, kept = el.name, {}
     if name == "a":
-        if "href" in attrs:
-            kept["href"] = _resolve(base, attrs["href"])
+        href = _text_attr(el, "href")
+        if href is not None:
+            kept["href"] = _resolve(base, href)
     elif name == "img":
-        if "src" in attrs:
-            kept["src"] = _resolve(base, attrs["src"])
+        src = _text_attr(el, "src")
+        if src is not None:
+            kept["src"] = _resolve(base, src)
         if "alt" in attrs:
             kept["alt"] = attrs["alt"]
     elif name in ("td", "th"):
@@ -255,7 +277,7 @@ class _Converter:
             self._flush([escape(_WS.sub(" ", node.get_text()))], out)
             return out
         buf: list[str] = []
-        for child in node.contents:
+        for child in _contents(node):
             if isinstance(child, NavigableString):
                 buf.append(escape(_WS.sub(" ", child)))
                 continue
@@ -303,7 +325,7 @@ class _Converter:
             out.extend(self.blocks(el, depth))
 
     def _pre(self, el: Tag, out: list[str]) -> None:
-        parts = [str(d) if isinstance(d, NavigableString) else "\n" for d in el.descendants
+        parts = [str(d) if isinstance(d, NavigableString) else "\n" for d in _descendants(el)
                  if isinstance(d, NavigableString) or d.name == "br"]
         text = "".join(parts).rstrip("\n")
         if not text.strip():
@@ -320,7 +342,7 @@ class _Converter:
         ordered = el.name == "ol"
         number = _int(el.attrs.get("start", 1), 1, -(10**9), 10**9) if ordered else 0
         items: list[str] = []
-        for child in el.contents:
+        for child in _contents(el):
             if isinstance(child, NavigableString):
                 if child.strip():
                     items.append(_indent("- ", escape(_WS.sub(" ", child).strip())))
@@ -330,7 +352,10 @@ class _Converter:
                 body = self._item(child, depth + 1)
                 number += ordered
             else:  # a stray element in the list is shown as its own item
-                inner = self.blocks(child, depth + 1) if child.name in BLOCK else [_paragraph(self.inline(child, depth + 1))]
+                if child.name in BLOCK:
+                    inner = self.blocks(child, depth + 1)
+                else:
+                    inner = [_paragraph(self.inline(child, depth + 1))]
                 inner = [b for b in inner if b]
                 body = _join(inner, tight=True) if inner else ""
                 marker = "- "
@@ -352,7 +377,7 @@ class _Converter:
     @staticmethod
     def _checkbox(li: Tag) -> str | None:
         """`[ ]` or `[x]` when the item starts with a checkbox."""
-        for d in li.descendants:
+        for d in _descendants(li):
             if isinstance(d, NavigableString):
                 if d.strip():
                     return None
@@ -376,8 +401,8 @@ class _Converter:
             elif child.name in ("thead", "tbody", "tfoot"):
                 rows.extend(c for c in child.contents if isinstance(c, Tag) and c.name == "tr")
         cells = [[c for c in tr.contents if isinstance(c, Tag) and c.name in ("td", "th")] for tr in rows]
-        spanned = any("colspan" in c.attrs and str(c.attrs["colspan"]).strip() != "1"
-                      or "rowspan" in c.attrs and str(c.attrs["rowspan"]).strip() != "1"
+        spanned = any(("colspan" in c.attrs and str(c.attrs["colspan"]).strip() != "1")
+                      or ("rowspan" in c.attrs and str(c.attrs["rowspan"]).strip() != "1")
                       for row in cells for c in row)
         if (spanned or el.find("table") is not None) and self.options.tables == "html":
             out.append(_BLANK_LINES.sub("\n", el.decode()).strip())
@@ -430,7 +455,7 @@ class _Converter:
         if depth > MAX_DEPTH:
             return escape(_WS.sub(" ", node.get_text()))
         return "".join(escape(_WS.sub(" ", c)) if isinstance(c, NavigableString) else self.inline(c, depth + 1)
-                       for c in node.contents)
+                       for c in _contents(node))
 
     def inline(self, el: Tag, depth: int) -> str:
         name = el.name
@@ -482,7 +507,7 @@ class _Converter:
 
     def _link(self, el: Tag, depth: int) -> str:
         content = self.children(el, depth).replace(BR, " ")
-        href = el.attrs.get("href")
+        href = _text_attr(el, "href")
         if href is None or href.strip()[:11].lower() == "javascript:":
             return content
         if not content.strip(" "):
@@ -491,8 +516,8 @@ class _Converter:
 
     @staticmethod
     def _image(el: Tag) -> str:
-        alt = escape(_WS.sub(" ", el.attrs.get("alt", "")).strip())
-        src = el.attrs.get("src", "").strip()
+        alt = escape(_WS.sub(" ", _text_attr(el, "alt") or "").strip())
+        src = (_text_attr(el, "src") or "").strip()
         if not src or src[:5].lower() == "data:":
             return alt
         return f"![{alt}]({_destination(src)})"
