@@ -141,7 +141,7 @@ def test_serve_with_the_database_down_still_answers_healthz_and_says_so(tmp_path
 def test_the_slack_manifest_points_every_request_at_the_bots_endpoint() -> None:
     import yaml
 
-    from bot.app import SLASH_COMMAND
+    from bot.handlers import SLASH_COMMAND
     from bot.server import EVENTS_PATH
 
     manifest = yaml.safe_load((Path(__file__).resolve().parent.parent / "docs" / "slack-app-manifest.yaml").read_text())

@@ -1,0 +1,87 @@
+"""The bot's listeners, imported and called on their own, and the buttons both sides share."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+
+import pytest
+
+from bot import handlers
+from chatops.buttons import ACTION_PATTERN, MAX_VALUE, Action, BadButton, ButtonValue, element
+
+
+class Ack:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def __call__(self) -> None:
+        self.calls += 1
+
+
+def click(action_id: str, value: object) -> tuple[ButtonValue | None, Ack]:
+    ack = Ack()
+    result = asyncio.run(handlers.on_button(ack, {"action_id": action_id, "value": value}, {"user": {"id": "U1"}}))
+    return result, ack
+
+
+def test_a_posted_button_comes_back_as_the_same_value():
+    posted = element(Action.APPROVE, ButtonValue("0b5e-session", "call_0123456789abcdef0123"))
+    assert posted["action_id"] == "approve" and posted["text"]["text"] == "Approve" and posted["style"] == "primary"
+    value, ack = click(posted["action_id"], posted["value"])
+    assert value == ButtonValue("0b5e-session", "call_0123456789abcdef0123") and ack.calls == 1
+
+
+def test_stop_names_the_session_only():
+    posted = element(Action.STOP, ButtonValue("s1"))
+    assert json.loads(posted["value"]) == {"s": "s1"}
+    assert click("stop", posted["value"])[0] == ButtonValue("s1")
+
+
+def test_the_listener_pattern_matches_exactly_our_buttons():
+    assert {a.value for a in Action} == {"approve", "reject", "approve_all", "stop"}
+    for action in Action:
+        assert ACTION_PATTERN.match(action.value)
+    for other in ("approve_all_now", "xapprove", "Stop", "", "approve\n"):
+        assert not ACTION_PATTERN.match(other), other
+
+
+@pytest.mark.parametrize(
+    "value, reason",
+    [
+        (None, "carries no value"),
+        ("", "carries no value"),
+        ("call_1", "not JSON"),
+        ("x" * (MAX_VALUE + 1), "longer than Slack allows"),
+        ('["s1"]', "unexpected fields"),
+        ('{"s": "s1", "admin": true}', "unexpected fields"),
+        ('{"c": "call_1"}', "does not name a session"),
+        ('{"s": 7}', "does not name a session"),
+        ('{"s": "s1\\n<!channel>"}', "does not name a session"),
+        ('{"s": "s1", "c": ""}', "does not name a session"),
+        ('{"s": "s1\\n"}', "does not name a session"),
+        ('{"s": "' + "a" * 201 + '"}', "does not name a session"),
+    ],
+)
+def test_a_value_we_never_posted_is_refused_acked_and_logged_without_itself(value, reason, caplog):
+    with pytest.raises(BadButton, match=reason):
+        ButtonValue.decode(value)
+    with caplog.at_level(logging.INFO, logger="mm.bot"):
+        result, ack = click("approve", value)
+    assert result is None and ack.calls == 1
+    refused = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+    assert len(refused) == 1 and reason in refused[0]
+    if value:
+        assert value not in caplog.text
+
+
+def test_events_and_commands_ack_first():
+    for listener, payload in (
+        (handlers.on_mention, {"event": {"channel": "C1", "user": "U1"}}),
+        (handlers.on_message, {"event": {"channel": "C1", "user": "U1"}}),
+        (handlers.on_command, {"command": {"user_id": "U1", "text": "help"}}),
+    ):
+        ack = Ack()
+        asyncio.run(listener(ack, **payload))
+        assert ack.calls == 1, listener.__name__
