@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import itertools
 import json
 import os
@@ -169,7 +170,7 @@ class LspClient:
             await _reap(proc, grace)
         if proc.stdin is not None:
             proc.stdin.close()
-        done, pending = await asyncio.wait(self._tasks, timeout=grace)
+        _, pending = await asyncio.wait(self._tasks, timeout=grace)
         for task in pending:
             task.cancel()
 
@@ -216,7 +217,7 @@ class LspClient:
             # never reaches its end, which on Python 3.11 keeps the process's exit from being reported at all.
             drain = asyncio.create_task(_discard(stream))
             await self._gone()
-            done, pending = await asyncio.wait([drain], timeout=2.0)
+            _, pending = await asyncio.wait([drain], timeout=2.0)
             for task in pending:
                 task.cancel()
 
@@ -245,7 +246,13 @@ class LspClient:
                 else:
                     future.set_result(message.get("result"))
         elif "id" in message:
-            self._send({"jsonrpc": "2.0", "id": message["id"], "result": _answer_server_request(method, message.get("params"))})
+            self._send(
+                {
+                    "jsonrpc": "2.0",
+                    "id": message["id"],
+                    "result": _answer_server_request(method, message.get("params")),
+                }
+            )
         elif method == types.TEXT_DOCUMENT_PUBLISH_DIAGNOSTICS:
             try:
                 params = _CONVERTER.structure(message.get("params"), types.PublishDiagnosticsParams)
@@ -281,7 +288,7 @@ class LspClient:
         self._send(message)
         try:
             result = await asyncio.wait_for(future, timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             self._pending.pop(msg_id, None)
             self.notify(types.CANCEL_REQUEST, types.CancelParams(id=msg_id))
             raise RequestFailed(f"no answer within {timeout:g}s") from None
@@ -360,7 +367,7 @@ class LspClient:
             self._news.clear()
             try:
                 await asyncio.wait_for(self._news.wait(), left)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 return self.fresh_diagnostics(path)
         return found
 
@@ -377,12 +384,10 @@ async def _reap(proc: asyncio.subprocess.Process, grace: float) -> None:
     try:
         await asyncio.wait_for(proc.wait(), grace)
         return
-    except asyncio.TimeoutError:
+    except TimeoutError:
         kill_group(proc.pid)
-    try:
+    with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(proc.wait(), grace)
-    except asyncio.TimeoutError:
-        pass
 
 
 def kill_group(pid: int | None) -> None:
@@ -392,10 +397,8 @@ def kill_group(pid: int | None) -> None:
     try:
         os.killpg(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
 
 
 _CAPABILITIES = types.ClientCapabilities(

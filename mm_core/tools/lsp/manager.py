@@ -14,9 +14,9 @@ import collections
 import contextlib
 import shutil
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import AsyncIterator
 
 from mm_core.config import LspConfig, LspServer
 from mm_core.tools.lsp.client import LspClient, RequestFailed, kill_group
