@@ -18,12 +18,11 @@ import tempfile
 from typing import IO, Any
 
 from mm_core.tools.args import check_object, get_str
-from mm_core.tools.base import Tool, ToolCancelled, ToolContext, ToolRefusal
+from mm_core.tools.base import CANCELLED, Tool, ToolCancelled, ToolContext, ToolRefusal
 from mm_core.tools.sandbox import prepare
 from mm_core.tools.text import truncate
 
 TIMEOUT = "[error: {duration} timeout exceeded]"
-CANCELLED = "[error: cancelled]"
 EXIT_CODE = "[exit code: exit status {code}]"
 TOO_LARGE = "[... output too large to read back in full ...]"
 EMPTY_COMMAND = "[error: bash: the command is empty]"
