@@ -6,10 +6,21 @@
   and response_urls match the `slack` emulator.
 
 Starting a server takes about a millisecond, so each test gets fresh ones: no state leaks between tests.
+
+And the marker of tests that need a program of the system rather than of the virtualenv:
+
+- `needs_system(command, package)`: the test is skipped, with the fix in the reason ("bubblewrap is not
+  installed (no bwrap on the PATH): apt-get install bubblewrap"), when `command` is not on the PATH. A
+  laptop's `make test` then passes on what it can run, and says what it could not. With
+  MM_TEST_REQUIRE_SYSTEM=1 (CI sets it: it installs the packages and must prove what they guard) the skip is
+  a failure instead.
+- `needs_bwrap`: that marker for bubblewrap, which the sandbox tests need.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -18,6 +29,45 @@ import pytest
 from mm_testkit.model_server import ModelServer
 from mm_testkit.slack_client import SlackEventSender
 from mm_testkit.slack_emulator import SlackEmulator
+
+REQUIRE_SYSTEM = "MM_TEST_REQUIRE_SYSTEM"
+
+
+def needs_system(command: str, package: str) -> pytest.MarkDecorator:
+    """Marks a test that needs `command`, which the Debian package `package` installs."""
+    return pytest.mark.system(command, package)
+
+
+needs_bwrap = needs_system("bwrap", "bubblewrap")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", f"system(command, package): needs a system program; skipped without it unless {REQUIRE_SYSTEM}=1"
+    )
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # A skip marker rather than pytest.skip() in a hook: the report then names the test, not this file.
+    if os.environ.get(REQUIRE_SYSTEM) == "1":
+        return
+    for item in items:
+        if (missing := _missing_program(item)) is not None:
+            item.add_marker(pytest.mark.skip(reason=missing))
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if os.environ.get(REQUIRE_SYSTEM) == "1" and (missing := _missing_program(item)) is not None:
+        pytest.fail(f"{missing} ({REQUIRE_SYSTEM}=1: this run must not skip it)", pytrace=False)
+
+
+def _missing_program(item: pytest.Item) -> str | None:
+    """What is missing for `item`, with the fix; None when it has every program it needs."""
+    for mark in item.iter_markers("system"):
+        command, package = mark.args
+        if shutil.which(command) is None:
+            return f"{package} is not installed (no {command} on the PATH): apt-get install {package}"
+    return None
 
 
 @pytest.fixture

@@ -1,3 +1,4 @@
 # The test kit's fixtures: the scripted model server, the Slack emulator and signed-request client, and a
-# PostgreSQL database / Redis key prefix of this run's own.
-pytest_plugins = ["mm_testkit.fixtures_kit", "mm_testkit.fixtures_services"]
+# PostgreSQL database / Redis key prefix of this run's own. pytester runs the kit's own plugin on a small test
+# file, to prove what the kit's markers do.
+pytest_plugins = ["mm_testkit.fixtures_kit", "mm_testkit.fixtures_services", "pytester"]

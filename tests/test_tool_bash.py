@@ -11,6 +11,7 @@ import pytest
 
 from mm_core.tools.base import ToolCancelled
 from mm_core.tools.bash import BashTool, go_duration
+from mm_testkit.fixtures_kit import needs_bwrap
 from tool_helpers import call, make_ctx
 
 BASH = BashTool()
@@ -41,7 +42,7 @@ def wait_dead(pid: int, within: float = 5.0) -> bool:
     return False
 
 
-@pytest.fixture(params=["none", "bwrap"])
+@pytest.fixture(params=["none", pytest.param("bwrap", marks=needs_bwrap)])
 def mode(request) -> str:
     return request.param
 
