@@ -313,7 +313,7 @@ class _Completion:
     def whole(self) -> dict[str, Any]:
         reply = self.reply
         calls = []
-        for call_id, call in zip(self.call_ids, reply.tool_calls):
+        for call_id, call in zip(self.call_ids, reply.tool_calls, strict=True):
             arguments = "".join(call.argument_chunks(reply.fragment_size))
             calls.append({"id": call_id, "type": "function", "function": {"name": call.name, "arguments": arguments}})
         self.completion_chars = len(reply.text) + sum(len(c["function"]["arguments"]) for c in calls)
@@ -341,7 +341,7 @@ class _Completion:
         for i in range(0, len(reply.text), step):
             self.completion_chars += len(reply.text[i : i + step])
             yield chunk({"content": reply.text[i : i + step]})
-        for index, (call_id, call) in enumerate(zip(self.call_ids, reply.tool_calls)):
+        for index, (call_id, call) in enumerate(zip(self.call_ids, reply.tool_calls, strict=True)):
             fragments = iter(call.argument_chunks(max(1, reply.fragment_size)))
             first = next(fragments, "")
             self.completion_chars += len(first)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from typing import Self
 
@@ -43,7 +44,9 @@ class ThreadedAiohttpServer:
         async def setup() -> None:
             self.stopping = asyncio.Event()
             # handler_cancellation: a client that hangs up ends its handler (endless streams stop with it).
-            self._runner = web.AppRunner(self.make_app(), handler_cancellation=True, access_log=None, shutdown_timeout=1.0)
+            self._runner = web.AppRunner(
+                self.make_app(), handler_cancellation=True, access_log=None, shutdown_timeout=1.0
+            )
             await self._runner.setup()
             site = web.TCPSite(self._runner, "127.0.0.1", 0)
             await site.start()
@@ -54,7 +57,7 @@ class ThreadedAiohttpServer:
             asyncio.set_event_loop(self._loop)
             try:
                 self._loop.run_until_complete(setup())
-            except BaseException as exc:  # reported to start()'s caller
+            except BaseException as exc:  # noqa: BLE001 - reported to start()'s caller
                 failure.append(exc)
                 ready.set()
                 return
@@ -91,10 +94,8 @@ class ThreadedAiohttpServer:
     async def wait_or_stop(self, seconds: float) -> None:
         """Sleep `seconds`, cut short when the server stops."""
         assert self.stopping is not None
-        try:
+        with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.stopping.wait(), seconds)
-        except TimeoutError:
-            pass
 
     def __enter__(self) -> Self:
         return self.start()

@@ -18,7 +18,7 @@ import itertools
 import json
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 from urllib.parse import urlencode
 
@@ -67,12 +67,13 @@ class SlackEventSender:
         team_domain: str = "testteam",
         api_app_id: str = "A0TESTAPP",
         bot_user_id: str = "U0BOT",
-        response_url: Any = None,
+        response_url: str | Callable[[], str] | None = None,
         timeout: float = 30.0,
     ) -> None:
         self.url = url.rstrip("/") + path
         self.signing_secret = signing_secret
-        self.team_id, self.team_domain, self.api_app_id, self.bot_user_id = team_id, team_domain, api_app_id, bot_user_id
+        self.team_id, self.team_domain = team_id, team_domain
+        self.api_app_id, self.bot_user_id = api_app_id, bot_user_id
         self._response_url = response_url
         self._counter = itertools.count(1)
         self._last_ts_us = 0

@@ -22,6 +22,7 @@ ack with `wait_for_ack(envelope_id)`, and asks for a reconnection with `disconne
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import mimetypes
@@ -696,7 +697,7 @@ class SlackEmulator(ThreadedAiohttpServer):
 class _PayloadBuilder(SlackEventSender):
     """The sender's payloads without the sending: `last_payload` holds what would have been POSTed."""
 
-    def send(self, *_args: Any, **_kwargs: Any) -> Any:  # noqa: ANN401 - the sender's callers ignore it here
+    def send(self, *_args: Any, **_kwargs: Any) -> Any:  # the sender's callers ignore it here
         return None
 
 
@@ -713,11 +714,16 @@ async def _read_params(request: web.Request) -> Params:
         params.update(body)
     elif request.can_read_body:
         form = await request.post()
-        params.update({k: (v if isinstance(v, str) else v.file.read()) for k, v in form.items()})
+        params.update({k: _form_value(v) for k, v in form.items()})
     for key in _JSON_PARAMS & params.keys():
         if isinstance(params[key], str):
-            try:
+            with contextlib.suppress(ValueError):  # left as sent: the method answers invalid_arguments where it matters
                 params[key] = json.loads(params[key])
-            except ValueError:
-                pass  # left as sent: the method answers invalid_arguments where it matters
     return params
+
+
+def _form_value(value: str | bytes | bytearray | web.FileField) -> str | bytes:
+    """A form field: text as sent, a file read whole (a part with no file name and a non-text type is bytes)."""
+    if isinstance(value, web.FileField):
+        return value.file.read()
+    return value if isinstance(value, str) else bytes(value)
