@@ -6,18 +6,37 @@ import asyncio
 import itertools
 import json
 import time
+from typing import cast
 
 import httpx
 import openai
 import pytest
+from openai.types import CompletionUsage
+from openai.types.chat import ChatCompletionMessage, ChatCompletionMessageFunctionToolCall, ChatCompletionMessageParam
+from openai.types.chat.chat_completion_chunk import ChoiceDeltaToolCall, ChoiceDeltaToolCallFunction
 
 from mm_testkit.model_server import Fail, ModelServer, Reply, ToolCall, endless
 
-USER = [{"role": "user", "content": "list the files"}]
+USER: list[ChatCompletionMessageParam] = [{"role": "user", "content": "list the files"}]
 
 
-def client(server: ModelServer, **kwargs: object) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.url, api_key="test-key", max_retries=0, **kwargs)
+def client(server: ModelServer, timeout: float | openai.Timeout | openai.NotGiven = openai.NOT_GIVEN) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url, api_key="test-key", max_retries=0, timeout=timeout)
+
+
+def function_calls(message: ChatCompletionMessage) -> list[ChatCompletionMessageFunctionToolCall]:
+    """The message's tool calls, every one a function call (the server sends no other kind)."""
+    calls = []
+    for call in message.tool_calls or []:
+        assert isinstance(call, ChatCompletionMessageFunctionToolCall), call
+        calls.append(call)
+    return calls
+
+
+def delta_function(delta: ChoiceDeltaToolCall) -> ChoiceDeltaToolCallFunction:
+    """A streamed tool call delta's function part, which the server always sends."""
+    assert delta.function is not None, delta
+    return delta.function
 
 
 def test_plain_text_reply_with_usage_and_recorded_request(model_server: ModelServer) -> None:
@@ -27,6 +46,7 @@ def test_plain_text_reply_with_usage_and_recorded_request(model_server: ModelSer
     assert answer.model == "small"
     assert answer.choices[0].message.content == "hi there"
     assert answer.choices[0].finish_reason == "stop"
+    assert answer.usage is not None
     assert (answer.usage.prompt_tokens, answer.usage.completion_tokens, answer.usage.total_tokens) == (12, 3, 15)
     [recorded] = model_server.requests
     assert recorded.path == "/v1/chat/completions"
@@ -47,14 +67,15 @@ def test_streamed_tool_calls_arrive_as_openai_shaped_argument_deltas(model_serve
         text += choice.delta.content or ""
         finish = choice.finish_reason or finish
         for delta in choice.delta.tool_calls or []:
+            function = delta_function(delta)
             if delta.index not in assembled:
                 # The first delta of a call names it; later ones carry argument fragments only.
-                assert delta.id and delta.type == "function" and delta.function.name
-                assembled[delta.index] = {"id": delta.id, "name": delta.function.name, "args": ""}
+                assert delta.id and delta.type == "function" and function.name
+                assembled[delta.index] = {"id": delta.id, "name": function.name, "args": ""}
             else:
-                assert delta.id is None and delta.function.name is None
-                assert 0 < len(delta.function.arguments) <= 5
-            assembled[delta.index]["args"] += delta.function.arguments
+                assert delta.id is None and function.name is None
+                assert function.arguments is not None and 0 < len(function.arguments) <= 5
+            assembled[delta.index]["args"] += function.arguments or ""
     assert text == "Looking."
     assert finish == "tool_calls"
     assert [(c["name"], json.loads(c["args"])) for c in assembled.values()] == [
@@ -70,17 +91,22 @@ def test_openai_stream_helper_reassembles_and_usage_arrives_last(model_server: M
         model="m", messages=USER, stream_options={"include_usage": True}
     ) as stream:
         final = stream.get_final_completion()
-    [call] = final.choices[0].message.tool_calls
-    assert (call.id, call.function.name, json.loads(call.function.arguments)) == ("call_x", "bash", {"command": "echo hi"})
-    assert final.usage.total_tokens == 47
+    [call] = final.choices[0].message.tool_calls or []
+    assert (call.id, call.function.name, json.loads(call.function.arguments)) == (
+        "call_x",
+        "bash",
+        {"command": "echo hi"},
+    )
+    assert final.usage is not None and final.usage.total_tokens == 47
 
 
 def test_async_client_streaming_and_not(model_server: ModelServer) -> None:
     model_server.script(Reply(text="one two three", chunk_size=4), Reply(text="whole"))
 
-    async def talk() -> tuple[str, object, str]:
+    async def talk() -> tuple[str, CompletionUsage | None, str | None]:
         aclient = openai.AsyncOpenAI(base_url=model_server.url, api_key="k", max_retries=0)
-        parts, usage = [], None
+        parts: list[str] = []
+        usage: CompletionUsage | None = None
         stream = await aclient.chat.completions.create(
             model="m", messages=USER, stream=True, stream_options={"include_usage": True}
         )
@@ -101,9 +127,12 @@ def test_tool_results_sent_back_are_recorded(model_server: ModelServer) -> None:
     model_server.script(Reply(tool_calls=[ToolCall("bash", {"command": "ls"})]), Reply(text="There is a.py."))
     api = client(model_server)
     first = api.chat.completions.create(model="m", messages=USER)
-    call = first.choices[0].message.tool_calls[0]
-    history = USER + [
-        first.choices[0].message.model_dump(exclude_none=True),
+    call = function_calls(first.choices[0].message)[0]
+    # The assistant message goes back as the SDK dumps it, a plain dict.
+    answered = cast("ChatCompletionMessageParam", first.choices[0].message.model_dump(exclude_none=True))
+    history: list[ChatCompletionMessageParam] = [
+        *USER,
+        answered,
         {"role": "tool", "tool_call_id": call.id, "content": "a.py\n"},
     ]
     api.chat.completions.create(model="m", messages=history)
@@ -154,7 +183,7 @@ def test_running_out_of_script_fails_loudly(model_server: ModelServer) -> None:
 def test_a_stall_trips_a_short_client_timeout_and_stop_is_not_held_up() -> None:
     server = ModelServer().start()
     server.script(Reply(text="slow answer", chunk_size=2, stall_after=2, stall_for=60))
-    api = client(server, timeout=httpx.Timeout(5.0, read=0.5))
+    api = client(server, timeout=openai.Timeout(5.0, read=0.5))
     received = []
     with pytest.raises(openai.APITimeoutError):
         for chunk in api.chat.completions.create(model="m", messages=USER, stream=True):
@@ -195,7 +224,7 @@ def test_endless_arguments_stream_past_256_kb(model_server: ModelServer) -> None
     stream = client(model_server).chat.completions.create(model="m", messages=USER, stream=True)
     for chunk in stream:
         for delta in chunk.choices[0].delta.tool_calls or []:
-            args += len(delta.function.arguments or "")
+            args += len(delta_function(delta).arguments or "")
         if args > 256 * 1024:
             break
     stream.close()
@@ -209,9 +238,9 @@ def test_raw_argument_text_and_chunk_generators_are_sent_verbatim(model_server: 
     )
     api = client(model_server)
     broken = api.chat.completions.create(model="m", messages=USER)
-    assert broken.choices[0].message.tool_calls[0].function.arguments == '{"command": "ls"'
+    assert function_calls(broken.choices[0].message)[0].function.arguments == '{"command": "ls"'
     fragments = [
-        delta.function.arguments
+        delta_function(delta).arguments
         for chunk in api.chat.completions.create(model="m", messages=USER, stream=True)
         for delta in chunk.choices[0].delta.tool_calls or []
     ]
