@@ -19,9 +19,11 @@ from slack_sdk.errors import SlackApiError
 from slack_sdk.http_retry.builtin_handlers import RateLimitErrorRetryHandler
 from slack_sdk.signature import SignatureVerifier
 from slack_sdk.socket_mode.aiohttp import SocketModeClient
+from slack_sdk.socket_mode.async_client import AsyncBaseSocketModeClient
 from slack_sdk.socket_mode.request import SocketModeRequest
 from slack_sdk.socket_mode.response import SocketModeResponse
 from slack_sdk.web.async_client import AsyncWebClient
+from slack_sdk.web.slack_response import SlackResponse
 
 from mm_testkit.server_thread import ThreadedAiohttpServer
 from mm_testkit.slack_client import SlackEventSender, stale_timestamp
@@ -29,6 +31,19 @@ from mm_testkit.slack_emulator import SlackEmulator
 
 SECRET = "8f742231b10e8888abcd99yyyzzz85a5"
 TS = re.compile(r"^\d{10}\.\d{6}$")
+
+
+def body(response: SlackResponse) -> dict[str, Any]:
+    """The response's JSON body: SlackResponse's `[]` is untyped, so a checker sees `... | None` for every key."""
+    assert isinstance(response.data, dict), response.data
+    return response.data
+
+
+def stored(slack: SlackEmulator, channel: str, ts: str) -> dict[str, Any]:
+    """A message the emulator must hold."""
+    message = slack.message(channel, ts)
+    assert message is not None, (channel, ts)
+    return message
 
 
 @pytest.fixture
@@ -44,25 +59,25 @@ def test_auth_test_names_the_bot(client: WebClient, slack: SlackEmulator) -> Non
 
 def test_thread_posts_come_back_from_conversations_replies(client: WebClient, slack: SlackEmulator) -> None:
     question = slack.add_message("C0TEST", "<@U0BOT> fix the build", user="U0ALICE")
-    first = client.chat_postMessage(channel="C0TEST", thread_ts=question["ts"], text="On it.")
-    second = client.chat_postMessage(channel="C0TEST", thread_ts=question["ts"], text="Done.")
+    first = body(client.chat_postMessage(channel="C0TEST", thread_ts=question["ts"], text="On it."))
+    second = body(client.chat_postMessage(channel="C0TEST", thread_ts=question["ts"], text="Done."))
     assert TS.match(first["ts"]) and float(second["ts"]) > float(first["ts"]) > float(question["ts"])
     assert first["message"]["bot_id"] == "B0BOT" and first["message"]["thread_ts"] == question["ts"]
-    replies = client.conversations_replies(channel="C0TEST", ts=question["ts"])["messages"]
+    replies = body(client.conversations_replies(channel="C0TEST", ts=question["ts"]))["messages"]
     assert [m["text"] for m in replies] == ["<@U0BOT> fix the build", "On it.", "Done."]
     assert replies[0]["reply_count"] == 2 and replies[0]["latest_reply"] == second["ts"]
     # A reply's ts finds its whole thread too, as in Slack.
-    assert len(client.conversations_replies(channel="C0TEST", ts=first["ts"])["messages"]) == 3
+    assert len(body(client.conversations_replies(channel="C0TEST", ts=first["ts"]))["messages"]) == 3
     assert [m["text"] for m in slack.messages("C0TEST")] == ["<@U0BOT> fix the build"]
 
 
 def test_update_and_delete_change_the_stored_message(client: WebClient, slack: SlackEmulator) -> None:
-    posted = client.chat_postMessage(channel="C0TEST", text="Thinking…")
-    updated = client.chat_update(channel="C0TEST", ts=posted["ts"], text="Answer", blocks=[
-        {"type": "section", "text": {"type": "mrkdwn", "text": "*Answer*"}}])
+    posted = body(client.chat_postMessage(channel="C0TEST", text="Thinking…"))
+    updated = body(client.chat_update(channel="C0TEST", ts=posted["ts"], text="Answer", blocks=[
+        {"type": "section", "text": {"type": "mrkdwn", "text": "*Answer*"}}]))
     assert updated["message"]["text"] == "Answer"
-    stored = slack.message("C0TEST", posted["ts"])
-    assert stored["text"] == "Answer" and stored["blocks"][0]["text"]["text"] == "*Answer*"
+    message = stored(slack, "C0TEST", posted["ts"])
+    assert message["text"] == "Answer" and message["blocks"][0]["text"]["text"] == "*Answer*"
     client.chat_delete(channel="C0TEST", ts=posted["ts"])
     assert slack.message("C0TEST", posted["ts"]) is None
     with pytest.raises(SlackApiError) as caught:
@@ -72,9 +87,10 @@ def test_update_and_delete_change_the_stored_message(client: WebClient, slack: S
 
 def test_form_encoded_and_json_bodies_store_the_same_blocks(client: WebClient, slack: SlackEmulator) -> None:
     blocks = [{"type": "section", "text": {"type": "mrkdwn", "text": "hi"}}]
-    by_form = client.api_call("chat.postMessage", params={"channel": "C1", "text": "a", "blocks": json.dumps(blocks)})
-    by_json = client.api_call("chat.postMessage", json={"channel": "C1", "text": "b", "blocks": blocks})
-    assert slack.message("C1", by_form["ts"])["blocks"] == slack.message("C1", by_json["ts"])["blocks"] == blocks
+    form = {"channel": "C1", "text": "a", "blocks": json.dumps(blocks)}
+    by_form = body(client.api_call("chat.postMessage", params=form))
+    by_json = body(client.api_call("chat.postMessage", json={"channel": "C1", "text": "b", "blocks": blocks}))
+    assert stored(slack, "C1", by_form["ts"])["blocks"] == stored(slack, "C1", by_json["ts"])["blocks"] == blocks
     with pytest.raises(SlackApiError) as caught:
         client.api_call("chat.postMessage", json={"text": "no channel"})
     assert caught.value.response["error"] == "invalid_arguments"
@@ -94,7 +110,7 @@ def test_rate_limit_then_success_with_the_sdk_retry_handler(slack: SlackEmulator
     slack.rate_limit("chat.update", times=1, retry_after=1)
     client = WebClient(token=slack.bot_token, base_url=slack.url,
                        retry_handlers=[RateLimitErrorRetryHandler(max_retry_count=2)])
-    posted = client.chat_postMessage(channel="C0TEST", text="v1")
+    posted = body(client.chat_postMessage(channel="C0TEST", text="v1"))
     assert client.chat_update(channel="C0TEST", ts=posted["ts"], text="v2")["ok"]
     calls = slack.calls_to("chat.update")
     assert [c.status for c in calls] == [429, 200]
@@ -111,9 +127,9 @@ def test_rate_limit_without_retry_handler_surfaces_429(client: WebClient, slack:
 
 
 def test_files_upload_v2_lands_in_the_thread(client: WebClient, slack: SlackEmulator) -> None:
-    parent = client.chat_postMessage(channel="C0TEST", text="output follows")
-    answer = client.files_upload_v2(channel="C0TEST", thread_ts=parent["ts"], content="line 1\nline 2\n",
-                                    filename="output.txt", title="bash output", initial_comment="full output")
+    parent = body(client.chat_postMessage(channel="C0TEST", text="output follows"))
+    answer = body(client.files_upload_v2(channel="C0TEST", thread_ts=parent["ts"], content="line 1\nline 2\n",
+                                         filename="output.txt", title="bash output", initial_comment="full output"))
     file_id = answer["file"]["id"]
     assert slack.uploads[file_id] == b"line 1\nline 2\n"
     assert answer["file"]["title"] == "bash output" and answer["file"]["size"] == 14
@@ -136,9 +152,9 @@ def test_tokens_and_methods_are_checked(slack: SlackEmulator) -> None:
 def test_chat_streaming_builds_one_message(client: WebClient, slack: SlackEmulator) -> None:
     parent = slack.add_message("C0TEST", "explain", user="U0ALICE")
     client.assistant_threads_setStatus(channel_id="C0TEST", thread_ts=parent["ts"], status="is thinking…")
-    started = client.chat_startStream(channel="C0TEST", thread_ts=parent["ts"], markdown_text="Hello")
+    started = body(client.chat_startStream(channel="C0TEST", thread_ts=parent["ts"], markdown_text="Hello"))
     client.chat_appendStream(channel="C0TEST", ts=started["ts"], markdown_text=", world")
-    stopped = client.chat_stopStream(channel="C0TEST", ts=started["ts"], markdown_text="!")
+    stopped = body(client.chat_stopStream(channel="C0TEST", ts=started["ts"], markdown_text="!"))
     assert stopped["message"]["text"] == "Hello, world!"
     with pytest.raises(SlackApiError) as caught:
         client.chat_appendStream(channel="C0TEST", ts=started["ts"], markdown_text="late")
@@ -160,27 +176,27 @@ def test_reactions_users_groups_views_ephemerals_permalinks(client: WebClient, s
     client.reactions_add(channel="C0TEST", timestamp=msg["ts"], name="eyes")
     with pytest.raises(SlackApiError, match="already_reacted"):
         client.reactions_add(channel="C0TEST", timestamp=msg["ts"], name="eyes")
-    assert slack.message("C0TEST", msg["ts"])["reactions"] == [{"name": "eyes", "users": ["U0BOT"], "count": 1}]
+    assert stored(slack, "C0TEST", msg["ts"])["reactions"] == [{"name": "eyes", "users": ["U0BOT"], "count": 1}]
     client.reactions_remove(channel="C0TEST", timestamp=msg["ts"], name="eyes")
-    assert "reactions" not in slack.message("C0TEST", msg["ts"])
+    assert "reactions" not in stored(slack, "C0TEST", msg["ts"])
     with pytest.raises(SlackApiError, match="no_reaction"):
         client.reactions_remove(channel="C0TEST", timestamp=msg["ts"], name="eyes")
 
-    assert client.users_info(user="U0ALICE")["user"]["is_admin"] is True
+    assert body(client.users_info(user="U0ALICE"))["user"]["is_admin"] is True
     with pytest.raises(SlackApiError, match="user_not_found"):
         client.users_info(user="U0NOBODY")
     assert client.usergroups_users_list(usergroup="S0PLATFORM")["users"] == ["U0ALICE", "U0BOB"]
-    assert client.conversations_info(channel="C0TEST")["channel"]["name"] == "mm-test"
+    assert body(client.conversations_info(channel="C0TEST"))["channel"]["name"] == "mm-test"
     with pytest.raises(SlackApiError, match="channel_not_found"):
         client.conversations_info(channel="C0NONE")
 
-    home = client.views_publish(user_id="U0ALICE", view={"type": "home", "blocks": []})["view"]
-    modal = client.views_open(trigger_id="1.2.abc", view={"type": "modal", "title": {"type": "plain_text",
-                                                                                       "text": "mm"}, "blocks": []})
+    home = body(client.views_publish(user_id="U0ALICE", view={"type": "home", "blocks": []}))["view"]
+    modal = body(client.views_open(trigger_id="1.2.abc", view={"type": "modal", "title": {"type": "plain_text",
+                                                                                       "text": "mm"}, "blocks": []}))
     assert home["id"].startswith("V") and home["type"] == "home" and modal["view"]["type"] == "modal"
     assert client.chat_postEphemeral(channel="C0TEST", user="U0ALICE", text="only you")["message_ts"]
     assert slack.ephemerals[0]["to_user"] == "U0ALICE" and slack.messages("C0TEST")[-1]["text"] == "hi"
-    link = client.chat_getPermalink(channel="C0TEST", message_ts=msg["ts"])["permalink"]
+    link = body(client.chat_getPermalink(channel="C0TEST", message_ts=msg["ts"]))["permalink"]
     assert link.endswith(f"/archives/C0TEST/p{msg['ts'].replace('.', '')}")
 
 
@@ -321,7 +337,7 @@ def test_malformed_bodies_and_unknown_upload_urls_get_clear_answers(slack: Slack
 
 def test_connections_open_takes_only_the_app_level_token(slack: SlackEmulator) -> None:
     client = WebClient(base_url=slack.url)
-    url = client.apps_connections_open(app_token=slack.app_token)["url"]
+    url = body(client.apps_connections_open(app_token=slack.app_token))["url"]
     assert re.match(rf"^ws://127\.0\.0\.1:{slack.port}/socket\?ticket=[0-9a-f-]{{36}}&app_id=A0TESTAPP$", url)
     assert slack.calls_to("apps.connections.open")[0].headers["Authorization"] == f"Bearer {slack.app_token}"
     for token, error in ((slack.bot_token, "not_allowed_token_type"), ("xapp-1-A0TESTAPP-1-wrong", "invalid_auth")):
@@ -337,7 +353,7 @@ def test_connections_open_takes_only_the_app_level_token(slack: SlackEmulator) -
 def test_the_socket_says_hello_records_acks_and_refuses_tickets_it_did_not_issue(slack: SlackEmulator) -> None:
     import aiohttp
 
-    url = WebClient(base_url=slack.url).apps_connections_open(app_token=slack.app_token)["url"]
+    url = body(WebClient(base_url=slack.url).apps_connections_open(app_token=slack.app_token))["url"]
 
     async def scenario() -> tuple[dict[str, Any], dict[str, Any], list[int]]:
         refused = []
@@ -373,7 +389,7 @@ def test_the_socket_says_hello_records_acks_and_refuses_tickets_it_did_not_issue
 async def _socket_mode_client(slack: SlackEmulator, seen: list[SocketModeRequest]) -> SocketModeClient:
     """slack_sdk's own client against the emulator, acking every request as bolt does."""
 
-    async def on_request(client: SocketModeClient, request: SocketModeRequest) -> None:
+    async def on_request(client: AsyncBaseSocketModeClient, request: SocketModeRequest) -> None:
         seen.append(request)
         await client.send_socket_mode_response(SocketModeResponse(envelope_id=request.envelope_id))
 
