@@ -7,7 +7,10 @@ requests arrive over the socket instead of /slack/events.
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
+import os
+import socket
 import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -42,9 +45,11 @@ def build_web_app(config: Config, socket_mode: bool = False) -> web.Application:
 
     async def health(_request: web.Request) -> web.Response:
         # Liveness must not flap with the database (restarting the bot would not fix it), so this is
-        # always 200 and says what it knows; `mm-bot doctor` explains a failure.
+        # always 200 and says what it knows; `mm-bot doctor` explains a failure. The pid lets `mm-bot dev`
+        # tell its own bot from another process that answers on the same port.
+        reachable = await _database_reachable(engine)
         return web.json_response(
-            {"ok": True, "database": await _database_reachable(engine), "slack": not missing, "missing": missing}
+            {"ok": True, "database": reachable, "slack": not missing, "missing": missing, "pid": os.getpid()}
         )
 
     async def events(request: web.Request) -> web.Response:
@@ -80,6 +85,39 @@ async def _database_reachable(engine) -> bool:  # noqa: ANN001 - an sqlalchemy E
     except Exception as exc:  # any failure means "not reachable"; the reason goes to the log, not the probe
         log.warning("database not reachable: %s", exc)
         return False
+
+
+class CannotListen(Exception):
+    """The server cannot listen where it was told to; str() is the sentence with the fix."""
+
+
+def port_taken(host: str, port: int) -> CannotListen:
+    return CannotListen(
+        f"{host}:{port} is already in use by another process: stop what holds it, or pass --port with a free port"
+    )
+
+
+def check_port(host: str, port: int) -> None:
+    """Raises CannotListen when the server could not listen on host:port, by binding every address the server
+    would (a name such as localhost can have two), before anything else starts or prints."""
+    try:
+        addresses = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise CannotListen(
+            f"cannot listen on {host}:{port}: {exc.strerror}; pass --host with an address of this machine"
+        ) from None
+    for family, kind, proto, _name, address in addresses:
+        with socket.socket(family, kind, proto) as probe:
+            # As aiohttp binds: a port whose last connections linger in TIME_WAIT is free, a listening one is not.
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(address)
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    raise port_taken(host, port) from None
+                raise CannotListen(
+                    f"cannot listen on {host}:{port}: {exc.strerror}; pass --host and --port that this machine allows"
+                ) from None
 
 
 class SocketModeRefused(Exception):
@@ -122,7 +160,10 @@ async def _first_socket_url(client, app_token: str) -> str | None:  # noqa: ANN0
 
 
 def serve(config: Config, host: str, port: int, socket_mode: bool = False) -> None:
-    """Serve until SIGINT/SIGTERM (aiohttp's run_app handles both and shuts down cleanly)."""
+    """Serve until SIGINT/SIGTERM (aiohttp's run_app handles both and shuts down cleanly).
+
+    Raises CannotListen when host:port is taken or not this machine's."""
+    check_port(host, port)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("alembic").setLevel(logging.WARNING)  # its plugin registry is chatter at INFO
     web_app = build_web_app(config, socket_mode=socket_mode)
@@ -142,6 +183,10 @@ def serve(config: Config, host: str, port: int, socket_mode: bool = False) -> No
         )
     try:
         web.run_app(web_app, host=host, port=port, print=announce, access_log=None)
+    except OSError as exc:
+        if exc.errno != errno.EADDRINUSE:  # taken since check_port looked
+            raise
+        raise port_taken(host, port) from None
     except SocketModeRefused as exc:
         print(f"mm-bot serve: {exc}", file=sys.stderr, flush=True)
         raise SystemExit(2) from None

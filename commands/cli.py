@@ -186,13 +186,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except Exception as exc:
-        # chatops.db is imported only by the commands that use it (it takes half a second to import), so its
-        # error is looked up only once it can have been raised.
-        db = sys.modules.get("chatops.db")
-        if db is None or not isinstance(exc, db.DatabaseUnavailable):
+        if not _worded(exc):
             raise
         print(f"mm-bot {args.command}: {exc}", file=sys.stderr)
         return 1
+
+
+# Errors whose str() is the whole sentence, with the fix: (module, class).
+WORDED_ERRORS = (("chatops.db", "DatabaseUnavailable"), ("bot.server", "CannotListen"))
+
+
+def _worded(exc: Exception) -> bool:
+    # Those modules are imported only by the commands that use them (chatops.db takes half a second), so an
+    # error class is looked up only once its module is there, which it is whenever it can have been raised.
+    for module, name in WORDED_ERRORS:
+        loaded = sys.modules.get(module)
+        if loaded is not None and isinstance(exc, getattr(loaded, name)):
+            return True
+    return False
 
 
 if __name__ == "__main__":

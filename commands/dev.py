@@ -18,6 +18,7 @@ from pathlib import Path
 
 import httpx
 
+from bot.server import check_port
 from chatops import db
 from chatops.config import SLACK_DOCS, Config, load_config
 from chatops.secrets import mask_url, scrub, secrets_of
@@ -93,13 +94,20 @@ def _stop(children: list[Child]) -> None:
 def _wait_healthy(url: str, bot: Child) -> bool:
     deadline = time.monotonic() + READY_TIMEOUT
     while time.monotonic() < deadline and bot.alive():
-        try:
-            if httpx.get(url, timeout=1.0).status_code == 200:
-                return True
-        except httpx.HTTPError:
-            pass
+        if answers_as(url, bot.process.pid):
+            return True
         time.sleep(0.2)
     return False
+
+
+def answers_as(url: str, pid: int) -> bool:
+    """Whether the bot with that pid answers the health check at `url`: another process that took the port
+    after check_port looked may answer it too, and then our bot is not listening."""
+    try:
+        response = httpx.get(url, timeout=1.0)
+        return response.status_code == 200 and response.json().get("pid") == pid
+    except (httpx.HTTPError, ValueError, AttributeError):  # not answering yet, or not a bot's JSON
+        return False
 
 
 def _interrupt(_signum: int, _frame: object) -> None:
@@ -107,6 +115,8 @@ def _interrupt(_signum: int, _frame: object) -> None:
 
 
 def run_dev(config_path: str | None, host: str, port: int) -> int:
+    """Raises CannotListen, before anything starts, when host:port is taken."""
+    check_port(host, port)
     config = load_config(config_path)
     before = db.current_revision(config.database_url)
     db.migrate(config.database_url)

@@ -50,7 +50,7 @@ def bot(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bot]:
 def test_healthz_says_ok_and_that_the_database_answers(bot: Bot) -> None:
     response = httpx.get(f"{bot.base}/healthz")
     assert response.status_code == 200
-    assert response.json() == {"ok": True, "database": True, "slack": True, "missing": []}
+    assert response.json() == {"ok": True, "database": True, "slack": True, "missing": [], "pid": bot.process.pid}
 
 
 def test_url_verification_gets_its_challenge_back(bot: Bot) -> None:

@@ -4,9 +4,19 @@ then `mm-bot run -p`, what `make run` prints, and the sandbox a worker starts wi
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
 import pytest
 
+from commands.dev import answers_as
 from mm_testkit.fixtures_kit import REQUIRE_SYSTEM
+from mmbot_helpers import MM_BOT, clean_env, free_port, mm_bot, stop, wait_healthy
 
 # --- the test kit's marker of system programs --------------------------------------------------------------
 
@@ -38,3 +48,65 @@ def test_with_require_system_a_missing_program_fails(pytester: pytest.Pytester, 
     result = pytester.runpytest_subprocess("-p", "mm_testkit.fixtures_kit", "-rf")
     result.assert_outcomes(passed=1, errors=1)
     result.stdout.fnmatch_lines([f"*{FIX} ({REQUIRE_SYSTEM}=1: this run must not skip it)*"])
+
+
+# --- a taken port -------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def impostor(tmp_path: Path) -> Iterator[str]:
+    """Another program on a port, answering GET /healthz with 200 as a bot would: its base URL."""
+    root = tmp_path / "impostor"
+    root.mkdir()
+    (root / "healthz").write_text('{"ok": true, "pid": 1}')
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "http.server", "--bind", "127.0.0.1", str(port)],
+        cwd=root,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 10
+        while not _answers(f"{base}/healthz"):
+            assert time.monotonic() < deadline and server.poll() is None, "the impostor did not start"
+            time.sleep(0.05)
+        yield base
+    finally:
+        stop(server)
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+@pytest.mark.parametrize("command", ["serve", "dev"])
+def test_a_taken_port_is_one_sentence_naming_it_and_the_fix(tmp_path: Path, impostor: str, command: str) -> None:
+    port = impostor.rsplit(":", 1)[1]
+    env = clean_env(SLACK_BOT_TOKEN="x", SLACK_SIGNING_SECRET="s", CELERY_BROKER_URL=f"sqla+sqlite:///{tmp_path}/b")
+    result = mm_bot(command, "--port", port, env=env, cwd=tmp_path)
+    assert result.returncode == 1
+    assert result.stdout == ""
+    assert result.stderr.splitlines() == [
+        f"mm-bot {command}: 127.0.0.1:{port} is already in use by another process: stop what holds it, "
+        "or pass --port with a free port"
+    ]
+    assert not (tmp_path / "var").exists()  # dev said it before migrating or starting anything
+
+
+def test_dev_knows_its_own_bot_from_another_process_on_the_port(tmp_path: Path, impostor: str) -> None:
+    assert not answers_as(f"{impostor}/healthz", os.getpid())
+    port = free_port()
+    env = clean_env(SLACK_BOT_TOKEN="xoxb-x", SLACK_SIGNING_SECRET="s", DATABASE_URL=f"sqlite:///{tmp_path}/mm.db")
+    bot = subprocess.Popen([MM_BOT, "serve", "--port", str(port)], env=env, cwd=tmp_path, stdout=subprocess.DEVNULL)
+    try:
+        health = wait_healthy(f"http://127.0.0.1:{port}", bot)
+        assert health["pid"] == bot.pid
+        assert answers_as(f"http://127.0.0.1:{port}/healthz", bot.pid)
+        assert not answers_as(f"http://127.0.0.1:{port}/healthz", bot.pid + 1)
+    finally:
+        stop(bot)
