@@ -15,6 +15,7 @@ import pytest
 from mm_core.config import AgentConfig
 from mm_core.tools.base import ToolContext
 from mm_core.tools.lsp import LspTool, find_servers, running_pids
+from mm_core.tools.lsp.manager import LspManager
 
 BIN = Path(sys.executable).parent
 FIXTURE = Path(__file__).parent / "fixtures" / "lsp"
@@ -31,6 +32,13 @@ def workspace(tmp_path: Path, name: str) -> Path:
     root = tmp_path / name
     shutil.copytree(FIXTURE, root)
     return root
+
+
+def lsp_pids(ctx: ToolContext) -> list[int]:
+    """The pids of the servers the session's manager runs (it exists once the tool has run)."""
+    manager: LspManager | None = ctx.resources.peek("lsp")
+    assert manager is not None
+    return manager.pids()
 
 
 def gone(pid: int) -> bool:
@@ -60,7 +68,7 @@ def test_server_crash_mid_request_then_restart(tmp_path):
 
     async def scenario():
         assert await tool.run(DEFINITION, ctx) == ANSWER
-        [pid] = ctx.resources.peek("lsp").pids()
+        [pid] = lsp_pids(ctx)
         os.kill(pid, signal.SIGSTOP)  # the request below stays pending...
         pending = asyncio.create_task(tool.run(DEFINITION | {"action": "hover"}, ctx))
         await asyncio.sleep(0.3)
@@ -71,7 +79,7 @@ def test_server_crash_mid_request_then_restart(tmp_path):
             "[lsp: pylsp: hover failed: the server exited (code -9) — it is started again on the next call]"
         )
         assert await tool.run(DEFINITION, ctx) == ANSWER
-        [new_pid] = ctx.resources.peek("lsp").pids()
+        [new_pid] = lsp_pids(ctx)
         assert new_pid != pid
         # Killed between calls: the next call notices and starts it again.
         os.kill(new_pid, signal.SIGKILL)
@@ -88,7 +96,7 @@ def test_request_timeout_then_recovery(tmp_path):
 
     async def scenario():
         assert await tool.run(DEFINITION, ctx) == ANSWER
-        [pid] = ctx.resources.peek("lsp").pids()
+        [pid] = lsp_pids(ctx)
         os.kill(pid, signal.SIGSTOP)
         try:
             assert await tool.run(DEFINITION, ctx) == "[lsp: pylsp: definition failed: no answer within 1s]"
@@ -110,7 +118,7 @@ def test_cap_across_sessions_and_aclose_stops_the_processes(tmp_path):
         pids = []
         for ctx in sessions:
             assert await tool.run(DEFINITION, ctx) == ANSWER
-            pids.append(ctx.resources.peek("lsp").pids()[0])
+            pids.append(lsp_pids(ctx)[0])
         # The third start stopped the least recently used server, the first session's.
         assert gone(pids[0])
         assert sorted(running_pids()) == sorted(pids[1:])
@@ -133,13 +141,13 @@ def test_idle_server_is_stopped(tmp_path):
 
     async def scenario():
         assert await tool.run(DEFINITION, ctx) == ANSWER
-        [pid] = ctx.resources.peek("lsp").pids()
+        [pid] = lsp_pids(ctx)
         for _ in range(50):
             await asyncio.sleep(0.1)
             if gone(pid):
                 break
         assert gone(pid)
-        assert ctx.resources.peek("lsp").pids() == []
+        assert lsp_pids(ctx) == []
         assert await tool.run(DEFINITION, ctx) == ANSWER  # and comes back on the next call
         await ctx.resources.aclose()
 

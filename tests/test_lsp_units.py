@@ -11,7 +11,7 @@ from lsprotocol import types
 from mm_core.config import LspServer
 from mm_core.tools.lsp.manager import extension_map
 from mm_core.tools.lsp.positions import UTF8, UTF16, UTF32, from_wire, split_lines, to_wire
-from mm_core.tools.lsp.tool import apply_edits, clean_identifier, parse, symbol_positions
+from mm_core.tools.lsp.tool import Call, apply_edits, clean_identifier, parse, symbol_positions
 
 
 def test_utf16_columns_count_non_bmp_characters_twice():
@@ -54,6 +54,12 @@ def test_apply_edits_whole_file_replacement():
     assert apply_edits(text, [_edit(0, 0, 2, 0, "three\n")]) == "three\n"
 
 
+def parsed(args: dict[str, object]) -> Call:
+    call = parse(args)
+    assert isinstance(call, Call), call
+    return call
+
+
 @pytest.mark.parametrize(
     "raw, cleaned",
     [("Greet", "Greet"), ("Greet', ", "Greet"), ("person.Greet", "Greet"), ("`Greet()`", "Greet"),
@@ -64,9 +70,9 @@ def test_clean_identifier(raw, cleaned):
 
 
 def test_rename_written_into_one_string():
-    call = parse({"action": "rename", "path": "main.go", "symbol": "Greet 1 12 Hello"})
+    call = parsed({"action": "rename", "path": "main.go", "symbol": "Greet 1 12 Hello"})
     assert (call.symbol, call.new_name) == ("Greet", "Hello")
-    call = parse({"action": "rename", "path": "main.go", "symbol": "Greet", "new_name": "'Hello',"})
+    call = parsed({"action": "rename", "path": "main.go", "symbol": "Greet", "new_name": "'Hello',"})
     assert (call.symbol, call.new_name) == ("Greet", "Hello")
 
 
@@ -87,7 +93,7 @@ def test_bad_arguments(args, text):
 
 
 def test_numbers_given_as_strings_are_accepted():
-    call = parse({"action": "hover", "path": "a.py", "line": "9", "column": 14.0})
+    call = parsed({"action": "hover", "path": "a.py", "line": "9", "column": 14.0})
     assert (call.line, call.column) == (9, 14)
 
 
@@ -101,31 +107,31 @@ x = greet("a")
 
 
 def test_occurrences_code_lines_first_comments_last():
-    call = parse({"action": "definition", "path": "a.py", "symbol": "greet"})
+    call = parsed({"action": "definition", "path": "a.py", "symbol": "greet"})
     # Code occurrences in file order, then the trailing comment on line 2, then the comment line 1.
     assert symbol_positions(call, split_lines(SOURCE)) == [(1, 4), (5, 4), (0, 2), (0, 20), (1, 20)]
 
 
 def test_occurrences_are_whole_words():
-    call = parse({"action": "definition", "path": "a.py", "symbol": "name"})
+    call = parsed({"action": "definition", "path": "a.py", "symbol": "name"})
     assert symbol_positions(call, split_lines("names = 1\nname = 2\nrename(name)\n")) == [(1, 0), (2, 7)]
 
 
 def test_line_restricts_and_column_picks_the_occurrence():
     lines = split_lines("a = greet(greet)\n")
-    call = parse({"action": "hover", "path": "a.py", "symbol": "greet", "line": 1, "column": 12})
+    call = parsed({"action": "hover", "path": "a.py", "symbol": "greet", "line": 1, "column": 12})
     assert symbol_positions(call, lines)[0] == (0, 10)
-    call = parse({"action": "hover", "path": "a.py", "symbol": "other", "line": 1})
+    call = parsed({"action": "hover", "path": "a.py", "symbol": "other", "line": 1})
     assert symbol_positions(call, lines) == '[lsp: "other" not found on line 1 of a.py]'
 
 
 def test_positions_past_the_end_are_refused_with_the_count():
     lines = split_lines("x = 1\nprint(x)\nvalue = 123456789\n")
-    call = parse({"action": "hover", "path": "main.py", "line": 3, "column": 40})
+    call = parsed({"action": "hover", "path": "main.py", "line": 3, "column": 40})
     assert symbol_positions(call, lines) == "[lsp: column 40 is past the end of line 3 (17 characters)]"
-    call = parse({"action": "hover", "path": "main.py", "line": 9, "column": 1})
+    call = parsed({"action": "hover", "path": "main.py", "line": 9, "column": 1})
     assert symbol_positions(call, lines) == "[lsp: line 9 is past the end of main.py (3 lines)]"
-    call = parse({"action": "hover", "path": "main.py"})
+    call = parsed({"action": "hover", "path": "main.py"})
     assert symbol_positions(call, lines) == (
         "[lsp: hover needs a symbol (the identifier, as written in the code), or a line and a column]"
     )

@@ -128,7 +128,7 @@ def _database_checks(url: str) -> set[tuple[str, str, str]]:
     try:
         inspector = inspect(engine)
         return {
-            (table, c["name"], c["sqltext"])
+            (table, str(c["name"]), c["sqltext"])
             for table in inspector.get_table_names()
             for c in inspector.get_check_constraints(table)
         }
