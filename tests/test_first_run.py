@@ -16,6 +16,7 @@ import pytest
 
 from commands.dev import answers_as
 from mm_testkit.fixtures_kit import REQUIRE_SYSTEM
+from mm_testkit.model_server import ModelServer, Reply, ToolCall
 from mmbot_helpers import MM_BOT, clean_env, free_port, mm_bot, stop, wait_healthy
 
 # --- the test kit's marker of system programs --------------------------------------------------------------
@@ -110,3 +111,32 @@ def test_dev_knows_its_own_bot_from_another_process_on_the_port(tmp_path: Path, 
         assert not answers_as(f"http://127.0.0.1:{port}/healthz", bot.pid + 1)
     finally:
         stop(bot)
+
+
+# --- mm-bot init, then mm-bot run -p ------------------------------------------------------------------------
+
+
+def path_without_the_venv() -> str:
+    """The PATH of a shell where the virtualenv was never activated."""
+    venv_bin = str(Path(sys.executable).parent)
+    return os.pathsep.join(d for d in os.environ["PATH"].split(os.pathsep) if d and d != venv_bin)
+
+
+def test_init_then_run_one_shot_works_with_the_venvs_language_server(tmp_path: Path, model_server: ModelServer):
+    env = clean_env(PATH=path_without_the_venv(), MM_MODEL_URL=model_server.url, MM_MODEL="test-model")
+    assert mm_bot("init", env=env, cwd=tmp_path).returncode == 0
+    (tmp_path / "app.py").write_text("def greet(name):\n    return name\n")
+    model_server.script(
+        Reply(tool_calls=[ToolCall("lsp", {"action": "symbols", "path": "app.py"})]),
+        Reply(tool_calls=[ToolCall("bash", {"command": "touch made"})]),
+        Reply(text="Done."),
+    )
+    result = mm_bot("run", "-p", "list the symbols, then make a file", env=env, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    # pylsp is in .venv/bin, off the PATH: found beside the interpreter, it answered.
+    assert "not found on the PATH" not in result.stderr
+    assert "greet" in model_server.messages(1)[-1]["content"]
+    # The written config's yolo is the documented default: the one shot ran the command.
+    assert (tmp_path / "made").exists()
+    assert "was not run" not in result.stderr
+    assert result.stdout.splitlines()[-2:-1] == ["Done."]

@@ -13,6 +13,7 @@ import asyncio
 import collections
 import contextlib
 import shutil
+import sys
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -20,6 +21,12 @@ from pathlib import Path
 
 from mm_core.config import LspConfig, LspServer
 from mm_core.tools.lsp.client import LspClient, RequestFailed, kill_group
+
+
+def server_command(command: str) -> str | None:
+    """The executable of a server's command: on the PATH, else beside the interpreter running us. A virtualenv's
+    servers (pip install python-lsp-server puts pylsp in .venv/bin) are then found without activating it."""
+    return shutil.which(command) or shutil.which(command, path=str(Path(sys.executable).parent))
 
 
 def normalize_extension(ext: str) -> str:
@@ -123,7 +130,7 @@ class LspManager:
 
     async def _start(self, workspace: Path, name: str, loop: asyncio.AbstractEventLoop) -> Running:
         server = self.servers[name]
-        command = shutil.which(server.command)
+        command = server_command(server.command)
         if command is None:
             raise RequestFailed(f"{server.command} not found on the PATH")
         await _make_room(self.config.maxServers)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import difflib
 import os
 import re
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Awaitable, Callable
@@ -21,7 +20,7 @@ from lsprotocol import types
 from mm_core.config import AgentConfig, LspServer
 from mm_core.tools.base import Tool, ToolContext
 from mm_core.tools.lsp.client import LspClient, RequestFailed, ServerGone, read_document
-from mm_core.tools.lsp.manager import LspManager, extension_map
+from mm_core.tools.lsp.manager import LspManager, extension_map, server_command
 from mm_core.tools.lsp.positions import UTF16, from_wire, line_starts, offset, split_lines, to_wire
 from mm_core.tools.text import truncate
 from mm_core.tools.workspace import WorkspaceError, resolve, write_bytes
@@ -44,7 +43,7 @@ _COMMENT_START = re.compile(r"#|//|/\*|--")
 
 
 def find_servers(config: Any) -> tuple[dict[str, LspServer], list[str]]:
-    """The configured servers whose command is on the PATH, and a warning for each one that is not.
+    """The configured servers whose command is found (see server_command), and a warning for each one that is not.
 
     `config` is an AgentConfig or its `lsp` section.
     """
@@ -52,7 +51,7 @@ def find_servers(config: Any) -> tuple[dict[str, LspServer], list[str]]:
     available: dict[str, LspServer] = {}
     warnings: list[str] = []
     for name, server in lsp.servers.items():
-        if shutil.which(server.command):
+        if server_command(server.command):
             available[name] = server
         else:
             warnings.append(MISSING_SERVER.format(name=name, command=server.command))
