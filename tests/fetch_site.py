@@ -60,7 +60,7 @@ class Site:
             response.headers[key] = value
         return response
 
-    async def __aenter__(self) -> "Site":
+    async def __aenter__(self) -> Site:
         app = web.Application()
         app.router.add_route("GET", "/{tail:.*}", self._handle)
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)

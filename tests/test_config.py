@@ -272,5 +272,6 @@ def test_hostile_yaml_and_undecodable_file(tmp_path: Path) -> None:
     ]
     path = tmp_path / "mm.yaml"
     path.write_bytes(b"yolo: \xff\xfe\n")
-    with pytest.raises(ConfigError, match=rf"^{re.escape(str(path))}: cannot read the file: 'utf-8' codec can't decode"):
+    expected = rf"^{re.escape(str(path))}: cannot read the file: 'utf-8' codec can't decode"
+    with pytest.raises(ConfigError, match=expected):
         load_config(path, {})

@@ -92,7 +92,7 @@ def test_python_tutorial_page() -> None:
 def test_python_whats_new_article() -> None:
     md = converted("python_whatsnew_3_11")
     absent(md, "Quick search", "Previous topic", "Report a Bug")
-    assert md.startswith("# What’s New In Python 3.11[¶](https://docs.python.org/3.11/whatsnew/3.11.html"
+    assert md.startswith("# What\u2019s New In Python 3.11[¶](https://docs.python.org/3.11/whatsnew/3.11.html"
                          "#what-s-new-in-python-3-11)\n\nRelease:\n\n3\\.11.2\n\n")  # `N.` at a line start
     assert "  ```\n  >>> from functools import singledispatch\n  >>> @singledispatch\n" in md  # fence in an item
     assert ("- The following have been deprecated in [`configparser`](https://docs.python.org/3.11/library/"

@@ -34,7 +34,8 @@ def test_declaration_title_and_approval(tmp_path: Path) -> None:
     tool, _ = make(tmp_path)
     schema = tool.schema()
     assert schema["name"] == "fetch_content" and schema["parameters"]["required"] == ["url"]
-    assert set(schema["parameters"]["properties"]) == {"url", "output", "baseUrl", "tables", "strikethrough", "taskList"}
+    properties = {"url", "output", "baseUrl", "tables", "strikethrough", "taskList"}
+    assert set(schema["parameters"]["properties"]) == properties
     assert tool.emoji == "🌐" and tool.counter is None
     assert tool.title({"url": "k33g.org"}) == "fetch_content: k33g.org"
     assert tool.title({"url": "k33g.org", "output": "a.md"}) == "fetch_content: k33g.org → a.md"
@@ -98,7 +99,7 @@ def test_http_failures_and_types(tmp_path: Path, route: dict, expected: str) -> 
             html = route.pop("html", PAGE)
             url = site.page("/p", html, **route)
             return await make(tmp_path)[0].run({"url": url}, make(tmp_path)[1]), url
-    out, url = run(scenario())
+    out, _ = run(scenario())
     assert out.startswith(expected) and out.endswith("]")
     if "pdf" in str(route):
         assert "not an HTML page" in out or "does not look like HTML" in out
@@ -241,7 +242,11 @@ def test_output_is_truncated_to_max_output(tmp_path: Path) -> None:
     ("\ufeff<p>café</p>".encode(), "text/html; charset=windows-1252", "café"),  # BOM beats the header
     ("<p>café</p>".encode("cp1252"), "text/html; charset=ISO-8859-1", "café"),  # header
     ('<meta charset="windows-1252"><p>café €</p>'.encode("cp1252"), "text/html", "café €"),  # meta charset
-    ('<meta http-equiv="Content-Type" content="text/html; charset=koi8-r"><p>мир</p>'.encode("koi8-r"), "text/html", "мир"),
+    (
+        '<meta http-equiv="Content-Type" content="text/html; charset=koi8-r"><p>мир</p>'.encode("koi8-r"),
+        "text/html",
+        "мир",
+    ),
     ('<meta charset="no-such-thing"><p>café</p>'.encode(), "text/html", "café"),  # unknown name skipped → UTF-8
     ("<p>naïve “quotes”</p>".encode("cp1252"), "text/html", "naïve “quotes”"),  # invalid UTF-8 → windows-1252
     ("<p>\u0161\u00e9</p>".encode("utf-16-le").join([b"\xff\xfe", b""]), "text/html", "šé"),  # UTF-16 BOM

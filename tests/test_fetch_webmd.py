@@ -65,7 +65,10 @@ def test_a_class_on_body_never_empties_the_page() -> None:
 
 
 def test_headings_paragraphs_and_emphasis() -> None:
-    html = "<h1>A</h1><h2>B</h2><h3>C</h3><h4>D</h4><h5>E</h5><h6>F</h6><p>x <strong>s</strong> <b>b</b> <em>e</em> <i>i</i></p>"
+    html = (
+        "<h1>A</h1><h2>B</h2><h3>C</h3><h4>D</h4><h5>E</h5><h6>F</h6>"
+        "<p>x <strong>s</strong> <b>b</b> <em>e</em> <i>i</i></p>"
+    )
     assert md(html) == "# A\n\n## B\n\n### C\n\n#### D\n\n##### E\n\n###### F\n\nx **s** **b** *e* *i*\n"
 
 
@@ -140,7 +143,10 @@ def test_strikethrough_option() -> None:
 
 
 def test_task_list_option() -> None:
-    html = '<ul><li><input type="checkbox" checked> done</li><li><p><input type="checkbox"> todo</p></li><li>x <input type="checkbox"></li></ul>'
+    html = (
+        '<ul><li><input type="checkbox" checked> done</li><li><p><input type="checkbox"> todo</p></li>'
+        '<li>x <input type="checkbox"></li></ul>'
+    )
     assert md(html) == "- done\n- todo\n- x\n"
     assert md(html, task_list=True) == "- [x] done\n- [ ] todo\n- x\n"
 
@@ -154,7 +160,10 @@ def test_empty_elements_leave_nothing() -> None:
 
 
 def test_escaping() -> None:
-    html = "<p>\\ * ` [x] &lt;tag&gt; snake_case _lead trail_ a_b_c</p><p># h</p><p>&gt; q</p><p>- d</p><p>+ p</p><p>= e</p><p>| t</p><p>12. n</p>"
+    html = (
+        "<p>\\ * ` [x] &lt;tag&gt; snake_case _lead trail_ a_b_c</p>"
+        "<p># h</p><p>&gt; q</p><p>- d</p><p>+ p</p><p>= e</p><p>| t</p><p>12. n</p>"
+    )
     assert md(html) == ("\\\\ \\* \\` \\[x\\] \\<tag> snake_case \\_lead trail\\_ a_b_c\n\n\\# h\n\n\\> q\n\n\\- d\n\n"
                         "\\+ p\n\n\\= e\n\n\\| t\n\n12\\. n\n")
 

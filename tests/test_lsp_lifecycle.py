@@ -58,8 +58,13 @@ def test_missing_server_is_a_warning_and_no_server_means_no_tool():
     assert warnings == ["[warning: lsp server gopls (gopls-not-installed) not found on the PATH — skipped]"]
     assert "Servers available: pylsp (.py)." in LspTool(cfg, available).schema()["description"]
 
-    none = AgentConfig.model_validate({"lsp": {"servers": {"gopls": {"command": "gopls-not-installed", "extensions": [".go"]}}}})
-    assert find_servers(none) == ({}, ["[warning: lsp server gopls (gopls-not-installed) not found on the PATH — skipped]"])
+    none = AgentConfig.model_validate(
+        {"lsp": {"servers": {"gopls": {"command": "gopls-not-installed", "extensions": [".go"]}}}}
+    )
+    assert find_servers(none) == (
+        {},
+        ["[warning: lsp server gopls (gopls-not-installed) not found on the PATH — skipped]"],
+    )
 
 
 def test_server_crash_mid_request_then_restart(tmp_path):
@@ -178,7 +183,8 @@ def test_file_gone_between_calls(tmp_path, action):
     tool, ctx = LspTool(cfg, find_servers(cfg)[0]), ToolContext(workspace=root, config=cfg)
 
     async def scenario():
-        assert (await tool.run({"action": action, "path": "app.py"}, ctx)).startswith(("class Person  line 3\nfunction make_greeting  line 3\n", "no diagnostics"))
+        answer = await tool.run({"action": action, "path": "app.py"}, ctx)
+        assert answer.startswith(("class Person  line 3\nfunction make_greeting  line 3\n", "no diagnostics"))
         (root / "app.py").unlink()
         text = await tool.run({"action": action, "path": "app.py"}, ctx)
         await ctx.resources.aclose()

@@ -10,9 +10,10 @@ from __future__ import annotations
 import asyncio
 import shutil
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -99,7 +100,8 @@ def test_titles_and_approval(pylsp):
         "lsp: rename main.go Greet → Hello"
     )
     assert tool.needs_approval({"action": "rename"}) is True
-    assert not any(tool.needs_approval({"action": a}) for a in ("definition", "references", "hover", "symbols", "diagnostics"))
+    reads = ("definition", "references", "hover", "symbols", "diagnostics")
+    assert not any(tool.needs_approval({"action": a}) for a in reads)
     assert tool.refusal({"action": "rename"}) == "[rename rejected by the user]"
 
 
@@ -166,8 +168,8 @@ def test_failures_are_bracketed_texts(pylsp):
         "[lsp: column 60 is past the end of line 3 (43 characters)]"
     )
     assert pylsp.run(action="hover", path="missing.py", symbol="x") == "[lsp: missing.py does not exist]"
-    assert pylsp.run(action="hover", path="../outside.py", symbol="x") == "[lsp: ../outside.py is outside the workspace]"
-    assert pylsp.run(action="hover", path="/etc/passwd.py", symbol="x") == "[lsp: /etc/passwd.py is outside the workspace]"
+    for outside in ("../outside.py", "/etc/passwd.py"):
+        assert pylsp.run(action="hover", path=outside, symbol="x") == f"[lsp: {outside} is outside the workspace]"
     long_name = "x" * 300 + ".py"
     assert pylsp.run(action="hover", path=long_name, symbol="x") == f"[lsp: {long_name}: File name too long]"
     assert pylsp.run(action="rename", path="app.py", symbol="main") == (
@@ -202,7 +204,9 @@ def test_rename_across_two_files(pylsp):
     before = greetings.read_text(), app.read_text()
 
     preview = pylsp.preview(action="rename", path="greetings.py", symbol="make_greeting", new_name="build_greeting")
-    assert preview.startswith("rename make_greeting → build_greeting: 2 edit(s) in 2 file(s)\n--- a/app.py\n+++ b/app.py")
+    assert preview.startswith(
+        "rename make_greeting → build_greeting: 2 edit(s) in 2 file(s)\n--- a/app.py\n+++ b/app.py"
+    )
     assert "-def make_greeting(name: str) -> str:\n+def build_greeting(name: str) -> str:" in preview
     assert (greetings.read_text(), app.read_text()) == before  # a preview writes nothing
 

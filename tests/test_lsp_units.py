@@ -37,7 +37,9 @@ def test_from_wire_clamps_past_the_end():
 
 def _edit(line1, col1, line2, col2, text):
     return types.TextEdit(
-        range=types.Range(start=types.Position(line=line1, character=col1), end=types.Position(line=line2, character=col2)),
+        range=types.Range(
+            start=types.Position(line=line1, character=col1), end=types.Position(line=line2, character=col2)
+        ),
         new_text=text,
     )
 
@@ -142,5 +144,5 @@ def test_two_servers_on_one_extension_are_refused():
         "pylsp": LspServer(command="pylsp", extensions=[".py"]),
         "jedi": LspServer(command="jedi-language-server", extensions=["py"]),
     }
-    with pytest.raises(ValueError, match="pylsp and jedi both serve .py"):
+    with pytest.raises(ValueError, match=r"pylsp and jedi both serve \.py"):
         extension_map(servers)

@@ -15,7 +15,9 @@ from tool_helpers import call, make_ctx
 def skills(tmp_path: Path) -> Path:
     d = tmp_path / "skills"
     d.mkdir()
-    (d / "release.md").write_text("---\nname: release\ndescription: \"Cut a release: tag, changelog\"\n---\n# Release\nsteps\n")
+    (d / "release.md").write_text(
+        "---\nname: release\ndescription: \"Cut a release: tag, changelog\"\n---\n# Release\nsteps\n"
+    )
     (d / "go-tests").mkdir()
     (d / "go-tests" / "SKILL.md").write_text("# Run Go tests with the race detector\n\nbody\n")
     (d / "both").mkdir()
@@ -55,7 +57,8 @@ def test_only_the_base_name_is_used(skills, tmp_path, name):
 
 
 def test_a_path_to_a_real_skill_reads_that_skill(skills, tmp_path):
-    assert call(ReadSkillTool(skills), {"name": "../../x/release.md"}, make_ctx(tmp_path)).startswith("---\nname: release")
+    answer = call(ReadSkillTool(skills), {"name": "../../x/release.md"}, make_ctx(tmp_path))
+    assert answer.startswith("---\nname: release")
 
 
 def test_truncated_to_max_output(skills, tmp_path):

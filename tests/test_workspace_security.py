@@ -10,7 +10,8 @@ import pytest
 from mm_core.tools.edit import EditFileTool
 from mm_core.tools.files import ReadFileTool, WriteFileTool
 from mm_core.tools.workspace import WorkspaceError, resolve, write_bytes
-from tool_helpers import call, make_ctx, spaces  # noqa: F401 - spaces is a fixture
+from tool_helpers import call, make_ctx
+from tool_helpers import spaces as spaces_fixture  # noqa: F401 - the fixture "spaces"
 
 READ, WRITE, EDIT = ReadFileTool(), WriteFileTool(), EditFileTool()
 

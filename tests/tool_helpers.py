@@ -24,7 +24,9 @@ def preview(tool: Tool, args: dict[str, Any], ctx: ToolContext) -> str:
     return asyncio.run(tool.preview(args, ctx))
 
 
-@pytest.fixture
+# Named explicitly: a test module may import it under another name (`spaces as spaces_fixture`), so that its
+# `spaces` parameters do not shadow an import; pytest registers it as "spaces" either way.
+@pytest.fixture(name="spaces")
 def spaces(tmp_path: Path) -> tuple[Path, Path]:
     """Two workspaces side by side, as a worker keeps them: ours (with mine.txt) and a sibling team's secret."""
     ws, sibling = tmp_path / "workspaces" / "team-a", tmp_path / "workspaces" / "team-b"
