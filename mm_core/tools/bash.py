@@ -55,10 +55,8 @@ def append_marker(text: str, marker: str) -> str:
 
 
 def _kill_group(pgid: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _group_alive(pgid: int) -> bool:
@@ -91,10 +89,8 @@ class BashJobs:
         for pgid in procs:
             _kill_group(pgid)
         for proc in procs.values():
-            try:
+            with contextlib.suppress(TimeoutError, ProcessLookupError):
                 await asyncio.wait_for(proc.wait(), KILL_GRACE)
-            except (asyncio.TimeoutError, ProcessLookupError):
-                pass
 
 
 def read_back(out: IO[bytes]) -> str:
@@ -187,7 +183,7 @@ class BashTool(Tool):
         marker = None
         try:
             status = await asyncio.wait_for(_read_all(status_r), config.bash.timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             await _stop(proc)
             marker = TIMEOUT.format(duration=go_duration(config.bash.timeout))
         except asyncio.CancelledError:
@@ -215,10 +211,8 @@ def _command_text(args: Any) -> str:
 
 async def _stop(proc: asyncio.subprocess.Process) -> None:
     _kill_group(proc.pid)
-    try:
+    with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(proc.wait(), KILL_GRACE)
-    except asyncio.TimeoutError:
-        pass
 
 
 async def _exit_code(status: bytes, proc: asyncio.subprocess.Process) -> int:
@@ -229,6 +223,6 @@ async def _exit_code(status: bytes, proc: asyncio.subprocess.Process) -> int:
         return int(text)
     try:
         code = await asyncio.wait_for(proc.wait(), KILL_GRACE)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         return 1
     return code if code >= 0 else 128 - code

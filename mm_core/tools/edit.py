@@ -14,6 +14,7 @@ are located in the original text before anything changes; if any is refused, not
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from collections import Counter
@@ -306,7 +307,7 @@ def locate(path: str, text: str, edits: list[Edit]) -> list[Located]:
     """Every edit located in the original text. Raises Refused with all the refusals when any edit fails."""
     refusals: list[str] = []
     located: list[Located] = []
-    unit: str | None | bool = False  # computed once, on the first loose match
+    unit: str | bool | None = False  # computed once, on the first loose match
     misses = 0
     for index, edit in enumerate(edits):
         n = index + 1
@@ -343,7 +344,7 @@ def locate(path: str, text: str, edits: list[Edit]) -> list[Located]:
 def _overlaps(path: str, text: str, located: list[Located]) -> list[str]:
     found = []
     ordered = sorted(located, key=lambda e: (e.start, e.end))
-    for a, b in zip(ordered, ordered[1:]):
+    for a, b in itertools.pairwise(ordered):
         if b.start < a.end:
             first, second = sorted((a, b), key=lambda e: e.index)
             relation = "repeats" if (a.start, a.end) == (b.start, b.end) else "overlaps"
@@ -380,10 +381,11 @@ def parse_edits(args: dict[str, Any]) -> list[Edit]:
         raise ToolRefusal(NO_EDITS)
     edits = []
     for n, item in enumerate(raw, 1):
-        if not isinstance(item, dict) or not isinstance(item.get("old"), str) or not isinstance(item.get("new", ""), str):
+        old, new = (item.get("old"), item.get("new", "")) if isinstance(item, dict) else (None, None)
+        if not isinstance(old, str) or not isinstance(new, str):
             raise ToolRefusal(BAD_EDIT.format(n=n))
-        old, new = (check_text(item.get(f, ""), "edit_file", f, where=f"edit #{n}: ") for f in ("old", "new"))
-        edits.append(Edit(old, new))
+        where = f"edit #{n}: "
+        edits.append(Edit(check_text(old, "edit_file", "old", where), check_text(new, "edit_file", "new", where)))
     return edits
 
 

@@ -4,21 +4,31 @@ from __future__ import annotations
 
 import errno
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from mm_core.tools.args import check_object, get_bool, get_int, get_str
 from mm_core.tools.base import Tool, ToolContext, ToolRefusal
 from mm_core.tools.diff import Diff, diff, split_lines
 from mm_core.tools.text import plural, show, truncate
-from mm_core.tools.workspace import (EMPTY_PATH, SPECIAL, NotRegularFile, WorkspaceError, open_regular, resolve,
-                                     write_bytes)
+from mm_core.tools.workspace import (
+    EMPTY_PATH,
+    SPECIAL,
+    NotRegularFile,
+    WorkspaceError,
+    open_regular,
+    resolve,
+    write_bytes,
+)
 
 MISSING = "{path} does not exist. Create it with write_file"
 IS_DIR = "[error: {path} is a directory — list it with bash (ls {path})]"
 EMPTY_FILE = "[{path} is empty]"
-TOO_LARGE = "[error: {path} is too large to read at once ({size} bytes) — read part of it with bash (head, tail, sed -n)]"
+TOO_LARGE = (
+    "[error: {path} is too large to read at once ({size} bytes) — read part of it with bash (head, tail, sed -n)]"
+)
 START_PAST_END = "[error: start {start} is past the end of {path} ({lines})]"
 END_BEFORE_START = "[error: end {end} is before start {start}]"
 NEGATIVE = '[error: read_file: "{field}" must be 0 or a line number, got {value}]'

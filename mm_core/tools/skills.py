@@ -57,9 +57,12 @@ def _within(real: str, root: str) -> bool:
 def _skills_root(skills_dir: Path, workspace: Path | None) -> str | None:
     """The skills directory's real path; None when it sits in the workspace but leads out of it."""
     root = os.path.realpath(skills_dir)
-    if workspace is not None and _within(os.path.abspath(skills_dir), os.path.abspath(workspace)):
-        if not _within(root, os.path.realpath(workspace)):
-            return None
+    if (
+        workspace is not None
+        and _within(os.path.abspath(skills_dir), os.path.abspath(workspace))
+        and not _within(root, os.path.realpath(workspace))
+    ):
+        return None
     return root
 
 

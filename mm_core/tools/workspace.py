@@ -9,6 +9,7 @@ refused by the kernel instead of being followed.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
@@ -52,10 +53,8 @@ def _walk_dirs(root_fd: int, parts: tuple[str, ...], create: bool) -> int:
     try:
         for part in parts:
             if create:
-                try:
+                with contextlib.suppress(FileExistsError):
                     os.mkdir(part, 0o777, dir_fd=fd)
-                except FileExistsError:
-                    pass
             nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
             os.close(fd)
             fd = nxt
