@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Table, func, insert, or_, select, update
+from sqlalchemy import Connection, Engine, FromClause, func, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError
 
 from chatops.schema import (
@@ -30,8 +30,8 @@ from chatops.schema import (
     utcnow,
 )
 from mm_core.log import (
-    Decision,
     AssistantMessage,
+    Decision,
     Entry,
     ErrorRecord,
     Fenced,
@@ -93,7 +93,9 @@ def _project(conn: Connection, session_id: str, entry: Entry, now: datetime) -> 
             row = _upsert_call(conn, session_id, call_id, tool=tool, agent=agent, status="running", started_at=now)
             # No decision recorded before it started: it ran without asking (yolo).
             conn.execute(
-                update(ToolCall).where(ToolCall.id == row, ToolCall.decision.is_(None)).values(decision=CallDecision.AUTO)
+                update(ToolCall)
+                .where(ToolCall.id == row, ToolCall.decision.is_(None))
+                .values(decision=CallDecision.AUTO)
             )
         case ToolResult():
             _upsert_call(
@@ -124,7 +126,7 @@ def _project(conn: Connection, session_id: str, entry: Entry, now: datetime) -> 
 _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 
 
-def _fit(table: Table, **values: Any) -> dict[str, Any]:
+def _fit(table: FromClause, **values: Any) -> dict[str, Any]:
     """The values as the table's columns can hold them: unstorable characters become U+FFFD and strings are
     cut to their column's length. Only for projections and records for people: the log keeps the exact text,
     and a binary file printed by `bash` or a tool name a model made up must not fail the append."""
@@ -212,7 +214,9 @@ def record_slack_event(engine: Engine, event_id: str) -> bool:
         return False
 
 
-def record_error(engine: Engine, where: str, message: str, *, session_id: str | None = None, detail: Any = None) -> None:
+def record_error(
+    engine: Engine, where: str, message: str, *, session_id: str | None = None, detail: Any = None
+) -> None:
     """An error outside any turn's log (a failed Slack call, a crashed task): kept for the operators."""
     values = _fit(Error.__table__, where=where, message=message)
     with engine.begin() as conn:
