@@ -65,7 +65,7 @@ class ButtonValue:
         if not isinstance(data, dict) or set(data) - {"s", "c"}:
             raise BadButton("the button's value is not one the bot posted (unexpected fields)")
         session_id, call_id = data.get("s"), data.get("c")
-        if not _is_id(session_id) or (call_id is not None and not _is_id(call_id)):
+        if not isinstance(session_id, str) or not _is_id(session_id) or not (call_id is None or _is_id(call_id)):
             raise BadButton("the button's value does not name a session and a call")
         return cls(session_id, call_id)
 

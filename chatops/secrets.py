@@ -7,6 +7,7 @@ in DATABASE_URL or a token echoed by a failing library never reaches a terminal,
 
 from __future__ import annotations
 
+import contextlib
 import re
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl, urlsplit
@@ -41,10 +42,8 @@ def mask_url(url: str) -> str:
 def secrets_of(config: Config) -> list[str]:
     values = [config.slack_bot_token, config.slack_signing_secret, config.slack_app_token, config.model_api_key]
     for url in (config.database_url, config.broker_url, config.agent.model.url, config.slack_api_url):
-        try:
+        with contextlib.suppress(ValueError):  # an unparsable URL has no password to hide
             values.append(urlsplit(url).password)
-        except ValueError:
-            pass
     # Longest first, so that a secret containing another is masked whole.
     return sorted({v for v in values if v and len(v) >= 4}, key=len, reverse=True)
 

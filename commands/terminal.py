@@ -33,6 +33,7 @@ from mm_core import (
 )
 from mm_core.tools import build_tools
 
+DESCRIPTION = "the agent core in a terminal, so a config and a model can be tried before wiring Slack"
 DIM, RESET = "\033[2m", "\033[0m"
 HELP = "commands: /new (fresh conversation), /compact (summarise older history), /quit; Ctrl-C stops a turn"
 
@@ -113,7 +114,7 @@ async def turn(agent: Agent, text: str, pending: list[PermissionRequested], out:
 
 
 def main(argv: list[str] | None = None, out: TextIO = sys.stdout, read=input) -> int:
-    parser = argparse.ArgumentParser(prog="mm-bot run", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="mm-bot run", description=DESCRIPTION)
     parser.add_argument("-p", "--prompt", help="one shot: answer this prompt and exit")
     args = parser.parse_args(argv)
     try:

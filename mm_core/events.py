@@ -72,7 +72,7 @@ class Usage:
     prompt_tokens: int = 0
     completion_tokens: int = 0
 
-    def __add__(self, other: "Usage") -> "Usage":
+    def __add__(self, other: Usage) -> Usage:
         return Usage(self.prompt_tokens + other.prompt_tokens, self.completion_tokens + other.completion_tokens)
 
     @property

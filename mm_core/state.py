@@ -38,7 +38,7 @@ class SessionState:
     entries: list[Entry]  # since the last Reset
 
     @classmethod
-    def of(cls, log: list[Entry]) -> "SessionState":
+    def of(cls, log: list[Entry]) -> SessionState:
         start = max((i + 1 for i, e in enumerate(log) if isinstance(e, Reset)), default=0)
         return cls(log[start:])
 

@@ -17,6 +17,7 @@ from mm_core.log import (
     Decision,
     ErrorRecord,
     MemoryStore,
+    Outcome,
     ToolResult,
     TurnEnded,
     UserMessage,
@@ -233,7 +234,7 @@ def test_suspend_resume_approved_and_rejected(model_server, tmp_path):
     result = run(agent.send("go"))
     assert result.outcome == "suspended"
     [request] = [e for e in events if isinstance(e, PermissionRequested)]
-    r1, b1, b2 = call_ids(store.load("s1"))
+    _, b1, b2 = call_ids(store.load("s1"))
     assert [(c.call_id, c.tool, c.preview) for c in request.calls] == [
         (b1, "bash", "echo approved > out.txt"),
         (b2, "bash", "rm -rf everything"),
@@ -263,7 +264,8 @@ def test_two_suspensions_in_one_turn(model_server, tmp_path):
     agent = make_agent(agent_config(model_server.url, yolo=False), store, tmp_path, events=events)
     assert run(agent.send("go")).outcome == "suspended"
     first = [e for e in events if isinstance(e, PermissionRequested)][-1].calls[0]
-    assert first.tool == "write_file" and first.preview == "would write f.txt: new file, 1 line\n@@ -0,0 +1,1 @@\n+1 │ one"
+    assert first.tool == "write_file"
+    assert first.preview == "would write f.txt: new file, 1 line\n@@ -0,0 +1,1 @@\n+1 │ one"
     assert not (tmp_path / "f.txt").exists()
     assert run(agent.resume([Decision(first.call_id, True, "U1")])).outcome == "suspended"
     second = [e for e in events if isinstance(e, PermissionRequested)][-1].calls[0]
@@ -290,7 +292,7 @@ def test_approve_all_switches_the_session_to_yolo(model_server, tmp_path):
     assert run(agent.resume([Decision(a, True, "U1", all=True)])).outcome == "answered"
     assert run(agent.send("more")).outcome == "answered"
     results = [(e.call_id, e.output) for e in store.load("s1") if isinstance(e, ToolResult)]
-    assert results == list(zip(call_ids(store.load("s1")), ["1\n", "2\n", "3\n"]))
+    assert results == list(zip(call_ids(store.load("s1")), ["1\n", "2\n", "3\n"], strict=True))
 
 
 def test_oneshot_rejects_calls_that_would_ask(model_server, tmp_path):
@@ -324,7 +326,7 @@ def test_cancel_during_generation(model_server, tmp_path):
     agent = make_agent(agent_config(model_server.url), store, tmp_path, events=events)
     assert cancel_when(agent, lambda: any(isinstance(e, TextDelta) for e in events)) == "next"
     log = store.load("s1")
-    assert TurnEnded("cancelled") in log
+    assert TurnEnded(Outcome.CANCELLED) in log
     assert not any(isinstance(e, AssistantMessage) and e.text.startswith("slow") for e in log)
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from agent_support import call_ids
-from mm_core.log import FileStore, ToolResult, ToolStarted
+from mm_core.log import CallStatus, FileStore, Outcome, ToolResult, ToolStarted
 from mm_testkit.model_server import Reply, ToolCall
 
 CHILD = Path(__file__).with_name("agent_child.py")
@@ -62,7 +62,7 @@ def test_suspend_in_one_process_resume_in_another(model_server, tmp_path):
     lines = finish(child(tmp_path, model_server.url, {"yolo": False}, "resume",
                          json.dumps([{"call_id": b1, "approved": True, "by": "U1"}])))
     assert lines[-1] == {"outcome": "suspended"}
-    b2 = [line for line in lines if line.get("event") == "PermissionRequested"][0]["calls"][0]["call_id"]
+    b2 = next(line for line in lines if line.get("event") == "PermissionRequested")["calls"][0]["call_id"]
     lines = finish(child(tmp_path, model_server.url, {"yolo": False}, "resume",
                          json.dumps([{"call_id": b2, "approved": False, "by": "U1"}])))
     assert lines[-1] == {"outcome": "answered"}
@@ -259,7 +259,8 @@ def test_a_kill_while_the_loop_detector_stops_the_turn_keeps_it_stopped(model_se
     from mm_core.log import ErrorRecord, TurnEnded
     from mm_core.loopdetect import stop_text
 
-    model_server.always(lambda request: Reply(tool_calls=[ToolCall("bash", {"command": "echo x >> ran.txt; cat nope"})]))
+    looping = ToolCall("bash", {"command": "echo x >> ran.txt; cat nope"})
+    model_server.always(lambda request: Reply(tool_calls=[looping]))
     n, died = 0, True
     while died:
         ws, store = tmp_path / f"ws{n}", FileStore(tmp_path / f"store{n}")
@@ -278,7 +279,7 @@ def test_a_kill_while_the_loop_detector_stops_the_turn_keeps_it_stopped(model_se
         assert (ws / "ran.txt").read_text().count("x") == 6 + interrupted, n
         assert [r.output for r in results].count(stop_text("bash")) == 1, n
         assert [e for e in log if isinstance(e, ErrorRecord)] == [ErrorRecord(stop_text("bash"), "generation")], n
-        assert log[-1] == TurnEnded("failed"), n
+        assert log[-1] == TurnEnded(Outcome.FAILED), n
         n += 1
     assert n == 22  # a kill at each of the 21 appends, then a run without one
 
@@ -294,8 +295,8 @@ def test_a_kill_while_a_cancellation_is_recorded_keeps_the_turn_cancelled(model_
              ToolCallRequest("call_b", "bash", '{"command": "touch b-ran"}'))
     store = MemoryStore()
     for entry in [UserMessage("go"), AssistantMessage("", calls), ToolStarted("call_a", "bash"),
-                  ToolResult("call_a", "bash", "[error: cancelled]", "cancelled"),
-                  ToolResult("call_b", "bash", "[error: cancelled]", "cancelled")][: 3 + recorded]:
+                  ToolResult("call_a", "bash", "[error: cancelled]", CallStatus.CANCELLED),
+                  ToolResult("call_b", "bash", "[error: cancelled]", CallStatus.CANCELLED)][: 3 + recorded]:
         store.append("s1", entry)
     agent = make_agent(agent_config(model_server.url), store, tmp_path)
     assert asyncio.run(agent.resume()).outcome == "cancelled"
@@ -303,4 +304,4 @@ def test_a_kill_while_a_cancellation_is_recorded_keeps_the_turn_cancelled(model_
     assert model_server.requests == []
     log = store.load("s1")
     assert [e.status for e in log if isinstance(e, ToolResult)] == ["cancelled", "cancelled"]
-    assert log[-1] == TurnEnded("cancelled")
+    assert log[-1] == TurnEnded(Outcome.CANCELLED)

@@ -6,19 +6,22 @@ import threading
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import timedelta
+from typing import TypeVar
 
 import pytest
 from sqlalchemy import Engine, select
 
 from chatops import db, store
-from chatops.schema import Error, SessionEvent, ToolCall, utcnow
+from chatops.schema import ApprovalState, Error, SessionEvent, SessionKind, SessionStatus, ToolCall, utcnow
 from mm_core.log import (
-    Decision,
     AssistantMessage,
+    CallStatus,
     Compaction,
+    Decision,
     ErrorRecord,
     Fenced,
     Nested,
+    Outcome,
     Reset,
     ToolCallRequest,
     ToolResult,
@@ -39,14 +42,14 @@ EVERY_KIND = [
     ),
     Decision("c1", approved=True, by="U02BOB", all=True),
     ToolStarted("c1", "bash"),
-    ToolResult("c1", "bash", "ok\n", status="ok", duration_ms=42),
+    ToolResult("c1", "bash", "ok\n", status=CallStatus.OK, duration_ms=42),
     ToolStarted("c2", "read_file", agent="reviewer"),
-    ToolResult("c2", "read_file", "", status="error", duration_ms=0, agent="reviewer"),
+    ToolResult("c2", "read_file", "", status=CallStatus.ERROR, duration_ms=0, agent="reviewer"),
     ToolSuspended("c2", "ask_agent"),
     Nested("c2", to_dict(UserMessage("review this"))),
     Compaction("they asked to fix the build", keep_from=3),
     ErrorRecord("the model stalled", where="generation"),
-    TurnEnded("answered"),
+    TurnEnded(Outcome.ANSWERED),
     Reset(),
 ]
 
@@ -68,23 +71,29 @@ def session_id(engine: Engine) -> str:
     return store.ensure_session(engine, channel_id="C0123ABCD", thread_ts=f"{uuid.uuid4().int % 10**10}.000100")
 
 
-def _concurrently(n: int, fn: Callable[[int], object]) -> list[object]:
+T = TypeVar("T")
+
+def _concurrently(n: int, fn: Callable[[int], T]) -> list[T]:
+    """fn(0) … fn(n-1) started together; an exception fails the test with the thread's own traceback."""
     barrier = threading.Barrier(n)
-    results: list[object] = [None] * n
+    errors: list[BaseException] = []
+    slots: dict[int, T] = {}
 
     def run(i: int) -> None:
         barrier.wait()
         try:
-            results[i] = fn(i)
-        except BaseException as e:  # noqa: BLE001 - the test looks at what each thread got
-            results[i] = e
+            slots[i] = fn(i)
+        except BaseException as e:  # noqa: BLE001 - re-raised below, in the test's thread
+            errors.append(e)
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(timeout=60)
-    return results
+    if errors:
+        raise errors[0]
+    return [slots[i] for i in range(n)]
 
 
 def test_every_entry_kind_roundtrips(engine: Engine, session_id: str) -> None:
@@ -107,22 +116,24 @@ def test_concurrent_appends_get_distinct_seqs(engine: Engine, session_id: str) -
     log = store.DbStore(engine)
     results = _concurrently(6, lambda i: log.append(session_id, UserMessage(f"m{i}")))
     assert results == [None] * 6
-    assert sorted(e.text for e in log.load(session_id)) == [f"m{i}" for i in range(6)]
+    assert sorted(log.load(session_id), key=str) == [UserMessage(f"m{i}") for i in range(6)]
 
 
 def test_projections_into_tool_calls_and_errors(engine: Engine, session_id: str) -> None:
     log = store.DbStore(engine)
-    for entry in EVERY_KIND[: EVERY_KIND.index(TurnEnded("answered"))]:
+    for entry in EVERY_KIND[: EVERY_KIND.index(TurnEnded(Outcome.ANSWERED))]:
         log.append(session_id, entry)
     log.append(session_id, AssistantMessage("", tool_calls=(ToolCallRequest("c3", "bash", '{"command":"rm"}'),)))
     log.append(session_id, Decision("c3", approved=False, by="U02BOB"))
-    log.append(session_id, ToolResult("c3", "bash", "[command rejected by the user]", status="rejected"))
+    log.append(session_id, ToolResult("c3", "bash", "[command rejected by the user]", status=CallStatus.REJECTED))
     with engine.connect() as conn:
         calls = conn.execute(select(ToolCall.__table__).where(ToolCall.session_id == session_id))
         rows = {r.call_id: r for r in calls}
         errors = conn.execute(select(Error.where, Error.message).where(Error.session_id == session_id)).all()
     c1, c2, c3 = rows["c1"], rows["c2"], rows["c3"]
-    assert (c1.tool, c1.arguments, c1.output, c1.status, c1.duration_ms) == ("bash", '{"command": "make"}', "ok\n", "ok", 42)
+    assert (c1.tool, c1.arguments, c1.output, c1.status, c1.duration_ms) == (
+        "bash", '{"command": "make"}', "ok\n", "ok", 42
+    )
     assert (c1.decision, c1.decided_by) == ("approved", "U02BOB")
     assert c1.started_at is not None and c1.finished_at >= c1.started_at and c1.finished_at.tzinfo is not None
     assert (c2.agent, c2.status, c2.output, c2.decision, c2.decided_by) == ("reviewer", "error", "", "auto", None)
@@ -167,7 +178,7 @@ def test_fencing_stops_an_expired_owner(engine: Engine, session_id: str) -> None
         store.DbStore(engine, lease_token=old).append(session_id, ErrorRecord("late write"))
     store.DbStore(engine, lease_token=new).append(session_id, UserMessage("second"))
 
-    assert [e.text for e in store.DbStore(engine).load(session_id)] == ["first", "second"]
+    assert store.DbStore(engine).load(session_id) == [UserMessage("first"), UserMessage("second")]
     with engine.connect() as conn:  # the fenced append's projection was not written either
         assert conn.execute(select(Error.message).where(Error.session_id == session_id)).all() == []
     assert not store.renew_lease(engine, session_id, old, ttl_s=30)
@@ -184,7 +195,7 @@ def test_lease_compare_and_set(engine: Engine, session_id: str) -> None:
     assert store.renew_lease(engine, session_id, token, ttl_s=60)
     assert store.release_lease(engine, session_id, token)
     again = store.acquire_lease(engine, session_id, "next", ttl_s=60)
-    assert again == token + 1  # released: free to take, and the token still grows
+    assert again is not None and again == token + 1  # released: free to take, and the token still grows
 
     # An expired lease can be taken, and only once.
     later = utcnow() + timedelta(seconds=61)
@@ -198,7 +209,7 @@ def test_approval_first_decision_wins(engine: Engine, session_id: str) -> None:
         engine, call_id=call_id, session_id=session_id, tool="bash", arguments='{"command":"make"}',
         preview="make", requested_by="U01ALICE", timeout_s=1800,
     )
-    assert row.state == "pending" and row.expires_at > utcnow()
+    assert row.state == ApprovalState.PENDING and row.expires_at is not None and row.expires_at > utcnow()
     # Asking again (a resumed turn) keeps the one row.
     assert store.request_approval(engine, call_id=call_id, session_id=session_id, tool="bash") == row
 
@@ -211,7 +222,8 @@ def test_approval_first_decision_wins(engine: Engine, session_id: str) -> None:
     assert not store.decide_approval(engine, call_id, True, "U09LATE")
 
     store.set_approval_message(engine, call_id, "1700000000.000200")
-    assert store.get_approval(engine, call_id).message_ts == "1700000000.000200"
+    shown = store.get_approval(engine, call_id)
+    assert shown is not None and shown.message_ts == "1700000000.000200"
 
 
 def test_approvals_expire_once_and_cannot_be_decided_late(engine: Engine, session_id: str) -> None:
@@ -241,14 +253,14 @@ def test_ensure_session_is_one_per_thread(engine: Engine) -> None:
     ts = f"{uuid.uuid4().int % 10**10}.000300"
     ids = _concurrently(4, lambda i: store.ensure_session(engine, channel_id="C0999", thread_ts=ts, requester="U1"))
     assert len(set(ids)) == 1 and isinstance(ids[0], str)
-    job_a = store.ensure_session(engine, channel_id="C0999", thread_ts=None, kind="job")
-    job_b = store.ensure_session(engine, channel_id="C0999", thread_ts=None, kind="job")
+    job_a = store.ensure_session(engine, channel_id="C0999", thread_ts=None, kind=SessionKind.JOB)
+    job_b = store.ensure_session(engine, channel_id="C0999", thread_ts=None, kind=SessionKind.JOB)
     assert job_a != job_b
 
 
 def test_status_compare_and_set_and_slack_event_dedupe(engine: Engine, session_id: str) -> None:
-    assert store.set_status(engine, session_id, "queued", expect="idle")
-    assert not store.set_status(engine, session_id, "queued", expect="idle")
+    assert store.set_status(engine, session_id, SessionStatus.QUEUED, expect=SessionStatus.IDLE)
+    assert not store.set_status(engine, session_id, SessionStatus.QUEUED, expect=SessionStatus.IDLE)
     event_id = f"Ev{uuid.uuid4().hex[:10]}"
     firsts = _concurrently(4, lambda i: store.record_slack_event(engine, event_id))
     assert sorted(firsts) == [False, False, False, True]

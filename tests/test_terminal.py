@@ -12,7 +12,9 @@ from mm_testkit.model_server import Reply, ToolCall
 MM_BOT = str(Path(sys.executable).with_name("mm-bot"))
 
 
-def mm_run(tmp_path: Path, model_url: str, args: list[str], config: str = "", stdin: str = "") -> subprocess.CompletedProcess:
+def mm_run(
+    tmp_path: Path, model_url: str, args: list[str], config: str = "", stdin: str = ""
+) -> subprocess.CompletedProcess[str]:
     (tmp_path / "mm.yaml").write_text(config or "sandbox: none\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MM_", "SLACK_"))}
     env.update(MM_MODEL_URL=model_url, MM_MODEL="test-model", MM_CONFIG=str(tmp_path / "mm.yaml"))

@@ -13,7 +13,7 @@ from pathlib import Path
 from mm_core.config import AgentConfig
 from mm_core.tools.base import SessionResources, Tool, ToolCancelled, ToolContext
 
-__all__ = ["Tool", "ToolContext", "ToolCancelled", "SessionResources", "build_tools"]
+__all__ = ["SessionResources", "Tool", "ToolCancelled", "ToolContext", "build_tools"]
 
 
 def build_tools(config: AgentConfig, workspace: Path) -> tuple[list[Tool], list[str]]:

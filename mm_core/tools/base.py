@@ -8,6 +8,7 @@ the loop detector, counters, events); a tool owns only what it does.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
@@ -84,10 +85,9 @@ class SessionResources:
         for item in reversed(items):
             close = getattr(item, "aclose", None)
             if close is not None:
-                try:
+                # Closing one resource must not stop the others.
+                with contextlib.suppress(Exception):
                     await close()
-                except Exception:  # noqa: BLE001 - closing one resource must not stop the others
-                    pass
 
 
 class AskedAgent(Protocol):
