@@ -23,7 +23,7 @@ import yaml
 from croniter import croniter
 from pydantic import Field, ValidationError, field_validator
 
-from mm_core.config import AgentConfig, Duration, Strict
+from mm_core.config import AgentConfig, Duration, Strict, YamlProblem, read_yaml, with_refs_from
 
 DEFAULT_CONFIG_FILE = "mm.yaml"
 DEFAULT_DATABASE_URL = "sqlite:///./var/mm.sqlite3"
@@ -189,6 +189,8 @@ def load_config(path: str | os.PathLike[str] | None = None, environ: Mapping[str
         file_config, source_path = _load_file(file, env), file
 
     agent = AgentConfig.model_validate(file_config.model_dump(include=set(AgentConfig.model_fields)))
+    if source_path is not None:
+        agent = with_refs_from(agent, source_path.absolute().parent)
     overrides = {k: v for k, v in (("url", _env(env, "MM_MODEL_URL")), ("name", _env(env, "MM_MODEL"))) if v}
     if overrides:
         agent = agent.model_copy(update={"model": agent.model.model_copy(update=overrides)})
@@ -225,16 +227,10 @@ def _load_file(file: Path, env: Mapping[str, str]) -> FileConfig:
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError([f"{file}: cannot read the file: {e}"]) from None
     try:
-        # Two passes over a small file: the nodes carry the line numbers, the data is what gets validated.
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
-    except yaml.MarkedYAMLError as e:
-        mark = e.problem_mark or e.context_mark
-        line = f"{mark.line + 1}:" if mark else ""
-        problem = " ".join(p for p in (e.context, e.problem) if p)
-        raise ConfigError([f"{file}:{line} invalid YAML: {problem}"]) from None
-    except yaml.YAMLError as e:
-        raise ConfigError([f"{file}: invalid YAML: {e}"]) from None
+        # The nodes carry the line numbers, the data is what gets validated.
+        root, data = read_yaml(text)
+    except YamlProblem as e:
+        raise ConfigError([f"{file}:{e.line}: {e.problem}" if e.line else f"{file}: {e.problem}"]) from None
 
     if data is None:
         return FileConfig()

@@ -7,8 +7,10 @@ only ever sees an AgentConfig. Unknown keys are errors everywhere: a typo must n
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal
+from pathlib import Path
+from typing import Annotated, Any, Literal
 
+import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
@@ -105,3 +107,99 @@ class AgentConfig(Strict):
     sandbox: Literal["auto", "bwrap", "none"] = "auto"
     bash: BashConfig = Field(default_factory=BashConfig)
     acp: AcpConfig = Field(default_factory=AcpConfig)
+
+
+def with_refs_from(config: AgentConfig, base: Path) -> AgentConfig:
+    """`mmConfigs` paths made absolute against `base`, the directory of the file that names them.
+
+    An asked agent's config is the operator's: read next to the config that names it, never from the
+    workspace, where a command the model runs (or a commit) could rewrite it.
+    """
+    refs = {
+        name: ref.model_copy(update={"config": str((base / ref.config).absolute())})
+        for name, ref in config.mmConfigs.items()
+    }
+    return config.model_copy(update={"mmConfigs": refs})
+
+
+# --- reading YAML, bounded ------------------------------------------------------------------------------------
+
+# A config file is a few hundred nodes. The bounds stop an alias bomb (a few hundred bytes that expand to
+# billions of nodes) and a nesting that would end in a RecursionError, with a line to point at.
+MAX_YAML_DEPTH = 64
+MAX_YAML_NODES = 100_000
+
+
+class YamlProblem(ValueError):
+    """A YAML text that cannot be used; `line` is 1-based (0 when unknown)."""
+
+    def __init__(self, line: int, problem: str):
+        super().__init__(f"{line}: {problem}" if line else problem)
+        self.line, self.problem = line, problem
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self.depth = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: object) -> yaml.Node | None:  # pyright: ignore[reportIncompatibleMethodOverride]
+        self.depth += 1
+        try:
+            if self.depth > MAX_YAML_DEPTH:
+                mark = self.peek_event().start_mark
+                raise YamlProblem(mark.line + 1, f"nested deeper than {MAX_YAML_DEPTH} levels")
+            return super().compose_node(parent, index)  # pyright: ignore[reportArgumentType]
+        finally:
+            self.depth -= 1
+
+
+def read_yaml(text: str) -> tuple[yaml.Node | None, Any]:
+    """The document's node tree (it carries line numbers) and its data, or YamlProblem."""
+    loader = _BoundedLoader(text)
+    try:
+        root = loader.get_single_node()
+        if root is not None:
+            _check_size(root)
+        data = loader.construct_document(root) if root is not None else None
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        problem = " ".join(p for p in (e.context, e.problem) if p)
+        raise YamlProblem(mark.line + 1 if mark else 0, f"invalid YAML: {problem}") from None
+    except yaml.YAMLError as e:
+        raise YamlProblem(0, f"invalid YAML: {e}") from None
+    finally:
+        loader.dispose()
+    return root, data
+
+
+def _check_size(root: yaml.Node) -> None:
+    """Count the nodes as they would be once aliases are expanded, each shared node once per use."""
+    sizes: dict[int, int] = {}
+    busy: set[int] = set()
+
+    def size(node: yaml.Node) -> int:
+        key = id(node)
+        if key in sizes:
+            return sizes[key]
+        if key in busy:
+            raise YamlProblem(node.start_mark.line + 1, "an alias refers to a node that contains it")
+        busy.add(key)
+        total = 1
+        if isinstance(node, yaml.SequenceNode):
+            children = node.value
+        elif isinstance(node, yaml.MappingNode):
+            children = [n for pair in node.value for n in pair]
+        else:
+            children = []
+        for child in children:
+            total += size(child)
+            if total > MAX_YAML_NODES:
+                raise YamlProblem(
+                    node.start_mark.line + 1, f"expands to more than {MAX_YAML_NODES:,} values (aliases used too often)"
+                )
+        busy.discard(key)
+        sizes[key] = total
+        return total
+
+    size(root)

@@ -18,7 +18,7 @@ def setup(tmp_path, model_server, **agent_keys):
     (tmp_path / "agents" / "reviewer.yaml").write_text(
         f"model: {{url: {model_server.url}, name: test-model}}\nsandbox: none\nacp: {{title: Code reviewer}}\n"
     )
-    refs = {"reviewer": {"config": "agents/reviewer.yaml", **agent_keys}}
+    refs = {"reviewer": {"config": str(tmp_path / "agents" / "reviewer.yaml"), **agent_keys}}
     return agent_config(model_server.url, yolo=False, mmConfigs=refs)
 
 
@@ -132,7 +132,7 @@ def test_broken_agent_file_fails_clearly(tmp_path, model_server):
     store = MemoryStore()
     asyncio.run(make_agent(config, store, tmp_path).send("go"))
     [result] = [e for e in store.load("s1") if isinstance(e, ToolResult)]
-    assert result.output.startswith("[ask_agent: reviewer failed: cannot load agents/reviewer.yaml: ")
+    assert result.output.startswith(f"[ask_agent: reviewer failed: cannot load {tmp_path}/agents/reviewer.yaml: ")
 
 
 def test_with_context_sends_history_without_tool_outputs(tmp_path, model_server):
@@ -174,7 +174,8 @@ def test_depth_limit(tmp_path, model_server):
 def test_a_gated_call_two_agents_deep_suspends_and_resumes(tmp_path, model_server):
     config = setup(tmp_path, model_server)
     reviewer = tmp_path / "agents" / "reviewer.yaml"
-    reviewer.write_text(reviewer.read_text() + "mmConfigs: {helper: {config: agents/helper.yaml}}\n")
+    # Relative to the file that names it: the reviewer's config, not the workspace.
+    reviewer.write_text(reviewer.read_text() + "mmConfigs: {helper: {config: helper.yaml}}\n")
     (tmp_path / "agents" / "helper.yaml").write_text(f"model: {{url: {model_server.url}, name: test-model}}\n")
     model_server.script(
         ask(),

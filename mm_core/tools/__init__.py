@@ -51,5 +51,5 @@ def build_tools(config: AgentConfig, workspace: Path) -> tuple[list[Tool], list[
     if config.mmConfigs:
         from mm_core.tools.ask_agent import AskAgentTool
 
-        tools.append(AskAgentTool(config, workspace))
+        tools.append(AskAgentTool(config))
     return tools, warnings

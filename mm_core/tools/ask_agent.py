@@ -14,10 +14,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-import yaml
 from pydantic import ValidationError
 
-from mm_core.config import AgentConfig, AgentRef
+from mm_core.config import AgentConfig, AgentRef, read_yaml, with_refs_from
 from mm_core.events import Event, PermissionRequested, TurnFinished
 from mm_core.log import AssistantMessage, ErrorRecord, Outcome, TurnEnded, UserMessage
 from mm_core.state import SessionState
@@ -32,21 +31,26 @@ DESCRIPTION = (
 )
 
 
-def load_agent_file(ref: AgentRef, workspace: Path) -> AgentConfig:
-    """The asked agent's config file; a relative path is read from the workspace, where the project keeps it."""
-    path = Path(ref.config) if Path(ref.config).is_absolute() else workspace / ref.config
-    data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+def load_agent_file(ref: AgentRef) -> AgentConfig:
+    """The asked agent's config file: the operator's, never the workspace's (see config.with_refs_from, which
+    made the path absolute when the config naming it was read). Its own mmConfigs are relative to it."""
+    path = Path(ref.config)
+    if not path.is_absolute():
+        raise ValueError("the path is relative: give it in the operator's config, which resolves it")
+    _, data = read_yaml(path.read_text(encoding="utf-8"))
+    if data is None:
+        data = {}
     if not isinstance(data, dict):
         raise ValueError(f"{ref.config} is not a YAML mapping of config keys")
-    return AgentConfig.model_validate(data)
+    return with_refs_from(AgentConfig.model_validate(data), path.parent)
 
 
-def purpose(ref: AgentRef, workspace: Path) -> str:
+def purpose(ref: AgentRef) -> str:
     if ref.description:
         return ref.description
     try:
-        title = load_agent_file(ref, workspace).acp.title
-    except (OSError, ValueError, ValidationError, yaml.YAMLError):
+        title = load_agent_file(ref).acp.title
+    except (OSError, ValueError, ValidationError):
         title = None
     return title if title and title != "mm" else "(no description)"
 
@@ -57,13 +61,12 @@ class AskAgentTool(Tool):
     resumable = True  # the asked agent's log is kept in the caller's: a crash resumes it where it stopped
     asks_agents = True
 
-    def __init__(self, config: AgentConfig, workspace: Path | None = None):
+    def __init__(self, config: AgentConfig):
         self.config = config
-        self.workspace = workspace or Path.cwd()
 
     def schema(self) -> dict[str, Any]:
         agents = "\n".join(
-            f"  {name} — {purpose(ref, self.workspace)}" for name, ref in sorted(self.config.mmConfigs.items())
+            f"  {name} — {purpose(ref)}" for name, ref in sorted(self.config.mmConfigs.items())
         )
         return {
             "name": self.name,
@@ -93,9 +96,9 @@ class AskAgentTool(Tool):
         where = ""
         if ref is not None:
             try:
-                model = load_agent_file(ref, self.workspace).model
+                model = load_agent_file(ref).model
                 where = f" ({urlsplit(model.url).netloc or model.url}/{model.name})"
-            except (OSError, ValueError, ValidationError, yaml.YAMLError):
+            except (OSError, ValueError, ValidationError):
                 pass
         return f"ask_agent: {name}{where} — {first[0] if first else ''}"
 
@@ -123,8 +126,8 @@ class AskAgentTool(Tool):
             raise RuntimeError("ask_agent runs only inside a turn (ToolContext.caller is not set)")
         ref = self.config.mmConfigs[name]
         try:
-            config = load_agent_file(ref, ctx.workspace)
-        except (OSError, ValueError, ValidationError, yaml.YAMLError) as e:
+            config = load_agent_file(ref)
+        except (OSError, ValueError, ValidationError) as e:
             return f"[ask_agent: {name} failed: cannot load {ref.config}: {_first_line(e)}]"
         config = config.model_copy(update={"yolo": ref.yolo if ref.yolo is not None else ctx.caller.yolo})
         return await self._ask(ctx.caller, name, config, prompt, bool(args.get("with_context")), ctx)
