@@ -21,6 +21,7 @@ from slack_bolt.adapter.aiohttp import to_aiohttp_response, to_bolt_request
 from sqlalchemy import text
 
 from bot.app import create_app
+from bot.logging_setup import setup_logging
 from chatops.config import SLACK_DOCS
 
 if TYPE_CHECKING:
@@ -164,8 +165,7 @@ def serve(config: Config, host: str, port: int, socket_mode: bool = False) -> No
 
     Raises CannotListen when host:port is taken or not this machine's."""
     check_port(host, port)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("alembic").setLevel(logging.WARNING)  # its plugin registry is chatter at INFO
+    setup_logging()
     web_app = build_web_app(config, socket_mode=socket_mode)
     routes = f"GET {HEALTH_PATH}" if socket_mode else f"POST {EVENTS_PATH}, GET {HEALTH_PATH}"
     mode = "; Slack over Socket Mode" if socket_mode else ""

@@ -172,3 +172,28 @@ def test_serve_with_a_database_url_it_cannot_use_says_so_without_a_traceback(tmp
         assert result.returncode == 1, result.stderr
         assert "Traceback" not in result.stderr and "s3cret-pw" not in result.stderr
         assert "mm-bot serve: cannot use the database" in result.stderr and reason in result.stderr
+
+
+def test_a_forged_request_is_logged_as_refused_without_its_body(tmp_path: Path) -> None:
+    marker = "forged-body-marker-7d1f"
+    with SlackEmulator() as slack:
+        port = free_port()
+        env = clean_env(
+            SLACK_API_URL=slack.url,
+            SLACK_BOT_TOKEN=slack.bot_token,
+            SLACK_SIGNING_SECRET=SIGNING_SECRET,
+            DATABASE_URL=f"sqlite:///{tmp_path / 'mm.sqlite3'}",
+        )
+        process = start_serve(tmp_path, env, port)
+        try:
+            bot = Bot(f"http://127.0.0.1:{port}", slack, process)
+            wait_healthy(bot.base, process)
+            with bot.sender() as sender:
+                forged = sender.app_mention(f"<@U0BOT> {marker}", channel="C0TEST", user="U0EVE", secret="guessed")
+            assert forged.status_code == 401
+        finally:
+            stop(process)
+        log = process.stdout.read() if process.stdout else ""
+    assert marker not in log
+    refused = [line for line in log.splitlines() if "signature did not verify" in line]
+    assert len(refused) == 1 and " WARNING " in refused[0], log
