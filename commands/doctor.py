@@ -10,6 +10,9 @@ the process knows (tokens, API key, URL passwords) in case an error message echo
 
 from __future__ import annotations
 
+import dataclasses
+import os
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -42,7 +45,7 @@ def check_database(config: Config) -> Check:
     url = mask_url(config.database_url)
     try:
         current = db.current_revision(config.database_url)
-    except Exception as exc:  # any driver error: the sentence says what to do
+    except Exception as exc:  # noqa: BLE001 - any driver error: the sentence says what to do
         why = getattr(exc, "reason", None) or describe_error(exc)  # db.DatabaseUnavailable has said it already
         return Check("database", False, f"{url} unreachable: {why} — start the database or set DATABASE_URL")
     head = db.head_revision()
@@ -69,7 +72,7 @@ def broker_reachable(url: str, timeout: float = 3.0) -> tuple[bool, str]:
         with Connection(url, connect_timeout=timeout, transport_options={"max_retries": 0}) as conn:
             conn.ensure_connection(max_retries=1, interval_start=0, interval_step=0, timeout=timeout)
         return True, ""
-    except Exception as exc:  # kombu raises the transport's own errors
+    except Exception as exc:  # noqa: BLE001 - kombu raises the transport's own errors
         return False, describe_error(exc)
 
 
@@ -84,9 +87,13 @@ def check_model(config: Config) -> Check:
     except httpx.TimeoutException:
         return Check("model", False, f"{url} did not answer within {TIMEOUT:g}s — is the model server up?")
     except httpx.InvalidURL as exc:  # not an HTTPError: a URL httpx cannot even parse
-        return Check("model", False, f"{url} is not a usable URL: {describe_error(exc)} — set MM_MODEL_URL or model.url")
+        return Check(
+            "model", False, f"{url} is not a usable URL: {describe_error(exc)} — set MM_MODEL_URL or model.url"
+        )
     except httpx.HTTPError as exc:
-        return Check("model", False, f"{url} unreachable: {describe_error(exc)} — start your model server or set MM_MODEL_URL")
+        return Check(
+            "model", False, f"{url} unreachable: {describe_error(exc)} — start your model server or set MM_MODEL_URL"
+        )
     if response.status_code in (401, 403):
         fix = f"check the key in {key_env}" if key_env else "set model.apiKeyEnv in mm.yaml and export that variable"
         return Check("model", False, f"{url} rejected the API key (HTTP {response.status_code}) — {fix}")
@@ -106,31 +113,61 @@ def check_model(config: Config) -> Check:
 
 
 def check_slack(config: Config) -> Check:
+    """Slack's answer to the bot token and every secret that is not set, in one line: fixing them one run of
+    doctor at a time is what this saves."""
+    unset = unset_secrets(config)
+    if not config.slack_bot_token:
+        return Check("slack", False, unset)
+    ok, answer = slack_auth(config)
+    return Check("slack", ok and not unset, "; ".join(part for part in (answer, unset) if part))
+
+
+def slack_auth(config: Config) -> tuple[bool, str]:
+    """Whether Slack accepts the bot token (auth.test), and what it said."""
     from slack_sdk import WebClient
     from slack_sdk.errors import SlackApiError
 
     from bot.app import slack_api_base
 
-    if not config.slack_bot_token:
-        return Check(
-            "slack", False, f"SLACK_BOT_TOKEN is not set — create the Slack app ({SLACK_DOCS}) and export its bot token"
-        )
-    client = WebClient(token=config.slack_bot_token, base_url=slack_api_base(config.slack_api_url), timeout=int(TIMEOUT))
     api = mask_url(config.slack_api_url)
+    client = WebClient(
+        token=config.slack_bot_token, base_url=slack_api_base(config.slack_api_url), timeout=int(TIMEOUT)
+    )
     try:
         auth = client.auth_test()
     except SlackApiError as exc:
         error = exc.response.get("error", "error") if exc.response is not None else "error"
-        return Check(
-            "slack", False, f"{api} rejected SLACK_BOT_TOKEN ({error}) — copy the Bot User OAuth Token again ({SLACK_DOCS})"
-        )
-    except Exception as exc:  # urllib's connection errors
-        return Check("slack", False, f"{api} unreachable: {describe_error(exc)} — check SLACK_API_URL and the network")
+        return False, f"{api} rejected SLACK_BOT_TOKEN ({error}) — copy the Bot User OAuth Token again ({SLACK_DOCS})"
+    except Exception as exc:  # noqa: BLE001 - urllib's connection errors, whatever their class
+        return False, f"{api} unreachable: {describe_error(exc)} — check SLACK_API_URL and the network"
+    return True, f"{api} @{auth.get('user')} in {auth.get('team')}"
+
+
+def unset_secrets(config: Config) -> str:
+    """The secrets the environment lacks, all of them, with where each comes from; "" when none is missing."""
+    missing = missing_secrets(config)
+    if not missing:
+        return ""
+    key_env = config.agent.model.apiKeyEnv
+    where = [f"the Slack app's secrets: see {SLACK_DOCS}"] if any(name != key_env for name in missing) else []
+    if key_env in missing:
+        where.append(f"{key_env}: the model endpoint's API key, named by model.apiKeyEnv")
+    one = len(missing) == 1
+    return f"{_names(missing)} {'is' if one else 'are'} not set — export {'it' if one else 'them'} ({'; '.join(where)})"
+
+
+def missing_secrets(config: Config) -> list[str]:
+    """Every secret the service needs and the environment lacks: Slack's (Socket Mode's when SLACK_APP_TOKEN
+    is set), then the model's key when model.apiKeyEnv names one."""
     missing = config.missing_slack_secrets(socket_mode=bool(config.slack_app_token))
-    who = f"@{auth.get('user')} in {auth.get('team')}"
-    if missing:
-        return Check("slack", False, f"token ok ({who}) but {', '.join(missing)} not set — see {SLACK_DOCS}")
-    return Check("slack", True, f"{api} {who}")
+    key_env = config.agent.model.apiKeyEnv
+    if key_env and not config.model_api_key:
+        missing.append(key_env)
+    return missing
+
+
+def _names(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
 
 
 CHECKS = (check_database, check_broker, check_model, check_slack)
@@ -139,7 +176,7 @@ CHECKS = (check_database, check_broker, check_model, check_slack)
 def run_checks(config_path: str | None = None) -> Iterator[Check]:
     """The checks in order, each as soon as it is done (a bad config stops the rest: they need it)."""
     try:
-        config = load_config(config_path)
+        config = _load_past_an_unset_key(config_path)
     except ConfigError as exc:
         yield Check("config", False, f"{exc} — fix the file (`mm-bot init --path new.yaml` writes an example)")
         return
@@ -148,6 +185,23 @@ def run_checks(config_path: str | None = None) -> Iterator[Check]:
     for check in CHECKS:
         result = check(config)
         yield Check(result.name, result.ok, scrub(result.detail, secrets))
+
+
+# The config module's words when model.apiKeyEnv names a variable that is not set (docs/configuration.md).
+UNSET_KEY = re.compile(r"model\.apiKeyEnv: the environment variable (\S+) is not set$")
+
+
+def _load_past_an_unset_key(config_path: str | None) -> Config:
+    """The config, even when the model key's variable is unset: every other command stops there, while doctor
+    goes on, so that the slack line names that secret together with the others, and the other checks run."""
+    try:
+        return load_config(config_path)
+    except ConfigError as exc:
+        names = [match[1] for problem in exc.problems if (match := UNSET_KEY.search(problem))]
+        if len(names) != len(exc.problems):
+            raise
+    placeholder = dict.fromkeys(names, "unset")
+    return dataclasses.replace(load_config(config_path, environ={**os.environ, **placeholder}), model_api_key=None)
 
 
 def main(config_path: str | None = None) -> int:
