@@ -160,10 +160,11 @@ async def _first_socket_url(client, app_token: str) -> str | None:  # noqa: ANN0
         return None
 
 
-def serve(config: Config, host: str, port: int, socket_mode: bool = False) -> None:
+def serve(config: Config, host: str, port: int, socket_mode: bool = False, quiet: bool = False) -> None:
     """Serve until SIGINT/SIGTERM (aiohttp's run_app handles both and shuts down cleanly).
 
-    Raises CannotListen when host:port is taken or not this machine's."""
+    Raises CannotListen when host:port is taken or not this machine's. `quiet`: say nothing at start (`mm-bot
+    dev` says where the bot listens and what is missing, once)."""
     check_port(host, port)
     setup_logging()
     web_app = build_web_app(config, socket_mode=socket_mode)
@@ -171,10 +172,11 @@ def serve(config: Config, host: str, port: int, socket_mode: bool = False) -> No
     mode = "; Slack over Socket Mode" if socket_mode else ""
 
     def announce(_message: str) -> None:  # called by run_app once the socket is bound
-        print(f"mm-bot serve: listening on http://{host}:{port} ({routes}){mode}", flush=True)
+        if not quiet:
+            print(f"mm-bot serve: listening on http://{host}:{port} ({routes}){mode}", flush=True)
 
     missing = config.missing_slack_secrets(socket_mode=socket_mode)
-    if missing:
+    if missing and not quiet:
         print(
             f"mm-bot serve: {', '.join(missing)} not set: Slack requests are refused until you set "
             f"{'it' if len(missing) == 1 else 'them'}; see {SLACK_DOCS}",

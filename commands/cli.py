@@ -31,13 +31,13 @@ def _serve(args: argparse.Namespace) -> int:
 
     config = load_config(args.config)
     missing = config.missing_slack_secrets(socket_mode=args.socket)
-    if missing and not args.allow_missing_secrets:
+    if missing and not args.dev:
         lines = [f"mm-bot serve: cannot start without {', '.join(missing)}:"]
         lines += [f"  {name}: {SECRET_HELP[name]}" for name in missing]
         lines.append(f"Set them in the environment (see {SLACK_DOCS}), or run `mm-bot dev`, which starts without them.")
         print("\n".join(lines), file=sys.stderr)
         return 2
-    serve(config, host=args.host, port=args.port, socket_mode=args.socket)
+    serve(config, host=args.host, port=args.port, socket_mode=args.socket, quiet=args.dev)
     return 0
 
 
@@ -46,7 +46,10 @@ def _worker(args: argparse.Namespace) -> int:
     _export_config_path(args.config)
     from workers.celery_app import app
 
-    app.worker_main(["worker", "--loglevel=INFO", *args.passthrough])
+    # Under `mm-bot dev`, which says itself when the worker is up: no banner (Celery's --quiet, an option of
+    # `celery`, before the command), and warnings and errors only.
+    celery = ["--quiet", "worker", "--loglevel=WARNING"] if args.dev else ["worker", "--loglevel=INFO"]
+    app.worker_main([*celery, *args.passthrough])
     return 0
 
 
@@ -137,10 +140,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("serve", _serve, "serve Slack's requests: POST /slack/events and GET /healthz")
     listen_options(p)
     p.add_argument("--socket", action="store_true", help="receive Slack's requests over Socket Mode (SLACK_APP_TOKEN)")
-    # `dev` starts the bot before the secrets exist; it then refuses what it cannot verify.
-    p.add_argument("--allow-missing-secrets", action="store_true", help=argparse.SUPPRESS)
+    # Started by `dev`, which says what is missing and where the bot listens: the bot starts before the secrets
+    # exist (it then refuses what it cannot verify), and prints nothing of its own at start.
+    p.add_argument("--dev", action="store_true", help=argparse.SUPPRESS)
 
     p = command("worker", _worker, "run a Celery worker (extra arguments go to celery worker)")
+    p.add_argument("--dev", action="store_true", help=argparse.SUPPRESS)  # started by `dev`: see _worker
     p.add_argument("passthrough", nargs=argparse.REMAINDER, help="e.g. --concurrency 4 -Q mm")
     command("beat", _beat, "run the scheduler of the scheduled jobs")
     p = command("migrate", _migrate, "upgrade the database schema (DATABASE_URL)")

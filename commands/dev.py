@@ -66,10 +66,10 @@ class Child:
         return self.process.poll() is None
 
 
-def _start(name: str, argv: list[str], env: dict[str, str]) -> Child:
+def _start(name: str, argv: list[str], env: dict[str, str], stdout: int | None = None) -> Child:
     # Each child leads its own process group, so stopping it can reach its own children (Celery's pool),
     # and a terminal's Ctrl-C reaches only us: we stop the children in order, once.
-    process = subprocess.Popen([sys.executable, "-m", "commands.cli", *argv], env=env, process_group=0)
+    process = subprocess.Popen([sys.executable, "-m", "commands.cli", *argv], env=env, process_group=0, stdout=stdout)
     return Child(name, process)
 
 
@@ -134,8 +134,11 @@ def run_dev(config_path: str | None, host: str, port: int) -> int:
     signal.signal(signal.SIGINT, _interrupt)
     signal.signal(signal.SIGTERM, _interrupt)
     try:
-        children.append(_start("bot", [*common, "serve", "--host", host, "--port", str(port), "--allow-missing-secrets"], env))
-        children.append(_start("worker", [*common, "worker", "--", "--concurrency", "2"], env))
+        children.append(_start("bot", [*common, "serve", "--host", host, "--port", str(port), "--dev"], env))
+        # A quiet worker's stdout holds only Celery's notices of its own shutdown ("worker: Warm shutdown"), which
+        # dev says in its own words; its log, and what tasks print, go to stderr.
+        worker = [*common, "worker", "--dev", "--", "--concurrency", "2"]
+        children.append(_start("worker", worker, env, stdout=subprocess.DEVNULL))
         base = f"http://{host}:{port}"
         if not _wait_healthy(f"{base}/healthz", children[0]):
             say(f"the bot did not answer on {base}/healthz; stopping")

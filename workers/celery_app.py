@@ -6,9 +6,18 @@ the bot imports it to enqueue work, tests import it before they set the environm
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 from celery import Celery
+from celery.exceptions import SecurityWarning
+
+# Celery warns when its worker runs as root, and a root worker is what lets ours run each command as its
+# workspace's owner, an unprivileged user, and never as root inside bubblewrap (mm_core/tools/sandbox.py). The
+# warning's other concern, pickled messages, does not apply: the worker accepts JSON only.
+warnings.filterwarnings(
+    "ignore", message="You're running the worker with superuser privileges", category=SecurityWarning
+)
 
 app = Celery("mm")
 

@@ -14,6 +14,7 @@ are located in the original text before anything changes; if any is refused, not
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import math
@@ -434,6 +435,7 @@ class EditFileTool(Tool):
         return f"edit_file {args.get('path', '') if isinstance(args, dict) else ''}"
 
     def _plan(self, args: dict[str, Any], ctx: ToolContext, dry_run: bool) -> PlannedWrite | str:
+        """Run in a thread: matching in and diffing a large file must not hold up the worker's other turns."""
         try:
             path = path_arg(args, self.name)
             edits = parse_edits(args)
@@ -458,7 +460,7 @@ class EditFileTool(Tool):
         return plan_write(path, real, text, new, headline)
 
     async def preview(self, args: dict[str, Any], ctx: ToolContext) -> str:
-        plan = self._plan(args, ctx, dry_run=True)
+        plan = await asyncio.to_thread(self._plan, args, ctx, dry_run=True)
         return plan if isinstance(plan, str) else plan.report
 
     async def run(self, args: dict[str, Any], ctx: ToolContext) -> str:
@@ -466,7 +468,7 @@ class EditFileTool(Tool):
             dry_run = get_bool(check_object(args, self.name), self.name, "dry_run")
         except ToolRefusal as e:
             return e.text
-        plan = self._plan(args, ctx, dry_run)
+        plan = await asyncio.to_thread(self._plan, args, ctx, dry_run)
         if isinstance(plan, str):
             return plan
         if not dry_run:

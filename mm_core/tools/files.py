@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import os
 from collections.abc import Callable
@@ -206,6 +207,7 @@ class WriteFileTool(Tool):
         return f"write_file {args.get('path', '') if isinstance(args, dict) else ''}"
 
     def _plan(self, args: dict[str, Any], ctx: ToolContext) -> PlannedWrite | str:
+        """Run in a thread: reading and diffing a large file must not hold up the worker's other turns."""
         try:
             path = path_arg(args, self.name)
             content = get_str(args, self.name, "content")
@@ -220,12 +222,12 @@ class WriteFileTool(Tool):
                           lambda d: WROTE.format(path=path, lines=lines, added=d.added, deleted=d.deleted))
 
     async def preview(self, args: dict[str, Any], ctx: ToolContext) -> str:
-        plan = self._plan(args, ctx)
+        plan = await asyncio.to_thread(self._plan, args, ctx)
         # The person approving must not read "wrote": nothing is written until they approve.
         return plan if isinstance(plan, str) else "would " + plan.report.replace("wrote", "write", 1)
 
     async def run(self, args: dict[str, Any], ctx: ToolContext) -> str:
-        plan = self._plan(args, ctx)
+        plan = await asyncio.to_thread(self._plan, args, ctx)
         if isinstance(plan, str):
             return plan
         failure = commit_write(ctx, args["path"], plan)
