@@ -46,9 +46,9 @@ def _worker(args: argparse.Namespace) -> int:
     _export_config_path(args.config)
     from workers.celery_app import app
 
-    # Under `mm-bot dev`, which says itself when the worker is up: no banner (Celery's --quiet, an option of
-    # `celery`, before the command), and warnings and errors only.
-    celery = ["--quiet", "worker", "--loglevel=WARNING"] if args.dev else ["worker", "--loglevel=INFO"]
+    # Under `mm-bot dev`, which says itself when the worker is up and what its sandbox is: no banner (Celery's
+    # --quiet, an option of `celery`, before the command), warnings and errors only, and no sandbox check.
+    celery = ["--quiet", "worker", "--loglevel=WARNING", "--dev"] if args.dev else ["worker", "--loglevel=INFO"]
     app.worker_main([*celery, *args.passthrough])
     return 0
 
@@ -91,7 +91,20 @@ def _run(args: argparse.Namespace) -> int:
         print("mm-bot run: not available yet", file=sys.stderr)
         return 2
     _export_config_path(args.config)
+    _warn_about_the_sandbox(args)
     return int(terminal.main(args.passthrough) or 0)
+
+
+def _warn_about_the_sandbox(args: argparse.Namespace) -> None:
+    # Where a worker would refuse to start, the terminal says it once and runs: it is the person's own machine,
+    # which may well lack bubblewrap.
+    if {"-h", "--help"} & set(args.passthrough):
+        return
+    from commands.doctor import sandbox_note
+
+    note = sandbox_note(load_config(args.config).agent)
+    if note is not None:
+        print(f"mm-bot run: {note}", file=sys.stderr, flush=True)
 
 
 def _doctor(args: argparse.Namespace) -> int:

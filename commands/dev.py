@@ -22,7 +22,7 @@ from bot.server import check_port
 from chatops import db
 from chatops.config import SLACK_DOCS, Config, load_config
 from chatops.secrets import mask_url, scrub, secrets_of
-from commands.doctor import broker_reachable, check_model
+from commands.doctor import broker_reachable, check_model, sandbox_note
 
 EMBEDDED_BROKER_FILE = Path("var") / "broker.sqlite3"
 READY_TIMEOUT = 60.0
@@ -126,6 +126,9 @@ def run_dev(config_path: str | None, host: str, port: int) -> int:
 
     broker, note = dev_broker(config, os.environ)
     say(note or f"broker {mask_url(broker)}")
+    # Where a worker would refuse to start, dev says it once and starts its worker anyway (`worker --dev`).
+    if (sandbox := sandbox_note(config.agent)) is not None:
+        say(f"sandbox: {sandbox}")
 
     env = dict(os.environ, CELERY_BROKER_URL=broker)
     common = ["--config", str(Path(config_path).absolute())] if config_path else []

@@ -13,13 +13,18 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import httpx
 
 from chatops.config import SLACK_DOCS, Config, ConfigError, load_config
 from chatops.secrets import describe_error, mask_url, scrub, secrets_of
+
+if TYPE_CHECKING:
+    from mm_core.config import AgentConfig
 
 TIMEOUT = 5.0
 
@@ -170,7 +175,37 @@ def _names(names: list[str]) -> str:
     return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
 
 
-CHECKS = (check_database, check_broker, check_model, check_slack)
+def check_sandbox(config: Config) -> Check:
+    """What a worker would do with this machine and `sandbox`: confine commands, refuse to start, or warn."""
+    from workers.celery_app import UNSANDBOXED, sandbox_problem
+
+    if config.agent.sandbox == "none":
+        return Check("sandbox", True, f"warning: {UNSANDBOXED}")
+    problem = sandbox_problem(config.agent)
+    if problem is not None:
+        return Check("sandbox", False, f"a worker refuses to start: {problem}")
+    return Check("sandbox", True, f"bubblewrap at {shutil.which('bwrap')}")
+
+
+def sandbox_note(agent: AgentConfig) -> str | None:
+    """What `mm-bot run` and `mm-bot dev` say once, where a worker would refuse to start: a laptop may lack
+    bubblewrap, and its owner should know what that means for the commands the agent runs."""
+    from workers.celery_app import INSTALL_BWRAP, sandbox_problem
+
+    if sandbox_problem(agent) is None:
+        return None
+    if agent.sandbox == "bwrap":
+        return (
+            f"bubblewrap is not installed, and `sandbox: bwrap` requires it: every bash command will be refused; "
+            f"{INSTALL_BWRAP}, or set `sandbox: none`"
+        )
+    return (
+        f"bubblewrap is not installed: bash commands run unsandboxed, with your access to files and the network; "
+        f"{INSTALL_BWRAP} to confine each to its workspace, or set `sandbox: none` to say you mean it"
+    )
+
+
+CHECKS = (check_database, check_broker, check_model, check_slack, check_sandbox)
 
 
 def run_checks(config_path: str | None = None) -> Iterator[Check]:

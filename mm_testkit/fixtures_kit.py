@@ -15,6 +15,8 @@ And the marker of tests that need a program of the system rather than of the vir
   MM_TEST_REQUIRE_SYSTEM=1 (CI sets it: it installs the packages and must prove what they guard) the skip is
   a failure instead.
 - `needs_bwrap`: that marker for bubblewrap, which the sandbox tests need.
+- `path_without(command, where)`: a PATH on which `command` is not found, for tests of a machine without it
+  (they then run whether or not this one has it).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -39,6 +42,22 @@ def needs_system(command: str, package: str) -> pytest.MarkDecorator:
 
 
 needs_bwrap = needs_system("bwrap", "bubblewrap")
+
+
+def path_without(command: str, where: Path) -> str:
+    """This process's PATH with `command` taken off: each directory that holds it is replaced by one, under
+    `where`, of symlinks to everything else it holds."""
+    dirs = []
+    for i, entry in enumerate(os.environ["PATH"].split(os.pathsep)):
+        if entry and (Path(entry) / command).exists():
+            copy = where / f"path-{i}"
+            copy.mkdir(parents=True, exist_ok=True)
+            for item in Path(entry).iterdir():
+                if item.name != command and not (copy / item.name).exists():
+                    (copy / item.name).symlink_to(item)
+            entry = str(copy)
+        dirs.append(entry)
+    return os.pathsep.join(dirs)
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -19,6 +19,7 @@ import redis
 from chatops import db
 from chatops.config import load_config
 from commands.dev import dev_broker
+from mm_testkit.fixtures_kit import path_without
 from mmbot_helpers import MM_BOT, clean_env, free_port, mm_bot, session_processes, stop, wait_healthy
 
 
@@ -129,10 +130,12 @@ def _read_lines(stream, lines: queue.Queue) -> None:  # noqa: ANN001 - a text pi
 def test_dev_prints_only_its_own_lines_each_once_and_ctrl_c_stops_every_child(tmp_path: Path) -> None:
     port, model_port = free_port(), free_port()
     # An embedded broker file of the test's own: a worker on the shared Redis could take other runs' messages.
+    # And a machine without bubblewrap, as many laptops are: dev warns and starts its worker all the same.
     broker = f"sqla+sqlite:///{tmp_path / 'broker.sqlite3'}"
     env = clean_env(
         CELERY_BROKER_URL=broker,
         MM_MODEL_URL=f"http://mm:model-pw-never-printed@127.0.0.1:{model_port}/v1",
+        PATH=path_without("bwrap", tmp_path),
     )
     process = subprocess.Popen(
         [MM_BOT, "dev", "--port", str(port)],
@@ -176,6 +179,9 @@ def test_dev_prints_only_its_own_lines_each_once_and_ctrl_c_stops_every_child(tm
     assert [re.sub(r"\(pid \d+\)", "(pid N)", line.rstrip("\n")) for line in output] == [
         f"mm-bot dev: database sqlite:///./var/mm.sqlite3 (migrated from an empty database to {db.head_revision()})",
         f"mm-bot dev: broker {broker}",
+        "mm-bot dev: sandbox: bubblewrap is not installed: bash commands run unsandboxed, with your access to "
+        "files and the network; install bubblewrap (apt-get install bubblewrap) to confine each to its "
+        "workspace, or set `sandbox: none` to say you mean it",
         f"mm-bot dev: bot listening on {base}: Slack's requests to {base}/slack/events, health at {base}/healthz",
         f"mm-bot dev: worker started (pid N) on {broker}",
         "mm-bot dev: scheduler: scheduled jobs are not available yet",
@@ -215,6 +221,7 @@ def test_ping_runs_through_a_real_worker_on_redis(tmp_path: Path, redis_url: str
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     queue_name = f"{redis_prefix}ping-{uuid.uuid4().hex[:8]}"  # this run's own queue: runs never collide
     env = clean_env(CELERY_BROKER_URL=redis_url)
+    (tmp_path / "mm.yaml").write_text("sandbox: none\n")  # the broker is tested here, not the sandbox
     worker = subprocess.Popen(
         [MM_BOT, "worker", "--", "-Q", queue_name, "--pool", "solo", "--without-mingle", "--without-gossip",
          "--without-heartbeat"],

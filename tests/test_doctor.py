@@ -3,6 +3,7 @@ PostgreSQL. Each broken part gives its own FAIL line with the fix, and no secret
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ import pytest
 from chatops import db
 from commands.doctor import main as doctor
 from chatops.secrets import mask_url
+from mm_testkit.fixtures_kit import path_without
 from mm_testkit.model_server import ModelServer
 from mm_testkit.slack_emulator import SlackEmulator
 from mmbot_helpers import CONFIG_ENV, clean_env, free_port, mm_bot
@@ -19,7 +21,19 @@ MODEL_KEY = "sk-model-key-never-printed"
 
 
 @pytest.fixture
-def healthy(sqlite_url: str, redis_url: str, slack: SlackEmulator, model_server: ModelServer) -> dict[str, str]:
+def bwrap_on_path(tmp_path: Path) -> Path:
+    """A `bwrap` the sandbox check finds (it looks for the program; the sandbox's own tests run the real one)."""
+    fake = tmp_path / "fake-bin" / "bwrap"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\nexit 1\n")
+    fake.chmod(0o755)
+    return fake
+
+
+@pytest.fixture
+def healthy(
+    sqlite_url: str, redis_url: str, slack: SlackEmulator, model_server: ModelServer, bwrap_on_path: Path
+) -> dict[str, str]:
     """An environment in which every check passes."""
     db.migrate(sqlite_url)
     return {
@@ -30,6 +44,7 @@ def healthy(sqlite_url: str, redis_url: str, slack: SlackEmulator, model_server:
         "SLACK_API_URL": slack.url,
         "SLACK_BOT_TOKEN": slack.bot_token,
         "SLACK_SIGNING_SECRET": SIGNING_SECRET,
+        "PATH": f"{bwrap_on_path.parent}{os.pathsep}{os.environ['PATH']}",
     }
 
 
@@ -47,7 +62,9 @@ def run_doctor(env: dict[str, str], monkeypatch: pytest.MonkeyPatch, capsys: pyt
     return code, lines, out
 
 
-def test_all_ok_through_the_real_command(tmp_path: Path, healthy: dict[str, str], slack: SlackEmulator) -> None:
+def test_all_ok_through_the_real_command(
+    tmp_path: Path, healthy: dict[str, str], slack: SlackEmulator, bwrap_on_path: Path
+) -> None:
     result = mm_bot("doctor", env=clean_env(**healthy), cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     lines = result.stdout.splitlines()
@@ -57,9 +74,11 @@ def test_all_ok_through_the_real_command(tmp_path: Path, healthy: dict[str, str]
         ["ok", "broker"],
         ["ok", "model"],
         ["ok", "slack"],
+        ["ok", "sandbox"],
     ]
     assert f"(at head {db.head_revision()})" in lines[1]
     assert "serves test-model" in lines[3]
+    assert lines[5] == f"ok   sandbox   bubblewrap at {bwrap_on_path}"
     assert slack.bot_token not in result.stdout and SIGNING_SECRET not in result.stdout
     assert slack.calls_to("auth.test")
 
@@ -125,6 +144,28 @@ def test_every_missing_secret_is_named_in_one_run(tmp_path: Path, healthy: dict[
         "FAIL slack     SLACK_BOT_TOKEN, SLACK_SIGNING_SECRET and MODEL_API_KEY are not set — export them (the "
         "Slack app's secrets: see docs/slack-app.md; MODEL_API_KEY: the model endpoint's API key, named by "
         "model.apiKeyEnv)"
+    )
+
+
+@pytest.mark.parametrize("mode", ["auto", "bwrap"])
+def test_sandbox_that_needs_bubblewrap_fails_without_it(tmp_path: Path, healthy: dict[str, str], mode: str) -> None:
+    (tmp_path / "mm.yaml").write_text(f"sandbox: {mode}\n")
+    result = mm_bot("doctor", env=clean_env(**healthy | {"PATH": path_without("bwrap", tmp_path)}), cwd=tmp_path)
+    assert result.returncode == 1
+    assert result.stdout.splitlines()[-1] == (
+        f"FAIL sandbox   a worker refuses to start: bubblewrap is not installed, and `sandbox: {mode}` needs it to "
+        "confine bash commands: install bubblewrap (apt-get install bubblewrap), or set `sandbox: none` to run them "
+        "unsandboxed"
+    )
+
+
+def test_sandbox_none_is_ok_with_a_warning(tmp_path: Path, healthy: dict[str, str]) -> None:
+    (tmp_path / "mm.yaml").write_text("sandbox: none\n")
+    result = mm_bot("doctor", env=clean_env(**healthy), cwd=tmp_path)
+    assert result.returncode == 0, result.stdout
+    assert result.stdout.splitlines()[-1] == (
+        "ok   sandbox   warning: `sandbox: none`: bash commands run unsandboxed, with this worker's access to files "
+        "and the network (only the resource limits and the scrubbed environment apply)"
     )
 
 

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from commands.dev import answers_as
-from mm_testkit.fixtures_kit import REQUIRE_SYSTEM
+from mm_testkit.fixtures_kit import REQUIRE_SYSTEM, needs_bwrap, path_without
 from mm_testkit.model_server import ModelServer, Reply, ToolCall
 from mmbot_helpers import MM_BOT, clean_env, free_port, mm_bot, stop, wait_healthy
 
@@ -116,14 +116,25 @@ def test_dev_knows_its_own_bot_from_another_process_on_the_port(tmp_path: Path, 
 # --- mm-bot init, then mm-bot run -p ------------------------------------------------------------------------
 
 
-def path_without_the_venv() -> str:
-    """The PATH of a shell where the virtualenv was never activated."""
+def without_the_venv(path: str) -> str:
+    """`path` as a shell has it where the virtualenv was never activated."""
     venv_bin = str(Path(sys.executable).parent)
-    return os.pathsep.join(d for d in os.environ["PATH"].split(os.pathsep) if d and d != venv_bin)
+    return os.pathsep.join(d for d in path.split(os.pathsep) if d and d != venv_bin)
 
 
-def test_init_then_run_one_shot_works_with_the_venvs_language_server(tmp_path: Path, model_server: ModelServer):
-    env = clean_env(PATH=path_without_the_venv(), MM_MODEL_URL=model_server.url, MM_MODEL="test-model")
+RUN_WITHOUT_BWRAP = (
+    "mm-bot run: bubblewrap is not installed: bash commands run unsandboxed, with your access to files and the "
+    "network; install bubblewrap (apt-get install bubblewrap) to confine each to its workspace, or set "
+    "`sandbox: none` to say you mean it"
+)
+
+
+@pytest.mark.parametrize("bwrap", ["absent", pytest.param("installed", marks=needs_bwrap)])
+def test_init_then_run_one_shot_works_with_the_venvs_language_server(
+    tmp_path: Path, model_server: ModelServer, bwrap: str
+) -> None:
+    path = without_the_venv(path_without("bwrap", tmp_path) if bwrap == "absent" else os.environ["PATH"])
+    env = clean_env(PATH=path, MM_MODEL_URL=model_server.url, MM_MODEL="test-model")
     assert mm_bot("init", env=env, cwd=tmp_path).returncode == 0
     (tmp_path / "app.py").write_text("def greet(name):\n    return name\n")
     model_server.script(
@@ -134,9 +145,79 @@ def test_init_then_run_one_shot_works_with_the_venvs_language_server(tmp_path: P
     result = mm_bot("run", "-p", "list the symbols, then make a file", env=env, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     # pylsp is in .venv/bin, off the PATH: found beside the interpreter, it answered.
-    assert "not found on the PATH" not in result.stderr
     assert "greet" in model_server.messages(1)[-1]["content"]
     # The written config's yolo is the documented default: the one shot ran the command.
     assert (tmp_path / "made").exists()
-    assert "was not run" not in result.stderr
     assert result.stdout.splitlines()[-2:-1] == ["Done."]
+    # No warning about the language server, nor a refusal; without bubblewrap, one warning, and it ran anyway.
+    assert result.stderr.splitlines() == ([RUN_WITHOUT_BWRAP] if bwrap == "absent" else [])
+
+
+# --- the sandbox a worker starts with -----------------------------------------------------------------------
+
+CELERY = str(Path(sys.executable).parent / "celery")
+
+
+@pytest.mark.parametrize("mode", ["auto", "bwrap"])
+@pytest.mark.parametrize(
+    "start", [[MM_BOT, "worker"], [CELERY, "-A", "workers.celery_app", "worker"]], ids=["mm-bot", "celery"]
+)
+def test_a_worker_refuses_to_start_without_the_sandbox_its_config_needs(
+    tmp_path: Path, mode: str, start: list[str]
+) -> None:
+    (tmp_path / "mm.yaml").write_text(f"sandbox: {mode}\n")
+    env = clean_env(PATH=path_without("bwrap", tmp_path), CELERY_BROKER_URL=f"sqla+sqlite:///{tmp_path}/broker")
+    result = subprocess.run(start, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    assert result.stdout == ""
+    assert result.stderr.splitlines() == [
+        f"mm-bot worker: bubblewrap is not installed, and `sandbox: {mode}` needs it to confine bash commands: "
+        "install bubblewrap (apt-get install bubblewrap), or set `sandbox: none` to run them unsandboxed"
+    ]
+
+
+def start_worker(tmp_path: Path, config: str, path: str) -> tuple[list[str], int]:
+    """`mm-bot worker` with `config` until it is ready, then stopped: its output's lines, and its exit code."""
+    (tmp_path / "mm.yaml").write_text(config)
+    env = clean_env(PATH=path, CELERY_BROKER_URL=f"sqla+sqlite:///{tmp_path}/broker")
+    worker = subprocess.Popen(
+        [MM_BOT, "worker", "--", "--pool", "solo"],
+        env=env,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    lines = []
+    try:
+        assert worker.stdout is not None
+        for line in worker.stdout:
+            lines.append(line.rstrip("\n"))
+            if line.rstrip().endswith(" ready."):
+                break
+    finally:
+        stop(worker)
+    return lines, worker.returncode
+
+
+UNSANDBOXED = (
+    "`sandbox: none`: bash commands run unsandboxed, with this worker's access to files and the network (only the "
+    "resource limits and the scrubbed environment apply)"
+)
+
+
+def test_a_worker_with_sandbox_none_starts_and_warns_once(tmp_path: Path) -> None:
+    lines, code = start_worker(tmp_path, "sandbox: none\n", path_without("bwrap", tmp_path))
+    assert lines[-1].endswith(" ready."), lines
+    warned = [line for line in lines if UNSANDBOXED in line]
+    assert len(warned) == 1 and warned[0].endswith(f" WARNING/MainProcess] {UNSANDBOXED}"), lines
+    assert not any("SecurityWarning" in line for line in lines)
+    assert code == 0
+
+
+@needs_bwrap
+def test_a_worker_with_bubblewrap_starts_quietly(tmp_path: Path) -> None:
+    lines, code = start_worker(tmp_path, "sandbox: auto\n", os.environ["PATH"])
+    assert lines[-1].endswith(" ready."), lines
+    assert not any("sandbox" in line or "Warning" in line for line in lines), lines
+    assert code == 0

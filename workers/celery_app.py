@@ -2,15 +2,30 @@
 
 The configuration is read lazily (when Celery first needs it), so importing this module never reads mm.yaml:
 the bot imports it to enqueue work, tests import it before they set the environment.
+
+A worker starts only with the sandbox its config asks for: with `sandbox: auto` (the default) or `bwrap` and
+no bubblewrap on the machine it refuses to start, in one sentence; with `sandbox: none` it starts and warns
+once that commands run unsandboxed. `mm-bot dev` is the exception (a laptop may lack bubblewrap): it says so
+itself and starts its worker with the hidden `--dev` option, which skips the check.
 """
 
 from __future__ import annotations
 
+import logging
+import shutil
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from celery import Celery
+import click
+from celery import Celery, signals
 from celery.exceptions import SecurityWarning
+
+if TYPE_CHECKING:
+    from celery.worker import WorkController
+
+    from mm_core.config import AgentConfig
+
+log = logging.getLogger("mm.worker")
 
 # Celery warns when its worker runs as root, and a root worker is what lets ours run each command as its
 # workspace's owner, an unprivileged user, and never as root inside bubblewrap (mm_core/tools/sandbox.py). The
@@ -19,7 +34,17 @@ warnings.filterwarnings(
     "ignore", message="You're running the worker with superuser privileges", category=SecurityWarning
 )
 
+INSTALL_BWRAP = "install bubblewrap (apt-get install bubblewrap)"
+UNSANDBOXED = (
+    "`sandbox: none`: bash commands run unsandboxed, with this worker's access to files and the network (only "
+    "the resource limits and the scrubbed environment apply)"
+)
+
 app = Celery("mm")
+assert app.user_options is not None  # the instance's own (a defaultdict); the class's is None
+app.user_options["worker"].add(
+    click.Option(["--dev"], is_flag=True, hidden=True, help="started by `mm-bot dev`, which tells of the sandbox")
+)
 
 
 def settings() -> dict[str, Any]:
@@ -49,6 +74,40 @@ def settings() -> dict[str, Any]:
 
 # A callable: Celery calls it the first time it reads its configuration, not now.
 app.add_defaults(settings)
+
+
+def sandbox_problem(agent: AgentConfig) -> str | None:
+    """Why commands cannot run as `agent.sandbox` asks on this machine (bubblewrap is missing), with the fix."""
+    if agent.sandbox == "none" or shutil.which("bwrap"):
+        return None
+    return (
+        f"bubblewrap is not installed, and `sandbox: {agent.sandbox}` needs it to confine bash commands: "
+        f"{INSTALL_BWRAP}, or set `sandbox: none` to run them unsandboxed"
+    )
+
+
+@signals.worker_init.connect
+def refuse_without_the_sandbox(sender: WorkController, **_: Any) -> None:
+    # A signal rather than a check in `mm-bot worker`: every way of starting a worker passes here, before the
+    # pool starts or a task is taken.
+    if sender.options.get("dev"):
+        return
+    problem = sandbox_problem(_agent_config())
+    if problem is not None:
+        raise SystemExit(f"mm-bot worker: {problem}")  # Celery's signal would log an Exception and carry on
+
+
+@signals.celeryd_after_setup.connect
+def warn_when_unsandboxed(instance: WorkController, **_: Any) -> None:
+    # Once Celery has set up its logging, so that the warning is a line of the worker's log like the others.
+    if not instance.options.get("dev") and _agent_config().sandbox == "none":
+        log.warning(UNSANDBOXED)
+
+
+def _agent_config() -> AgentConfig:
+    from chatops.config import load_config
+
+    return load_config().agent
 
 
 @app.task(name="mm.ping", ignore_result=False)
