@@ -75,7 +75,7 @@ def build_web_app(config: Config, socket_mode: bool = False) -> web.Application:
     return web_app
 
 
-async def _database_reachable(engine) -> bool:  # noqa: ANN001 - an sqlalchemy Engine
+async def _database_reachable(engine) -> bool:
     def probe() -> None:
         with engine.connect() as connection:
             connection.execute(text("SELECT 1"))
@@ -83,7 +83,7 @@ async def _database_reachable(engine) -> bool:  # noqa: ANN001 - an sqlalchemy E
     try:
         await asyncio.wait_for(asyncio.to_thread(probe), DB_PROBE_TIMEOUT)
         return True
-    except Exception as exc:  # any failure means "not reachable"; the reason goes to the log, not the probe
+    except Exception as exc:  # noqa: BLE001 - any failure means "not reachable"; the reason goes to the log
         log.warning("database not reachable: %s", exc)
         return False
 
@@ -125,10 +125,10 @@ class SocketModeRefused(Exception):
     """Slack said no to SLACK_APP_TOKEN: no retry will change that."""
 
 
-def _socket_mode(bolt, app_token: str) -> Callable:  # noqa: ANN001 - an AsyncApp
+def _socket_mode(bolt, app_token: str) -> Callable:
     from slack_bolt.adapter.socket_mode.aiohttp import AsyncSocketModeHandler
 
-    async def context(_app: web.Application):  # noqa: ANN202 - aiohttp cleanup context
+    async def context(_app: web.Application):
         url = await _first_socket_url(bolt.client, app_token)
         handler = AsyncSocketModeHandler(bolt, app_token)
         handler.client.wss_uri = url  # None: the client asks for one itself, with its own retries
@@ -139,7 +139,7 @@ def _socket_mode(bolt, app_token: str) -> Callable:  # noqa: ANN001 - an AsyncAp
     return context
 
 
-async def _first_socket_url(client, app_token: str) -> str | None:  # noqa: ANN001 - an AsyncWebClient
+async def _first_socket_url(client, app_token: str) -> str | None:
     """The app-level token checked once, at start-up. slack_sdk's client retries every failure every 5 seconds
     with a traceback, forever; a refused token never heals, so that ends the server in one sentence instead.
     Slack not answering, or rate limiting, is left to the client's retries."""

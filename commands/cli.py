@@ -141,8 +141,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--config", metavar="PATH", help="the config file (default: $MM_CONFIG, else ./mm.yaml)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def command(name: str, handler: Callable[[argparse.Namespace], int], help: str, **kw: bool) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help, description=help, **kw)
+    def command(
+        name: str, handler: Callable[[argparse.Namespace], int], help: str, add_help: bool = True
+    ) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help, description=help, add_help=add_help)
         p.set_defaults(handler=handler)
         return p
 
@@ -166,8 +168,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("dev", _dev, "everything one machine needs: migrations, the bot, a worker and the scheduler")
     listen_options(p)
     # Its options (--help included) belong to the terminal front end.
-    p = command("run", _run, "the agent in the terminal, in the current directory (-p PROMPT: one shot)",
-                add_help=False)
+    p = command(
+        "run", _run, "the agent in the terminal, in the current directory (-p PROMPT: one shot)", add_help=False
+    )
     p.add_argument("passthrough", nargs=argparse.REMAINDER)
     command("doctor", _doctor, "check the config, database, broker, model endpoint and Slack auth")
     p = command("init", _init, "write a commented example config")

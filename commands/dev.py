@@ -8,6 +8,7 @@ setup is harder to understand than a stopped one.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -84,10 +85,8 @@ def _stop(children: list[Child]) -> None:
         except subprocess.TimeoutExpired:
             say(f"{child.name} did not stop within {STOP_TIMEOUT:g}s; killing it")
         # Whatever is left in its group (a pool process that outlived its parent) goes too.
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(child.process.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
         child.process.wait()
 
 

@@ -71,10 +71,11 @@ def check_broker(config: Config) -> Check:
 
 def broker_reachable(url: str, timeout: float = 3.0) -> tuple[bool, str]:
     """Whether kombu can connect to the broker at `url` (one attempt), and why not."""
-    from kombu import Connection
+    from kombu.connection import Connection
 
     try:
-        with Connection(url, connect_timeout=timeout, transport_options={"max_retries": 0}) as conn:
+        # kombu annotates connect_timeout as an int; its transports take fractions of seconds too.
+        with Connection(url, connect_timeout=timeout, transport_options={"max_retries": 0}) as conn:  # pyright: ignore[reportArgumentType]
             conn.ensure_connection(max_retries=1, interval_start=0, interval_step=0, timeout=timeout)
         return True, ""
     except Exception as exc:  # noqa: BLE001 - kombu raises the transport's own errors

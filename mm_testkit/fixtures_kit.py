@@ -109,8 +109,12 @@ def slack_sender(slack: SlackEmulator) -> Iterator[Callable[..., SlackEventSende
     made: list[SlackEventSender] = []
 
     def make(url: str, signing_secret: str, **kwargs: Any) -> SlackEventSender:
-        defaults = {"team_id": slack.team_id, "api_app_id": slack.app_id, "bot_user_id": slack.bot_user_id,
-                    "response_url": slack.response_url}
+        defaults = {
+            "team_id": slack.team_id,
+            "api_app_id": slack.app_id,
+            "bot_user_id": slack.bot_user_id,
+            "response_url": slack.response_url,
+        }
         sender = SlackEventSender(url, signing_secret, **(defaults | kwargs))
         made.append(sender)
         return sender

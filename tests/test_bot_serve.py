@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -20,15 +21,28 @@ class Bot:
     def __init__(self, base: str, slack: SlackEmulator, process: subprocess.Popen) -> None:
         self.base, self.slack, self.process = base, slack, process
 
-    def sender(self, **kwargs: object) -> SlackEventSender:
+    def sender(self, **kwargs: Any) -> SlackEventSender:
         s = self.slack
-        return SlackEventSender(self.base, SIGNING_SECRET, team_id=s.team_id, api_app_id=s.app_id,
-                                bot_user_id=s.bot_user_id, response_url=s.response_url, **kwargs)
+        return SlackEventSender(
+            self.base,
+            SIGNING_SECRET,
+            team_id=s.team_id,
+            api_app_id=s.app_id,
+            bot_user_id=s.bot_user_id,
+            response_url=s.response_url,
+            **kwargs,
+        )
 
 
 def start_serve(tmp: Path, env: dict[str, str], port: int) -> subprocess.Popen:
-    return subprocess.Popen([MM_BOT, "serve", "--host", "127.0.0.1", "--port", str(port)], env=env, cwd=tmp,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        [MM_BOT, "serve", "--host", "127.0.0.1", "--port", str(port)],
+        env=env,
+        cwd=tmp,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -36,8 +50,12 @@ def bot(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bot]:
     tmp = tmp_path_factory.mktemp("serve")
     with SlackEmulator() as slack:
         port = free_port()
-        env = clean_env(SLACK_API_URL=slack.url, SLACK_BOT_TOKEN=slack.bot_token, SLACK_SIGNING_SECRET=SIGNING_SECRET,
-                        DATABASE_URL=f"sqlite:///{tmp / 'mm.sqlite3'}")
+        env = clean_env(
+            SLACK_API_URL=slack.url,
+            SLACK_BOT_TOKEN=slack.bot_token,
+            SLACK_SIGNING_SECRET=SIGNING_SECRET,
+            DATABASE_URL=f"sqlite:///{tmp / 'mm.sqlite3'}",
+        )
         process = start_serve(tmp, env, port)
         base = f"http://127.0.0.1:{port}"
         try:
@@ -71,7 +89,9 @@ def test_signed_mention_is_acked_and_auth_goes_to_the_emulator(bot: Bot) -> None
 @pytest.mark.parametrize("action_id", ["approve", "reject", "approve_all", "stop"])
 def test_each_button_is_acked(bot: Bot, action_id: str) -> None:
     with bot.sender() as sender:
-        response = sender.block_action(action_id, "call_1", user="U0ALICE", channel="C0TEST", message_ts=sender.new_ts())
+        response = sender.block_action(
+            action_id, "call_1", user="U0ALICE", channel="C0TEST", message_ts=sender.new_ts()
+        )
     assert response.status_code == 200
 
 
@@ -101,8 +121,11 @@ def test_forged_requests_are_refused_with_401(bot: Bot, forgery: dict) -> None:
 
 @pytest.mark.parametrize(
     ("body", "content_type"),
-    [(b"\xff\xfe not json {", "application/json"), (b"{not json", "application/json"),
-     (b"payload=%7Bnot+json", "application/x-www-form-urlencoded")],
+    [
+        (b"\xff\xfe not json {", "application/json"),
+        (b"{not json", "application/json"),
+        (b"payload=%7Bnot+json", "application/x-www-form-urlencoded"),
+    ],
     ids=["not-utf8", "bad-json", "bad-form-payload"],
 )
 def test_garbage_body_with_a_valid_signature_is_a_400(bot: Bot, body: bytes, content_type: str) -> None:
@@ -128,8 +151,11 @@ def test_serve_without_secrets_exits_2_naming_them(tmp_path: Path, args: tuple[s
 
 def test_serve_with_the_database_down_still_answers_healthz_and_says_so(tmp_path: Path) -> None:
     port = free_port()
-    env = clean_env(SLACK_BOT_TOKEN="xoxb-x", SLACK_SIGNING_SECRET="s",
-                    DATABASE_URL=f"postgresql://postgres@127.0.0.1:{free_port()}/nothing")
+    env = clean_env(
+        SLACK_BOT_TOKEN="xoxb-x",
+        SLACK_SIGNING_SECRET="s",
+        DATABASE_URL=f"postgresql://postgres@127.0.0.1:{free_port()}/nothing",
+    )
     process = start_serve(tmp_path, env, port)
     try:
         health = wait_healthy(f"http://127.0.0.1:{port}", process)
@@ -151,7 +177,11 @@ def test_the_slack_manifest_points_every_request_at_the_bots_endpoint() -> None:
     assert all(url == f"https://YOUR-HOST{EVENTS_PATH}" for url in urls), urls
     assert [command["command"] for command in features["slash_commands"]] == [SLASH_COMMAND]
     assert set(settings["event_subscriptions"]["bot_events"]) == {
-        "app_mention", "message.channels", "message.groups", "message.im"}
+        "app_mention",
+        "message.channels",
+        "message.groups",
+        "message.im",
+    }
     assert settings["interactivity"]["is_enabled"] is True
     # assistant:write is only granted to apps with the assistant view.
     assert "assistant:write" in manifest["oauth_config"]["scopes"]["bot"] and "assistant_view" in features

@@ -98,8 +98,11 @@ def test_an_unreachable_or_unusable_database_is_a_sentence_not_a_traceback(tmp_p
         ("nonsense", "Could not parse"),
         ("mysql://mm:s3cret-pw@127.0.0.1/mm", "No module named"),  # a driver that is not installed
     ):
-        result = mm_bot(command, "--port", str(free_port()), env=clean_env(DATABASE_URL=url), cwd=tmp_path) \
-            if command == "dev" else mm_bot(command, env=clean_env(DATABASE_URL=url), cwd=tmp_path)
+        result = (
+            mm_bot(command, "--port", str(free_port()), env=clean_env(DATABASE_URL=url), cwd=tmp_path)
+            if command == "dev"
+            else mm_bot(command, env=clean_env(DATABASE_URL=url), cwd=tmp_path)
+        )
         assert result.returncode == 1, (url, result.stderr)
         assert "Traceback" not in result.stderr and "s3cret-pw" not in result.stderr + result.stdout
         assert f"mm-bot {command}: cannot use the database" in result.stderr and reason in result.stderr
@@ -121,7 +124,7 @@ def test_unknown_command_is_a_usage_error(tmp_path: Path) -> None:
 # --- dev -----------------------------------------------------------------------------------------------------
 
 
-def _read_lines(stream, lines: queue.Queue) -> None:  # noqa: ANN001 - a text pipe
+def _read_lines(stream, lines: queue.Queue) -> None:
     for line in stream:
         lines.put(line)
     lines.put(None)
@@ -217,22 +220,37 @@ def test_dev_keeps_the_default_redis_when_it_answers(redis_url: str) -> None:
 # --- worker --------------------------------------------------------------------------------------------------
 
 
-def test_ping_runs_through_a_real_worker_on_redis(tmp_path: Path, redis_url: str, redis_prefix: str,
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_ping_runs_through_a_real_worker_on_redis(
+    tmp_path: Path, redis_url: str, redis_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     queue_name = f"{redis_prefix}ping-{uuid.uuid4().hex[:8]}"  # this run's own queue: runs never collide
     env = clean_env(CELERY_BROKER_URL=redis_url)
     (tmp_path / "mm.yaml").write_text("sandbox: none\n")  # the broker is tested here, not the sandbox
     worker = subprocess.Popen(
-        [MM_BOT, "worker", "--", "-Q", queue_name, "--pool", "solo", "--without-mingle", "--without-gossip",
-         "--without-heartbeat"],
-        env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [
+            MM_BOT,
+            "worker",
+            "--",
+            "-Q",
+            queue_name,
+            "--pool",
+            "solo",
+            "--without-mingle",
+            "--without-gossip",
+            "--without-heartbeat",
+        ],
+        env=env,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     monkeypatch.setenv("CELERY_BROKER_URL", redis_url)
-    from workers.celery_app import app, ping
+    from workers.celery_app import app
 
     app.conf.update(broker_url=redis_url, result_backend=redis_url)
     try:
-        result = ping.apply_async(queue=queue_name)
+        result = app.send_task("mm.ping", queue=queue_name)  # by name, as the bot enqueues
         assert result.get(timeout=60) == "pong"
         result.forget()
     finally:

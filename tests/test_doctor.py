@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from chatops import db
-from commands.doctor import main as doctor
 from chatops.secrets import mask_url
+from commands.doctor import main as doctor
 from mm_testkit.fixtures_kit import path_without
 from mm_testkit.model_server import ModelServer
 from mm_testkit.slack_emulator import SlackEmulator
@@ -48,8 +48,13 @@ def healthy(
     }
 
 
-def run_doctor(env: dict[str, str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
-               tmp_path: Path, config: str | None = None) -> tuple[int, dict[str, str], str]:
+def run_doctor(
+    env: dict[str, str],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    config: str | None = None,
+) -> tuple[int, dict[str, str], str]:
     """Doctor in this process (it is a few HTTP calls): exit code, {check: line}, and the whole output."""
     monkeypatch.chdir(tmp_path)
     for name in CONFIG_ENV:
@@ -188,11 +193,14 @@ def test_database_and_broker_unreachable_with_passwords_masked(tmp_path, healthy
 
 
 @pytest.mark.postgres
-@pytest.mark.parametrize("url", [
-    "http://mm:model-password-never-printed@127.0.0.1:port/v1",  # httpx: InvalidURL, not an HTTPError
-    "http://mm:model-password-never-printed@127.0.0.1:99999/v1",
-    "gopher://mm:model-password-never-printed@127.0.0.1/v1",
-])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://mm:model-password-never-printed@127.0.0.1:port/v1",  # httpx: InvalidURL, not an HTTPError
+        "http://mm:model-password-never-printed@127.0.0.1:99999/v1",
+        "gopher://mm:model-password-never-printed@127.0.0.1/v1",
+    ],
+)
 def test_unusable_model_url_is_a_fail_line_not_a_crash(tmp_path, healthy, monkeypatch, capsys, url) -> None:
     code, lines, out = run_doctor(healthy | {"MM_MODEL_URL": url}, monkeypatch, capsys, tmp_path)
     assert code == 1 and lines["model"].startswith("FAIL model")

@@ -14,7 +14,8 @@ import pytest
 
 from mm_core.tools.bash import BashTool
 from mm_testkit.fixtures_kit import needs_bwrap
-from tool_helpers import call, make_ctx, spaces  # noqa: F401 - spaces is a fixture
+from tool_helpers import call, make_ctx
+from tool_helpers import spaces as spaces_fixture  # noqa: F401 - the fixture "spaces"
 
 BASH = BashTool()
 NOBODY = 65534
@@ -25,8 +26,11 @@ def test_worker_environment_is_invisible_even_through_proc(spaces, monkeypatch):
     ws, _ = spaces
     monkeypatch.setenv("SLACK_BOT_TOKEN", "xoxb-worker-secret")
     ctx = make_ctx(ws, sandbox="bwrap")
-    out = call(BASH, {"command": "env; cat /proc/1/environ /proc/$PPID/environ; "
-                                 "cat /proc/*/environ 2>/dev/null | tr '\\0' '\\n'"}, ctx)
+    out = call(
+        BASH,
+        {"command": "env; cat /proc/1/environ /proc/$PPID/environ; cat /proc/*/environ 2>/dev/null | tr '\\0' '\\n'"},
+        ctx,
+    )
     assert "xoxb-worker-secret" not in out and "SLACK_BOT_TOKEN" not in out
     # Its own processes only: the worker (and pytest) are not in its pid namespace.
     seen = set(call(BASH, {"command": "ps -e -o comm="}, ctx).split())
@@ -36,7 +40,11 @@ def test_worker_environment_is_invisible_even_through_proc(spaces, monkeypatch):
 @needs_bwrap
 def test_other_workspaces_and_the_host_tmp_are_invisible(spaces):
     ws, sibling = spaces
-    out = call(BASH, {"command": f"cat {sibling}/secret.txt; ls {sibling.parent}; ls /tmp | wc -l"}, make_ctx(ws, sandbox="bwrap"))
+    out = call(
+        BASH,
+        {"command": f"cat {sibling}/secret.txt; ls {sibling.parent}; ls /tmp | wc -l"},
+        make_ctx(ws, sandbox="bwrap"),
+    )
     assert out.splitlines() == [f"cat: {sibling}/secret.txt: No such file or directory", "team-a", "1"]
 
 
@@ -44,8 +52,14 @@ def test_other_workspaces_and_the_host_tmp_are_invisible(spaces):
 def test_writing_outside_the_workspace_fails(spaces):
     ws, sibling = spaces
     ctx = make_ctx(ws, sandbox="bwrap")
-    out = call(BASH, {"command": f"echo x > /etc/mm-evil; echo x > /usr/mm-evil; echo x > /mm-evil; "
-                                 f"mkdir -p {sibling}; echo x > {sibling}/evil; echo ok > inside"}, ctx)
+    out = call(
+        BASH,
+        {
+            "command": f"echo x > /etc/mm-evil; echo x > /usr/mm-evil; echo x > /mm-evil; "
+            f"mkdir -p {sibling}; echo x > {sibling}/evil; echo ok > inside"
+        },
+        ctx,
+    )
     # The sibling's path does not exist in the sandbox: making it creates it in the sandbox's own /tmp.
     assert out.count("Read-only file system") == 3, out
     assert not Path("/etc/mm-evil").exists() and not Path("/usr/mm-evil").exists() and not Path("/mm-evil").exists()
@@ -63,8 +77,11 @@ def test_secret_files_of_etc_are_not_there(spaces):
 @needs_bwrap
 def test_network_off_leaves_only_loopback(spaces):
     ws, _ = spaces
-    off = call(BASH, {"command": "tail -n +3 /proc/net/dev | cut -d: -f1"}, make_ctx(ws, sandbox="bwrap",
-                                                                                       bash={"network": False}))
+    off = call(
+        BASH,
+        {"command": "tail -n +3 /proc/net/dev | cut -d: -f1"},
+        make_ctx(ws, sandbox="bwrap", bash={"network": False}),
+    )
     assert off.split() == ["lo"]
 
 
@@ -78,8 +95,10 @@ def test_required_sandbox_missing_is_a_clear_refusal(spaces, monkeypatch, tmp_pa
     ws, _ = spaces
     monkeypatch.setenv("PATH", str(tmp_path / "empty-bin"))
     out = call(BASH, {"command": "touch ran"}, make_ctx(ws, sandbox="bwrap"))
-    assert out == ("[error: the configuration requires the bwrap sandbox (sandbox: bwrap) but bubblewrap is not "
-                   "installed on this worker — the command was not run]")
+    assert out == (
+        "[error: the configuration requires the bwrap sandbox (sandbox: bwrap) but bubblewrap is not "
+        "installed on this worker — the command was not run]"
+    )
     assert not (ws / "ran").exists()
 
 
@@ -134,7 +153,9 @@ def test_runaway_write_is_stopped_by_the_file_size_limit(spaces):
 def test_cpu_time_limit(spaces):
     ws, _ = spaces
     started = time.monotonic()
-    out = call(BASH, {"command": "while :; do :; done"}, make_ctx(ws, sandbox="none", bash={"limits": {"cpuSeconds": 1}}))
+    out = call(
+        BASH, {"command": "while :; do :; done"}, make_ctx(ws, sandbox="none", bash={"limits": {"cpuSeconds": 1}})
+    )
     assert out == "[exit code: exit status 152]"  # 128 + SIGXCPU
     assert time.monotonic() - started < 10
 
@@ -142,6 +163,9 @@ def test_cpu_time_limit(spaces):
 @needs_bwrap
 def test_memory_limit(spaces):
     ws, _ = spaces
-    out = call(BASH, {"command": "x=$(head -c 200000000 /dev/zero | tr '\\0' a); echo ${#x}"},
-               make_ctx(ws, sandbox="bwrap", bash={"limits": {"memoryMB": 100}}))
+    out = call(
+        BASH,
+        {"command": "x=$(head -c 200000000 /dev/zero | tr '\\0' a); echo ${#x}"},
+        make_ctx(ws, sandbox="bwrap", bash={"limits": {"memoryMB": 100}}),
+    )
     assert "200000000" not in out and "[exit code: exit status" in out
