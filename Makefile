@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 
-.PHONY: run test bench install clean
+.PHONY: run test bench install clean mutate
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,11 @@ test: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/basedpyright
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# Mutation testing of the core modules (scripts/mutate.py says how): about twenty minutes on two cores, so it is not
+# part of `make test`. MUTATE_ARGS narrows it, e.g. MUTATE_ARGS="--module mm_core/loopdetect.py --max 10".
+mutate: $(STAMP)
+	$(PY) scripts/mutate.py $(MUTATE_ARGS)
 
 bench: $(STAMP)
 	for b in bench/bench_*.py; do $(PY) $$b || exit 1; done
