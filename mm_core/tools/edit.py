@@ -25,7 +25,7 @@ from typing import Any
 from mm_core.tools.args import check_object, check_text, get_bool, get_str
 from mm_core.tools.base import Tool, ToolContext, ToolRefusal
 from mm_core.tools.diff import Diff
-from mm_core.tools.files import PlannedWrite, commit_write, path_arg, plan_write, read_text
+from mm_core.tools.files import UNFORESEEN, PlannedWrite, commit_write, path_arg, plan_write, read_text, unforeseen
 from mm_core.tools.text import plural, show, truncate
 from mm_core.tools.workspace import resolve
 
@@ -436,6 +436,12 @@ class EditFileTool(Tool):
 
     def _plan(self, args: dict[str, Any], ctx: ToolContext, dry_run: bool) -> PlannedWrite | str:
         """Run in a thread: matching in and diffing a large file must not hold up the worker's other turns."""
+        try:
+            return self._plan_edit(args, ctx, dry_run)
+        except UNFORESEEN as e:
+            return unforeseen("edit", args, e)
+
+    def _plan_edit(self, args: dict[str, Any], ctx: ToolContext, dry_run: bool) -> PlannedWrite | str:
         try:
             path = path_arg(args, self.name)
             edits = parse_edits(args)

@@ -42,6 +42,25 @@ IDENTICAL = "{path} already has exactly this content — nothing written"
 MAX_READ_BYTES = 64 * 1024 * 1024
 
 
+# What no check foresaw and the file system, memory or the stack can still raise on a hostile tree (a name
+# swapped mid-call, a file grown huge): answered as CANNOT, never raised into the turn.
+UNFORESEEN = (OSError, MemoryError, RecursionError, ValueError)
+
+
+def unforeseen(verb: str, args: Any, exc: BaseException) -> str:
+    """CANNOT for an exception of UNFORESEEN."""
+    path = args.get("path") if isinstance(args, dict) else None
+    if isinstance(exc, OSError):
+        reason = exc.strerror or str(exc) or type(exc).__name__
+    elif isinstance(exc, MemoryError):
+        reason = "not enough memory"
+    elif isinstance(exc, RecursionError):
+        reason = "nested too deeply"
+    else:
+        reason = str(exc) or type(exc).__name__
+    return show(CANNOT.format(verb=verb, path=path if isinstance(path, str) else "", reason=reason))
+
+
 def path_arg(args: dict[str, Any], tool: str) -> str:
     path = get_str(check_object(args, tool), tool, "path")
     if not path.strip():
@@ -67,9 +86,12 @@ def load(ws: Path, path: str, real: Path, verb: str = "read") -> str | None:
         if st.st_size > MAX_READ_BYTES:
             raise ToolRefusal(TOO_LARGE.format(path=path, size=st.st_size))
         try:
-            data = f.read()
+            # Never more than the limit, even when the file grows after fstat (a log being written).
+            data = f.read(MAX_READ_BYTES + 1)
         except OSError as e:
             raise ToolRefusal(CANNOT.format(verb=verb, path=path, reason=e.strerror or e)) from e
+        if len(data) > MAX_READ_BYTES:
+            raise ToolRefusal(TOO_LARGE.format(path=path, size=max(os.fstat(fd).st_size, len(data))))
     return data.decode("utf-8", errors="surrogateescape")
 
 
@@ -126,6 +148,12 @@ class ReadFileTool(Tool):
 
     async def run(self, args: dict[str, Any], ctx: ToolContext) -> str:
         try:
+            return self._read(args, ctx)
+        except UNFORESEEN as e:
+            return unforeseen("read", args, e)
+
+    def _read(self, args: dict[str, Any], ctx: ToolContext) -> str:
+        try:
             path = path_arg(args, self.name)
             start, end = get_int(args, self.name, "start"), get_int(args, self.name, "end")
             numbered = get_bool(args, self.name, "numbered")
@@ -176,6 +204,8 @@ def commit_write(ctx: ToolContext, path: str, plan: PlannedWrite) -> str | None:
         return e.text
     except OSError as e:
         return CANNOT.format(verb="write", path=path, reason=e.strerror or e)
+    except UNFORESEEN as e:
+        return unforeseen("write", {"path": path}, e)
     return None
 
 
@@ -208,6 +238,12 @@ class WriteFileTool(Tool):
 
     def _plan(self, args: dict[str, Any], ctx: ToolContext) -> PlannedWrite | str:
         """Run in a thread: reading and diffing a large file must not hold up the worker's other turns."""
+        try:
+            return self._plan_write(args, ctx)
+        except UNFORESEEN as e:
+            return unforeseen("write", args, e)
+
+    def _plan_write(self, args: dict[str, Any], ctx: ToolContext) -> PlannedWrite | str:
         try:
             path = path_arg(args, self.name)
             content = get_str(args, self.name, "content")

@@ -18,7 +18,7 @@ from typing import Any
 from mm_core.tools.args import check_object, get_str
 from mm_core.tools.base import Tool, ToolContext, ToolRefusal
 from mm_core.tools.text import truncate
-from mm_core.tools.workspace import WorkspaceError, open_regular
+from mm_core.tools.workspace import WorkspaceError, open_regular, real_path
 
 DESCRIPTION = ("Read a skill: step-by-step instructions for a kind of task. When the task matches one of "
                "these skills, read it before starting and follow it. Skills:")
@@ -27,6 +27,13 @@ UNKNOWN = 'No skill named "{name}". Available skills: {names}'
 NO_DESCRIPTION = "(no description)"
 CANNOT_READ = "[error: read_skill: cannot read {name}: {reason}]"
 MAX_DESCRIPTION = 200
+# A skill is a page of instructions: what is read of one is bounded, so that a huge (or sparse) file in a
+# workspace's skills directory costs neither the worker's memory nor its time. The catalogue only needs the
+# front matter or first lines.
+MAX_SKILL_BYTES = 4 * 1024 * 1024
+MAX_DESCRIBED_BYTES = 64 * 1024
+# What a tree can still raise (a name swapped mid-call, a loop of symlinks): the skill is then not there.
+UNFORESEEN = (OSError, MemoryError, RecursionError, ValueError)
 
 
 def describe(markdown: str) -> str:
@@ -56,11 +63,11 @@ def _within(real: str, root: str) -> bool:
 
 def _skills_root(skills_dir: Path, workspace: Path | None) -> str | None:
     """The skills directory's real path; None when it sits in the workspace but leads out of it."""
-    root = os.path.realpath(skills_dir)
+    root = real_path(skills_dir)
     if (
         workspace is not None
         and _within(os.path.abspath(skills_dir), os.path.abspath(workspace))
-        and not _within(root, os.path.realpath(workspace))
+        and not _within(root, real_path(workspace))
     ):
         return None
     return root
@@ -72,17 +79,21 @@ def _skill_path(skills_dir: Path, name: str, workspace: Path | None = None) -> t
     if root is None or "\x00" in name:
         return None
     for candidate in (skills_dir / f"{name}.md", skills_dir / name / "SKILL.md"):
-        real = os.path.realpath(candidate)
+        try:
+            real = real_path(candidate)
+        except OSError:  # a loop of symlinks: no skill
+            continue
         if _within(real, root) and real != root and os.path.isfile(real):
             return candidate, Path(real)
     return None
 
 
-def _read(skills_dir: Path, real: Path) -> str:
-    """The skill's text, never through a symlink swapped in since _skill_path, never blocking on a pipe."""
-    fd, _ = open_regular(Path(os.path.realpath(skills_dir)), real, os.O_RDONLY)
+def _read(skills_dir: Path, real: Path, limit: int = MAX_SKILL_BYTES) -> str:
+    """The skill's text (its first `limit` bytes), never through a symlink swapped in since _skill_path, never
+    blocking on a pipe."""
+    fd, _ = open_regular(Path(real_path(skills_dir)), real, os.O_RDONLY)
     with os.fdopen(fd, "rb") as f:
-        return f.read().decode("utf-8", errors="replace")
+        return f.read(limit).decode("utf-8", errors="replace")
 
 
 def load_skills(skills_dir: str | os.PathLike[str] | None,
@@ -91,17 +102,20 @@ def load_skills(skills_dir: str | os.PathLike[str] | None,
     if not skills_dir:
         return {}
     root = Path(skills_dir)
-    if not root.is_dir():
+    try:
+        if not root.is_dir():
+            return {}
+        names = {p.stem for p in root.glob("*.md")} | {p.parent.name for p in root.glob("*/SKILL.md")}
+    except UNFORESEEN:  # the directory changed while it was listed, or cannot be listed
         return {}
-    names = {p.stem for p in root.glob("*.md")} | {p.parent.name for p in root.glob("*/SKILL.md")}
     skills = {}
     for name in sorted(names):
         found = _skill_path(root, name, workspace)
         if found is None or name.startswith("."):
             continue
         try:
-            skills[name] = (describe(_read(root, found[1])), found[0])
-        except (OSError, WorkspaceError):
+            skills[name] = (describe(_read(root, found[1], MAX_DESCRIBED_BYTES)), found[0])
+        except (*UNFORESEEN, WorkspaceError):
             continue
     return skills
 
@@ -134,6 +148,14 @@ class ReadSkillTool(Tool):
 
     async def run(self, args: dict[str, Any], ctx: ToolContext) -> str:
         try:
+            return self._run(args, ctx)
+        except UNFORESEEN as e:
+            name = args.get("name") if isinstance(args, dict) else None
+            reason = getattr(e, "strerror", None) or str(e) or type(e).__name__
+            return CANNOT_READ.format(name=name if isinstance(name, str) else "", reason=reason)
+
+    def _run(self, args: dict[str, Any], ctx: ToolContext) -> str:
+        try:
             given = get_str(check_object(args, self.name), self.name, "name")
         except ToolRefusal as e:
             return e.text
@@ -145,6 +167,6 @@ class ReadSkillTool(Tool):
             return UNKNOWN.format(name=given, names=names)
         try:
             text = _read(self.skills_dir, found[1])
-        except (OSError, WorkspaceError) as e:
+        except (*UNFORESEEN, WorkspaceError) as e:
             return CANNOT_READ.format(name=name, reason=getattr(e, "strerror", None) or getattr(e, "text", e))
         return truncate(text, ctx.config.maxOutput)

@@ -20,6 +20,16 @@ from mm_core.tools.base import ToolRefusal
 OUTSIDE = "[error: {path} is outside the workspace]"
 EMPTY_PATH = "[error: {tool} needs a path, relative to the working directory]"
 SPECIAL = "[error: {path} is not a regular file ({kind}) — the file tools read and write only regular files]"
+LOOP = "[error: {path} goes through more than {limit} symlinks (a symlink loop?) — the file tools do not follow it]"
+# The kernel's own limit on symlinks followed in one lookup (Linux's MAXSYMLINKS).
+MAX_SYMLINKS = 40
+
+
+class SymlinkLoop(OSError):
+    """More than MAX_SYMLINKS symlinks on the way to a path."""
+
+    def __init__(self, path: str):
+        super().__init__(errno.ELOOP, os.strerror(errno.ELOOP), path)
 
 
 class WorkspaceError(ToolRefusal):
@@ -33,18 +43,59 @@ def resolve(workspace: Path, path: str) -> Path:
     """
     if "\x00" in path:
         raise WorkspaceError(f"[error: {path!r} is not a valid path]")
-    root = Path(os.path.realpath(workspace))
+    root = Path(real_path(workspace))
     # bash runs with HOME set to the workspace, so `~/x` means the same file to both.
     local = "." + path[1:] if path == "~" or path.startswith("~/") else path
-    real = Path(os.path.realpath(root / local))
+    try:
+        real = Path(real_path(root / local))
+    except SymlinkLoop:
+        raise WorkspaceError(LOOP.format(path=path, limit=MAX_SYMLINKS)) from None
     if real != root and root not in real.parents:
         raise WorkspaceError(OUTSIDE.format(path=path))
     return real
 
 
+def real_path(path: str | os.PathLike[str]) -> str:
+    """os.path.realpath (non-strict: a missing part is kept as it is), safe on a tree that changes under it.
+
+    The standard one recurses once per symlink in a chain (a chain of a thousand links raises RecursionError)
+    and reads each link after checking it (a link replaced by a directory in between raises OSError). This one
+    loops, follows at most MAX_SYMLINKS links (SymlinkLoop beyond, as the kernel gives ELOOP), and takes an
+    entry that stops being a readable symlink for what it became: whatever it resolves to is only a guess,
+    which the O_NOFOLLOW walk of open_inside() then holds to.
+    """
+    pending = os.path.abspath(os.fspath(path)).split(os.sep)[::-1]
+    resolved = os.sep
+    links = 0
+    while pending:
+        name = pending.pop()
+        if not name or name == os.curdir:
+            continue
+        if name == os.pardir:
+            resolved = os.path.dirname(resolved)
+            continue
+        candidate = os.path.join(resolved, name)
+        target = ""
+        try:
+            is_link = stat.S_ISLNK(os.lstat(candidate).st_mode)
+            target = os.readlink(candidate) if is_link else ""
+        except (OSError, ValueError):
+            is_link = False
+        if not is_link:
+            resolved = candidate
+            continue
+        links += 1
+        if links > MAX_SYMLINKS:
+            raise SymlinkLoop(candidate)
+        if os.path.isabs(target):
+            resolved = os.sep
+        pending.extend(target.split(os.sep)[::-1])
+    return resolved
+
+
 def relative(workspace: Path, real: Path) -> Path:
     """`real` (from resolve) relative to the workspace's real path."""
-    return real.relative_to(os.path.realpath(workspace))
+    return real.relative_to(real_path(workspace))
 
 
 def _walk_dirs(root_fd: int, parts: tuple[str, ...], create: bool) -> int:
@@ -73,7 +124,7 @@ def open_inside(workspace: Path, real: Path, flags: int, mode: int = 0o666, crea
     rel = relative(workspace, real)
     # The workspace itself (`.`, `~`) has no parts: it is opened as `.` of its own directory.
     parts = rel.parts or (".",)
-    root_fd = os.open(os.path.realpath(workspace), os.O_RDONLY | os.O_DIRECTORY)
+    root_fd = os.open(real_path(workspace), os.O_RDONLY | os.O_DIRECTORY)
     try:
         try:
             dir_fd = _walk_dirs(root_fd, parts[:-1], create_dirs)
@@ -140,14 +191,20 @@ def open_regular(workspace: Path, real: Path, flags: int, mode: int = 0o666,
         raise
 
 
-def read_bytes(workspace: Path, real: Path) -> bytes:
+def read_bytes(workspace: Path, real: Path, limit: int = -1) -> bytes:
+    """The file's bytes, at most `limit` of them when it is not negative (a file may grow while it is read)."""
     fd, _ = open_regular(workspace, real, os.O_RDONLY)
     with os.fdopen(fd, "rb") as f:
-        return f.read()
+        return f.read(limit)
 
 
 def write_bytes(workspace: Path, real: Path, data: bytes) -> None:
-    """Write `data` to `real`, creating parent directories, never through a symlink, only to a regular file."""
-    fd, _ = open_regular(workspace, real, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666, create_dirs=True)
+    """Write `data` to `real`, creating parent directories, never through a symlink, only to a regular file.
+
+    Truncated only once it is known to be a regular file: O_TRUNC at open time would act on whatever the name
+    had become by then.
+    """
+    fd, _ = open_regular(workspace, real, os.O_WRONLY | os.O_CREAT, 0o666, create_dirs=True)
     with os.fdopen(fd, "wb") as f:
+        os.ftruncate(fd, 0)
         f.write(data)
