@@ -139,15 +139,16 @@ def test_init_then_run_one_shot_works_with_the_venvs_language_server(
     (tmp_path / "app.py").write_text("def greet(name):\n    return name\n")
     model_server.script(
         Reply(tool_calls=[ToolCall("lsp", {"action": "symbols", "path": "app.py"})]),
-        Reply(tool_calls=[ToolCall("bash", {"command": "touch made"})]),
+        # A gated call that no sandbox decides about: only yolo does.
+        Reply(tool_calls=[ToolCall("write_file", {"path": "made", "content": "made\n"})]),
         Reply(text="Done."),
     )
-    result = mm_bot("run", "-p", "list the symbols, then make a file", env=env, cwd=tmp_path)
+    result = mm_bot("run", "-p", "list the symbols, then write a file", env=env, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     # pylsp is in .venv/bin, off the PATH: found beside the interpreter, it answered.
     assert "greet" in model_server.messages(1)[-1]["content"]
-    # The written config's yolo is the documented default: the one shot ran the command.
-    assert (tmp_path / "made").exists()
+    # The written config's yolo is the documented default: the one shot made the call.
+    assert (tmp_path / "made").read_text() == "made\n"
     assert result.stdout.splitlines()[-2:-1] == ["Done."]
     # No warning about the language server, nor a refusal; without bubblewrap, one warning, and it ran anyway.
     assert result.stderr.splitlines() == ([RUN_WITHOUT_BWRAP] if bwrap == "absent" else [])
