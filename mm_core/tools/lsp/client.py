@@ -30,6 +30,7 @@ from lsprotocol import types
 from lsprotocol.converters import get_converter
 
 from mm_core.tools.lsp.positions import UTF8, UTF16, UTF32
+from mm_core.tools.workspace import OUTSIDE, WorkspaceError, read_bytes, relative
 
 # Documents a server keeps open at once; the least recently used one is closed beyond this, so a long
 # session walking a large project does not make the server hold every file it ever saw.
@@ -72,9 +73,17 @@ def language_id(path: Path) -> str:
     return _LANGUAGE_IDS.get(path.suffix.lower(), path.suffix.lower().lstrip("."))
 
 
-def read_document(path: Path) -> str:
+def read_document(path: Path, workspace: Path) -> str:
+    """The text of `path`, a real path inside `workspace` (from workspace.resolve), read only through the
+    workspace's confined opener: walked from the workspace's own directory without following any symlink, so a
+    file swapped for a link since it was resolved is refused (WorkspaceError), never followed, and a path
+    outside the workspace is never opened."""
+    try:
+        relative(workspace, path)
+    except ValueError:
+        raise WorkspaceError(OUTSIDE.format(path=path)) from None
     # Servers want text; a stray invalid byte must not make the whole file unreadable to them.
-    return path.read_bytes().decode("utf-8", errors="replace")
+    return read_bytes(workspace, path).decode("utf-8", errors="replace")
 
 
 def _answer_server_request(method: str, params: Any) -> Any:
@@ -304,9 +313,10 @@ class LspClient:
 
     def sync(self, path: Path) -> bool:
         """Tell the server the file's content on disk: didOpen the first time, a whole-document didChange when it
-        moved since. True when something was sent."""
+        moved since. True when something was sent. `path` is a real path inside the root (from resolve); a file
+        that is not, or that turned into a symlink since, raises WorkspaceError and nothing is sent."""
         uri = path.as_uri()
-        text = read_document(path)
+        text = read_document(path, self.root)  # confined: the server is never sent a file outside its root
         doc = self.documents.get(uri)
         if doc is not None:
             self.documents.move_to_end(uri)

@@ -8,11 +8,13 @@ the model need not open the file to know what a hit is. Every failure is a brack
 from __future__ import annotations
 
 import difflib
+import errno
 import os
 import re
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any
 from urllib.parse import unquote, urlparse
 
 from lsprotocol import types
@@ -23,7 +25,7 @@ from mm_core.tools.lsp.client import LspClient, RequestFailed, ServerGone, read_
 from mm_core.tools.lsp.manager import LspManager, extension_map, server_command
 from mm_core.tools.lsp.positions import UTF16, from_wire, line_starts, offset, split_lines, to_wire
 from mm_core.tools.text import truncate
-from mm_core.tools.workspace import WorkspaceError, resolve, write_bytes
+from mm_core.tools.workspace import NotRegularFile, WorkspaceError, read_bytes, resolve, write_bytes
 
 ACTIONS = ("definition", "references", "hover", "symbols", "diagnostics", "rename")
 NEEDS_POSITION = ("definition", "references", "hover", "rename")
@@ -164,15 +166,22 @@ class LspTool(Tool):
                     },
                     "symbol": {
                         "type": "string",
-                        "description": "The identifier, as written in the code (for definition, references, hover, rename).",
+                        "description": (
+                            "The identifier, as written in the code (for definition, references, hover, rename)."
+                        ),
                     },
                     "line": {
                         "type": "integer",
-                        "description": "1-based line. With symbol: restricts the search to that line. With column: the exact position.",
+                        "description": (
+                            "1-based line. With symbol: restricts the search to that line. "
+                            "With column: the exact position."
+                        ),
                     },
                     "column": {
                         "type": "integer",
-                        "description": "1-based column, in characters, inside the identifier. Only needed without symbol.",
+                        "description": (
+                            "1-based column, in characters, inside the identifier. Only needed without symbol."
+                        ),
                     },
                     "new_name": {"type": "string", "description": "The new identifier, for rename."},
                 },
@@ -224,9 +233,15 @@ class LspTool(Tool):
         server = self.extensions.get(path.suffix.lower())
         if server is None:
             return f'[lsp: no language server for "{call.path}" — configured: {self._server_list()}]'
-        if not path.is_file():
-            return f"[lsp: {call.path} is not a file]" if path.exists() else f"[lsp: {call.path} does not exist]"
-        text = read_document(path)
+        try:
+            # Through the confined opener: a file swapped for a symlink since resolve() is refused, not followed.
+            text = read_document(path, ctx.workspace)
+        except NotRegularFile:
+            return f"[lsp: {call.path} is not a file]"
+        except OSError as err:
+            if err.errno in (errno.ENOENT, errno.ENOTDIR):
+                return f"[lsp: {call.path} does not exist]"
+            raise
         if call.action == "rename" and not call.new_name:
             return NEEDS_NEW_NAME
         positions: list[tuple[int, int]] = []
@@ -237,6 +252,7 @@ class LspTool(Tool):
             positions = found
         manager: LspManager = await ctx.resources.get("lsp", lambda: LspManager(self.config.lsp, self.servers))
         session = _Session(ctx.workspace, path, call, positions)
+        session.read_as(path, text)
         try:
             async with manager.use(ctx.workspace, server) as client:
                 session.client = client
@@ -294,6 +310,10 @@ def _uri_path(uri: str) -> Path | None:
     return Path(unquote(parsed.path)) if parsed.scheme == "file" else None
 
 
+def _within(path: Path, top: Path) -> bool:
+    return path == top or top in path.parents
+
+
 class _Session:
     def __init__(self, workspace: Path, path: Path, call: Call, positions: list[tuple[int, int]]):
         self.root = Path(os.path.realpath(workspace))
@@ -302,20 +322,53 @@ class _Session:
         self.call = call
         self.positions = positions
         self.client: LspClient
-        self._files: dict[Path, list[str]] = {}
+        # A file's lines, or None for a file outside the workspace, which is never read.
+        self._files: dict[Path, list[str] | None] = {}
 
     # -- helpers
 
     def _document(self) -> types.TextDocumentIdentifier:
         return types.TextDocumentIdentifier(uri=self.path.as_uri())
 
-    def _lines(self, path: Path) -> list[str]:
+    def read_as(self, path: Path, text: str) -> None:
+        """The named file's text, already read: its lines are not read again."""
+        self._files[path] = split_lines(text)
+
+    def _inside(self, path: Path) -> Path | None:
+        """The real path of a path a server sent, when it resolves inside the workspace; None when it, or a
+        symlink on the way (a workspace file linked to /etc/shadow or to another thread's workspace), leads out."""
+        try:
+            return resolve(self.workspace, str(path))
+        except WorkspaceError:
+            return None
+
+    def _source(self, path: Path) -> list[str] | None:
+        """The lines of a file a server named; None when it is outside the workspace: then it is never opened.
+        Inside, it is read through the confined opener (no symlink followed, regular files only)."""
         if path not in self._files:
-            try:
-                self._files[path] = split_lines(read_document(path))
-            except OSError:
-                self._files[path] = []
+            real = self._inside(path)
+            lines: list[str] | None = None
+            if real is not None:
+                try:
+                    lines = split_lines(read_document(real, self.workspace))
+                except (OSError, WorkspaceError):
+                    lines = []
+            self._files[path] = lines
         return self._files[path]
+
+    def _lines(self, path: Path) -> list[str]:
+        return self._source(path) or []
+
+    def _reached_through(self, path: Path) -> bool:
+        """A location the workspace leads out of itself to: its path lies in the workspace, but a symlink on the
+        way (a workspace file linked to /etc/shadow, a directory linked to another thread's workspace) leads
+        out. What the server says about a symbol defined there (its hover) is that file's content. A library the
+        server finds on its own (the standard library, site-packages) is not reached through the workspace."""
+        if self._inside(path) is not None:
+            return False
+        lexical = Path(os.path.normpath(os.path.abspath(path)))
+        given = Path(os.path.normpath(os.path.abspath(self.workspace)))
+        return _within(lexical, self.root) or _within(lexical, given)
 
     def display(self, path: Path) -> str:
         real = Path(os.path.realpath(path))
@@ -324,8 +377,11 @@ class _Session:
         return str(path)
 
     def _column(self, path: Path, line: int, units: int) -> tuple[int, str]:
-        """1-based character column and the source line for a wire position."""
-        lines = self._lines(path)
+        """1-based character column and the source line for a wire position. A file outside the workspace is
+        not read: no source line, and the wire column as it came."""
+        lines = self._source(path)
+        if lines is None:
+            return units + 1, ""
         text = lines[line] if 0 <= line < len(lines) else ""
         return from_wire(text, units, self.client.encoding) + 1, text
 
@@ -384,23 +440,55 @@ class _Session:
         result, at = await self._first_answer(self._hover)
         if not result:
             return f"[lsp: no hover information for the symbol at {self._at(*at)}]"
+        outside = await self._defined_through_the_workspace(at)
+        if outside is not None:
+            return (
+                f"[lsp: the symbol at {self._at(*at)} is defined in {outside}, outside the workspace — "
+                "its hover is not shown]"
+            )
         return result
 
-    async def _locations(self, method: str, params: Any) -> list[str]:
+    async def _defined_through_the_workspace(self, at: tuple[int, int]) -> str | None:
+        """Where the hovered symbol is defined, when that is a file outside the workspace that a symlink in the
+        workspace leads to: the server read that file to answer, and the tool does not show it. None otherwise,
+        and when the server cannot say (an error other than a timeout)."""
+        params = types.DefinitionParams(text_document=self._document(), position=self._wire(*at))
+        try:
+            places = await self._places(types.TEXT_DOCUMENT_DEFINITION, params)
+        except ServerGone:
+            raise
+        except RequestFailed as err:
+            if str(err).startswith("no answer within"):
+                raise
+            return None
+        for _, path, _ in places:
+            if path is not None and self._reached_through(path):
+                return self.display(path)
+        return None
+
+    async def _places(self, method: str, params: Any) -> list[tuple[str, Path | None, types.Position]]:
+        """The server's locations: uri, the file's path (None for a uri that is not a file), start."""
         answer = await self.client.request(method, params)
         if answer is None:
             return []
         items = answer if isinstance(answer, (list, tuple)) else [answer]
-        found: set[tuple[str, int, int, str]] = set()
+        places = []
         for item in items:
             if isinstance(item, types.LocationLink):
                 uri, start = item.target_uri, item.target_selection_range.start
             else:
                 uri, start = item.uri, item.range.start
-            path = _uri_path(uri)
+            places.append((uri, _uri_path(uri), start))
+        return places
+
+    async def _locations(self, method: str, params: Any) -> list[str]:
+        found: set[tuple[str, int, int, str]] = set()
+        for uri, path, start in await self._places(method, params):
             if path is None:
                 found.add((uri, start.line + 1, start.character + 1, ""))
                 continue
+            # A file outside the workspace (or reached through a symlink leading out) is shown as a path only:
+            # _column never reads it.
             column, text = self._column(path, start.line, start.character)
             found.add((self.display(path), start.line + 1, column, text.strip()))
         return [f"{p}:{line}:{col}  {src}" if src else f"{p}:{line}:{col}" for p, line, col, src in sorted(found)]
@@ -485,7 +573,10 @@ class _Session:
         new_texts: dict[Path, tuple[str, str]] = {}
         for path, edits in planned.items():
             try:
-                old = path.read_bytes().decode("utf-8")
+                # Through the confined opener: a file swapped for a symlink since _plan resolved it is refused.
+                old = read_bytes(self.workspace, path).decode("utf-8")
+            except WorkspaceError:
+                return f"[lsp: the rename would edit {path}, outside the project — nothing renamed]"
             except (OSError, UnicodeDecodeError) as err:
                 reason = "is not UTF-8 text" if isinstance(err, UnicodeDecodeError) else "cannot be read"
                 return f"[lsp: {self.display(path)} {reason} — nothing renamed]"
@@ -590,8 +681,8 @@ def symbol_tree(answer: list[Any]) -> list[_Symbol]:
 
 
 def apply_edits(text: str, edits: list[types.TextEdit], encoding: str = UTF16) -> str:
-    """Apply LSP text edits, wire positions (UTF-16 unless negotiated) converted, from the end of the file backwards so that the
-    positions of the edits not yet applied stay valid."""
+    """Apply LSP text edits, wire positions (UTF-16 unless negotiated) converted, from the end of the file
+    backwards so that the positions of the edits not yet applied stay valid."""
     starts = line_starts(text)
     spans = []
     for index, e in enumerate(edits):
