@@ -252,7 +252,7 @@ def test_mm_config_picks_the_file(tmp_path: Path) -> None:
 
 def test_example_config_validates(tmp_path: Path) -> None:
     config = load_config(_write(tmp_path, example_config()), {})
-    assert config.agent.yolo is False
+    assert config.agent.yolo is True  # the documented default: `mm-bot run -p` works on the example as written
     assert config.service.approvals.timeout == 1800.0
     assert config.service.channel("C0NOTLISTED").repo == "https://git.example.com/acme/app.git"
     assert "SLACK_BOT_TOKEN" in example_config()
