@@ -45,9 +45,19 @@ async def bare(url: str, steps: int) -> float:
                         for choice in json.loads(line[6:])["choices"]:
                             for call in choice["delta"].get("tool_calls") or ():
                                 arguments.append(call["function"].get("arguments") or "")
-            messages.append({"role": "assistant", "content": None, "tool_calls": [
-                {"id": f"c{step}", "type": "function",
-                 "function": {"name": "read_file", "arguments": "".join(arguments)}}]})
+            messages.append(
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {
+                            "id": f"c{step}",
+                            "type": "function",
+                            "function": {"name": "read_file", "arguments": "".join(arguments)},
+                        }
+                    ],
+                }
+            )
             messages.append({"role": "tool", "tool_call_id": f"c{step}", "content": "x"})
         return (time.perf_counter() - began) / steps
 

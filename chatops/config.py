@@ -203,9 +203,9 @@ def load_config(path: str | os.PathLike[str] | None = None, environ: Mapping[str
         database_url=_env(env, "DATABASE_URL") or DEFAULT_DATABASE_URL,
         broker_url=_env(env, "CELERY_BROKER_URL") or DEFAULT_BROKER_URL,
         slack_api_url=_env(env, "SLACK_API_URL") or DEFAULT_SLACK_API_URL,
-        workspaces_root=Path(
-            _env(env, "MM_WORKSPACES") or service.workspaces.root or DEFAULT_WORKSPACES
-        ).expanduser().absolute(),
+        workspaces_root=Path(_env(env, "MM_WORKSPACES") or service.workspaces.root or DEFAULT_WORKSPACES)
+        .expanduser()
+        .absolute(),
         slack_bot_token=_env(env, "SLACK_BOT_TOKEN"),
         slack_signing_secret=_env(env, "SLACK_SIGNING_SECRET"),
         slack_app_token=_env(env, "SLACK_APP_TOKEN"),

@@ -39,7 +39,6 @@ NAMING_CONVENTION = {
 }
 
 
-
 class SessionKind(StrEnum):
     THREAD = "thread"
     JOB = "job"
@@ -75,6 +74,7 @@ class JobRunStatus(StrEnum):
     RUNNING = "running"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
+
 
 # SQLite only auto-increments an INTEGER PRIMARY KEY; PostgreSQL gets the 64 bits.
 BigId = BigInteger().with_variant(Integer(), "sqlite")

@@ -193,9 +193,7 @@ def ensure_session(
     raise RuntimeError(f"could not create the session of {channel_id}/{thread_ts}")
 
 
-def set_status(
-    engine: Engine, session_id: str, status: SessionStatus, *, expect: SessionStatus | None = None
-) -> bool:
+def set_status(engine: Engine, session_id: str, status: SessionStatus, *, expect: SessionStatus | None = None) -> bool:
     """Set the session's status (only if it is `expect`, when given); True if it changed."""
     stmt = update(Session).where(Session.id == session_id)
     if expect is not None:
@@ -357,9 +355,7 @@ def decide_approval(engine: Engine, call_id: str, approved: bool, by: str, now: 
                 Approval.state == ApprovalState.PENDING,
                 or_(Approval.expires_at.is_(None), Approval.expires_at > now),
             )
-            .values(
-                state=ApprovalState.APPROVED if approved else ApprovalState.REJECTED, decided_by=by, decided_at=now
-            )
+            .values(state=ApprovalState.APPROVED if approved else ApprovalState.REJECTED, decided_by=by, decided_at=now)
         )
         return result.rowcount == 1
 

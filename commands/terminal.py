@@ -135,8 +135,14 @@ def main(argv: list[str] | None = None, out: TextIO = sys.stdout, read=input) ->
         render(event)
 
     agent = Agent(
-        config.agent, MemoryStore(), str(uuid.uuid4()), workspace, tools=tools, api_key=config.model_api_key,
-        emit=emit, oneshot=args.prompt is not None,
+        config.agent,
+        MemoryStore(),
+        str(uuid.uuid4()),
+        workspace,
+        tools=tools,
+        api_key=config.model_api_key,
+        emit=emit,
+        oneshot=args.prompt is not None,
     )
     if args.prompt is not None:
         result = asyncio.run(agent.send(args.prompt))

@@ -257,10 +257,22 @@ class Agent:
         caller = None
         if tool.asks_agents:
             caller = Caller(
-                self.state, self._yolo(self.state()), self.oneshot, self.config.model.url, self.model.api_key,
+                self.state,
+                self._yolo(self.state()),
+                self.oneshot,
+                self.config.model.url,
+                self.model.api_key,
                 lambda name, config, api_key, emit: Agent(
-                    config, ScopedStore(self.store, self.session_id), call.id, self.workspace, api_key=api_key,
-                    emit=emit, resources=self.resources, oneshot=self.oneshot, depth=self.depth + 1, name=name,
+                    config,
+                    ScopedStore(self.store, self.session_id),
+                    call.id,
+                    self.workspace,
+                    api_key=api_key,
+                    emit=emit,
+                    resources=self.resources,
+                    oneshot=self.oneshot,
+                    depth=self.depth + 1,
+                    name=name,
                 ),
             )
         return ToolContext(

@@ -146,9 +146,7 @@ class ModelClient:
                 f"server or set MM_MODEL_URL"
             ) from e
         except openai.APIStatusError as e:
-            raise ModelError(
-                f"the model endpoint answered HTTP {e.status_code}: {_api_message(e)}"
-            ) from e
+            raise ModelError(f"the model endpoint answered HTTP {e.status_code}: {_api_message(e)}") from e
 
     async def _alive(self, awaitable):
         try:

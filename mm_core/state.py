@@ -162,9 +162,7 @@ class SessionState:
                 # Results go right after their call, whatever came between them in the log.
                 for call in e.tool_calls:
                     if call.id in results:
-                        messages.append(
-                            {"role": "tool", "tool_call_id": call.id, "content": results[call.id].output}
-                        )
+                        messages.append({"role": "tool", "tool_call_id": call.id, "content": results[call.id].output})
         return messages
 
 
@@ -176,4 +174,3 @@ def assistant_message(e: AssistantMessage) -> dict[str, Any]:
             for c in e.tool_calls
         ]
     return message
-

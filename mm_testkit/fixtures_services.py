@@ -51,8 +51,8 @@ def _admin() -> psycopg.Connection:
 
 
 def _database_url(name: str) -> str:
-    return make_url(_admin_url()).set(drivername="postgresql+psycopg", database=name).render_as_string(
-        hide_password=False
+    return (
+        make_url(_admin_url()).set(drivername="postgresql+psycopg", database=name).render_as_string(hide_password=False)
     )
 
 

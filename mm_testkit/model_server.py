@@ -222,9 +222,7 @@ class ModelServer(ThreadedAiohttpServer):
             body = json.loads(raw)
         except ValueError:
             body = None
-        self.requests.append(
-            RecordedRequest(request.method, request.path, dict(request.headers), body, time.time())
-        )
+        self.requests.append(RecordedRequest(request.method, request.path, dict(request.headers), body, time.time()))
         number = len(self.requests)
         if (denied := self._auth_failure(request)) is not None:
             return denied
@@ -307,8 +305,7 @@ class _Completion:
         return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
     def _envelope(self, kind: str) -> dict[str, Any]:
-        return {"id": self.id, "object": kind, "created": self.created, "model": self.model,
-                "system_fingerprint": None}
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.model, "system_fingerprint": None}
 
     def whole(self) -> dict[str, Any]:
         reply = self.reply
@@ -346,8 +343,18 @@ class _Completion:
             first = next(fragments, "")
             self.completion_chars += len(first)
             # As OpenAI does: the first delta names the call, the later ones carry argument text only.
-            yield chunk({"tool_calls": [{"index": index, "id": call_id, "type": "function",
-                                         "function": {"name": call.name, "arguments": first}}]})
+            yield chunk(
+                {
+                    "tool_calls": [
+                        {
+                            "index": index,
+                            "id": call_id,
+                            "type": "function",
+                            "function": {"name": call.name, "arguments": first},
+                        }
+                    ]
+                }
+            )
             for fragment in fragments:
                 self.completion_chars += len(fragment)
                 yield chunk({"tool_calls": [{"index": index, "function": {"arguments": fragment}}]})

@@ -145,10 +145,12 @@ class SlackEventSender:
 
     # -- Events API -----------------------------------------------------------------------------------------
 
-    def url_verification(self, challenge: str = "3eZbrw1aBm2rZgRNFdxV2595E9CY3gmdALWMmHkvFXO7tYXAYM8P",
-                         **options: Any) -> httpx.Response:
-        return self._json({"token": "Jhj5dZrVaK7ZwHHjRyZWjbDl", "challenge": challenge,
-                           "type": "url_verification"}, **options)
+    def url_verification(
+        self, challenge: str = "3eZbrw1aBm2rZgRNFdxV2595E9CY3gmdALWMmHkvFXO7tYXAYM8P", **options: Any
+    ) -> httpx.Response:
+        return self._json(
+            {"token": "Jhj5dZrVaK7ZwHHjRyZWjbDl", "challenge": challenge, "type": "url_verification"}, **options
+        )
 
     def event(self, event: dict[str, Any], *, event_id: str | None = None, **options: Any) -> httpx.Response:
         """An `event_callback` envelope around `event` (the event gets `event_ts` if it has none)."""
@@ -163,43 +165,95 @@ class SlackEventSender:
             "type": "event_callback",
             "event_id": event_id or self.new_event_id(),
             "event_time": int(float(event["event_ts"])),
-            "authorizations": [{"enterprise_id": None, "team_id": self.team_id, "user_id": self.bot_user_id,
-                                "is_bot": True, "is_enterprise_install": False}],
+            "authorizations": [
+                {
+                    "enterprise_id": None,
+                    "team_id": self.team_id,
+                    "user_id": self.bot_user_id,
+                    "is_bot": True,
+                    "is_enterprise_install": False,
+                }
+            ],
             "is_ext_shared_channel": False,
             "event_context": f"4-{uuid.uuid4().hex}",
         }
         return self._json(payload, **options)
 
-    def _message_event(self, kind: str, text: str, channel: str, user: str, ts: str | None,
-                       thread_ts: str | None) -> dict[str, Any]:
+    def _message_event(
+        self, kind: str, text: str, channel: str, user: str, ts: str | None, thread_ts: str | None
+    ) -> dict[str, Any]:
         ts = ts or self.new_ts()
-        event = {"type": kind, "user": user, "text": text, "ts": ts, "channel": channel, "team": self.team_id,
-                 "client_msg_id": str(uuid.uuid4()), "event_ts": ts,
-                 "blocks": [{"type": "rich_text", "block_id": "b0", "elements": [
-                     {"type": "rich_text_section", "elements": [{"type": "text", "text": text}]}]}]}
+        event = {
+            "type": kind,
+            "user": user,
+            "text": text,
+            "ts": ts,
+            "channel": channel,
+            "team": self.team_id,
+            "client_msg_id": str(uuid.uuid4()),
+            "event_ts": ts,
+            "blocks": [
+                {
+                    "type": "rich_text",
+                    "block_id": "b0",
+                    "elements": [{"type": "rich_text_section", "elements": [{"type": "text", "text": text}]}],
+                }
+            ],
+        }
         if thread_ts:
             event["thread_ts"] = thread_ts
         return event
 
-    def app_mention(self, text: str, *, channel: str, user: str, ts: str | None = None,
-                    thread_ts: str | None = None, event_id: str | None = None, **options: Any) -> httpx.Response:
+    def app_mention(
+        self,
+        text: str,
+        *,
+        channel: str,
+        user: str,
+        ts: str | None = None,
+        thread_ts: str | None = None,
+        event_id: str | None = None,
+        **options: Any,
+    ) -> httpx.Response:
         """`app_mention`: write the mention in `text` yourself, e.g. `<@U0BOT> hello`."""
         event = self._message_event("app_mention", text, channel, user, ts, thread_ts)
         return self.event(event, event_id=event_id, **options)
 
-    def message(self, text: str, *, channel: str, user: str, ts: str | None = None, thread_ts: str | None = None,
-                channel_type: str = "channel", event_id: str | None = None, **options: Any) -> httpx.Response:
+    def message(
+        self,
+        text: str,
+        *,
+        channel: str,
+        user: str,
+        ts: str | None = None,
+        thread_ts: str | None = None,
+        channel_type: str = "channel",
+        event_id: str | None = None,
+        **options: Any,
+    ) -> httpx.Response:
         """A `message` event (in a thread when `thread_ts` is given; `channel_type="im"` for a DM)."""
         event = self._message_event("message", text, channel, user, ts, thread_ts) | {"channel_type": channel_type}
         return self.event(event, event_id=event_id, **options)
 
     # -- interactivity and commands -------------------------------------------------------------------------
 
-    def block_action(self, action_id: str, value: str, *, user: str, channel: str, message_ts: str,
-                     thread_ts: str | None = None, message: dict[str, Any] | None = None,
-                     block_id: str = "actions", text: str = "Button", user_name: str | None = None,
-                     response_url: str | None = None, trigger_id: str | None = None,
-                     **options: Any) -> httpx.Response:
+    def block_action(
+        self,
+        action_id: str,
+        value: str,
+        *,
+        user: str,
+        channel: str,
+        message_ts: str,
+        thread_ts: str | None = None,
+        message: dict[str, Any] | None = None,
+        block_id: str = "actions",
+        text: str = "Button",
+        user_name: str | None = None,
+        response_url: str | None = None,
+        trigger_id: str | None = None,
+        **options: Any,
+    ) -> httpx.Response:
         """A `block_actions` payload for a button click on the message `message_ts`."""
         name = user_name or user.lower()
         container = {"type": "message", "message_ts": message_ts, "channel_id": channel, "is_ephemeral": False}
@@ -221,15 +275,32 @@ class SlackEventSender:
             "message": shown,
             "state": {"values": {}},
             "response_url": response_url or self.new_response_url(),
-            "actions": [{"action_id": action_id, "block_id": block_id, "value": value, "type": "button",
-                         "text": {"type": "plain_text", "text": text, "emoji": True},
-                         "action_ts": self.new_ts()}],
+            "actions": [
+                {
+                    "action_id": action_id,
+                    "block_id": block_id,
+                    "value": value,
+                    "type": "button",
+                    "text": {"type": "plain_text", "text": text, "emoji": True},
+                    "action_ts": self.new_ts(),
+                }
+            ],
         }
         return self._form({"payload": json.dumps(payload)}, payload, **options)
 
-    def slash_command(self, command: str, text: str, *, user: str, channel: str, user_name: str | None = None,
-                      channel_name: str | None = None, response_url: str | None = None,
-                      trigger_id: str | None = None, **options: Any) -> httpx.Response:
+    def slash_command(
+        self,
+        command: str,
+        text: str,
+        *,
+        user: str,
+        channel: str,
+        user_name: str | None = None,
+        channel_name: str | None = None,
+        response_url: str | None = None,
+        trigger_id: str | None = None,
+        **options: Any,
+    ) -> httpx.Response:
         """A slash command (form-encoded), e.g. `slash_command("/mm", "status", user=..., channel=...)`."""
         fields = {
             "token": "Jhj5dZrVaK7ZwHHjRyZWjbDl",

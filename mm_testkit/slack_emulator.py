@@ -102,8 +102,14 @@ class SlackEmulator(ThreadedAiohttpServer):
         self._changed = threading.Condition(self._lock)  # a socket connected or closed, an ack arrived
         self._sockets: list[web.WebSocketResponse] = []  # live Socket Mode connections, oldest first
         # Socket Mode payloads are the HTTP bodies, so the signed-request client builds them (never sending).
-        self._payloads = _PayloadBuilder("http://127.0.0.1:9", "", team_id=team_id, api_app_id=app_id,
-                                         bot_user_id=bot_user_id, response_url=self.response_url)
+        self._payloads = _PayloadBuilder(
+            "http://127.0.0.1:9",
+            "",
+            team_id=team_id,
+            api_app_id=app_id,
+            bot_user_id=bot_user_id,
+            response_url=self.response_url,
+        )
         self._payloads.close()  # its HTTP client is never used
         self._methods: dict[str, Callable[[Params], dict[str, Any]]] = {
             "auth.test": self._auth_test,
@@ -161,14 +167,34 @@ class SlackEmulator(ThreadedAiohttpServer):
             self.acks: list[dict[str, Any]] = []  # what the app sent back over the sockets, in order
             self.add_user(self.bot_user_id, self.bot_name, is_bot=True)
 
-    def add_user(self, user_id: str, name: str, *, real_name: str | None = None, is_admin: bool = False,
-                 is_bot: bool = False, tz: str = "Europe/Paris", email: str | None = None) -> dict[str, Any]:
+    def add_user(
+        self,
+        user_id: str,
+        name: str,
+        *,
+        real_name: str | None = None,
+        is_admin: bool = False,
+        is_bot: bool = False,
+        tz: str = "Europe/Paris",
+        email: str | None = None,
+    ) -> dict[str, Any]:
         """Seed a user that users.info returns."""
         real = real_name or name.title()
         profile = {"real_name": real, "display_name": name, "email": email or f"{name}@example.com"}
-        user = {"id": user_id, "team_id": self.team_id, "name": name, "deleted": False, "real_name": real,
-                "tz": tz, "tz_offset": 3600, "is_admin": is_admin, "is_owner": False, "is_bot": is_bot,
-                "is_app_user": False, "profile": profile}
+        user = {
+            "id": user_id,
+            "team_id": self.team_id,
+            "name": name,
+            "deleted": False,
+            "real_name": real,
+            "tz": tz,
+            "tz_offset": 3600,
+            "is_admin": is_admin,
+            "is_owner": False,
+            "is_bot": is_bot,
+            "is_app_user": False,
+            "profile": profile,
+        }
         if is_bot:
             profile["bot_id"] = self.bot_id
         with self._lock:
@@ -177,10 +203,19 @@ class SlackEmulator(ThreadedAiohttpServer):
 
     def add_channel(self, channel_id: str, name: str, *, is_private: bool = False) -> dict[str, Any]:
         """Seed a channel that conversations.info returns (channels are also made on first post)."""
-        channel = {"id": channel_id, "name": name, "is_channel": not is_private, "is_group": is_private,
-                   "is_im": channel_id.startswith("D"), "is_private": is_private, "is_archived": False,
-                   "is_member": True, "created": 1700000000, "creator": self.bot_user_id,
-                   "context_team_id": self.team_id}
+        channel = {
+            "id": channel_id,
+            "name": name,
+            "is_channel": not is_private,
+            "is_group": is_private,
+            "is_im": channel_id.startswith("D"),
+            "is_private": is_private,
+            "is_archived": False,
+            "is_member": True,
+            "created": 1700000000,
+            "creator": self.bot_user_id,
+            "context_team_id": self.team_id,
+        }
         with self._lock:
             self.channels[channel_id] = channel
         return channel
@@ -194,8 +229,13 @@ class SlackEmulator(ThreadedAiohttpServer):
 
     def add_message(self, channel: str, text: str, user: str, *, thread_ts: str | None = None) -> dict[str, Any]:
         """Seed a message from a person (as if typed in Slack); returns it, with its ts."""
-        message = {"type": "message", "user": user, "text": text, "team": self.team_id,
-                   "client_msg_id": f"00000000-0000-4000-8000-{next(self._ids):012d}"}
+        message = {
+            "type": "message",
+            "user": user,
+            "text": text,
+            "team": self.team_id,
+            "client_msg_id": f"00000000-0000-4000-8000-{next(self._ids):012d}",
+        }
         with self._lock:
             return self._store(channel, message, thread_ts)
 
@@ -299,16 +339,27 @@ class SlackEmulator(ThreadedAiohttpServer):
 
     # -- Socket Mode ----------------------------------------------------------------------------------------
 
-    def push(self, type: str, payload: dict[str, Any], *, envelope_id: str | None = None,
-             accepts_response_payload: bool | None = None, timeout: float = 10) -> str:
+    def push(
+        self,
+        type: str,
+        payload: dict[str, Any],
+        *,
+        envelope_id: str | None = None,
+        accepts_response_payload: bool | None = None,
+        timeout: float = 10,
+    ) -> str:
         """Send an envelope (`events_api`, `interactive`, `slash_commands`) on the newest live connection, as
         Slack does with one of an app's connections; returns its envelope_id. Waits up to `timeout` for one."""
         envelope_id = envelope_id or str(uuid.uuid4())
         if accepts_response_payload is None:
             # Slack lets slash commands (and some interactions) answer in the ack; events never.
             accepts_response_payload = type == "slash_commands"
-        envelope: dict[str, Any] = {"envelope_id": envelope_id, "payload": payload, "type": type,
-                                    "accepts_response_payload": accepts_response_payload}
+        envelope: dict[str, Any] = {
+            "envelope_id": envelope_id,
+            "payload": payload,
+            "type": type,
+            "accepts_response_payload": accepts_response_payload,
+        }
         if type == "events_api":
             envelope |= {"retry_attempt": 0, "retry_reason": ""}
         self._send_socket(envelope, timeout)
@@ -319,13 +370,15 @@ class SlackEmulator(ThreadedAiohttpServer):
         self._payloads.app_mention(text, channel=channel, user=user, thread_ts=thread_ts)
         return self.push("events_api", self._payloads.last_payload)
 
-    def push_message(self, text: str, *, channel: str, user: str, thread_ts: str | None = None,
-                     channel_type: str = "channel") -> str:
+    def push_message(
+        self, text: str, *, channel: str, user: str, thread_ts: str | None = None, channel_type: str = "channel"
+    ) -> str:
         self._payloads.message(text, channel=channel, user=user, thread_ts=thread_ts, channel_type=channel_type)
         return self.push("events_api", self._payloads.last_payload)
 
-    def push_block_action(self, action_id: str, value: str, *, user: str, channel: str,
-                          message_ts: str | None = None) -> str:
+    def push_block_action(
+        self, action_id: str, value: str, *, user: str, channel: str, message_ts: str | None = None
+    ) -> str:
         """An `interactive` envelope around a block_actions payload (a button click)."""
         ts = message_ts or self._payloads.new_ts()
         self._payloads.block_action(action_id, value, user=user, channel=channel, message_ts=ts)
@@ -339,8 +392,7 @@ class SlackEmulator(ThreadedAiohttpServer):
     def disconnect(self, reason: str = "refresh_requested", timeout: float = 10) -> None:
         """Tell the newest connection to go away; slack_sdk's clients then open a new one (apps.connections.open
         again). Slack keeps the old socket open for a while, so the emulator leaves closing it to the client."""
-        self._send_socket({"type": "disconnect", "reason": reason, "debug_info": {"host": "applink-emulator"}},
-                          timeout)
+        self._send_socket({"type": "disconnect", "reason": reason, "debug_info": {"host": "applink-emulator"}}, timeout)
 
     def wait_for_ack(self, envelope_id: str, timeout: float = 10) -> dict[str, Any]:
         """The app's ack of `envelope_id` (`{"envelope_id": …}`, with `payload` when it answered in the ack)."""
@@ -359,8 +411,9 @@ class SlackEmulator(ThreadedAiohttpServer):
         """Until `count` Socket Mode connections have been accepted (and greeted) since the last reset."""
         with self._changed:
             if not self._changed.wait_for(lambda: self.socket_connections >= count, timeout):
-                raise TimeoutError(f"{self.socket_connections} Socket Mode connection(s), not {count}, "
-                                   f"within {timeout}s")
+                raise TimeoutError(
+                    f"{self.socket_connections} Socket Mode connection(s), not {count}, within {timeout}s"
+                )
 
     @property
     def live_sockets(self) -> int:
@@ -389,10 +442,16 @@ class SlackEmulator(ThreadedAiohttpServer):
             live = len(self._sockets) + 1
         ws = web.WebSocketResponse()  # answers the client's pings (slack_sdk checks its pongs)
         await ws.prepare(request)
-        await ws.send_str(json.dumps({
-            "type": "hello", "num_connections": live,
-            "debug_info": {"host": "applink-emulator", "build_number": 1, "approximate_connection_time": 18060},
-            "connection_info": {"app_id": self.app_id}}))
+        await ws.send_str(
+            json.dumps(
+                {
+                    "type": "hello",
+                    "num_connections": live,
+                    "debug_info": {"host": "applink-emulator", "build_number": 1, "approximate_connection_time": 18060},
+                    "connection_info": {"app_id": self.app_id},
+                }
+            )
+        )
         with self._changed:
             self._sockets.append(ws)
             self.socket_connections += 1
@@ -469,8 +528,14 @@ class SlackEmulator(ThreadedAiohttpServer):
         return message
 
     def _bot_message(self, params: Params) -> dict[str, Any]:
-        message = {"type": "message", "user": self.bot_user_id, "bot_id": self.bot_id, "app_id": self.app_id,
-                   "team": self.team_id, "text": params.get("text") or params.get("markdown_text") or ""}
+        message = {
+            "type": "message",
+            "user": self.bot_user_id,
+            "bot_id": self.bot_id,
+            "app_id": self.app_id,
+            "team": self.team_id,
+            "text": params.get("text") or params.get("markdown_text") or "",
+        }
         for key in ("blocks", "attachments", "metadata"):
             if params.get(key):
                 message[key] = params[key]
@@ -479,9 +544,15 @@ class SlackEmulator(ThreadedAiohttpServer):
     # -- methods --------------------------------------------------------------------------------------------
 
     def _auth_test(self, params: Params) -> dict[str, Any]:
-        return {"url": f"https://{self._domain()}.slack.com/", "team": self.team_name,
-                "user": self.bot_name, "team_id": self.team_id, "user_id": self.bot_user_id,
-                "bot_id": self.bot_id, "is_enterprise_install": False}
+        return {
+            "url": f"https://{self._domain()}.slack.com/",
+            "team": self.team_name,
+            "user": self.bot_name,
+            "team_id": self.team_id,
+            "user_id": self.bot_user_id,
+            "bot_id": self.bot_id,
+            "is_enterprise_install": False,
+        }
 
     def _post_message(self, params: Params) -> dict[str, Any]:
         [channel] = self._require(params, "channel")
@@ -542,8 +613,9 @@ class SlackEmulator(ThreadedAiohttpServer):
     def _append_stream(self, params: Params) -> dict[str, Any]:
         message = self._streaming(params)
         if not params.get("markdown_text") and not params.get("chunks"):
-            raise SlackError("invalid_arguments",
-                             response_metadata={"messages": ["[ERROR] missing required field: markdown_text"]})
+            raise SlackError(
+                "invalid_arguments", response_metadata={"messages": ["[ERROR] missing required field: markdown_text"]}
+            )
         message["text"] += params.get("markdown_text", "") + _chunk_text(params)
         return {"channel": params["channel"], "ts": message["ts"]}
 
@@ -602,8 +674,7 @@ class SlackEmulator(ThreadedAiohttpServer):
         if channel not in self.channels:
             raise SlackError("channel_not_found")
         newest_first = list(reversed(self.messages(channel)))
-        return {"messages": newest_first, "has_more": False, "pin_count": 0,
-                "response_metadata": {"next_cursor": ""}}
+        return {"messages": newest_first, "has_more": False, "pin_count": 0, "response_metadata": {"next_cursor": ""}}
 
     def _conversation_info(self, params: Params) -> dict[str, Any]:
         [channel] = self._require(params, "channel")
@@ -634,8 +705,18 @@ class SlackEmulator(ThreadedAiohttpServer):
         if not isinstance(view, dict) or "type" not in view:
             raise SlackError("invalid_arguments", response_metadata={"messages": ["[ERROR] invalid view"]})
         number = next(self._ids)
-        stored = view | {"id": view_id or f"V{number:010d}", "team_id": self.team_id, "app_id": self.app_id,
-                         "bot_id": self.bot_id, "hash": f"{number}.hash", "state": {"values": {}}} | where
+        stored = (
+            view
+            | {
+                "id": view_id or f"V{number:010d}",
+                "team_id": self.team_id,
+                "app_id": self.app_id,
+                "bot_id": self.bot_id,
+                "hash": f"{number}.hash",
+                "state": {"values": {}},
+            }
+            | where
+        )
         self.views.append(stored)
         return {"view": stored}
 
@@ -661,8 +742,13 @@ class SlackEmulator(ThreadedAiohttpServer):
         filename, length = self._require(params, "filename", "length")
         file_id = f"F{next(self._ids):010d}"
         self.files[file_id] = {
-            "id": file_id, "name": filename, "title": filename, "size": int(length), "user": self.bot_user_id,
-            "created": int(time.time()), "mimetype": mimetypes.guess_type(filename)[0] or "text/plain",
+            "id": file_id,
+            "name": filename,
+            "title": filename,
+            "size": int(length),
+            "user": self.bot_user_id,
+            "created": int(time.time()),
+            "mimetype": mimetypes.guess_type(filename)[0] or "text/plain",
             "filetype": filename.rpartition(".")[2] if "." in filename else "text",
             "permalink": f"https://{self._domain()}.slack.com/files/{self.bot_user_id}/{file_id}/{filename}",
         }
@@ -680,8 +766,7 @@ class SlackEmulator(ThreadedAiohttpServer):
             done.append(file)
         channel = params.get("channel_id") or (params.get("channels") or "").split(",")[0]
         if channel:
-            message = self._bot_message({"text": params.get("initial_comment", "")}) | {"files": done,
-                                                                                          "upload": True}
+            message = self._bot_message({"text": params.get("initial_comment", "")}) | {"files": done, "upload": True}
             self._store(channel, message, params.get("thread_ts"))
             for file in done:
                 file.setdefault("channels", []).append(channel)

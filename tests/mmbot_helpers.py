@@ -17,8 +17,17 @@ MM_BOT = str(Path(sys.executable).parent / "mm-bot")
 
 # Everything the config reads from the environment: a test starts from none of it.
 CONFIG_ENV = (
-    "MM_CONFIG", "DATABASE_URL", "CELERY_BROKER_URL", "SLACK_API_URL", "SLACK_BOT_TOKEN", "SLACK_SIGNING_SECRET",
-    "SLACK_APP_TOKEN", "MM_MODEL_URL", "MM_MODEL", "MM_WORKSPACES", "MODEL_API_KEY",
+    "MM_CONFIG",
+    "DATABASE_URL",
+    "CELERY_BROKER_URL",
+    "SLACK_API_URL",
+    "SLACK_BOT_TOKEN",
+    "SLACK_SIGNING_SECRET",
+    "SLACK_APP_TOKEN",
+    "MM_MODEL_URL",
+    "MM_MODEL",
+    "MM_WORKSPACES",
+    "MODEL_API_KEY",
 )
 
 

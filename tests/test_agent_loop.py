@@ -125,9 +125,7 @@ def test_runaway_repeating_arguments(model_server, tmp_path):
     result = run(agent.send("write"))
     assert result.outcome == "failed"
     [error] = [e for e in events if isinstance(e, Error)]
-    assert error.message.startswith(
-        "[error: the model's tool call ran away: its arguments repeat the same pattern (2"
-    )
+    assert error.message.startswith("[error: the model's tool call ran away: its arguments repeat the same pattern (2")
     assert error.message.endswith("— generation stopped; rephrase the request, or try another model]")
     assert ErrorRecord(error.message, "generation") in store.load("s1")
 
@@ -452,8 +450,9 @@ def test_new_reaps_the_background_jobs_of_the_session(model_server, tmp_path):
     import os
     import time
 
-    model_server.script(Reply(tool_calls=[bash("nohup sleep 300 > /dev/null 2>&1 & echo $! > job.pid")]),
-                        Reply(text="started"))
+    model_server.script(
+        Reply(tool_calls=[bash("nohup sleep 300 > /dev/null 2>&1 & echo $! > job.pid")]), Reply(text="started")
+    )
     agent = make_agent(agent_config(model_server.url), MemoryStore(), tmp_path)
     assert run(agent.send("start a job")).answer == "started"
     pid = int((tmp_path / "job.pid").read_text())

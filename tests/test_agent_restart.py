@@ -23,8 +23,15 @@ CHILD = Path(__file__).with_name("agent_child.py")
 def child(tmp_path: Path, model_url: str, config: dict, *action: str) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=str(CHILD.parent))
     return subprocess.Popen(
-        [sys.executable, str(CHILD), str(tmp_path / "store"), str(tmp_path / "ws"), model_url,
-         json.dumps({"sandbox": "none", **config}), *action],
+        [
+            sys.executable,
+            str(CHILD),
+            str(tmp_path / "store"),
+            str(tmp_path / "ws"),
+            model_url,
+            json.dumps({"sandbox": "none", **config}),
+            *action,
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -59,12 +66,26 @@ def test_suspend_in_one_process_resume_in_another(model_server, tmp_path):
     asked = [line for line in lines if line.get("event") == "PermissionRequested"]
     b1 = asked[0]["calls"][0]["call_id"]
 
-    lines = finish(child(tmp_path, model_server.url, {"yolo": False}, "resume",
-                         json.dumps([{"call_id": b1, "approved": True, "by": "U1"}])))
+    lines = finish(
+        child(
+            tmp_path,
+            model_server.url,
+            {"yolo": False},
+            "resume",
+            json.dumps([{"call_id": b1, "approved": True, "by": "U1"}]),
+        )
+    )
     assert lines[-1] == {"outcome": "suspended"}
     b2 = next(line for line in lines if line.get("event") == "PermissionRequested")["calls"][0]["call_id"]
-    lines = finish(child(tmp_path, model_server.url, {"yolo": False}, "resume",
-                         json.dumps([{"call_id": b2, "approved": False, "by": "U1"}])))
+    lines = finish(
+        child(
+            tmp_path,
+            model_server.url,
+            {"yolo": False},
+            "resume",
+            json.dumps([{"call_id": b2, "approved": False, "by": "U1"}]),
+        )
+    )
     assert lines[-1] == {"outcome": "answered"}
     assert (tmp_path / "ws" / "log.txt").read_text() == "hi\n"
     assert model_server.messages(2)[-1]["content"] == "[command rejected by the user]"
@@ -74,11 +95,13 @@ def test_kill_9_mid_tool_then_resume_never_reruns_a_completed_call(model_server,
     ws = tmp_path / "ws"
     ws.mkdir()
     model_server.script(
-        Reply(tool_calls=[
-            ToolCall("bash", {"command": "echo ran >> counter.txt"}, id="done1"),
-            ToolCall("bash", {"command": "touch sleeping; sleep 60"}, id="slow"),
-            ToolCall("bash", {"command": "echo after >> counter.txt"}, id="later"),
-        ]),
+        Reply(
+            tool_calls=[
+                ToolCall("bash", {"command": "echo ran >> counter.txt"}, id="done1"),
+                ToolCall("bash", {"command": "touch sleeping; sleep 60"}, id="slow"),
+                ToolCall("bash", {"command": "echo after >> counter.txt"}, id="later"),
+            ]
+        ),
         Reply(text="recovered"),
     )
     proc = child(tmp_path, model_server.url, {}, "send", "go")
@@ -291,12 +314,18 @@ def test_a_kill_while_a_cancellation_is_recorded_keeps_the_turn_cancelled(model_
     from agent_support import agent_config, make_agent
     from mm_core.log import AssistantMessage, MemoryStore, ToolCallRequest, TurnEnded, UserMessage
 
-    calls = (ToolCallRequest("call_a", "bash", '{"command": "sleep 30"}'),
-             ToolCallRequest("call_b", "bash", '{"command": "touch b-ran"}'))
+    calls = (
+        ToolCallRequest("call_a", "bash", '{"command": "sleep 30"}'),
+        ToolCallRequest("call_b", "bash", '{"command": "touch b-ran"}'),
+    )
     store = MemoryStore()
-    for entry in [UserMessage("go"), AssistantMessage("", calls), ToolStarted("call_a", "bash"),
-                  ToolResult("call_a", "bash", "[error: cancelled]", CallStatus.CANCELLED),
-                  ToolResult("call_b", "bash", "[error: cancelled]", CallStatus.CANCELLED)][: 3 + recorded]:
+    for entry in [
+        UserMessage("go"),
+        AssistantMessage("", calls),
+        ToolStarted("call_a", "bash"),
+        ToolResult("call_a", "bash", "[error: cancelled]", CallStatus.CANCELLED),
+        ToolResult("call_b", "bash", "[error: cancelled]", CallStatus.CANCELLED),
+    ][: 3 + recorded]:
         store.append("s1", entry)
     agent = make_agent(agent_config(model_server.url), store, tmp_path)
     assert asyncio.run(agent.resume()).outcome == "cancelled"

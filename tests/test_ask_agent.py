@@ -67,13 +67,15 @@ def test_nested_gated_call_suspends_and_resumes(tmp_path, model_server):
     assert result.outcome == "answered" and result.answer == "The reviewer approves."
     assert (tmp_path / "review.txt").read_text() == "reviewed\n"
     assert [call_line(e).text for e in events2 if isinstance(e, ToolCallStarted)] == [
-        call_line(ask_call).text, "🛠️ bash: echo reviewed > review.txt"
+        call_line(ask_call).text,
+        "🛠️ bash: echo reviewed > review.txt",
     ]
     results = [e for e in store.load("s1") if isinstance(e, ToolResult)]
     assert [(r.tool, r.output) for r in results] == [("ask_agent", "Looks good to me.")]
     finished = [e for e in events2 if isinstance(e, ToolCallFinished)]
     assert [(e.agent, e.preview) for e in finished] == [
-        ("reviewer", "(no output)"), (None, "reviewer answered (17 characters)")
+        ("reviewer", "(no output)"),
+        (None, "reviewer answered (17 characters)"),
     ]
     # The reviewer saw only its task, not the caller's conversation.
     assert model_server.messages(1)[1:] == [{"role": "user", "content": "Review the change in app.py"}]
@@ -98,10 +100,12 @@ def test_rejected_nested_call_and_entry_yolo(tmp_path, model_server):
 def test_errors_are_the_reference_texts(tmp_path, model_server):
     config = setup(tmp_path, model_server)
     model_server.script(
-        Reply(tool_calls=[
-            ToolCall("ask_agent", {"agent": "nobody", "prompt": "x"}),
-            ToolCall("ask_agent", {"agent": "reviewer", "prompt": "  "}),
-        ]),
+        Reply(
+            tool_calls=[
+                ToolCall("ask_agent", {"agent": "nobody", "prompt": "x"}),
+                ToolCall("ask_agent", {"agent": "reviewer", "prompt": "  "}),
+            ]
+        ),
         Reply(text="ok"),
     )
     agent = make_agent(config.model_copy(update={"yolo": True}), MemoryStore(), tmp_path)
@@ -228,7 +232,8 @@ def test_cancel_while_the_asked_agent_runs_a_tool(tmp_path, model_server):
     assert not (tmp_path / "never").exists()
     [result] = [e for e in store.load("s1") if isinstance(e, ToolResult)]
     assert (result.status, result.output) == (
-        "cancelled", "Checking. \n[ask_agent: reviewer stopped before finishing: cancelled]"
+        "cancelled",
+        "Checking. \n[ask_agent: reviewer stopped before finishing: cancelled]",
     )
     # The next conversation is consistent: the cancelled call has its result.
     assert [m["role"] for m in model_server.messages(2)] == ["system", "user", "assistant", "tool", "user"]

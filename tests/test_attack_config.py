@@ -24,8 +24,7 @@ from mmbot_helpers import MM_BOT, clean_env
 
 # 450 bytes: nine levels of nine aliases each, 9**9 (387 million) strings once expanded.
 ALIAS_BOMB = "".join(
-    f"{name}: &{name} [{', '.join([f'*{prev}'] * 9)}]\n"
-    for prev, name in zip("abcdefgh", "bcdefghi", strict=True)
+    f"{name}: &{name} [{', '.join([f'*{prev}'] * 9)}]\n" for prev, name in zip("abcdefgh", "bcdefghi", strict=True)
 )
 ALIAS_BOMB = 'a: &a ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]\n' + ALIAS_BOMB
 
@@ -76,9 +75,7 @@ def test_mm_bot_run_never_reads_an_asked_agents_config_from_the_workspace(tmp_pa
     operator, workspace = tmp_path / "operator", tmp_path / "repo"
     (operator / "agents").mkdir(parents=True)
     (workspace / "agents").mkdir(parents=True)
-    (operator / "mm.yaml").write_text(
-        "sandbox: none\nmmConfigs:\n  reviewer: {config: agents/reviewer.yaml}\n"
-    )
+    (operator / "mm.yaml").write_text("sandbox: none\nmmConfigs:\n  reviewer: {config: agents/reviewer.yaml}\n")
     (operator / "agents" / "reviewer.yaml").write_text(
         f"model: {{url: {model_server.url}, name: operator-reviewer}}\nsandbox: none\n"
     )
@@ -92,7 +89,9 @@ def test_mm_bot_run_never_reads_an_asked_agents_config_from_the_workspace(tmp_pa
         Reply(text="done"),
     )
     env = clean_env(
-        MM_CONFIG=str(operator / "mm.yaml"), MM_MODEL_URL=model_server.url, MM_MODEL="test-model",
+        MM_CONFIG=str(operator / "mm.yaml"),
+        MM_MODEL_URL=model_server.url,
+        MM_MODEL="test-model",
         SLACK_BOT_TOKEN="xoxb-worker-secret",
     )
     done = subprocess.run(

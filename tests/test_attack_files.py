@@ -116,8 +116,22 @@ def make_deep(parent: Path, depth: int, name: str) -> str:
     return "/".join([name] * depth + ["f.txt"])
 
 
-KINDS = ("file", "dir", "link_out_file", "link_out_dir", "link_rel_out", "link_sibling", "link_self",
-         "link_pair", "link_chain", "link_chain_inside", "link_inside", "fifo", "socket", "deep")
+KINDS = (
+    "file",
+    "dir",
+    "link_out_file",
+    "link_out_dir",
+    "link_rel_out",
+    "link_sibling",
+    "link_self",
+    "link_pair",
+    "link_chain",
+    "link_chain_inside",
+    "link_inside",
+    "fifo",
+    "socket",
+    "deep",
+)
 NAMES = ("a", "b.md", "c", "SKILL.md", "n" * 255, "m" * 252 + ".md")
 
 
@@ -238,8 +252,10 @@ def test_a_chain_of_symlinks_longer_than_the_stack_is_refused_in_words():
         build(a, "", "chain", "link_chain_inside", 1200, 0)
         ctx = ToolContext(workspace=a.ws, config=AgentConfig())
         out = run_call(ReadFileTool, {"path": "chain"}, ctx)
-        assert out == "[error: chain goes through more than 40 symlinks (a symlink loop?) — the file tools do not " \
+        assert (
+            out == "[error: chain goes through more than 40 symlinks (a symlink loop?) — the file tools do not "
             "follow it]"
+        )
         assert run_call(WriteFileTool, {"path": "chain", "content": "x"}, ctx) == out
         assert (a.ws / "sub" / "f.txt").read_text() == INSIDE
 

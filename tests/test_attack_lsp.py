@@ -118,9 +118,7 @@ def test_definition_into_a_linked_module_is_a_path_only(attack):
     assert attack.run(action="definition", path="app.py", symbol="SHADOW") == f"{ws}/shadow.py:1:1"
     assert attack.run(action="definition", path="app.py", symbol="shadow_fn") == f"{ws}/shadow.py:4:5"
     assert attack.run(action="definition", path="app.py", symbol="their_fn", line=2) == f"{ws}/theirs.py:1:5"
-    assert attack.run(action="definition", path="app.py", symbol="their_fn", line=3) == (
-        f"{ws}/vendor/theirs.py:1:5"
-    )
+    assert attack.run(action="definition", path="app.py", symbol="their_fn", line=3) == (f"{ws}/vendor/theirs.py:1:5")
     # What stays inside keeps its source line.
     assert attack.run(action="definition", path="app.py", symbol="helper") == "lib.py:1:5  def helper():"
     unchanged(attack)
@@ -171,9 +169,7 @@ def test_hover_on_a_local_alias_of_a_linked_name(attack):
 
 
 def test_a_rename_reaching_a_linked_module_is_refused(attack):
-    refused = (
-        f"[lsp: the rename would edit {attack.ws}/theirs.py, outside the project — nothing renamed]"
-    )
+    refused = f"[lsp: the rename would edit {attack.ws}/theirs.py, outside the project — nothing renamed]"
     args = {"action": "rename", "path": "app.py", "symbol": "their_fn", "line": 2, "new_name": "mine"}
     assert attack.preview(**args) == refused
     assert attack.run(**args) == refused

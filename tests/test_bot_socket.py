@@ -15,8 +15,12 @@ from mmbot_helpers import MM_BOT, clean_env, free_port, mm_bot, stop, wait_healt
 
 def socket_env(slack: SlackEmulator, tmp: Path, app_token: str) -> dict[str, str]:
     # No SLACK_SIGNING_SECRET: Socket Mode does not need it (the socket itself is authenticated).
-    return clean_env(SLACK_API_URL=slack.url, SLACK_BOT_TOKEN=slack.bot_token, SLACK_APP_TOKEN=app_token,
-                     DATABASE_URL=f"sqlite:///{tmp / 'mm.sqlite3'}")
+    return clean_env(
+        SLACK_API_URL=slack.url,
+        SLACK_BOT_TOKEN=slack.bot_token,
+        SLACK_APP_TOKEN=app_token,
+        DATABASE_URL=f"sqlite:///{tmp / 'mm.sqlite3'}",
+    )
 
 
 @pytest.fixture(scope="module")
@@ -27,8 +31,12 @@ def slack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlackEmulator]:
         port = free_port()
         process = subprocess.Popen(
             [MM_BOT, "serve", "--socket", "--host", "127.0.0.1", "--port", str(port)],
-            env=socket_env(emulator, tmp, emulator.app_token), cwd=tmp,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            env=socket_env(emulator, tmp, emulator.app_token),
+            cwd=tmp,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         try:
             health = wait_healthy(f"http://127.0.0.1:{port}", process)
             assert health["slack"] is True and health["missing"] == []
@@ -66,13 +74,16 @@ def test_after_a_refresh_request_the_bot_reconnects_and_keeps_acking(slack: Slac
     assert slack.wait_for_ack(envelope_id, timeout=30) == {"envelope_id": envelope_id}
 
 
-@pytest.mark.parametrize(("token", "error"), [("xapp-1-A0TESTAPP-1-wrong", "invalid_auth"),
-                                               ("xoxb-test-token", "not_allowed_token_type")],
-                         ids=["wrong-app-token", "bot-token-instead"])
+@pytest.mark.parametrize(
+    ("token", "error"),
+    [("xapp-1-A0TESTAPP-1-wrong", "invalid_auth"), ("xoxb-test-token", "not_allowed_token_type")],
+    ids=["wrong-app-token", "bot-token-instead"],
+)
 def test_a_refused_app_token_stops_serve_with_one_clear_line(tmp_path: Path, token: str, error: str) -> None:
     with SlackEmulator() as slack:
-        result = mm_bot("serve", "--socket", "--port", str(free_port()), env=socket_env(slack, tmp_path, token),
-                        cwd=tmp_path)
+        result = mm_bot(
+            "serve", "--socket", "--port", str(free_port()), env=socket_env(slack, tmp_path, token), cwd=tmp_path
+        )
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr and token not in result.stderr
     assert f"mm-bot serve: Slack refused SLACK_APP_TOKEN ({error}): it must be the app-level token" in result.stderr

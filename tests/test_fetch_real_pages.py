@@ -59,13 +59,27 @@ def absent(markdown: str, *texts: str) -> None:
 def test_python_reference_page() -> None:
     md = converted("python_json")
     # the related bars, the sphinxsidebar, the mobile menu and the theme selector are gone
-    absent(md, "Quick search", "Previous topic", "Table of Contents", "Report a Bug", "Show Source", "Theme",
-           "Navigation", "modules |", "python logo")
-    assert md.startswith("# [`json`](https://docs.python.org/3.11/library/json.html#module-json) — JSON encoder "
-                         "and decoder[¶](https://docs.python.org/3.11/library/json.html#module-json)\n\n")
+    absent(
+        md,
+        "Quick search",
+        "Previous topic",
+        "Table of Contents",
+        "Report a Bug",
+        "Show Source",
+        "Theme",
+        "Navigation",
+        "modules |",
+        "python logo",
+    )
+    assert md.startswith(
+        "# [`json`](https://docs.python.org/3.11/library/json.html#module-json) — JSON encoder "
+        "and decoder[¶](https://docs.python.org/3.11/library/json.html#module-json)\n\n"
+    )
     # Sphinx puts the language on a wrapping div, not on the pre: no info string by the rules
-    assert ("Compact encoding:\n\n```\n>>> import json\n>>> json.dumps([1, 2, 3, {'4': 5, '6': 7}], "
-            "separators=(',', ':'))\n'[1,2,3,{\"4\":5,\"6\":7}]'\n```\n") in md
+    assert (
+        "Compact encoding:\n\n```\n>>> import json\n>>> json.dumps([1, 2, 3, {'4': 5, '6': 7}], "
+        "separators=(',', ':'))\n'[1,2,3,{\"4\":5,\"6\":7}]'\n```\n"
+    ) in md
     assert "| JSON | Python |\n| --- | --- |\n| object | dict |\n| array | list |\n" in md
     assert "| int, float, int- & float-derived Enums | number |\n" in md  # cells made of a <p> each
     assert "[`marshal`](https://docs.python.org/3.11/library/marshal.html#module-marshal)" in md  # ../ resolved
@@ -81,26 +95,35 @@ def test_python_tutorial_page() -> None:
     absent(md, "Quick search", "Previous topic", "Next topic", "Show Source")
     assert "\n#### 4.8.3.1. Positional-or-Keyword Arguments[¶](" in md
     # blank lines inside a code block survive
-    assert ("```\n# Create a sample collection\nusers = {'Hans': 'active', 'Éléonore': 'inactive', '景太郎': "
-            "'active'}\n\n# Strategy:  Iterate over a copy\n") in md
+    assert (
+        "```\n# Create a sample collection\nusers = {'Hans': 'active', 'Éléonore': 'inactive', '景太郎': "
+        "'active'}\n\n# Strategy:  Iterate over a copy\n"
+    ) in md
     # a list item holding two paragraphs: the second indented by the marker's width
-    assert ("- Use 4-space indentation, and no tabs.\n\n  4 spaces are a good compromise between small "
-            "indentation") in md
+    assert (
+        "- Use 4-space indentation, and no tabs.\n\n  4 spaces are a good compromise between small indentation"
+    ) in md
     assert "`lowercase_with_underscores`" in md
 
 
 def test_python_whats_new_article() -> None:
     md = converted("python_whatsnew_3_11")
     absent(md, "Quick search", "Previous topic", "Report a Bug")
-    assert md.startswith("# What\u2019s New In Python 3.11[¶](https://docs.python.org/3.11/whatsnew/3.11.html"
-                         "#what-s-new-in-python-3-11)\n\nRelease:\n\n3\\.11.2\n\n")  # `N.` at a line start
+    assert md.startswith(
+        "# What\u2019s New In Python 3.11[¶](https://docs.python.org/3.11/whatsnew/3.11.html"
+        "#what-s-new-in-python-3-11)\n\nRelease:\n\n3\\.11.2\n\n"
+    )  # `N.` at a line start
     assert "  ```\n  >>> from functools import singledispatch\n  >>> @singledispatch\n" in md  # fence in an item
-    assert ("- The following have been deprecated in [`configparser`](https://docs.python.org/3.11/library/"
-            "configparser.html#module-configparser) since Python 3.2.") in md
+    assert (
+        "- The following have been deprecated in [`configparser`](https://docs.python.org/3.11/library/"
+        "configparser.html#module-configparser) since Python 3.2."
+    ) in md
     assert "\n  - the `configparser.SafeConfigParser` class\n  - the `configparser.ParsingError.filename`" in md
     # two <p> in one cell become a <br>; a table in a blockquote in a list item keeps both prefixes
-    assert ("| `BINARY_*`<br>`INPLACE_*` | [`BINARY_OP`](https://docs.python.org/3.11/library/dis.html"
-            "#opcode-BINARY_OP) | Replaced all numeric binary/in-place opcodes with a single opcode |") in md
+    assert (
+        "| `BINARY_*`<br>`INPLACE_*` | [`BINARY_OP`](https://docs.python.org/3.11/library/dis.html"
+        "#opcode-BINARY_OP) | Replaced all numeric binary/in-place opcodes with a single opcode |"
+    ) in md
     assert "\n  > | Deprecated alias | Method Name | Deprecated in |\n  > | --- | --- | --- |\n" in md
     assert "| Operation | Form | Specialization | Operation speedup (up to) | Contributor(s) |\n" in md
 
@@ -108,15 +131,21 @@ def test_python_whats_new_article() -> None:
 def test_sqlite_news_page() -> None:
     md = converted("sqlite_news")
     absent(md, "Purchase", "Search Documentation", "Search Changelog", "toggle_div", "Menu")
-    assert md.startswith("[![SQLite](https://www.sqlite.org/images/sqlite370_banner.gif)]"
-                         "(https://www.sqlite.org/index.html)\n\nSmall. Fast. Reliable.\\\nChoose any three.\n\n"
-                         "## Recent News\n\n### 2022-12-28 - [Version 3.40.1](https://www.sqlite.org/releaselog/"
-                         "3_40_1.html)\n\n> Version 3.40.1 is a patch release")
-    assert ("\n>\n> 1. Official support for compiling [SQLite to WASM](https://sqlite.org/wasm/doc/trunk/"
-            "index.md) and running it in a web browser.\n> 2. New and improved") in md
+    assert md.startswith(
+        "[![SQLite](https://www.sqlite.org/images/sqlite370_banner.gif)]"
+        "(https://www.sqlite.org/index.html)\n\nSmall. Fast. Reliable.\\\nChoose any three.\n\n"
+        "## Recent News\n\n### 2022-12-28 - [Version 3.40.1](https://www.sqlite.org/releaselog/"
+        "3_40_1.html)\n\n> Version 3.40.1 is a patch release"
+    )
+    assert (
+        "\n>\n> 1. Official support for compiling [SQLite to WASM](https://sqlite.org/wasm/doc/trunk/"
+        "index.md) and running it in a web browser.\n> 2. New and improved"
+    ) in md
     assert "\n>\n> ![](https://www.sqlite.org/images/sschart20221116.jpg)\n\n---\n\n### 2022-09-29" in md
-    assert md.endswith("[Old news...](https://www.sqlite.org/oldnews.html)\n\n*This page last modified on "
-                       "[2022-12-27 17:04:09](https://sqlite.org/docsrc/honeypot) UTC*\n")
+    assert md.endswith(
+        "[Old news...](https://www.sqlite.org/oldnews.html)\n\n*This page last modified on "
+        "[2022-12-27 17:04:09](https://sqlite.org/docsrc/honeypot) UTC*\n"
+    )
 
 
 def test_sqlite_large_page() -> None:
@@ -134,16 +163,30 @@ def test_sqlite_large_page() -> None:
 def test_mkdocs_page() -> None:
     md = converted("mkdocs_writing_your_docs")
     # the navbar, the table-of-contents sidebar, both modals (with the shortcut table) and the footer
-    absent(md, "Keyboard Shortcuts", "Open this help", "Edit on GitHub", "Documentation built with", "Previous",
-           "Next", "Table of Contents", "Getting Started", "Search")
-    assert md.startswith("# Writing your docs[\uf0c1](https://www.mkdocs.org/user-guide/writing-your-docs.html"
-                         "#writing-your-docs)\n\nHow to layout and write your Markdown source files.\n\n---\n\n")
+    absent(
+        md,
+        "Keyboard Shortcuts",
+        "Open this help",
+        "Edit on GitHub",
+        "Documentation built with",
+        "Previous",
+        "Next",
+        "Table of Contents",
+        "Getting Started",
+        "Search",
+    )
+    assert md.startswith(
+        "# Writing your docs[\uf0c1](https://www.mkdocs.org/user-guide/writing-your-docs.html"
+        "#writing-your-docs)\n\nHow to layout and write your Markdown source files.\n\n---\n\n"
+    )
     assert "```yaml\nnav:\n    - 'index.md'\n    - 'about.md'\n```" in md  # info string from language-yaml
     assert "````markdown\n```\nFenced code blocks are like Standard\n" in md  # fence longer than the one inside
     assert "backtick (`` ` ``) characters" in md
     assert "[documentation directory](https://www.mkdocs.org/user-guide/configuration.html#docs_dir)" in md
-    assert ("  MkDocs will attempt to determine the title of a document in the following ways, in order:\n"
-            "  1. A title defined in the [nav](https://www.mkdocs.org/user-guide/configuration.html#nav)") in md
+    assert (
+        "  MkDocs will attempt to determine the title of a document in the following ways, in order:\n"
+        "  1. A title defined in the [nav](https://www.mkdocs.org/user-guide/configuration.html#nav)"
+    ) in md
     assert "- **`permalink`**\n\n  Generate permanent links" in md
 
 
@@ -157,8 +200,9 @@ def test_real_page_through_the_tool_over_loopback(tmp_path: Path) -> None:
         async with Site("127.0.0.1") as site:
             url = site.page("/3.11/library/json.html", body, content_type="text/html")
             tool = FetchContentTool(AgentConfig(fetchAllow=["127.0.0.1"], maxOutput=1_000_000))
-            result = await tool.run({"url": url, "baseUrl": BASES[name]}, ToolContext(workspace=tmp_path,
-                                                                                      config=tool.config))
+            result = await tool.run(
+                {"url": url, "baseUrl": BASES[name]}, ToolContext(workspace=tmp_path, config=tool.config)
+            )
             return result, site.hits
 
     result, hits = asyncio.run(scenario())

@@ -24,24 +24,63 @@ def test_fixture_pages_convert_to_the_reviewed_markdown(name: str) -> None:
     assert md(html, base=f"https://docs.example/guide/{name}/") == expected
 
 
-@pytest.mark.parametrize("tag", ["script", "style", "noscript", "template", "svg", "canvas", "iframe", "object",
-                                 "nav", "aside", "dialog", "button", "select", "textarea"])
+@pytest.mark.parametrize(
+    "tag",
+    [
+        "script",
+        "style",
+        "noscript",
+        "template",
+        "svg",
+        "canvas",
+        "iframe",
+        "object",
+        "nav",
+        "aside",
+        "dialog",
+        "button",
+        "select",
+        "textarea",
+    ],
+)
 def test_removed_elements(tag: str) -> None:
     assert md(f"<p>keep</p><{tag}>gone</{tag}>") == "keep\n"
 
 
-@pytest.mark.parametrize("html", [
-    '<div role="navigation">gone</div>', '<div role="banner">gone</div>', '<div role="complementary">gone</div>',
-    '<div role="search">gone</div>', '<div role="contentinfo">gone</div>', '<div role="dialog">gone</div>',
-    '<div aria-hidden="true">gone</div>', "<div hidden>gone</div>", '<span class="sr-only">gone</span>',
-    '<span class="visually-hidden">gone</span>', '<span class="screen-reader-text">gone</span>',
-    '<div class="ad">gone</div>', '<div id="ads">gone</div>', '<div class="sponsor-box">gone</div>',
-    '<div class="cookie-banner">gone</div>', '<div class="gdpr">gone</div>', '<div class="newsletter">gone</div>',
-    '<div class="share-bar">gone</div>', '<div class="social">gone</div>', '<div class="breadcrumbs">gone</div>',
-    '<div class="navbar">gone</div>', '<div class="site-menu">gone</div>', '<div class="sidebar">gone</div>',
-    '<a class="skip-link" href="#m">gone</a>', '<div class="modal">gone</div>', '<div class="popup">gone</div>',
-    "<footer>gone</footer>", '<input type="text" value="gone">', "<!-- gone -->",
-])
+@pytest.mark.parametrize(
+    "html",
+    [
+        '<div role="navigation">gone</div>',
+        '<div role="banner">gone</div>',
+        '<div role="complementary">gone</div>',
+        '<div role="search">gone</div>',
+        '<div role="contentinfo">gone</div>',
+        '<div role="dialog">gone</div>',
+        '<div aria-hidden="true">gone</div>',
+        "<div hidden>gone</div>",
+        '<span class="sr-only">gone</span>',
+        '<span class="visually-hidden">gone</span>',
+        '<span class="screen-reader-text">gone</span>',
+        '<div class="ad">gone</div>',
+        '<div id="ads">gone</div>',
+        '<div class="sponsor-box">gone</div>',
+        '<div class="cookie-banner">gone</div>',
+        '<div class="gdpr">gone</div>',
+        '<div class="newsletter">gone</div>',
+        '<div class="share-bar">gone</div>',
+        '<div class="social">gone</div>',
+        '<div class="breadcrumbs">gone</div>',
+        '<div class="navbar">gone</div>',
+        '<div class="site-menu">gone</div>',
+        '<div class="sidebar">gone</div>',
+        '<a class="skip-link" href="#m">gone</a>',
+        '<div class="modal">gone</div>',
+        '<div class="popup">gone</div>',
+        "<footer>gone</footer>",
+        '<input type="text" value="gone">',
+        "<!-- gone -->",
+    ],
+)
 def test_removal_rules(html: str) -> None:
     assert md(f"<p>keep</p>{html}") == "keep\n"
 
@@ -77,8 +116,10 @@ def test_spaces_move_outside_emphasis_and_nested_styles_do_not_repeat() -> None:
 
 
 def test_inline_code_uses_a_fence_longer_than_its_backticks() -> None:
-    assert md("<p><code>x</code> <kbd>k</kbd> <samp>s</samp> <tt>t</tt> <code>a`b</code> <code>`x</code></p>") == \
-        "`x` `k` `s` `t` ``a`b`` `` `x ``\n"
+    assert (
+        md("<p><code>x</code> <kbd>k</kbd> <samp>s</samp> <tt>t</tt> <code>a`b</code> <code>`x</code></p>")
+        == "`x` `k` `s` `t` ``a`b`` `` `x ``\n"
+    )
 
 
 def test_pre_is_a_fenced_block_with_the_language_and_a_long_enough_fence() -> None:
@@ -87,15 +128,20 @@ def test_pre_is_a_fenced_block_with_the_language_and_a_long_enough_fence() -> No
 
 
 def test_br_hr_blockquote() -> None:
-    assert md("<p>a<br>b</p><hr><blockquote><p>q</p><blockquote><p>n</p></blockquote></blockquote>") == \
-        "a\\\nb\n\n---\n\n> q\n>\n> > n\n"
+    assert (
+        md("<p>a<br>b</p><hr><blockquote><p>q</p><blockquote><p>n</p></blockquote></blockquote>")
+        == "a\\\nb\n\n---\n\n> q\n>\n> > n\n"
+    )
 
 
 def test_links() -> None:
-    html = ('<p><a href="../x">rel</a> <a href="javascript:go()">js</a> <a href="https://o.org/a_b"></a> '
-            '<a href="/p q(1)">sp</a> <a>no href</a></p>')
-    assert md(html) == ("[rel](https://ex.org/x) js [https://o.org/a_b](https://o.org/a_b) "
-                        "[sp](https://ex.org/p%20q%281%29) no href\n")
+    html = (
+        '<p><a href="../x">rel</a> <a href="javascript:go()">js</a> <a href="https://o.org/a_b"></a> '
+        '<a href="/p q(1)">sp</a> <a>no href</a></p>'
+    )
+    assert md(html) == (
+        "[rel](https://ex.org/x) js [https://o.org/a_b](https://o.org/a_b) [sp](https://ex.org/p%20q%281%29) no href\n"
+    )
 
 
 def test_images() -> None:
@@ -122,8 +168,10 @@ SPANNED = '<table><tr><th colspan="2">h</th></tr><tr><td rowspan="2">r</td><td>1
 
 def test_spanned_table_is_raw_html_by_default_with_only_kept_attributes() -> None:
     html = SPANNED.replace("<table>", '<table class="x" style="y">').replace("<td>1", '<td id="z">1')
-    assert md(html) == ('<table><tbody><tr><th colspan="2">h</th></tr><tr><td rowspan="2">r</td><td>1</td></tr>'
-                        "<tr><td>2</td></tr></tbody></table>\n")
+    assert md(html) == (
+        '<table><tbody><tr><th colspan="2">h</th></tr><tr><td rowspan="2">r</td><td>1</td></tr>'
+        "<tr><td>2</td></tr></tbody></table>\n"
+    )
 
 
 def test_spanned_table_flattened_copies_the_cell_into_every_slot() -> None:
@@ -164,8 +212,10 @@ def test_escaping() -> None:
         "<p>\\ * ` [x] &lt;tag&gt; snake_case _lead trail_ a_b_c</p>"
         "<p># h</p><p>&gt; q</p><p>- d</p><p>+ p</p><p>= e</p><p>| t</p><p>12. n</p>"
     )
-    assert md(html) == ("\\\\ \\* \\` \\[x\\] \\<tag> snake_case \\_lead trail\\_ a_b_c\n\n\\# h\n\n\\> q\n\n\\- d\n\n"
-                        "\\+ p\n\n\\= e\n\n\\| t\n\n12\\. n\n")
+    assert md(html) == (
+        "\\\\ \\* \\` \\[x\\] \\<tag> snake_case \\_lead trail\\_ a_b_c\n\n\\# h\n\n\\> q\n\n\\- d\n\n"
+        "\\+ p\n\n\\= e\n\n\\| t\n\n12\\. n\n"
+    )
 
 
 def test_code_is_not_escaped() -> None:

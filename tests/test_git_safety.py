@@ -18,16 +18,37 @@ from workers import git
 from workers.git import Credentials, GitError
 
 TOKEN = "tok-5ecret-9a7b"
-HOOKS = ("pre-commit", "prepare-commit-msg", "commit-msg", "post-commit", "post-checkout", "pre-push",
-         "post-index-change", "reference-transaction", "fsmonitor-watchman", "pre-auto-gc", "post-merge",
-         "pre-receive", "update", "post-update", "push-to-checkout")
+HOOKS = (
+    "pre-commit",
+    "prepare-commit-msg",
+    "commit-msg",
+    "post-commit",
+    "post-checkout",
+    "pre-push",
+    "post-index-change",
+    "reference-transaction",
+    "fsmonitor-watchman",
+    "pre-auto-gc",
+    "post-merge",
+    "pre-receive",
+    "update",
+    "post-update",
+    "push-to-checkout",
+)
 
 
 def sh(*args: str, cwd: Path | None = None) -> str:
     """Plain git for the test's own setup, with no config but the repository's."""
-    env = {"PATH": os.environ["PATH"], "HOME": "/nonexistent", "GIT_CONFIG_NOSYSTEM": "1",
-           "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@x",
-           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@x"}
+    env = {
+        "PATH": os.environ["PATH"],
+        "HOME": "/nonexistent",
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "GIT_CONFIG_GLOBAL": "/dev/null",
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@x",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@x",
+    }
     return subprocess.run(["git", *args], cwd=cwd, env=env, check=True, capture_output=True, text=True).stdout
 
 
@@ -103,9 +124,11 @@ def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> World:
     # The worker's own environment is no safer: a hostile global config and git variables must be ignored.
     home = tmp_path / "home"
     home.mkdir()
-    (home / ".gitconfig").write_text(f"[core]\n\thooksPath = {tmp_path / 'evil-hooks'}\n"
-                                     f"[filter \"evil\"]\n\tsmudge = {w.program('global-smudge')}\n"
-                                     f"\tclean = {w.program('global-clean')}\n")
+    (home / ".gitconfig").write_text(
+        f"[core]\n\thooksPath = {tmp_path / 'evil-hooks'}\n"
+        f'[filter "evil"]\n\tsmudge = {w.program("global-smudge")}\n'
+        f"\tclean = {w.program('global-clean')}\n"
+    )
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.setenv("GIT_EXTERNAL_DIFF", w.program("env-external-diff"))
     monkeypatch.setenv("GIT_SSH_COMMAND", w.program("env-ssh"))
@@ -206,14 +229,25 @@ def test_sanitize_keeps_the_harmless_config_and_drops_the_rest(world: World) -> 
 def test_credentials_reach_git_through_the_environment_only(world: World) -> None:
     w = world
     git.clone(w.mirror, w.ws, timeout=30)
-    make_hostile(w, [("credential.helper", w.program("credential.helper")),
-                     ("credential.helper", f"store --file={w.ws / 'stolen'}")])
-    asked = git.run_git(w.ws, "credential", "fill", stdin="protocol=https\nhost=127.0.0.1\n\n",
-                        credentials=Credentials("bot", TOKEN))
+    make_hostile(
+        w,
+        [
+            ("credential.helper", w.program("credential.helper")),
+            ("credential.helper", f"store --file={w.ws / 'stolen'}"),
+        ],
+    )
+    asked = git.run_git(
+        w.ws, "credential", "fill", stdin="protocol=https\nhost=127.0.0.1\n\n", credentials=Credentials("bot", TOKEN)
+    )
     # git got the token from the worker's askpass (its own output is masked on the way out)...
     assert "username=bot" in asked.stdout and f"password={git.MASK}" in asked.stdout
-    git.run_git(w.ws, "credential", "approve", stdin=f"protocol=https\nhost=127.0.0.1\nusername=bot\n"
-                f"password={TOKEN}\n\n", credentials=Credentials("bot", TOKEN))
+    git.run_git(
+        w.ws,
+        "credential",
+        "approve",
+        stdin=f"protocol=https\nhost=127.0.0.1\nusername=bot\npassword={TOKEN}\n\n",
+        credentials=Credentials("bot", TOKEN),
+    )
     # ...and no helper of the workspace's ran or stored it.
     assert w.ran() == []
     assert not (w.ws / "stolen").exists()

@@ -73,8 +73,14 @@ def test_thread_posts_come_back_from_conversations_replies(client: WebClient, sl
 
 def test_update_and_delete_change_the_stored_message(client: WebClient, slack: SlackEmulator) -> None:
     posted = body(client.chat_postMessage(channel="C0TEST", text="Thinking…"))
-    updated = body(client.chat_update(channel="C0TEST", ts=posted["ts"], text="Answer", blocks=[
-        {"type": "section", "text": {"type": "mrkdwn", "text": "*Answer*"}}]))
+    updated = body(
+        client.chat_update(
+            channel="C0TEST",
+            ts=posted["ts"],
+            text="Answer",
+            blocks=[{"type": "section", "text": {"type": "mrkdwn", "text": "*Answer*"}}],
+        )
+    )
     assert updated["message"]["text"] == "Answer"
     message = stored(slack, "C0TEST", posted["ts"])
     assert message["text"] == "Answer" and message["blocks"][0]["text"]["text"] == "*Answer*"
@@ -108,8 +114,9 @@ def test_injected_error_raises_then_the_method_recovers(client: WebClient, slack
 
 def test_rate_limit_then_success_with_the_sdk_retry_handler(slack: SlackEmulator) -> None:
     slack.rate_limit("chat.update", times=1, retry_after=1)
-    client = WebClient(token=slack.bot_token, base_url=slack.url,
-                       retry_handlers=[RateLimitErrorRetryHandler(max_retry_count=2)])
+    client = WebClient(
+        token=slack.bot_token, base_url=slack.url, retry_handlers=[RateLimitErrorRetryHandler(max_retry_count=2)]
+    )
     posted = body(client.chat_postMessage(channel="C0TEST", text="v1"))
     assert client.chat_update(channel="C0TEST", ts=posted["ts"], text="v2")["ok"]
     calls = slack.calls_to("chat.update")
@@ -128,8 +135,16 @@ def test_rate_limit_without_retry_handler_surfaces_429(client: WebClient, slack:
 
 def test_files_upload_v2_lands_in_the_thread(client: WebClient, slack: SlackEmulator) -> None:
     parent = body(client.chat_postMessage(channel="C0TEST", text="output follows"))
-    answer = body(client.files_upload_v2(channel="C0TEST", thread_ts=parent["ts"], content="line 1\nline 2\n",
-                                         filename="output.txt", title="bash output", initial_comment="full output"))
+    answer = body(
+        client.files_upload_v2(
+            channel="C0TEST",
+            thread_ts=parent["ts"],
+            content="line 1\nline 2\n",
+            filename="output.txt",
+            title="bash output",
+            initial_comment="full output",
+        )
+    )
     file_id = answer["file"]["id"]
     assert slack.uploads[file_id] == b"line 1\nline 2\n"
     assert answer["file"]["title"] == "bash output" and answer["file"]["size"] == 14
@@ -191,8 +206,11 @@ def test_reactions_users_groups_views_ephemerals_permalinks(client: WebClient, s
         client.conversations_info(channel="C0NONE")
 
     home = body(client.views_publish(user_id="U0ALICE", view={"type": "home", "blocks": []}))["view"]
-    modal = body(client.views_open(trigger_id="1.2.abc", view={"type": "modal", "title": {"type": "plain_text",
-                                                                                       "text": "mm"}, "blocks": []}))
+    modal = body(
+        client.views_open(
+            trigger_id="1.2.abc", view={"type": "modal", "title": {"type": "plain_text", "text": "mm"}, "blocks": []}
+        )
+    )
     assert home["id"].startswith("V") and home["type"] == "home" and modal["view"]["type"] == "modal"
     assert client.chat_postEphemeral(channel="C0TEST", user="U0ALICE", text="only you")["message_ts"]
     assert slack.ephemerals[0]["to_user"] == "U0ALICE" and slack.messages("C0TEST")[-1]["text"] == "hi"
@@ -237,8 +255,15 @@ def test_signed_requests_verify(endpoint: VerifyingEndpoint, slack_sender: Calla
     assert sent["type"] == "event_callback" and sent["event"]["type"] == "app_mention"
     assert sent["event_id"] == sender.last_payload["event_id"] and sent["authorizations"][0]["user_id"] == "U0BOT"
 
-    retry = sender.message("and lint", channel="C0TEST", user="U0ALICE", thread_ts=sent["event"]["ts"],
-                           event_id=sent["event_id"], retry_num=1, retry_reason="http_timeout")
+    retry = sender.message(
+        "and lint",
+        channel="C0TEST",
+        user="U0ALICE",
+        thread_ts=sent["event"]["ts"],
+        event_id=sent["event_id"],
+        retry_num=1,
+        retry_reason="http_timeout",
+    )
     assert retry.status_code == 200
     headers = endpoint.received[-1]["headers"]
     assert (headers["X-Slack-Retry-Num"], headers["X-Slack-Retry-Reason"]) == ("1", "http_timeout")
@@ -306,8 +331,12 @@ def test_bolt_app_accepts_the_payloads_and_talks_to_the_emulator(
         sender = slack_sender(server.base, SECRET)
         assert sender.app_mention("<@U0BOT> hi", channel="C0TEST", user="U0ALICE").status_code == 200
         mention_ts = sender.last_payload["event"]["ts"]
-        assert sender.block_action("approve", "call_9", user="U0ALICE", channel="C0TEST",
-                                   message_ts="1.000300").status_code == 200
+        assert (
+            sender.block_action(
+                "approve", "call_9", user="U0ALICE", channel="C0TEST", message_ts="1.000300"
+            ).status_code
+            == 200
+        )
         answer = sender.slash_command("/mm", "status", user="U0ALICE", channel="C0TEST")
         assert answer.text == "status of C0TEST"  # bolt answers a text-only ack as plain text
         assert sender.app_mention("<@U0BOT> hi", channel="C0TEST", user="U0ALICE", secret="x").status_code == 401
@@ -360,8 +389,9 @@ def test_the_socket_says_hello_records_acks_and_refuses_tickets_it_did_not_issue
         async with aiohttp.ClientSession() as session:
             async with session.ws_connect(url) as ws:
                 hello = await ws.receive_json(timeout=10)
-                envelope_id = await asyncio.to_thread(slack.push_slash_command, "/mm", "status", user="U0ALICE",
-                                                      channel="C0TEST")
+                envelope_id = await asyncio.to_thread(
+                    slack.push_slash_command, "/mm", "status", user="U0ALICE", channel="C0TEST"
+                )
                 envelope = await ws.receive_json(timeout=10)
                 assert envelope["envelope_id"] == envelope_id
                 for junk in ("not json", "[1, 2]", '{"type": "pong"}'):
@@ -376,9 +406,12 @@ def test_the_socket_says_hello_records_acks_and_refuses_tickets_it_did_not_issue
         return hello, envelope, refused
 
     hello, envelope, refused = asyncio.run(scenario())
-    assert hello == {"type": "hello", "num_connections": 1, "connection_info": {"app_id": "A0TESTAPP"},
-                     "debug_info": {"host": "applink-emulator", "build_number": 1,
-                                    "approximate_connection_time": 18060}}
+    assert hello == {
+        "type": "hello",
+        "num_connections": 1,
+        "connection_info": {"app_id": "A0TESTAPP"},
+        "debug_info": {"host": "applink-emulator", "build_number": 1, "approximate_connection_time": 18060},
+    }
     assert envelope["type"] == "slash_commands" and envelope["accepts_response_payload"] is True
     assert envelope["payload"]["command"] == "/mm" and envelope["payload"]["text"] == "status"
     assert envelope["payload"]["response_url"].startswith(slack.base)

@@ -197,8 +197,14 @@ def run_scripted_server(tmp_path: Path, name: str, script: str, request_timeout:
     """A definition call to a 'language server' that is this Python script, then the session's close."""
     source = tmp_path / f"{name}_script.py"  # not {name}.py: it would shadow a package of that name
     source.write_text(script)
-    cfg = AgentConfig.model_validate({"lsp": {"requestTimeout": request_timeout, "servers": {
-        name: {"command": sys.executable, "args": [str(source)], "extensions": [".py"]}}}})
+    cfg = AgentConfig.model_validate(
+        {
+            "lsp": {
+                "requestTimeout": request_timeout,
+                "servers": {name: {"command": sys.executable, "args": [str(source)], "extensions": [".py"]}},
+            }
+        }
+    )
     tool, ctx = LspTool(cfg, find_servers(cfg)[0]), ToolContext(workspace=workspace(tmp_path, "w"), config=cfg)
 
     async def scenario():

@@ -187,8 +187,7 @@ def test_diagnostics_after_an_edit_on_disk(pylsp):
     path.write_text(original + "\n\nprint(undefined_thing)\n")
     try:
         assert pylsp.run(action="diagnostics", path="greetings.py") == (
-            "1 diagnostic(s) in greetings.py:\n"
-            "error greetings.py:21:7 undefined name 'undefined_thing' [pyflakes]"
+            "1 diagnostic(s) in greetings.py:\nerror greetings.py:21:7 undefined name 'undefined_thing' [pyflakes]"
         )
     finally:
         path.write_text(original)

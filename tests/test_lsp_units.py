@@ -64,8 +64,16 @@ def parsed(args: dict[str, object]) -> Call:
 
 @pytest.mark.parametrize(
     "raw, cleaned",
-    [("Greet", "Greet"), ("Greet', ", "Greet"), ("person.Greet", "Greet"), ("`Greet()`", "Greet"),
-     ("pkg::Greet", "Greet"), ("  ", ""), ("'.,", ""), ("fête", "fête")],
+    [
+        ("Greet", "Greet"),
+        ("Greet', ", "Greet"),
+        ("person.Greet", "Greet"),
+        ("`Greet()`", "Greet"),
+        ("pkg::Greet", "Greet"),
+        ("  ", ""),
+        ("'.,", ""),
+        ("fête", "fête"),
+    ],
 )
 def test_clean_identifier(raw, cleaned):
     assert clean_identifier(raw) == cleaned
@@ -81,8 +89,10 @@ def test_rename_written_into_one_string():
 @pytest.mark.parametrize(
     "args, text",
     [
-        ({"action": "jump", "path": "a.py"},
-         '[lsp: unknown action "jump" — use one of: definition, references, hover, symbols, diagnostics, rename]'),
+        (
+            {"action": "jump", "path": "a.py"},
+            '[lsp: unknown action "jump" — use one of: definition, references, hover, symbols, diagnostics, rename]',
+        ),
         ({"action": "hover"}, "[lsp: hover needs a path (the file, relative to the working directory)]"),
         ({"action": "hover", "path": "a.py", "line": "x"}, "[lsp: line must be a whole number, got 'x']"),
         ({"action": "hover", "path": "a.py", "line": True}, "[lsp: line must be a whole number, got True]"),

@@ -39,10 +39,14 @@ def test_lsp_only_when_a_server_is_found(tmp_path):
         "[warning: lsp server gopls (gopls-not-installed) not found on the PATH — skipped]",
         "[warning: no language server found — the lsp tool is not declared]",
     ]
-    found = {"lsp": {"servers": {
-        "gopls": {"command": "gopls-not-installed", "extensions": [".go"]},
-        "pylsp": {"command": PYLSP, "extensions": [".py"]},
-    }}}
+    found = {
+        "lsp": {
+            "servers": {
+                "gopls": {"command": "gopls-not-installed", "extensions": [".go"]},
+                "pylsp": {"command": PYLSP, "extensions": [".py"]},
+            }
+        }
+    }
     tools, warnings = names(found, tmp_path)
     assert "lsp" in tools
     assert warnings == ["[warning: lsp server gopls (gopls-not-installed) not found on the PATH — skipped]"]

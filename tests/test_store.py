@@ -73,6 +73,7 @@ def session_id(engine: Engine) -> str:
 
 T = TypeVar("T")
 
+
 def _concurrently(n: int, fn: Callable[[int], T]) -> list[T]:
     """fn(0) … fn(n-1) started together; an exception fails the test with the thread's own traceback."""
     barrier = threading.Barrier(n)
@@ -132,7 +133,11 @@ def test_projections_into_tool_calls_and_errors(engine: Engine, session_id: str)
         errors = conn.execute(select(Error.where, Error.message).where(Error.session_id == session_id)).all()
     c1, c2, c3 = rows["c1"], rows["c2"], rows["c3"]
     assert (c1.tool, c1.arguments, c1.output, c1.status, c1.duration_ms) == (
-        "bash", '{"command": "make"}', "ok\n", "ok", 42
+        "bash",
+        '{"command": "make"}',
+        "ok\n",
+        "ok",
+        42,
     )
     assert (c1.decision, c1.decided_by) == ("approved", "U02BOB")
     assert c1.started_at is not None and c1.finished_at >= c1.started_at and c1.finished_at.tzinfo is not None
@@ -161,7 +166,12 @@ def test_an_asked_agents_calls_are_projected_too(engine: Engine, session_id: str
             select(ToolCall.__table__).where(ToolCall.session_id == session_id, ToolCall.call_id == "n1")
         ).one()
     assert (row.tool, row.agent, row.arguments, row.output, row.decision, row.decided_by) == (
-        "bash", "reviewer", '{"command": "ls"}', "a.py\n", "approved", "U03CAROL"
+        "bash",
+        "reviewer",
+        '{"command": "ls"}',
+        "a.py\n",
+        "approved",
+        "U03CAROL",
     )
 
 
@@ -206,8 +216,14 @@ def test_lease_compare_and_set(engine: Engine, session_id: str) -> None:
 def test_approval_first_decision_wins(engine: Engine, session_id: str) -> None:
     call_id = f"call-{uuid.uuid4()}"
     row = store.request_approval(
-        engine, call_id=call_id, session_id=session_id, tool="bash", arguments='{"command":"make"}',
-        preview="make", requested_by="U01ALICE", timeout_s=1800,
+        engine,
+        call_id=call_id,
+        session_id=session_id,
+        tool="bash",
+        arguments='{"command":"make"}',
+        preview="make",
+        requested_by="U01ALICE",
+        timeout_s=1800,
     )
     assert row.state == ApprovalState.PENDING and row.expires_at is not None and row.expires_at > utcnow()
     # Asking again (a resumed turn) keeps the one row.
@@ -295,8 +311,13 @@ def test_hostile_text_never_fails_an_append(engine: Engine, session_id: str) -> 
     assert error == ("w" * 64, "bad \ufffd byte \ufffd")
     store.record_error(engine, "x" * 100, "late \x00", session_id=session_id)
     approval = store.request_approval(
-        engine, call_id=f"call-{uuid.uuid4()}", session_id=session_id, tool="t" * 300,
-        arguments="\x00", preview="ELF\x00\udc80", requested_by="U" * 100,
+        engine,
+        call_id=f"call-{uuid.uuid4()}",
+        session_id=session_id,
+        tool="t" * 300,
+        arguments="\x00",
+        preview="ELF\x00\udc80",
+        requested_by="U" * 100,
     )
     assert (approval.tool, approval.arguments, approval.preview) == ("t" * 100, "\ufffd", "ELF\ufffd\ufffd")
 

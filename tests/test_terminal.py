@@ -64,7 +64,10 @@ def test_interactive_permission_prompt(model_server, tmp_path):
         Reply(text="Refused, fine."),
     )
     done = mm_run(
-        tmp_path, model_server.url, [], config="yolo: false\nsandbox: none\n",
+        tmp_path,
+        model_server.url,
+        [],
+        config="yolo: false\nsandbox: none\n",
         stdin="write a\ny\ndelete it\nn\n/quit\n",
     )
     assert done.returncode == 0, done.stderr

@@ -30,7 +30,8 @@ def test_the_reference_closest_region_example(ws):
     (ws / "main.go").write_text(GO)
     old = "func main() {\n    count := 2\n    print(count)\n}"
     assert edit(ws, "main.go", (old, "x")) == (
-        "main.go: edit #1: old text not found — it must match the file exactly, including indentation and line breaks:\n"
+        "main.go: edit #1: old text not found — it must match the file exactly, including indentation and "
+        "line breaks:\n"
         "  │ func main() {\n"
         "  │     count := 2\n"
         "  │     print(count)\n"
@@ -68,8 +69,9 @@ def test_exact_match_headline_and_numbered_diff(ws):
 def test_edges_pass_forgives_an_indent_kept_on_a_one_line_old(ws):
     (ws / "main.go").write_text(GO)
     out = edit(ws, "main.go", ("    count := 1", "    count := 3\n    total := 4"))
-    assert out.splitlines()[0] == ("edited main.go: 1 edit applied, +2 -1 lines, first change at line 4"
-                                   " · 1 matched ignoring whitespace")
+    assert out.splitlines()[0] == (
+        "edited main.go: 1 edit applied, +2 -1 lines, first change at line 4 · 1 matched ignoring whitespace"
+    )
     assert (ws / "main.go").read_text() == GO.replace("\tcount := 1\n", "\tcount := 3\n\ttotal := 4\n")
 
 
@@ -91,10 +93,12 @@ def test_indent_pass_tabs_versus_spaces_reindents_new_and_keeps_blank_lines_empt
     old = "func main() {\n    count := 1\n    print(count)\n}"
     new = "func main() {\n    count := 2\n    \n    if count > 1 {\n        print(count)\n    }\n}"
     out = edit(ws, "main.go", (old, new))
-    assert out.splitlines()[0] == ("edited main.go: 1 edit applied, +5 -2 lines, first change at line 4"
-                                   " · 1 matched ignoring whitespace")
+    assert out.splitlines()[0] == (
+        "edited main.go: 1 edit applied, +5 -2 lines, first change at line 4 · 1 matched ignoring whitespace"
+    )
     assert (ws / "main.go").read_text() == (
-        "package main\n\nfunc main() {\n\tcount := 2\n\n\tif count > 1 {\n\t\tprint(count)\n\t}\n}\n")
+        "package main\n\nfunc main() {\n\tcount := 2\n\n\tif count > 1 {\n\t\tprint(count)\n\t}\n}\n"
+    )
 
 
 def test_reindent_into_a_two_space_file(ws):
@@ -117,7 +121,8 @@ def test_ambiguous_exact_match_lists_the_lines(ws):
     assert edit(ws, "f.txt", ("dup()", "x")) == (
         "f.txt: edit #1: old text appears 2 times (lines 11, 20) — to change ONE of them, include its surrounding "
         "lines in old until the text is unique; to change several, send one edit per place, each with enough "
-        "context to be unique")
+        "context to be unique"
+    )
     assert (ws / "f.txt").read_text() == text
 
 
@@ -139,12 +144,21 @@ def test_edits_resolve_against_the_original_never_in_cascade(ws):
 @pytest.mark.parametrize(
     "pairs, refusal",
     [
-        ((("two\nthree", "x"), ("three\nfour", "y")),
-         "f.txt: edit #2: overlaps edit #1 (line 2) — edits must not overlap, nest or repeat; merge them into one edit"),
-        ((("two\nthree\nfour", "x"), ("three", "y")),
-         "f.txt: edit #2: overlaps edit #1 (line 2) — edits must not overlap, nest or repeat; merge them into one edit"),
-        ((("three", "x"), ("three", "y")),
-         "f.txt: edit #2: repeats edit #1 (line 3) — edits must not overlap, nest or repeat; merge them into one edit"),
+        (
+            (("two\nthree", "x"), ("three\nfour", "y")),
+            "f.txt: edit #2: overlaps edit #1 (line 2) — edits must not overlap, nest or repeat; "
+            "merge them into one edit",
+        ),
+        (
+            (("two\nthree\nfour", "x"), ("three", "y")),
+            "f.txt: edit #2: overlaps edit #1 (line 2) — edits must not overlap, nest or repeat; "
+            "merge them into one edit",
+        ),
+        (
+            (("three", "x"), ("three", "y")),
+            "f.txt: edit #2: repeats edit #1 (line 3) — edits must not overlap, nest or repeat; "
+            "merge them into one edit",
+        ),
     ],
 )
 def test_overlapping_nested_or_repeated_edits_are_refused_and_nothing_is_written(ws, pairs, refusal):
@@ -166,7 +180,9 @@ def test_one_refused_edit_means_nothing_written(ws):
 def test_dry_run_reports_and_writes_nothing(ws):
     (ws / "main.go").write_text(GO)
     out = edit(ws, "main.go", ("count := 1", "count := 2"), dry_run=True)
-    assert out.splitlines()[0] == "dry run, main.go not written: 1 edit would apply, +1 -1 lines, first change at line 4"
+    assert (
+        out.splitlines()[0] == "dry run, main.go not written: 1 edit would apply, +1 -1 lines, first change at line 4"
+    )
     assert (ws / "main.go").read_text() == GO
     shown = preview(EDIT, {"path": "main.go", "edits": [{"old": "count := 1", "new": "count := 2"}]}, make_ctx(ws))
     assert shown == out and (ws / "main.go").read_text() == GO
@@ -176,20 +192,42 @@ def test_dry_run_reports_and_writes_nothing(ws):
     "args, expected",
     [
         ({"path": "nope.go", "edits": [{"old": "a", "new": "b"}]}, "nope.go does not exist. Create it with write_file"),
-        ({"path": "f.txt", "edits": []}, '[error: edit_file: "edits" is empty — send at least one {"old": "...", "new": "..."}]'),
-        ({"path": "f.txt", "edits": 5}, '[error: edit_file: "edits" must be a list of {"old": "...", "new": "..."} objects]'),
-        ({"path": "f.txt", "edits": [{"old": 1, "new": "b"}]}, '[error: edit_file: edit #1 needs "old" and "new", both strings]'),
-        ({"path": "f.txt", "edits": [{"old": "", "new": "b"}]},
-         "f.txt: edit #1: old is empty — quote the exact text to replace; to write a whole file, use write_file"),
-        ({"path": "f.txt", "edits": [{"old": "a", "new": "a"}]}, "f.txt: edit #1: old and new are the same — nothing to change"),
-        ({"path": "f.txt", "edits": [{"old": "a", "new": "b"}], "dry_run": "maybe"},
-         '[error: edit_file: "dry_run" must be true or false, got "maybe"]'),
-        ({"path": "f.txt", "edits": "[" * 100_000},
-         '[error: edit_file: "edits" must be a list of {"old": "...", "new": "..."} objects]'),
-        ({"path": "f.txt", "edits": [{"old": "a", "new": "\udc80"}]},
-         '[error: edit_file: edit #1: "new" is not valid Unicode text (it holds a lone surrogate)]'),
-        ({"path": "f.txt", "edits": [{"old": "b", "new": "c"}, {"old": "\ud800", "new": "c"}]},
-         '[error: edit_file: edit #2: "old" is not valid Unicode text (it holds a lone surrogate)]'),
+        (
+            {"path": "f.txt", "edits": []},
+            '[error: edit_file: "edits" is empty — send at least one {"old": "...", "new": "..."}]',
+        ),
+        (
+            {"path": "f.txt", "edits": 5},
+            '[error: edit_file: "edits" must be a list of {"old": "...", "new": "..."} objects]',
+        ),
+        (
+            {"path": "f.txt", "edits": [{"old": 1, "new": "b"}]},
+            '[error: edit_file: edit #1 needs "old" and "new", both strings]',
+        ),
+        (
+            {"path": "f.txt", "edits": [{"old": "", "new": "b"}]},
+            "f.txt: edit #1: old is empty — quote the exact text to replace; to write a whole file, use write_file",
+        ),
+        (
+            {"path": "f.txt", "edits": [{"old": "a", "new": "a"}]},
+            "f.txt: edit #1: old and new are the same — nothing to change",
+        ),
+        (
+            {"path": "f.txt", "edits": [{"old": "a", "new": "b"}], "dry_run": "maybe"},
+            '[error: edit_file: "dry_run" must be true or false, got "maybe"]',
+        ),
+        (
+            {"path": "f.txt", "edits": "[" * 100_000},
+            '[error: edit_file: "edits" must be a list of {"old": "...", "new": "..."} objects]',
+        ),
+        (
+            {"path": "f.txt", "edits": [{"old": "a", "new": "\udc80"}]},
+            '[error: edit_file: edit #1: "new" is not valid Unicode text (it holds a lone surrogate)]',
+        ),
+        (
+            {"path": "f.txt", "edits": [{"old": "b", "new": "c"}, {"old": "\ud800", "new": "c"}]},
+            '[error: edit_file: edit #2: "old" is not valid Unicode text (it holds a lone surrogate)]',
+        ),
     ],
 )
 def test_bad_arguments_are_answered_in_text(ws, args, expected):
@@ -202,8 +240,10 @@ def test_an_edit_leaves_the_bytes_it_does_not_touch_alone(ws):
     # A file that is not UTF-8 (Latin-1 here): the edit on line 2 must not rewrite the é of line 1.
     (ws / "lat.txt").write_bytes(b"caf\xe9\nline2\n")
     out = call(EDIT, {"path": "lat.txt", "edits": [{"old": "line2", "new": "LINE2"}]}, make_ctx(ws))
-    assert out == ("edited lat.txt: 1 edit applied, +1 -1 lines, first change at line 2\n"
-                   "@@ -1,2 +1,2 @@\n 1 │ caf\ufffd\n-2 │ line2\n+2 │ LINE2")
+    assert out == (
+        "edited lat.txt: 1 edit applied, +1 -1 lines, first change at line 2\n"
+        "@@ -1,2 +1,2 @@\n 1 │ caf\ufffd\n-2 │ line2\n+2 │ LINE2"
+    )
     assert (ws / "lat.txt").read_bytes() == b"caf\xe9\nLINE2\n"
 
 
@@ -238,7 +278,7 @@ def test_an_applied_edit_changes_exactly_the_matched_region(tmp_path_factory, li
     (ws / "f.txt").write_text(text)
     call(EDIT, {"path": "f.txt", "edits": [{"old": old, "new": new}]}, make_ctx(ws))
     start = text.index(old)
-    assert (ws / "f.txt").read_text() == text[:start] + new + text[start + len(old):]
+    assert (ws / "f.txt").read_text() == text[:start] + new + text[start + len(old) :]
 
 
 @settings(max_examples=60, deadline=None)

@@ -61,8 +61,10 @@ def test_a_carriage_return_stays_part_of_its_line(ws):
         ({"path": "empty.txt"}, "[empty.txt is empty]"),
         ({"path": "f.txt", "start": "--5"}, '[error: read_file: "start" must be an integer, got "--5"]'),
         ({"path": "f.txt", "start": "²"}, '[error: read_file: "start" must be an integer, got "²"]'),
-        ({"path": "f.txt", "end": "1" * 5000},
-         '[error: read_file: "end" must be an integer, got "' + "1" * 56 + '...]'),
+        (
+            {"path": "f.txt", "end": "1" * 5000},
+            '[error: read_file: "end" must be an integer, got "' + "1" * 56 + "...]",
+        ),
         ({"path": "f.txt", "start": 10**5000}, '[error: read_file: "start" must be an integer, got a huge number]'),
         ({"path": "f.txt", "start": 2**63}, '[error: read_file: "start" must be an integer, got a huge number]'),
         ({"path": "f.txt", "end": 2**62}, "a\nb\nc\n"),
@@ -81,13 +83,21 @@ def test_output_truncated_to_max_output(ws):
     assert out == "x" * 100 + "\n[... output truncated: 150 more characters not shown ...]"
 
 
-line_text = st.text(alphabet=st.characters(blacklist_characters="\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029",
-                                           blacklist_categories=("Cs",)), max_size=8)
+line_text = st.text(
+    alphabet=st.characters(
+        blacklist_characters="\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029", blacklist_categories=("Cs",)
+    ),
+    max_size=8,
+)
 
 
 @settings(max_examples=60, deadline=None)
-@given(lines=st.lists(line_text, min_size=1, max_size=12), final=st.booleans(),
-       start=st.integers(0, 14), end=st.integers(0, 14))
+@given(
+    lines=st.lists(line_text, min_size=1, max_size=12),
+    final=st.booleans(),
+    start=st.integers(0, 14),
+    end=st.integers(0, 14),
+)
 def test_start_and_end_agree_with_python_line_splitting(tmp_path_factory, lines, final, start, end):
     ws = tmp_path_factory.mktemp("ws")
     text = "\n".join(lines) + ("\n" if final else "")
@@ -132,7 +142,8 @@ def test_identical_content_is_not_written(ws):
     target.write_text("same\n")
     before = target.stat().st_mtime_ns
     assert call(WRITE, {"path": "f.txt", "content": "same\n"}, make_ctx(ws)) == (
-        "f.txt already has exactly this content — nothing written")
+        "f.txt already has exactly this content — nothing written"
+    )
     assert target.stat().st_mtime_ns == before
 
 
@@ -150,8 +161,10 @@ def test_preview_shows_the_change_without_writing(ws):
         ({"path": "f.txt", "content": ["x"]}, '[error: write_file: "content" must be a string, got ["x"]]'),
         ({"path": "d", "content": "x"}, "[error: d is a directory — list it with bash (ls d)]"),
         ("not an object", "[error: write_file: the arguments must be a JSON object]"),
-        ({"path": "f.txt", "content": "a\ud800b"},
-         '[error: write_file: "content" is not valid Unicode text (it holds a lone surrogate)]'),
+        (
+            {"path": "f.txt", "content": "a\ud800b"},
+            '[error: write_file: "content" is not valid Unicode text (it holds a lone surrogate)]',
+        ),
     ],
 )
 def test_bad_writes_are_answered_in_text(ws, args, expected):
@@ -162,7 +175,10 @@ def test_bad_writes_are_answered_in_text(ws, args, expected):
 
 def test_declarations_titles_and_gating():
     assert READ.schema()["parameters"]["properties"]["start"] == {
-        "type": "integer", "default": 0, "description": "First line (1-based); 0 = from the start."}
+        "type": "integer",
+        "default": 0,
+        "description": "First line (1-based); 0 = from the start.",
+    }
     assert READ.schema()["parameters"]["required"] == ["path"]
     assert WRITE.schema()["parameters"]["required"] == ["path", "content"]
     assert (READ.counter, WRITE.counter, READ.emoji, WRITE.emoji) == ("file_ops", "file_ops", "📄", "📝")

@@ -16,7 +16,7 @@ def skills(tmp_path: Path) -> Path:
     d = tmp_path / "skills"
     d.mkdir()
     (d / "release.md").write_text(
-        "---\nname: release\ndescription: \"Cut a release: tag, changelog\"\n---\n# Release\nsteps\n"
+        '---\nname: release\ndescription: "Cut a release: tag, changelog"\n---\n# Release\nsteps\n'
     )
     (d / "go-tests").mkdir()
     (d / "go-tests" / "SKILL.md").write_text("# Run Go tests with the race detector\n\nbody\n")
@@ -35,7 +35,8 @@ def test_catalogue_sorted_with_descriptions(skills):
         "read it before starting and follow it. Skills:\n"
         "  both — flat one wins\n"
         "  go-tests — Run Go tests with the race detector\n"
-        "  release — Cut a release: tag, changelog")
+        "  release — Cut a release: tag, changelog"
+    )
     assert tool.schema()["parameters"]["required"] == ["name"]
 
 
@@ -47,7 +48,8 @@ def test_reads_flat_file_first_then_nested_skill(skills, tmp_path):
 
 def test_unknown_name_lists_the_skills(skills, tmp_path):
     assert call(ReadSkillTool(skills), {"name": "x"}, make_ctx(tmp_path)) == (
-        'No skill named "x". Available skills: both, go-tests, release')
+        'No skill named "x". Available skills: both, go-tests, release'
+    )
 
 
 @pytest.mark.parametrize("name", ["../secret", "../secret.md", "/etc/passwd", "..", "."])
@@ -94,7 +96,8 @@ def test_a_skill_that_is_a_symlink_out_of_the_skills_dir_is_not_read(skills, tmp
     assert "root:" not in tool.schema()["description"]
     for name in ("leak", "away"):
         assert call(tool, {"name": name}, make_ctx(tmp_path)) == (
-            f'No skill named "{name}". Available skills: alias, both, go-tests, release')
+            f'No skill named "{name}". Available skills: alias, both, go-tests, release'
+        )
     assert call(tool, {"name": "alias"}, make_ctx(tmp_path)).startswith("---\nname: release")
 
 
@@ -115,10 +118,12 @@ def test_a_skills_dir_in_the_workspace_that_leads_out_of_it_is_not_read(tmp_path
 def test_a_named_pipe_is_not_a_skill(skills, tmp_path):
     os.mkfifo(skills / "pipe.md")
     assert call(ReadSkillTool(skills), {"name": "pipe"}, make_ctx(tmp_path)) == (
-        'No skill named "pipe". Available skills: both, go-tests, release')
+        'No skill named "pipe". Available skills: both, go-tests, release'
+    )
 
 
 @pytest.mark.parametrize("name", ["x" * 5000, "a\x00b"])
 def test_hostile_names_are_unknown_skills(skills, tmp_path, name):
     assert call(ReadSkillTool(skills), {"name": name}, make_ctx(tmp_path)) == (
-        f'No skill named "{name}". Available skills: both, go-tests, release')
+        f'No skill named "{name}". Available skills: both, go-tests, release'
+    )

@@ -38,7 +38,8 @@ def test_symlink_to_etc_is_refused(spaces):
     ctx = make_ctx(ws)
     assert call(READ, {"path": "docs/passwd"}, ctx) == "[error: docs/passwd is outside the workspace]"
     assert call(WRITE, {"path": "docs/evil.conf", "content": "x"}, ctx) == (
-        "[error: docs/evil.conf is outside the workspace]")
+        "[error: docs/evil.conf is outside the workspace]"
+    )
     assert not Path("/etc/evil.conf").exists()
 
 
@@ -51,9 +52,11 @@ def test_symlink_to_a_sibling_workspace_is_refused(spaces):
     assert call(READ, {"path": "link.txt"}, ctx) == "[error: link.txt is outside the workspace]"
     assert call(WRITE, {"path": "link.txt", "content": "pwned"}, ctx) == "[error: link.txt is outside the workspace]"
     assert call(WRITE, {"path": "shared/new/deep.txt", "content": "x"}, ctx) == (
-        "[error: shared/new/deep.txt is outside the workspace]")
+        "[error: shared/new/deep.txt is outside the workspace]"
+    )
     assert call(EDIT, {"path": "link.txt", "edits": [{"old": "secret", "new": "x"}]}, ctx) == (
-        "[error: link.txt is outside the workspace]")
+        "[error: link.txt is outside the workspace]"
+    )
     assert (sibling / "secret.txt").read_text() == "team b's secret\n"
     assert sorted(os.listdir(sibling)) == ["secret.txt"]
 
@@ -90,7 +93,8 @@ def test_home_shorthand_means_the_workspace(spaces):
     ws, _ = spaces
     assert resolve(ws, "~/mine.txt") == Path(os.path.realpath(ws / "mine.txt"))
     assert call(READ, {"path": "~/../team-b/secret.txt"}, make_ctx(ws)) == (
-        "[error: ~/../team-b/secret.txt is outside the workspace]")
+        "[error: ~/../team-b/secret.txt is outside the workspace]"
+    )
 
 
 def test_nul_byte_in_a_path_is_refused(spaces):
@@ -124,13 +128,15 @@ def test_a_name_too_long_is_an_answer_not_an_exception(spaces, path):
     assert call(READ, {"path": path}, ctx) == f"[error: cannot read {path}: File name too long]"
     assert call(WRITE, {"path": path, "content": "x"}, ctx) == f"[error: cannot write {path}: File name too long]"
     assert call(EDIT, {"path": path, "edits": [{"old": "a", "new": "b"}]}, ctx) == (
-        f"[error: cannot read {path}: File name too long]")
+        f"[error: cannot read {path}: File name too long]"
+    )
 
 
 def test_a_lone_surrogate_in_a_path_is_refused(spaces):
     ws, _ = spaces
     assert call(READ, {"path": "a\ud800"}, make_ctx(ws)) == (
-        '[error: read_file: "path" is not valid Unicode text (it holds a lone surrogate)]')
+        '[error: read_file: "path" is not valid Unicode text (it holds a lone surrogate)]'
+    )
 
 
 @pytest.mark.parametrize("path", [".", "~", "./", "~/"])

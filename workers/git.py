@@ -48,15 +48,34 @@ DEFAULT_TIMEOUT = 120.0
 PROTOCOLS = ("file", "https")
 
 # Keys of the repository's config that survive (lower-cased section and key; `*` is a subsection).
-ALLOWED = frozenset({
-    "core.repositoryformatversion", "core.filemode", "core.bare", "core.logallrefupdates", "core.ignorecase",
-    "core.precomposeunicode", "core.symlinks", "core.autocrlf", "core.eol", "core.safecrlf", "core.quotepath",
-    "core.checkstat", "core.trustctime",
-    "extensions.objectformat",
-    "remote.*.url", "remote.*.fetch", "remote.*.push", "remote.*.tagopt", "remote.*.prune",
-    "branch.*.remote", "branch.*.merge", "branch.*.rebase",
-    "user.name", "user.email",
-})
+ALLOWED = frozenset(
+    {
+        "core.repositoryformatversion",
+        "core.filemode",
+        "core.bare",
+        "core.logallrefupdates",
+        "core.ignorecase",
+        "core.precomposeunicode",
+        "core.symlinks",
+        "core.autocrlf",
+        "core.eol",
+        "core.safecrlf",
+        "core.quotepath",
+        "core.checkstat",
+        "core.trustctime",
+        "extensions.objectformat",
+        "remote.*.url",
+        "remote.*.fetch",
+        "remote.*.push",
+        "remote.*.tagopt",
+        "remote.*.prune",
+        "branch.*.remote",
+        "branch.*.merge",
+        "branch.*.rebase",
+        "user.name",
+        "user.email",
+    }
+)
 # What a workspace may have put in `.git` to send git somewhere else; removed before a command.
 REDIRECTS = ("commondir", "config.worktree", "objects/info/alternates", "objects/info/http-alternates")
 
@@ -180,8 +199,14 @@ def _config_entries(data: bytes, home: Path, env: Mapping[str, str]) -> list[tup
     """(key, value) of a config file's text, includes not followed; None when git cannot parse it."""
     copy = home / "config.copy"
     copy.write_bytes(data)
-    done = subprocess.run(["git", "config", "--file", str(copy), "--no-includes", "--list", "-z"],
-                          cwd=home, env=dict(env), capture_output=True, timeout=30, check=False)
+    done = subprocess.run(
+        ["git", "config", "--file", str(copy), "--no-includes", "--list", "-z"],
+        cwd=home,
+        env=dict(env),
+        capture_output=True,
+        timeout=30,
+        check=False,
+    )
     copy.unlink()
     if done.returncode != 0:
         return None
@@ -225,8 +250,14 @@ def sanitize(workspace: Path) -> list[str]:
         fresh = home / "config.new"
         fresh.write_bytes(b"")
         for key, value in kept:
-            subprocess.run(["git", "config", "--file", str(fresh), "--add", key, value], cwd=home, env=env,
-                           capture_output=True, timeout=30, check=True)
+            subprocess.run(
+                ["git", "config", "--file", str(fresh), "--add", key, value],
+                cwd=home,
+                env=env,
+                capture_output=True,
+                timeout=30,
+                check=True,
+            )
         # Replaced by a rename: a symlink at .git/config is replaced, not followed.
         fd, tmp = tempfile.mkstemp(prefix="config.mm-", dir=gd)
         try:
@@ -282,9 +313,15 @@ def _command(args: Sequence[str]) -> str:
     return "git " + " ".join(args[:2])
 
 
-def run_git(workspace: Path | None, *args: str, credentials: Credentials | None = None,
-            timeout: float = DEFAULT_TIMEOUT, check: bool = True, stdin: str | None = None,
-            cwd: Path | None = None) -> GitResult:
+def run_git(
+    workspace: Path | None,
+    *args: str,
+    credentials: Credentials | None = None,
+    timeout: float = DEFAULT_TIMEOUT,
+    check: bool = True,
+    stdin: str | None = None,
+    cwd: Path | None = None,
+) -> GitResult:
     """Run `git <args>` on `workspace` (None: no repository, for clone) the safe way; see the module's text.
 
     Returns the result; with `check`, a non-zero exit raises GitError carrying git's own words, masked.
@@ -304,12 +341,22 @@ def run_git(workspace: Path | None, *args: str, credentials: Credentials | None 
             helper = home / "askpass"
             helper.write_text(_ASKPASS)
             helper.chmod(0o700)
-            env |= {"GIT_ASKPASS": str(helper), "MM_GIT_USERNAME": credentials.username,
-                    "MM_GIT_PASSWORD": credentials.password}
+            env |= {
+                "GIT_ASKPASS": str(helper),
+                "MM_GIT_USERNAME": credentials.username,
+                "MM_GIT_PASSWORD": credentials.password,
+            }
         argv = ["git", "--no-pager", *(x for o in OVERRIDES for x in ("-c", o)), *args]
         try:
-            proc = subprocess.Popen(argv, cwd=cwd or workspace or home, env=env, stdin=subprocess.PIPE,
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+            proc = subprocess.Popen(
+                argv,
+                cwd=cwd or workspace or home,
+                env=env,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+            )
         except OSError as e:
             raise GitError(CANNOT_RUN.format(command=_command(shown), reason=e.strerror or e)) from None
         try:
@@ -319,8 +366,12 @@ def run_git(workspace: Path | None, *args: str, credentials: Credentials | None 
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.communicate()
             raise GitError(TIMED_OUT.format(command=_command(shown), timeout=timeout)) from None
-    result = GitResult(shown, proc.returncode, masked(out.decode("utf-8", "replace"), secrets),
-                       masked(err.decode("utf-8", "replace"), secrets))
+    result = GitResult(
+        shown,
+        proc.returncode,
+        masked(out.decode("utf-8", "replace"), secrets),
+        masked(err.decode("utf-8", "replace"), secrets),
+    )
     if check and not result.ok:
         words = result.stderr.strip() or result.stdout.strip() or "no message"
         raise GitError(FAILED.format(command=_command(shown), code=result.returncode, words=words), result)
@@ -330,8 +381,14 @@ def run_git(workspace: Path | None, *args: str, credentials: Credentials | None 
 # ------------------------------------------------------------------------------------------------ helpers
 
 
-def clone(source: str | Path, workspace: Path, *, branch: str | None = None,
-          credentials: Credentials | None = None, timeout: float = DEFAULT_TIMEOUT) -> GitResult:
+def clone(
+    source: str | Path,
+    workspace: Path,
+    *,
+    branch: str | None = None,
+    credentials: Credentials | None = None,
+    timeout: float = DEFAULT_TIMEOUT,
+) -> GitResult:
     """Clone `source` (a mirror cache's path, or a URL) into `workspace`, which must not exist yet.
 
     No hardlinks into the mirror (the model could write through them into a cache other workspaces share), no
@@ -341,8 +398,9 @@ def clone(source: str | Path, workspace: Path, *, branch: str | None = None,
     if branch:
         args += ["--branch", branch]
     workspace = Path(workspace)
-    return run_git(None, *args, "--", str(source), str(workspace), credentials=credentials, timeout=timeout,
-                   cwd=workspace.parent)
+    return run_git(
+        None, *args, "--", str(source), str(workspace), credentials=credentials, timeout=timeout, cwd=workspace.parent
+    )
 
 
 def status(workspace: Path, timeout: float = DEFAULT_TIMEOUT) -> GitResult:
@@ -359,19 +417,53 @@ def log(workspace: Path, *args: str, timeout: float = DEFAULT_TIMEOUT) -> GitRes
     return run_git(workspace, "log", *args, timeout=timeout)
 
 
-def fetch(workspace: Path, url: str | Path, *refspecs: str, credentials: Credentials | None = None,
-          timeout: float = DEFAULT_TIMEOUT) -> GitResult:
+def fetch(
+    workspace: Path,
+    url: str | Path,
+    *refspecs: str,
+    credentials: Credentials | None = None,
+    timeout: float = DEFAULT_TIMEOUT,
+) -> GitResult:
     """Fetch from `url` as the worker names it, never a remote named in the workspace's config."""
-    return run_git(workspace, "fetch", "--no-recurse-submodules", "--", str(url), *refspecs,
-                   credentials=credentials, timeout=timeout)
+    return run_git(
+        workspace,
+        "fetch",
+        "--no-recurse-submodules",
+        "--",
+        str(url),
+        *refspecs,
+        credentials=credentials,
+        timeout=timeout,
+    )
 
 
-def push(workspace: Path, url: str | Path, *refspecs: str, credentials: Credentials | None = None,
-         timeout: float = DEFAULT_TIMEOUT) -> GitResult:
+def push(
+    workspace: Path,
+    url: str | Path,
+    *refspecs: str,
+    credentials: Credentials | None = None,
+    timeout: float = DEFAULT_TIMEOUT,
+) -> GitResult:
     """Push `refspecs` to `url` as the worker names it; no hooks run, credentials only in the environment."""
-    return run_git(workspace, "push", "--no-verify", "--", str(url), *refspecs, credentials=credentials,
-                   timeout=timeout)
+    return run_git(
+        workspace, "push", "--no-verify", "--", str(url), *refspecs, credentials=credentials, timeout=timeout
+    )
 
 
-__all__ = ["ALLOWED", "MASK", "Credentials", "GitError", "GitResult", "clone", "diff", "fetch", "git_dir", "log",
-           "masked", "push", "run_git", "sanitize", "status"]
+__all__ = [
+    "ALLOWED",
+    "MASK",
+    "Credentials",
+    "GitError",
+    "GitResult",
+    "clone",
+    "diff",
+    "fetch",
+    "git_dir",
+    "log",
+    "masked",
+    "push",
+    "run_git",
+    "sanitize",
+    "status",
+]

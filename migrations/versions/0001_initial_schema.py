@@ -98,9 +98,7 @@ def upgrade() -> None:
         sa.Column("expires_at", When),
         sa.Column("message_ts", sa.String(32)),
         sa.Column("created_at", When, nullable=False),
-        sa.CheckConstraint(
-            "state IN ('pending', 'approved', 'rejected', 'expired')", name=op.f("ck_approvals_state")
-        ),
+        sa.CheckConstraint("state IN ('pending', 'approved', 'rejected', 'expired')", name=op.f("ck_approvals_state")),
         sa.ForeignKeyConstraint(
             ["session_id"], ["sessions.id"], name=op.f("fk_approvals_session_id_sessions"), ondelete="CASCADE"
         ),

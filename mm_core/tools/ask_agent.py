@@ -65,9 +65,7 @@ class AskAgentTool(Tool):
         self.config = config
 
     def schema(self) -> dict[str, Any]:
-        agents = "\n".join(
-            f"  {name} — {purpose(ref)}" for name, ref in sorted(self.config.mmConfigs.items())
-        )
+        agents = "\n".join(f"  {name} — {purpose(ref)}" for name, ref in sorted(self.config.mmConfigs.items()))
         return {
             "name": self.name,
             "description": f"{DESCRIPTION}\nAgents:\n{agents}",
@@ -119,8 +117,7 @@ class AskAgentTool(Tool):
             return f"[ask_agent: the prompt is empty — say what {name} must do]"
         if ctx.depth + 1 > MAX_DEPTH:
             return (
-                f"[ask_agent: {name} cannot be asked: agents may only be nested {MAX_DEPTH} levels deep "
-                f"(MM_ASK_DEPTH)]"
+                f"[ask_agent: {name} cannot be asked: agents may only be nested {MAX_DEPTH} levels deep (MM_ASK_DEPTH)]"
             )
         if ctx.caller is None:
             raise RuntimeError("ask_agent runs only inside a turn (ToolContext.caller is not set)")

@@ -152,9 +152,7 @@ def _unique_common(a: list[str], alo: int, ahi: int, b: list[str], blo: int, bhi
     for j in range(blo, bhi):
         count_b[b[j]] = count_b.get(b[j], 0) + 1
         where_b[b[j]] = j
-    pairs = [
-        (i, where_b[a[i]]) for i in range(alo, ahi) if count_a[a[i]] == 1 and count_b.get(a[i]) == 1
-    ]
+    pairs = [(i, where_b[a[i]]) for i in range(alo, ahi) if count_a[a[i]] == 1 and count_b.get(a[i]) == 1]
     # Longest increasing subsequence of the b positions (patience sorting), O(n log n).
     tails: list[int] = []  # index into pairs of the smallest tail of each length
     tail_b: list[int] = []  # the b position of each of those tails, for bisect

@@ -29,15 +29,20 @@ from mm_core.tools.files import UNFORESEEN, PlannedWrite, commit_write, path_arg
 from mm_core.tools.text import plural, show, truncate
 from mm_core.tools.workspace import resolve
 
-NOT_FOUND = ("{path}: edit #{n}: old text not found — it must match the file exactly, "
-             "including indentation and line breaks:")
+NOT_FOUND = (
+    "{path}: edit #{n}: old text not found — it must match the file exactly, including indentation and line breaks:"
+)
 CLOSEST = "the closest the file comes to it — copy these lines:"
 MAX_HINTS = 3  # closest-region hints in one call
-AMBIGUOUS = ("{path}: edit #{n}: old text appears {count} times (lines {lines}) — to change ONE of them, include "
-             "its surrounding lines in old until the text is unique; to change several, send one edit per place, "
-             "each with enough context to be unique")
-OVERLAP = ("{path}: edit #{n}: {relation} edit #{other} (line {line}) — edits must not overlap, nest or repeat; "
-           "merge them into one edit")
+AMBIGUOUS = (
+    "{path}: edit #{n}: old text appears {count} times (lines {lines}) — to change ONE of them, include "
+    "its surrounding lines in old until the text is unique; to change several, send one edit per place, "
+    "each with enough context to be unique"
+)
+OVERLAP = (
+    "{path}: edit #{n}: {relation} edit #{other} (line {line}) — edits must not overlap, nest or repeat; "
+    "merge them into one edit"
+)
 EMPTY_OLD = "{path}: edit #{n}: old is empty — quote the exact text to replace; to write a whole file, use write_file"
 SAME = "{path}: edit #{n}: old and new are the same — nothing to change"
 NOTHING_WRITTEN = "nothing was written to {path}: send all {count} edits again once the refused ones are fixed"
@@ -195,11 +200,11 @@ def relaxed_replacement(text: str, start: int, old: str, new: str, unit: str | N
     relative to `old`'s first line, expressed in the file's base indent and unit; blank lines stay empty.
     """
     lead = old[: len(old) - len(old.lstrip())]
-    trail = old[len(old.rstrip()):]
+    trail = old[len(old.rstrip()) :]
     newlines, _, model_base = lead.rpartition("\n")
     newlines = newlines + "\n" if "\n" in lead else ""
     if newlines and new.startswith(newlines):
-        new = new[len(newlines):]
+        new = new[len(newlines) :]
     if trail and new.endswith(trail):
         new = new[: -len(trail)]
     line_start = text.rfind("\n", 0, start) + 1
@@ -221,7 +226,7 @@ def relaxed_replacement(text: str, start: int, old: str, new: str, unit: str | N
         else:
             lead_ws = _lead(line)
             rel = _columns(lead_ws) - _columns(model_base)
-            out.append(_shift(file_base, rel, unit_columns, unit) + line[len(lead_ws):])
+            out.append(_shift(file_base, rel, unit_columns, unit) + line[len(lead_ws) :])
     return (line_start if at_line_start else start), eol.join(out)
 
 
@@ -349,15 +354,22 @@ def _overlaps(path: str, text: str, located: list[Located]) -> list[str]:
         if b.start < a.end:
             first, second = sorted((a, b), key=lambda e: e.index)
             relation = "repeats" if (a.start, a.end) == (b.start, b.end) else "overlaps"
-            found.append(OVERLAP.format(path=path, n=second.index + 1, relation=relation,
-                                        other=first.index + 1, line=_line_of(text, first.start)))
+            found.append(
+                OVERLAP.format(
+                    path=path,
+                    n=second.index + 1,
+                    relation=relation,
+                    other=first.index + 1,
+                    line=_line_of(text, first.start),
+                )
+            )
     return found
 
 
 def apply(text: str, located: list[Located]) -> str:
     pieces, position = [], 0
     for edit in sorted(located, key=lambda e: e.start):
-        pieces.append(text[position:edit.start])
+        pieces.append(text[position : edit.start])
         pieces.append(edit.replacement)
         position = edit.end
     pieces.append(text[position:])
@@ -414,15 +426,21 @@ class EditFileTool(Tool):
                         "items": {
                             "type": "object",
                             "properties": {
-                                "old": {"type": "string", "description": "Exact text to find, present exactly "
-                                        "once. Include surrounding lines to make it unique."},
+                                "old": {
+                                    "type": "string",
+                                    "description": "Exact text to find, present exactly "
+                                    "once. Include surrounding lines to make it unique.",
+                                },
                                 "new": {"type": "string", "description": "Replacement; empty deletes the text."},
                             },
                             "required": ["old", "new"],
                         },
                     },
-                    "dry_run": {"type": "boolean", "default": False,
-                                "description": "Report what would change, write nothing."},
+                    "dry_run": {
+                        "type": "boolean",
+                        "default": False,
+                        "description": "Report what would change, write nothing.",
+                    },
                 },
                 "required": ["path", "edits"],
             },
@@ -459,8 +477,9 @@ class EditFileTool(Tool):
 
         def headline(d: Diff) -> str:
             template = DRY_RUN if dry_run else EDITED
-            head = template.format(path=path, edits=plural(len(edits), "edit"), added=d.added,
-                                   deleted=d.deleted, line=d.first_line)
+            head = template.format(
+                path=path, edits=plural(len(edits), "edit"), added=d.added, deleted=d.deleted, line=d.first_line
+            )
             return head + (RELAXED.format(count=loose) if loose else "")
 
         return plan_write(path, real, text, new, headline)

@@ -132,12 +132,21 @@ class ReadFileTool(Tool):
                 "type": "object",
                 "properties": {
                     "path": {"type": "string", "description": "File path, relative to the working directory."},
-                    "start": {"type": "integer", "default": 0,
-                              "description": "First line (1-based); 0 = from the start."},
-                    "end": {"type": "integer", "default": 0,
-                            "description": "Last line (1-based, inclusive); 0 = to the end."},
-                    "numbered": {"type": "boolean", "default": False,
-                                 "description": "Prefix each line with its number."},
+                    "start": {
+                        "type": "integer",
+                        "default": 0,
+                        "description": "First line (1-based); 0 = from the start.",
+                    },
+                    "end": {
+                        "type": "integer",
+                        "default": 0,
+                        "description": "Last line (1-based, inclusive); 0 = to the end.",
+                    },
+                    "numbered": {
+                        "type": "boolean",
+                        "default": False,
+                        "description": "Prefix each line with its number.",
+                    },
                 },
                 "required": ["path"],
             },
@@ -222,8 +231,10 @@ class WriteFileTool(Tool):
             "parameters": {
                 "type": "object",
                 "properties": {
-                    "path": {"type": "string", "description": "File path, relative to the working directory; "
-                             "parent directories are created."},
+                    "path": {
+                        "type": "string",
+                        "description": "File path, relative to the working directory; parent directories are created.",
+                    },
                     "content": {"type": "string", "description": "The whole content of the file."},
                 },
                 "required": ["path", "content"],
@@ -254,8 +265,9 @@ class WriteFileTool(Tool):
         lines = plural(len(split_lines(content)), "line")
         if old is None:
             return plan_write(path, real, old, content, lambda d: WROTE_NEW.format(path=path, lines=lines))
-        return plan_write(path, real, old, content,
-                          lambda d: WROTE.format(path=path, lines=lines, added=d.added, deleted=d.deleted))
+        return plan_write(
+            path, real, old, content, lambda d: WROTE.format(path=path, lines=lines, added=d.added, deleted=d.deleted)
+        )
 
     async def preview(self, args: dict[str, Any], ctx: ToolContext) -> str:
         plan = await asyncio.to_thread(self._plan, args, ctx)

@@ -20,8 +20,10 @@ from mm_core.tools.base import Tool, ToolContext, ToolRefusal
 from mm_core.tools.text import truncate
 from mm_core.tools.workspace import WorkspaceError, open_regular, real_path
 
-DESCRIPTION = ("Read a skill: step-by-step instructions for a kind of task. When the task matches one of "
-               "these skills, read it before starting and follow it. Skills:")
+DESCRIPTION = (
+    "Read a skill: step-by-step instructions for a kind of task. When the task matches one of "
+    "these skills, read it before starting and follow it. Skills:"
+)
 CATALOGUE_LINE = "  {name} — {description}"
 UNKNOWN = 'No skill named "{name}". Available skills: {names}'
 NO_DESCRIPTION = "(no description)"
@@ -96,8 +98,9 @@ def _read(skills_dir: Path, real: Path, limit: int = MAX_SKILL_BYTES) -> str:
         return f.read(limit).decode("utf-8", errors="replace")
 
 
-def load_skills(skills_dir: str | os.PathLike[str] | None,
-                workspace: Path | None = None) -> dict[str, tuple[str, Path]]:
+def load_skills(
+    skills_dir: str | os.PathLike[str] | None, workspace: Path | None = None
+) -> dict[str, tuple[str, Path]]:
     """name → (description, path) for every skill in `skills_dir`; {} when it is unset or missing."""
     if not skills_dir:
         return {}
@@ -137,8 +140,9 @@ class ReadSkillTool(Tool):
             "description": f"{DESCRIPTION}\n{catalogue}",
             "parameters": {
                 "type": "object",
-                "properties": {"name": {"type": "string",
-                                        "description": "Skill name, exactly as listed in the tool description."}},
+                "properties": {
+                    "name": {"type": "string", "description": "Skill name, exactly as listed in the tool description."}
+                },
                 "required": ["name"],
             },
         }

@@ -168,12 +168,20 @@ class NotRegularFile(OSError):
     def __init__(self, mode: int):
         super().__init__(errno.EISDIR if stat.S_ISDIR(mode) else errno.EINVAL, "not a regular file")
         self.is_dir = stat.S_ISDIR(mode)
-        self.kind = ("a directory" if self.is_dir else "a named pipe" if stat.S_ISFIFO(mode)
-                     else "a socket" if stat.S_ISSOCK(mode) else "a device")
+        self.kind = (
+            "a directory"
+            if self.is_dir
+            else "a named pipe"
+            if stat.S_ISFIFO(mode)
+            else "a socket"
+            if stat.S_ISSOCK(mode)
+            else "a device"
+        )
 
 
-def open_regular(workspace: Path, real: Path, flags: int, mode: int = 0o666,
-                 create_dirs: bool = False) -> tuple[int, os.stat_result]:
+def open_regular(
+    workspace: Path, real: Path, flags: int, mode: int = 0o666, create_dirs: bool = False
+) -> tuple[int, os.stat_result]:
     """open_inside() for a regular file only, and its status. Raises NotRegularFile for anything else.
 
     The open never blocks: without O_NONBLOCK a named pipe with no writer (`mkfifo p`, then read_file p)

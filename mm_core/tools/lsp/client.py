@@ -39,9 +39,24 @@ MAX_OPEN_DOCUMENTS = 64
 READ_CHUNK = 4096
 
 _LANGUAGE_IDS = {
-    ".py": "python", ".pyi": "python", ".go": "go", ".rs": "rust", ".js": "javascript", ".jsx": "javascriptreact",
-    ".ts": "typescript", ".tsx": "typescriptreact", ".c": "c", ".h": "c", ".cc": "cpp", ".cpp": "cpp",
-    ".hpp": "cpp", ".java": "java", ".rb": "ruby", ".sh": "shellscript", ".lua": "lua", ".zig": "zig",
+    ".py": "python",
+    ".pyi": "python",
+    ".go": "go",
+    ".rs": "rust",
+    ".js": "javascript",
+    ".jsx": "javascriptreact",
+    ".ts": "typescript",
+    ".tsx": "typescriptreact",
+    ".c": "c",
+    ".h": "c",
+    ".cc": "cpp",
+    ".cpp": "cpp",
+    ".hpp": "cpp",
+    ".java": "java",
+    ".rb": "ruby",
+    ".sh": "shellscript",
+    ".lua": "lua",
+    ".zig": "zig",
 }
 
 _CONVERTER = get_converter()
@@ -130,8 +145,13 @@ class LspClient:
         """Start the process in the project root and run the initialize handshake."""
         try:
             self._proc = await asyncio.create_subprocess_exec(
-                self.command, *self.args, cwd=str(self.root), start_new_session=True,
-                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+                self.command,
+                *self.args,
+                cwd=str(self.root),
+                start_new_session=True,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
             )
         except OSError as err:
             raise RequestFailed(f"could not start {self.command}: {err.strerror or err}") from err
@@ -195,7 +215,7 @@ class LspClient:
         while chunk := await stream.read(READ_CHUNK):
             *lines, partial = (partial + chunk).split(b"\n")
             partial = partial[-READ_CHUNK:]
-            for line in lines[-self._stderr.maxlen:]:  # type: ignore[misc]
+            for line in lines[-self._stderr.maxlen :]:  # type: ignore[misc]
                 self._stderr.append(line[-READ_CHUNK:].decode("utf-8", errors="replace").rstrip())
         if partial:
             self._stderr.append(partial.decode("utf-8", errors="replace").rstrip())
@@ -427,9 +447,7 @@ _CAPABILITIES = types.ClientCapabilities(
         synchronization=types.TextDocumentSyncClientCapabilities(),
         definition=types.DefinitionClientCapabilities(link_support=True),
         references=types.ReferenceClientCapabilities(),
-        hover=types.HoverClientCapabilities(
-            content_format=[types.MarkupKind.Markdown, types.MarkupKind.PlainText]
-        ),
+        hover=types.HoverClientCapabilities(content_format=[types.MarkupKind.Markdown, types.MarkupKind.PlainText]),
         document_symbol=types.DocumentSymbolClientCapabilities(hierarchical_document_symbol_support=True),
         rename=types.RenameClientCapabilities(prepare_support=False),
         publish_diagnostics=types.PublishDiagnosticsClientCapabilities(version_support=True),

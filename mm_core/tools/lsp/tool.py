@@ -110,7 +110,7 @@ def parse(args: dict[str, Any]) -> Call | str:
         return f'[lsp: unknown action "{action}" — use one of: {", ".join(ACTIONS)}]'
     path = str(args.get("path") or "").strip()
     if not path:
-        return f'[lsp: {action} needs a path (the file, relative to the working directory)]'
+        return f"[lsp: {action} needs a path (the file, relative to the working directory)]"
     line, column = _whole_number(args, "line"), _whole_number(args, "column")
     if isinstance(line, str):
         return line
@@ -296,10 +296,7 @@ def symbol_positions(call: Call, lines: list[str]) -> list[tuple[int, int]] | st
         if call.column > len(text) + 1:
             return f"[lsp: column {call.column} is past the end of line {call.line} ({len(text)} characters)]"
         return [(call.line - 1, call.column - 1)]
-    return (
-        f"[lsp: {call.action} needs a symbol (the identifier, as written in the code), "
-        "or a line and a column]"
-    )
+    return f"[lsp: {call.action} needs a symbol (the identifier, as written in the code), or a line and a column]"
 
 
 # ---- one call against one server -----------------------------------------------------------------------------
