@@ -1,8 +1,10 @@
 """fetch_content's converter against markdownify (same html5lib parser) and html2text, side by side.
 
 ms/page and peak memory (tracemalloc) over the fixture pages and over larger pages made by repeating their
-bodies, then a synthetic 5 MiB page end to end through the real HTTP path (loopback server, robots.txt, guard).
-Run: python bench/bench_fetch.py [--repeat N]
+bodies, then a synthetic 5 MiB page end to end through the real HTTP path (loopback server, robots.txt, guard),
+then the peak memory (tracemalloc) the tool takes on two hostile pages of issue 9: a `gzip, gzip, gzip` body of a
+few hundred bytes that inflates to 1 GiB, and a 20 KB table of crossed spans fetched with `tables: flatten`.
+Run: python bench/bench_fetch.py [--repeat N] [--hostile]
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from markdownify import MarkdownConverter
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from fetch_site import Site  # noqa: E402
+from fetch_site import Route, Site, encoding_bomb, span_bomb  # noqa: E402
 from mm_core.config import AgentConfig  # noqa: E402
 from mm_core.tools.base import ToolContext  # noqa: E402
 from mm_core.tools.fetch import FetchContentTool  # noqa: E402
@@ -95,10 +97,33 @@ async def end_to_end(size: int) -> tuple[float, int]:
     return elapsed, len(html)
 
 
+async def hostile(name: str, route: Route, args: dict[str, str]) -> None:
+    """One hostile page through the tool: its size on the wire, the answer, the time and the peak memory."""
+    async with Site() as site:
+        site.routes["/p"] = route
+        tool = FetchContentTool(AgentConfig(fetchAllow=["127.0.0.1/32"]))
+        with tempfile.TemporaryDirectory() as tmp:
+            ctx = ToolContext(workspace=Path(tmp), config=tool.config)
+            tracemalloc.start()
+            start = time.perf_counter()
+            out = await tool.run({"url": site.url("/p"), **args}, ctx)
+            elapsed = time.perf_counter() - start
+            peak = tracemalloc.get_traced_memory()[1] / 2**20
+            tracemalloc.stop()
+    answer = out.split("\n", 1)[0]
+    answer = answer if len(answer) <= 90 else answer[:87] + "..."
+    print(f"hostile page {name}: {len(route.body):,} bytes on the wire, peak {peak:.1f} MiB (tracemalloc), "
+          f"{elapsed:.2f} s, answer ({len(out):,} chars): {answer}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--hostile", action="store_true", help="only the hostile pages")
     args = parser.parse_args()
+    if args.hostile:
+        hostile_pages()
+        return
     names = list(PEERS)
     print(f"{'page':22} {'KB':>6} " + " ".join(f"{n + ' ms':>26} {'MiB':>6}" for n in names) + "   ratio vs ours (ms)")
     ratios: dict[str, list[float]] = {n: [] for n in names[1:]}
@@ -120,6 +145,16 @@ def main() -> None:
     elapsed, size = asyncio.run(end_to_end(5 * 2**20 - 4096))
     print(f"end to end through HTTP: a {size / 2**20:.2f} MiB page (a real page's body repeated) in "
           f"{elapsed:.1f} s (limit 30 s)")
+    hostile_pages()
+
+
+def hostile_pages() -> None:
+    html = {"Content-Type": "text/html; charset=utf-8"}
+    gzipped = {**html, "Content-Encoding": "gzip, gzip, gzip"}
+    asyncio.run(hostile("gzip, gzip, gzip of 1 GiB", Route(encoding_bomb(("gzip", "gzip", "gzip"), 1024),
+                                                           headers=gzipped), {}))
+    asyncio.run(hostile("20 KB of crossed spans, tables: flatten", Route(span_bomb(20_000).encode(), headers=html),
+                        {"tables": "flatten"}))
 
 
 if __name__ == "__main__":

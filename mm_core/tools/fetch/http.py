@@ -1,11 +1,19 @@
 """The request: GET with the reference's limits (10 redirections, 30 s overall, 5 MiB), redirections followed
 here so that robots.txt and the SSRF guard see every hop, and the body streamed so a huge page stops at the
 limit instead of filling memory.
+
+Content-Encoding is decoded here, not by httpx: httpx inflates each network chunk through every layer in one
+call, so `gzip, gzip, gzip` of about 1 KB a layer became a gigabyte before any size check. Here each layer
+hands at most `STEP` bytes at a time to the next, every stage (the raw bytes, each intermediate layer, the
+page) is capped at the page limit, and more than `MAX_ENCODINGS` stacked encodings are refused: the memory a
+body takes stays within a small multiple of the limit whatever the server sends.
 """
 
 from __future__ import annotations
 
 import asyncio
+import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib import metadata
 from urllib.parse import SplitResult, urljoin, urlsplit
@@ -23,6 +31,17 @@ ACCEPTED = ("text/html", "application/xhtml+xml")
 # Go's http.DetectContentType signatures for HTML (the reference sniffs with it), each followed by space or >.
 _HTML_SIGNATURES = (b"<!doctype html", b"<html", b"<head", b"<script", b"<iframe", b"<h1", b"<div", b"<font",
                     b"<table", b"<a", b"<style", b"<title", b"<b", b"<body", b"<br", b"<p", b"<!--")
+
+
+# Stacked Content-Encoding layers accepted (identity not counted); servers send one, a misconfigured one two.
+MAX_ENCODINGS = 3
+STEP = 64 * 1024  # the most one decoding layer outputs at a time
+# The codings decoded (what the Accept-Encoding header offers) and the zlib window of each.
+_WBITS = {"gzip": zlib.MAX_WBITS | 16, "x-gzip": zlib.MAX_WBITS | 16, "deflate": zlib.MAX_WBITS}
+ACCEPT_ENCODING = "gzip, deflate"
+# Compressions a server may still send unasked, which are not decoded: refused rather than shown as bytes.
+# Other names (identity, a charset by mistake) are passed through as httpx did.
+_UNDECODED = frozenset(("br", "zstd", "compress", "x-compress"))
 
 
 def user_agent() -> str:
@@ -67,7 +86,8 @@ def make_client(guard: AddressGuard, timeout: float) -> httpx.AsyncClient:
     transport._pool = httpcore.AsyncConnectionPool(ssl_context=httpx.create_ssl_context(),
                                                    network_backend=GuardedBackend(guard))
     return httpx.AsyncClient(transport=transport, follow_redirects=False, trust_env=False,
-                             timeout=httpx.Timeout(timeout), headers={"User-Agent": user_agent()})
+                             timeout=httpx.Timeout(timeout),
+                             headers={"User-Agent": user_agent(), "Accept-Encoding": ACCEPT_ENCODING})
 
 
 def parse_url(url: str) -> SplitResult:
@@ -104,6 +124,118 @@ def _redirect_target(url: str, location: str) -> str:
     if parts.username is not None or parts.password is not None:
         raise FetchError(INPUT, f"{url} redirects to a URL carrying a user name or password — not followed")
     return target
+
+
+class EncodingRefused(Exception):
+    """Content-Encoding names a compression that is not decoded, or stacks too many layers."""
+
+
+class CorruptEncoding(Exception):
+    """A layer's compressed data is not valid."""
+
+
+class BodyTooLarge(Exception):
+    """A stage of the body went past its limit; `head` is what the page stage could still take."""
+
+    def __init__(self, head: bytes = b""):
+        super().__init__("body too large")
+        self.head = head
+
+
+def content_codings(headers: httpx.Headers) -> list[str]:
+    """The Content-Encoding layers to undo, in the order they were applied."""
+    names = [v.strip().lower() for v in headers.get_list("content-encoding", split_commas=True)]
+    names = [n for n in names if n]
+    undecoded = [n for n in names if n in _UNDECODED]
+    if undecoded:
+        raise EncodingRefused(f"compressed with {undecoded[0]}, which is not decoded: only gzip and deflate are")
+    codings = [n for n in names if n in _WBITS]
+    if len(codings) > MAX_ENCODINGS:
+        raise EncodingRefused(f"compressed {len(codings)} times over ({', '.join(codings)}) — more than "
+                              f"{MAX_ENCODINGS} stacked Content-Encodings are refused")
+    return codings
+
+
+class _Layer:
+    """One gzip or deflate layer, decoded at most STEP bytes at a time."""
+
+    def __init__(self, coding: str):
+        self.coding = coding
+        self.inflater = zlib.decompressobj(_WBITS[coding])
+        self.started = False
+
+    def feed(self, data: bytes) -> Iterator[bytes]:
+        while data and not self.inflater.eof:  # after the end of the stream, the rest is ignored (as httpx)
+            try:
+                out = self.inflater.decompress(data, STEP)
+            except zlib.error as exc:
+                if self.coding == "deflate" and not self.started:  # raw deflate without the zlib header
+                    self.started = True
+                    self.inflater = zlib.decompressobj(-zlib.MAX_WBITS)
+                    continue
+                raise CorruptEncoding(f"its {self.coding} data is corrupt ({exc})") from None
+            self.started = True
+            rest = self.inflater.unconsumed_tail
+            if not out and len(rest) == len(data):
+                return  # no progress possible on these bytes
+            data = rest
+            if out:
+                yield out
+
+    def finish(self) -> bytes:
+        # feed() leaves no input behind, so what flush() still holds is a few hundred bytes at most.
+        try:
+            return self.inflater.flush() if not self.inflater.eof else b""
+        except zlib.error as exc:
+            raise CorruptEncoding(f"its {self.coding} data is corrupt ({exc})") from None
+
+
+class BodyDecoder:
+    """The raw bytes of a response through its Content-Encoding layers, innermost last, every stage capped
+    at `limit` bytes: a stage that goes past it raises BodyTooLarge."""
+
+    def __init__(self, codings: list[str], limit: int):
+        self.layers = [_Layer(c) for c in reversed(codings)]
+        self.limit = limit
+        self.sizes = [0] * (len(self.layers) + 1)  # bytes that entered each stage; the last is the page
+
+    def feed(self, raw: bytes) -> Iterator[bytes]:
+        return self._push(0, raw)
+
+    def finish(self) -> Iterator[bytes]:
+        for i, layer in enumerate(self.layers):
+            rest = layer.finish()
+            if rest:
+                yield from self._push(i + 1, rest)
+
+    def _push(self, stage: int, data: bytes) -> Iterator[bytes]:
+        size = self.sizes[stage]
+        self.sizes[stage] = size + len(data)
+        if stage == len(self.layers):
+            if size + len(data) > self.limit:
+                raise BodyTooLarge(data[:max(self.limit - size, 0)])
+            yield data
+            return
+        if size + len(data) > self.limit:
+            raise BodyTooLarge()
+        for out in self.layers[stage].feed(data):
+            yield from self._push(stage + 1, out)
+
+
+async def read_body(response: httpx.Response, limit: int, *, truncate: bool = False) -> bytes:
+    """The decoded body, at most `limit` bytes: past it BodyTooLarge, or with `truncate` the first `limit`
+    bytes. EncodingRefused and CorruptEncoding for what cannot be decoded; httpx's errors go through."""
+    decoder = BodyDecoder(content_codings(response.headers), limit)
+    chunks: list[bytes] = []
+    try:
+        async for raw in response.aiter_raw():
+            chunks.extend(decoder.feed(raw))
+        chunks.extend(decoder.finish())
+    except BodyTooLarge as exc:
+        if not truncate:
+            raise
+        chunks.append(exc.head)
+    return b"".join(chunks)
 
 
 class Fetcher:
@@ -161,16 +293,16 @@ class Fetcher:
         declared = response.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > limit and "content-encoding" not in response.headers:
             raise too_big
-        chunks, total = [], 0
         try:
-            async for chunk in response.aiter_bytes():
-                total += len(chunk)
-                if total > limit:
-                    raise too_big
-                chunks.append(chunk)
+            return await read_body(response, limit)
+        except BodyTooLarge:
+            raise too_big from None
+        except EncodingRefused as exc:
+            raise FetchError(CONVERSION, f"{url} is {exc}") from None
+        except CorruptEncoding as exc:
+            raise FetchError(CONVERSION, f"{url} cannot be decoded: {exc}") from None
         except httpx.HTTPError as exc:
             raise FetchError(INPUT, f"reading {url} failed: {_describe(exc)}") from None
-        return b"".join(chunks)
 
     async def _get_robots(self, url: str) -> tuple[int, str | None, bytes]:
         # httpx's own errors go through: robots.py words an unreachable robots.txt itself.
@@ -180,13 +312,8 @@ class Fetcher:
                 return response.status_code, urljoin(url, response.headers["location"]), b""
             body = b""
             if 200 <= response.status_code < 300:
-                chunks, total = [], 0
-                async for chunk in response.aiter_bytes():
-                    chunks.append(chunk)
-                    total += len(chunk)
-                    if total >= ROBOTS_MAX_BYTES:
-                        break
-                body = b"".join(chunks)[:ROBOTS_MAX_BYTES]
+                # A refused or corrupt encoding goes through as an unreadable robots.txt.
+                body = await read_body(response, ROBOTS_MAX_BYTES, truncate=True)
             return response.status_code, None, body
         finally:
             await response.aclose()

@@ -13,17 +13,21 @@ from mm_core.events import Status
 from mm_core.tools import workspace
 from mm_core.tools.base import Tool, ToolContext
 from mm_core.tools.fetch import encoding
-from mm_core.tools.fetch.errors import CONVERSION, USAGE, FetchError
+from mm_core.tools.fetch.errors import CONVERSION, INPUT, USAGE, FetchError
 from mm_core.tools.fetch.guard import AddressGuard
 from mm_core.tools.fetch.http import Fetcher, Limits, make_client, parse_url
 from mm_core.tools.fetch.robots import RESOURCE_KEY, RobotsCache
-from mm_core.tools.fetch.webmd import Options, to_markdown
+from mm_core.tools.fetch.webmd import Options, PageTooComplex, to_markdown
 from mm_core.tools.text import truncate
 
 _SCHEME_NO_COLON = re.compile(r"^(https?)//", re.I)
 _SCHEME = re.compile(r"^([a-z][a-z0-9+.-]*):(?!\d+(?:[/?#]|$))", re.I)
 
 _OUTSIDE = "the path leads outside the working directory"
+# What no check foresaw and the network, memory or the stack can still raise on a hostile page: a text, never
+# an exception out of run().
+UNFORESEEN = (OSError, MemoryError, RecursionError, ValueError)
+
 DESCRIPTION = (
     "Download a web page and get its text as Markdown (scripts, menus and ads removed). "
     "Use it to read documentation or an article from a URL. "
@@ -53,6 +57,16 @@ def normalize_url(raw: str) -> str:
     if parts.username is not None or parts.password is not None:
         raise FetchError(USAGE, f"{raw!r} carries a user name or password — URLs with credentials are not fetched")
     return url
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, MemoryError):
+        return "not enough memory"
+    if isinstance(exc, RecursionError):
+        return "nested too deeply"
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return str(exc).strip() or type(exc).__name__
 
 
 def _flag(args: dict[str, Any], name: str) -> bool:
@@ -140,6 +154,8 @@ class FetchContentTool(Tool):
             return await self._run(args, ctx)
         except FetchError as exc:
             return exc.text()
+        except UNFORESEEN as exc:
+            return FetchError(CONVERSION, f"the page could not be handled: {_reason(exc)}").text()
 
     async def _run(self, args: dict[str, Any], ctx: ToolContext) -> str:
         if not isinstance(args, dict):
@@ -157,8 +173,11 @@ class FetchContentTool(Tool):
 
         ctx.emit(Status("Fetching"))
         robots = await ctx.resources.get(RESOURCE_KEY, RobotsCache)
-        async with make_client(self.guard, self.limits.timeout) as client:
-            page = await Fetcher(client, robots, self.limits).fetch(url)
+        try:
+            async with make_client(self.guard, self.limits.timeout) as client:
+                page = await Fetcher(client, robots, self.limits).fetch(url)
+        except (OSError, ValueError) as exc:  # what httpx lets through unwrapped
+            raise FetchError(INPUT, f"fetching {url} failed: {_reason(exc)}") from None
         options = Options(base or page.url, tables, strike, tasks)
         markdown = await asyncio.to_thread(self._convert, page.body, page.content_type, options, url)
         if not markdown:
@@ -199,3 +218,7 @@ class FetchContentTool(Tool):
             return to_markdown(html, options)
         except RecursionError:
             raise FetchError(CONVERSION, f"{url} is nested too deeply to convert") from None
+        except PageTooComplex as exc:
+            raise FetchError(CONVERSION, f"{url} {exc} — refused") from None
+        except MemoryError:
+            raise FetchError(CONVERSION, f"{url} takes more memory to convert than there is") from None

@@ -5,6 +5,16 @@ The page is parsed by html5lib, which repairs broken HTML the way an HTML5 parse
 nest deeper than Python's recursion limit), and `_Converter` builds the Markdown in a single pass, strings
 collected in lists. Below `MAX_DEPTH` levels the converter falls back to a subtree's plain text, which keeps
 its own recursion bounded on hostile pages.
+
+Tables are flattened within a budget: spans are clamped to HTML's own limits (1000 columns, 65534 rows, and
+never past the table's last row), and every slot of a flattened grid, padding included, is counted while the
+grid is built against `FLATTEN_BUDGET` characters per page. A table that would go past it is kept as HTML (as
+`tables: html` keeps a spanned one), and so is every later table of that page: a 20 KB page of crossed spans
+would otherwise make a grid of gigabytes.
+
+The parser is bounded too: an HTML5 parser re-opens every formatting element a block closed (`<li><b id=1>`,
+`<li><b id=2>`, … re-opens all the previous ones in each item), so a 9 KB page made 180 000 elements. More
+elements than `len(html) + ELEMENT_SLACK` (one per character of the page) raise PageTooComplex.
 """
 
 from __future__ import annotations
@@ -16,9 +26,14 @@ from typing import cast
 from urllib.parse import urljoin
 
 from bs4 import BeautifulSoup, Tag
+from bs4.builder._html5lib import Element, HTML5TreeBuilder, TreeBuilderForHtml5lib
 from bs4.element import NavigableString, PreformattedString
 
 MAX_DEPTH = 200
+MAX_COLSPAN, MAX_ROWSPAN = 1000, 65534  # HTML's limits
+FLATTEN_BUDGET = 8 * 2**20  # characters of flattened tables per page (a slot costs its text plus "| ")
+_SLOT = 3
+ELEMENT_SLACK = 50_000
 
 BLOCK = frozenset(
     "address article aside blockquote body caption center dd details dialog div dl dt fieldset figcaption "
@@ -62,9 +77,39 @@ class Options:
     task_list: bool = False
 
 
+class PageTooComplex(Exception):
+    """The page makes more elements once parsed than it has characters."""
+
+
+class _CountingTreeBuilder(TreeBuilderForHtml5lib):
+    budget = 0
+
+    def elementClass(self, name: str, namespace: str) -> Element:
+        self.budget -= 1
+        if self.budget < 0:
+            raise PageTooComplex("makes more elements once parsed than it has characters (formatting tags left "
+                                 "open across blocks, which the HTML5 parser opens again in each)")
+        return super().elementClass(name, namespace)
+
+
+class _Builder(HTML5TreeBuilder):
+    """html5lib through bs4, with a budget of elements."""
+
+    def __init__(self, budget: int):
+        super().__init__()
+        self.budget = budget
+
+    def create_treebuilder(self, namespaceHTMLElements: bool) -> TreeBuilderForHtml5lib:
+        builder = _CountingTreeBuilder(namespaceHTMLElements, self.soup, store_line_numbers=self.store_line_numbers)
+        builder.budget = self.budget
+        self.underlying_builder = builder
+        return builder
+
+
 def to_markdown(html: str, options: Options) -> str:
-    """The page's Markdown ending with one newline, or "" when no content is left."""
-    soup = BeautifulSoup(html, "html5lib")
+    """The page's Markdown ending with one newline, or "" when no content is left; PageTooComplex for a page
+    the parser would blow up."""
+    soup = BeautifulSoup(html, builder=_Builder(len(html) + ELEMENT_SLACK))
     holders = _clean(soup, options.base_url)
     markdown = "\n\n".join(_Converter(options, holders).blocks(soup, 0)).strip("\n")
     return markdown + "\n" if markdown.strip() else ""
@@ -254,6 +299,10 @@ def _wrap_spaces(content: str, before: str, after: str) -> str:
     return f"{content[:start]}{before}{core}{after}{content[end:]}"
 
 
+def _as_html(table: Tag) -> str:
+    return _BLANK_LINES.sub("\n", table.decode()).strip()
+
+
 def _int(value: object, default: int, low: int, high: int) -> int:
     try:
         return min(max(int(str(value).strip()), low), high)
@@ -268,6 +317,7 @@ class _Converter:
         self.strong = 0
         self.em = 0
         self.strike = 0
+        self.budget = FLATTEN_BUDGET  # characters of flattened tables left for this page
 
     # Block context: a list of finished Markdown blocks.
 
@@ -405,43 +455,68 @@ class _Converter:
                       or ("rowspan" in c.attrs and str(c.attrs["rowspan"]).strip() != "1")
                       for row in cells for c in row)
         if (spanned or el.find("table") is not None) and self.options.tables == "html":
-            out.append(_BLANK_LINES.sub("\n", el.decode()).strip())
+            out.append(_as_html(el))
+            return
+        lines = self._flattened(cells, depth)
+        if lines is None:  # past the page's budget
+            out.append(_as_html(el))
             return
         if caption is not None:
             self._flush([self.children(caption, depth)], out)
+        if lines:
+            out.append("\n".join(lines))
+
+    def _flattened(self, cells: list[list[Tag]], depth: int) -> list[str] | None:
+        """The GFM lines of a table ([] when it has no text), or None when they would exceed the budget."""
         grid = self._grid(cells, depth)
+        if grid is None:
+            return None
         if not any(any(cell for cell in row) for row in grid):
-            return
+            return []
         width = max(len(row) for row in grid)
+        padding = sum(width - len(row) for row in grid) + 2 * width  # the empty slots and the --- line
+        if padding * _SLOT > self.budget:
+            self.budget = -1
+            return None
+        self.budget -= padding * _SLOT
         lines = ["| " + " | ".join(row + [""] * (width - len(row))) + " |" for row in grid]
         lines.insert(1, "| " + " | ".join(["---"] * width) + " |")
-        out.append("\n".join(lines))
+        return lines
 
-    def _grid(self, rows: list[list[Tag]], depth: int) -> list[list[str]]:
-        """Cells by row, a spanned cell copied into every slot it covers (HTML caps: 1000 columns, 65534 rows)."""
+    def _grid(self, rows: list[list[Tag]], depth: int) -> list[list[str]] | None:
+        """Cells by row, a spanned cell copied into every slot it covers; None past the budget (which a
+        table that does not fit uses up, so that a page's later tables are not flattened either)."""
         grid: list[list[str]] = []
         pending: dict[int, list] = {}  # column → [rows still covered, text]
 
         def fill(row: list[str]) -> None:
-            while len(row) in pending:
+            while len(row) in pending and self.budget >= 0:
                 slot = pending[len(row)]
                 row.append(slot[1])
+                self.budget -= len(slot[1]) + _SLOT
                 slot[0] -= 1
                 if slot[0] == 0:
                     del pending[len(row) - 1]
 
-        for cells in rows:
+        for index, cells in enumerate(rows):
             row: list[str] = []
             for cell in cells:
                 fill(row)
-                text = self._cell(cell, depth)
-                span = _int(cell.attrs.get("colspan", 1), 1, 1, 1000)
-                down = _int(cell.attrs.get("rowspan", 1), 1, 1, 65534)
+                text = self._cell(cell, depth) if self.budget >= 0 else ""
+                span = _int(cell.attrs.get("colspan", 1), 1, 1, MAX_COLSPAN)
+                down = min(_int(cell.attrs.get("rowspan", 1), 1, 1, MAX_ROWSPAN), len(rows) - index)
+                self.budget -= span * (len(text) + _SLOT)
+                if self.budget < 0:
+                    self.budget = -1
+                    return None
                 for _ in range(span):
                     if down > 1:
                         pending[len(row)] = [down - 1, text]
                     row.append(text)
             fill(row)
+            if self.budget < 0:
+                self.budget = -1
+                return None
             grid.append(row)
         return grid
 
@@ -454,8 +529,12 @@ class _Converter:
     def children(self, node: Tag, depth: int) -> str:
         if depth > MAX_DEPTH:
             return escape(_WS.sub(" ", node.get_text()))
-        return "".join(escape(_WS.sub(" ", c)) if isinstance(c, NavigableString) else self.inline(c, depth + 1)
-                       for c in _contents(node))
+        # A loop, not a generator in join(): three frames a level (inline, _styled, children) keep MAX_DEPTH
+        # levels of nested <b> under the recursion limit, where five did not.
+        parts: list[str] = []
+        for c in _contents(node):
+            parts.append(escape(_WS.sub(" ", c)) if isinstance(c, NavigableString) else self.inline(c, depth + 1))
+        return "".join(parts)
 
     def inline(self, el: Tag, depth: int) -> str:
         name = el.name
