@@ -73,6 +73,10 @@ class Limits(Strict):
     memoryMB: int | None = Field(default=2048, ge=16)
     processes: int | None = Field(default=256, ge=1)
     fileSizeMB: int | None = Field(default=512, ge=1)
+    # The sandbox's /tmp and /var/tmp (tmpfs, each): at most this and memoryMB.
+    tmpMB: int | None = Field(default=256, ge=1)
+    # The workspace's size on disk, checked after each command (None: no bound).
+    workspaceMB: int | None = Field(default=2048, ge=1)
 
 
 class BashConfig(Strict):

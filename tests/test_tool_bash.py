@@ -4,23 +4,36 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import cast
 
 import pytest
 
-from mm_core.tools.base import ToolCancelled
+from mm_core.tools.base import ToolCancelled, ToolContext
 from mm_core.tools.bash import BashTool, go_duration
+from mm_core.tools.sandbox import SANDBOX_UID
 from mm_testkit.fixtures_kit import needs_bwrap
 from tool_helpers import call, make_ctx
 
 BASH = BashTool()
+NO_CONTEXT = cast(ToolContext, None)  # bash's preview reads only its arguments
 
 
 @pytest.fixture
-def ws(tmp_path: Path) -> Path:
-    (tmp_path / "ws").mkdir()
-    return tmp_path / "ws"
+def ws() -> Iterator[Path]:
+    """A workspace as a root worker should hold it: owned by an unprivileged user (a root worker refuses to run
+    a command as root), under a directory that user can traverse."""
+    root = Path(tempfile.mkdtemp(prefix="mm-ws-"))
+    os.chmod(root, 0o711)
+    (root / "ws").mkdir()
+    if os.geteuid() == 0:
+        os.chown(root / "ws", SANDBOX_UID, SANDBOX_UID)
+    yield root / "ws"
+    shutil.rmtree(root)
 
 
 def alive(pid: int) -> bool:
@@ -66,7 +79,8 @@ def test_timeout_marker_follows_the_configured_timeout_and_kills_background_chil
 
 
 def test_go_durations():
-    assert [go_duration(s) for s in (30, 1.5, 0.5, 90, 120, 3600)] == ["30s", "1.5s", "500ms", "1m30s", "2m0s", "1h0m0s"]
+    assert [go_duration(s) for s in (30, 1.5, 0.5, 90, 120, 3600)] == [
+        "30s", "1.5s", "500ms", "1m30s", "2m0s", "1h0m0s"]
 
 
 def test_background_job_does_not_block_and_is_reaped_when_the_session_ends(ws, mode):
@@ -76,7 +90,9 @@ def test_background_job_does_not_block_and_is_reaped_when_the_session_ends(ws, m
         started = time.monotonic()
         out = await BASH.run({"command": "sleep 30 & echo started"}, ctx)
         took = time.monotonic() - started
-        groups = ctx.resources.peek("bash.jobs").pgids()
+        jobs = ctx.resources.peek("bash.jobs")
+        assert jobs is not None
+        groups = jobs.pgids()
         await ctx.resources.aclose()
         return out, took, groups
 
@@ -156,11 +172,11 @@ def test_declaration_display_and_refusal():
     assert BASH.title({"command": "ls -la"}) == "bash: ls -la"
     assert BASH.refusal({"command": "ls"}) == "[command rejected by the user]"
     assert (BASH.counter, BASH.emoji, BASH.needs_approval({"command": "ls"})) == ("commands", "🛠️", True)
-    assert asyncio.run(BASH.preview({"command": "rm -rf build"}, None)) == "rm -rf build"
+    assert asyncio.run(BASH.preview({"command": "rm -rf build"}, NO_CONTEXT)) == "rm -rf build"
 
 
 @pytest.mark.parametrize("args", [{"command": ["rm", "-rf", "/"]}, {"command": None}, ["ls"], {}])
 def test_preview_and_title_are_text_whatever_the_arguments(args):
     # The approval prompt renders them: a list or a null must not reach it as anything but text.
-    assert isinstance(asyncio.run(BASH.preview(args, None)), str)
+    assert isinstance(asyncio.run(BASH.preview(args, NO_CONTEXT)), str)
     assert BASH.title(args).startswith("bash: ")

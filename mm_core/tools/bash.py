@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shlex
 import signal
 import subprocess
 import tempfile
@@ -19,7 +20,7 @@ from typing import IO, Any
 
 from mm_core.tools.args import check_object, get_str
 from mm_core.tools.base import CANCELLED, Tool, ToolCancelled, ToolContext, ToolRefusal
-from mm_core.tools.sandbox import prepare
+from mm_core.tools.sandbox import measure_workspace, prepare
 from mm_core.tools.text import truncate
 
 TIMEOUT = "[error: {duration} timeout exceeded]"
@@ -29,9 +30,18 @@ EMPTY_COMMAND = "[error: bash: the command is empty]"
 NUL_IN_COMMAND = "[error: bash: the command holds a NUL byte, which no shell command can]"
 CANNOT_START = "[error: bash: the command could not be started: {reason}]"
 REFUSED = "[command rejected by the user]"
+OVER_LIMIT = ("[error: the workspace holds {size} MB, over its limit of {limit} MB (bash.limits.workspaceMB) — "
+              "delete files before going on]")
+OVER_LIMIT_REFUSED = ("[error: bash: the workspace holds {size} MB, over its limit of {limit} MB "
+                      "(bash.limits.workspaceMB) — the command was not run: until it is back under, only plain "
+                      "rm, rmdir, du and ls commands run]")
+# What still runs in a workspace over its limit: enough to find and delete what fills it, nothing that writes.
+CLEANUP_COMMANDS = ("rm", "rmdir", "du", "ls")
 
 READ_BACK = 1024 * 1024  # bytes read from each end of a very large output
+MIB = 1024 * 1024
 JOBS_KEY = "bash.jobs"
+OVER_KEY = "bash.workspace_over"
 # How long to wait for a killed process group's leader to be reaped before reading its output anyway.
 KILL_GRACE = 5.0
 SETTLE = 0.5
@@ -67,6 +77,25 @@ def _group_alive(pgid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+class OverLimit:
+    """Whether the session's workspace was over `bash.limits.workspaceMB` after its last command."""
+
+    def __init__(self) -> None:
+        self.over = False
+
+
+def cleanup_only(command: str) -> bool:
+    """A plain rm / rmdir / du / ls: no shell syntax that could write (redirection, expansion, a second
+    command)."""
+    if set(command) & set(";&|<>()$`\\\n"):
+        return False
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        return False
+    return bool(words) and words[0] in CLEANUP_COMMANDS
 
 
 class BashJobs:
@@ -163,23 +192,50 @@ class BashTool(Tool):
 
     async def _run(self, command: str, ctx: ToolContext, out: IO[bytes]) -> str:
         config = ctx.config
+        limit_mb = config.bash.limits.workspaceMB
+        over: OverLimit = await ctx.resources.get(OVER_KEY, OverLimit)
+        if over.over and limit_mb is not None and not cleanup_only(command):
+            held = await _workspace_bytes(ctx)
+            over.over = held > limit_mb * MIB
+            if over.over:
+                return OVER_LIMIT_REFUSED.format(size=-(-held // MIB), limit=limit_mb)
         status_r, status_w = os.pipe()
+        launch = None
         try:
             launch = prepare(config, ctx.workspace, command, status_w)
-            proc = await asyncio.create_subprocess_exec(
-                *launch.argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=launch.cwd,
-                env=launch.env, pass_fds=launch.pass_fds, start_new_session=True, preexec_fn=launch.preexec,
-                user=launch.user, group=launch.group, extra_groups=[] if launch.user is not None else None)
+            try:
+                proc = await asyncio.create_subprocess_exec(
+                    *launch.argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=launch.cwd,
+                    env=launch.env, pass_fds=launch.pass_fds, start_new_session=True, preexec_fn=launch.preexec,
+                    user=launch.user, group=launch.group, extra_groups=[] if launch.user is not None else None)
+            finally:
+                launch.started()
         except ToolRefusal as e:
             os.close(status_r)
             return e.text
         except (OSError, ValueError, subprocess.SubprocessError) as e:  # SubprocessError: a failed setrlimit
             os.close(status_r)
+            if launch is not None:
+                launch.abandon()
             return CANNOT_START.format(reason=getattr(e, "strerror", None) or e)
         finally:
             os.close(status_w)
         jobs: BashJobs = await ctx.resources.get(JOBS_KEY, BashJobs)
         jobs.add(proc)
+        if launch.network is not None:
+            try:
+                await launch.network.attach()
+            except (ToolRefusal, asyncio.CancelledError) as e:
+                os.close(status_r)
+                await _stop(proc)
+                for helper in launch.network.helpers:
+                    await _stop(helper)
+                if isinstance(e, asyncio.CancelledError):
+                    raise ToolCancelled(CANCELLED) from None
+                return e.text
+            finally:
+                for helper in launch.network.helpers:
+                    jobs.add(helper)
         marker = None
         try:
             status = await asyncio.wait_for(_read_all(status_r), config.bash.timeout)
@@ -198,7 +254,18 @@ class BashTool(Tool):
             if code:
                 marker = EXIT_CODE.format(code=code)
         text = truncate(read_back(out), config.maxOutput)
-        return append_marker(text, marker) if marker else text
+        text = append_marker(text, marker) if marker else text
+        # Measured after every command, the limit or not: the walk also clears setuid bits (sandbox.py).
+        held = await _workspace_bytes(ctx)
+        over.over = limit_mb is not None and held > limit_mb * MIB
+        return append_marker(text, OVER_LIMIT.format(size=-(-held // MIB), limit=limit_mb)) if over.over else text
+
+
+async def _workspace_bytes(ctx: ToolContext) -> int:
+    # A walk cut short by its time budget counted less than there is: a workspace too large to walk in time
+    # is then taken as under its limit unless what was counted is already over it.
+    usage = await asyncio.to_thread(measure_workspace, os.path.realpath(ctx.workspace))
+    return usage.bytes
 
 
 def _command_text(args: Any) -> str:

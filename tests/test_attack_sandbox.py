@@ -1,0 +1,315 @@
+"""Attacks from a bash command on the worker (issue 9): its services, its network, root, its disk.
+
+The network tests send traffic only to this machine's loopback and own addresses, and to network namespaces
+they make themselves (`ip netns add`, a veth pair): never to a private, CGNAT or metadata address of a real
+network, nor to the internet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import os
+import shutil
+import socket
+import stat
+import subprocess
+import tempfile
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from mm_core.config import AgentConfig, BashConfig
+from mm_core.tools.bash import BashTool, cleanup_only
+from mm_core.tools.fetch.guard import blocked_kind
+from mm_core.tools.sandbox import SANDBOX_UID, internal_networks, network_report, network_tools
+from mm_testkit.fixtures_kit import needs_bwrap, needs_system
+from tool_helpers import call, make_ctx
+
+BASH = BashTool()
+needs_slirp = needs_system("slirp4netns", "slirp4netns")
+needs_nft = needs_system("nft", "nftables")
+needs_ip = needs_system("ip", "iproute2")
+# A bash probe: one line per address, "open" when a TCP connection to it succeeded within 3 s.
+PROBE = 'for a in {addrs}; do if timeout 3 bash -c "exec 3<>/dev/tcp/$a/{port}" 2>/dev/null; then echo "$a open"; ' \
+        'else echo "$a closed"; fi; done; tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d " "'
+
+
+@pytest.fixture
+def owned_ws() -> Iterator[Path]:
+    """A workspace owned by the unprivileged SANDBOX_UID, under a directory that user can traverse."""
+    root = Path(tempfile.mkdtemp(prefix="mm-ws-"))
+    os.chmod(root, 0o711)
+    ws = root / "team-a"
+    ws.mkdir()
+    if os.geteuid() == 0:
+        os.chown(ws, SANDBOX_UID, SANDBOX_UID)
+    yield ws
+    shutil.rmtree(root)
+
+
+@pytest.fixture
+def root_ws(tmp_path: Path) -> Path:
+    """A workspace that belongs to root (the worker's tests run as root)."""
+    ws = tmp_path / "root-owned"
+    ws.mkdir()
+    return ws
+
+
+class Server:
+    """A TCP server in a thread that counts the connections it accepted."""
+
+    def __init__(self, host: str = "127.0.0.1", family: int = socket.AF_INET):
+        self.sock = socket.socket(family, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind((host, 0))
+        self.sock.listen(16)
+        self.port = self.sock.getsockname()[1]
+        self.accepted = 0
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            conn.close()
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _lines(out: str) -> dict[str, str]:
+    return dict(line.split(" ", 1) for line in out.splitlines() if line.endswith((" open", " closed")))
+
+
+def _interfaces(out: str) -> list[str]:
+    return [line for line in out.splitlines() if " " not in line and line]
+
+
+def _local_ipv4() -> list[str]:
+    """This machine's own IPv4 addresses (traffic to them never leaves it)."""
+    out = subprocess.run(["ip", "-4", "-o", "addr", "show"], capture_output=True, text=True, check=True).stdout
+    return [line.split()[3].split("/")[0] for line in out.splitlines()]
+
+
+# --- 4. the network is the internet, not the worker ----------------------------------------------------------
+
+@needs_bwrap
+@needs_slirp
+@needs_nft
+def test_the_workers_loopback_services_are_unreachable_with_network_on(owned_ws):
+    # What PostgreSQL, Redis and RabbitMQ are to a worker: servers on its loopback (and on its own addresses).
+    server = Server("0.0.0.0")
+    try:
+        addrs = ["127.0.0.1", "10.0.2.2", *(a for a in _local_ipv4() if a != "127.0.0.1")]
+        out = call(BASH, {"command": PROBE.format(addrs=" ".join(addrs), port=server.port)},
+                   make_ctx(owned_ws, sandbox="bwrap"))
+    finally:
+        server.close()
+    assert _lines(out) == {a: "closed" for a in addrs}, out
+    assert server.accepted == 0
+    # The network is on (slirp4netns's tap0 is there): the refusal above is the filter's, not a missing network.
+    assert "tap0" in _interfaces(out), out
+
+
+@pytest.fixture
+def lan() -> Iterator[tuple[str, str]]:
+    """A network namespace made for the test, reached through a veth pair, holding a private address
+    (10.213.97.2, what a company's internal service would have) and an address the guard calls public but
+    that no network routes (192.0.0.200 in the IETF protocol block): a stand-in for the internet. Yields
+    both; a server listens on port 8080 of both inside it."""
+    name = f"mmtest{os.getpid()}"
+    host_if, ns_if = f"mmh{os.getpid() % 100000}", f"mmn{os.getpid() % 100000}"
+    private, public = "10.213.97.2", "192.0.0.200"
+    assert blocked_kind(ipaddress.ip_address(private)) and blocked_kind(ipaddress.ip_address(public)) is None
+    steps = [
+        ["ip", "netns", "add", name],
+        ["ip", "link", "add", host_if, "type", "veth", "peer", "name", ns_if, "netns", name],
+        ["ip", "addr", "add", "10.213.97.1/30", "dev", host_if],
+        ["ip", "link", "set", host_if, "up"],
+        ["ip", "-n", name, "addr", "add", f"{private}/30", "dev", ns_if],
+        ["ip", "-n", name, "addr", "add", f"{public}/32", "dev", ns_if],
+        ["ip", "-n", name, "link", "set", ns_if, "up"],
+        ["ip", "-n", name, "link", "set", "lo", "up"],
+        ["ip", "-n", name, "route", "add", "default", "via", "10.213.97.1"],
+        ["ip", "route", "add", f"{public}/32", "via", private, "dev", host_if],
+    ]
+    server = None
+    try:
+        for step in steps:
+            subprocess.run(step, check=True, capture_output=True)
+        # Every probe of the test goes into the veth, never out of the machine.
+        for addr in (private, public):
+            route = subprocess.run(["ip", "route", "get", addr], capture_output=True, text=True, check=True).stdout
+            assert f"dev {host_if}" in route, route
+        server = subprocess.Popen(
+            ["ip", "netns", "exec", name, "python3", "-c",
+             "import socket\ns = socket.create_server(('0.0.0.0', 8080))\n"
+             "while True:\n    c, _ = s.accept(); c.sendall(b'hello'); c.close()\n"])
+        for _ in range(50):
+            with contextlib.suppress(OSError), socket.create_connection((private, 8080), timeout=1):
+                break
+            subprocess.run(["sleep", "0.1"])
+        else:
+            pytest.fail("the test's server in its namespace did not come up")
+        yield private, public
+    finally:
+        if server is not None:
+            server.kill()
+            server.wait()
+        subprocess.run(["ip", "route", "del", f"{public}/32"], capture_output=True)
+        subprocess.run(["ip", "link", "del", host_if], capture_output=True)
+        subprocess.run(["ip", "netns", "del", name], capture_output=True)
+
+
+@needs_bwrap
+@needs_slirp
+@needs_nft
+@needs_ip
+def test_private_addresses_are_refused_and_public_ones_reached(owned_ws, lan):
+    private, public = lan
+    # Without the sandbox both are reachable from this worker: the refusal below is the sandbox's.
+    for addr in (private, public):
+        with socket.create_connection((addr, 8080), timeout=3):
+            pass
+    out = call(BASH, {"command": PROBE.format(addrs=f"{private} {public}", port=8080)},
+               make_ctx(owned_ws, sandbox="bwrap"))
+    assert _lines(out) == {private: "closed", public: "open"}, out
+
+
+@needs_bwrap
+def test_without_the_network_parts_commands_have_no_network_and_the_worker_says_so(owned_ws, monkeypatch):
+    server = Server()
+    # A PATH with bwrap and without slirp4netns, in a directory the workspace's owner (who runs bwrap) can read.
+    bin_dir = owned_ws.parent / "bin"
+    bin_dir.mkdir()
+    os.chmod(bin_dir, 0o755)
+    (bin_dir / "bwrap").symlink_to(shutil.which("bwrap") or "bwrap")
+    monkeypatch.setenv("PATH", str(bin_dir))
+    try:
+        out = call(BASH, {"command": PROBE.format(addrs="10.0.2.2", port=server.port)},
+                   make_ctx(owned_ws, sandbox="bwrap"))
+    finally:
+        server.close()
+    assert _interfaces(out) == ["lo"], out
+    assert network_report(AgentConfig()) == (
+        "bash.network is on, but slirp4netns is not installed on this worker: sandboxed commands run without "
+        "network (apt-get install slirp4netns)")
+    assert network_report(AgentConfig(bash=BashConfig(network=False))) is None
+
+
+@needs_bwrap
+@needs_slirp
+@needs_nft
+def test_with_every_part_there_is_nothing_to_report():
+    assert all(network_tools().values())
+    assert network_report(AgentConfig()) is None
+
+
+def test_the_filter_refuses_what_fetch_content_refuses():
+    nets = internal_networks()
+    for addr in ("10.1.2.3", "172.16.0.1", "172.31.255.254", "192.168.1.1", "100.64.0.1", "169.254.169.254",
+                 "127.0.0.1", "0.0.0.0", "224.0.0.1", "255.255.255.255", "100.100.100.200"):
+        ip = ipaddress.IPv4Address(addr)
+        assert blocked_kind(ip) and any(ip in n for n in nets), addr
+    for addr in ("1.1.1.1", "8.8.8.8", "151.101.1.1", "172.15.255.255", "172.32.0.0", "100.128.0.0", "11.0.0.0"):
+        ip = ipaddress.IPv4Address(addr)
+        assert blocked_kind(ip) is None and not any(ip in n for n in nets), addr
+
+
+# --- 5. never root, and setuid has no effect -------------------------------------------------------------------
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a root worker's behaviour")
+def test_a_root_owned_workspace_without_the_sandbox_is_refused(root_ws):
+    out = call(BASH, {"command": "touch ran"}, make_ctx(root_ws, sandbox="none"))
+    ws = os.path.realpath(root_ws)
+    assert out == (f"[error: bash: this worker runs as root and the workspace {ws} belongs to root, so without the "
+                   f"bwrap sandbox the command would run as root — the command was not run: give the workspaces "
+                   f"to an unprivileged user (chown -R mm: {ws}), or install bubblewrap]")
+    assert not (root_ws / "ran").exists()
+
+
+def _setuid_root_id(ws: Path) -> None:
+    """The worker's side plants a setuid-root copy of `id` in the workspace (a repository could ship one)."""
+    target = ws / "suid-id"
+    shutil.copy("/usr/bin/id", target)
+    os.chown(target, 0, 0)
+    os.chmod(target, 0o4755)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to make a setuid-root file")
+@pytest.mark.parametrize("mode", ["none", pytest.param("bwrap", marks=needs_bwrap)])
+def test_a_setuid_root_file_gives_no_root(owned_ws, mode):
+    _setuid_root_id(owned_ws)
+    out = call(BASH, {"command": "./suid-id -u; ./suid-id -g"}, make_ctx(owned_ws, sandbox=mode))
+    assert out.split() == [str(SANDBOX_UID), str(SANDBOX_UID)], out
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to make a setuid-root file")
+@needs_bwrap
+def test_a_setuid_root_file_gives_no_root_in_a_root_owned_workspace(root_ws):
+    _setuid_root_id(root_ws)
+    out = call(BASH, {"command": "./suid-id -u"}, make_ctx(root_ws, sandbox="bwrap"))
+    assert out.strip() != "0", out
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a root worker's behaviour")
+@needs_bwrap
+def test_a_setuid_file_made_in_the_sandbox_does_not_run_as_its_owner_on_the_host(root_ws):
+    # In a root-owned workspace the sandbox's files belong to root on the host: a setuid bit on one would make
+    # it a root door for whoever runs it there.
+    call(BASH, {"command": "cp /usr/bin/id made-id; chmod u+s,g+s made-id"}, make_ctx(root_ws, sandbox="bwrap"))
+    made = root_ws / "made-id"
+    assert made.stat().st_uid == 0 and not made.stat().st_mode & (stat.S_ISUID | stat.S_ISGID)
+    as_nobody = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", str(made), "-u"],
+                               capture_output=True, text=True)
+    assert as_nobody.stdout.strip() == "65534"
+
+
+# --- 7. /tmp and the workspace's disk ------------------------------------------------------------------------
+
+@needs_bwrap
+def test_tmp_is_a_tmpfs_within_the_limits(owned_ws):
+    ctx = make_ctx(owned_ws, sandbox="bwrap", bash={"limits": {"tmpMB": 8}})
+    out = call(BASH, {"command": "head -c 20000000 /dev/zero > /tmp/fill; head -c 20000000 /dev/zero > /var/tmp/fill;"
+                                 " df -k /tmp | tail -1"}, ctx)
+    assert out.count("No space left on device") == 2, out
+    assert out.split()[-5] == str(8 * 1024), out  # the tmpfs's size in KiB
+    # Without tmpMB, memoryMB bounds it.
+    small = make_ctx(owned_ws, sandbox="bwrap", bash={"limits": {"tmpMB": None, "memoryMB": 32}})
+    assert call(BASH, {"command": "df -k /tmp | tail -1"}, small).split()[-5] == str(32 * 1024)
+
+
+@pytest.mark.parametrize("mode", ["none", pytest.param("bwrap", marks=needs_bwrap)])
+def test_a_workspace_over_its_limit_stops_commands_until_it_is_cleaned(owned_ws, mode):
+    ctx = make_ctx(owned_ws, sandbox=mode, bash={"limits": {"workspaceMB": 2}})
+
+    async def session() -> list[str]:
+        outs = [await BASH.run({"command": "head -c 5000000 /dev/urandom > big; echo written"}, ctx),
+                await BASH.run({"command": "echo more > more"}, ctx)]
+        assert not (owned_ws / "more").exists()
+        outs += [await BASH.run({"command": "du -sh big"}, ctx),
+                await BASH.run({"command": "rm -f big"}, ctx),
+                await BASH.run({"command": "echo more > more; echo ok"}, ctx)]
+        await ctx.resources.aclose()
+        return outs
+
+    written, refused, du, rm, after = asyncio.run(session())
+    assert written == ("written\n[error: the workspace holds 5 MB, over its limit of 2 MB (bash.limits.workspaceMB) — "
+                       "delete files before going on]")
+    assert refused == ("[error: bash: the workspace holds 5 MB, over its limit of 2 MB (bash.limits.workspaceMB) — the "
+                       "command was not run: until it is back under, only plain rm, rmdir, du and ls commands run]")
+    assert "big" in du and rm == "" and after == "ok\n"
+
+
+def test_only_plain_cleanup_commands_pass_an_over_limit_workspace():
+    assert cleanup_only("rm -rf build node_modules/*") and cleanup_only("du -sh .") and cleanup_only("ls -la")
+    for command in ("rm x; yes > y", "rm $(yes > y)", "rm `true`", "ls > out", "rm x && cat", "cp a b",
+                    "rm x\nyes > y", "rm 'unterminated"):
+        assert not cleanup_only(command), command
