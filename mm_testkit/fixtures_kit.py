@@ -14,7 +14,8 @@ And the marker of tests that need a program of the system rather than of the vir
   laptop's `make test` then passes on what it can run, and says what it could not. With
   MM_TEST_REQUIRE_SYSTEM=1 (CI sets it: it installs the packages and must prove what they guard) the skip is
   a failure instead.
-- `needs_bwrap`: that marker for bubblewrap, which the sandbox tests need.
+- `needs_bwrap`: that marker for bubblewrap, which the sandbox tests need; `needs_bwrap_when_root`: the same,
+  only when the tests run as root (a root worker never runs a command unsandboxed in a root-owned workspace).
 - `path_without(command, where)`: a PATH on which `command` is not found, for tests of a machine without it
   (they then run whether or not this one has it).
 """
@@ -42,6 +43,9 @@ def needs_system(command: str, package: str) -> pytest.MarkDecorator:
 
 
 needs_bwrap = needs_system("bwrap", "bubblewrap")
+# A root worker runs a command in a workspace root owns only inside the sandbox (never as root), so tests that
+# run commands through an agent in their own temporary directories need bubblewrap when they run as root.
+needs_bwrap_when_root = needs_bwrap if os.geteuid() == 0 else pytest.mark.usefixtures()
 
 
 def path_without(command: str, where: Path) -> str:

@@ -15,7 +15,10 @@ import pytest
 
 from agent_support import call_ids
 from mm_core.log import CallStatus, FileStore, Outcome, ToolResult, ToolStarted
+from mm_testkit.fixtures_kit import needs_bwrap_when_root
 from mm_testkit.model_server import Reply, ToolCall
+
+pytestmark = needs_bwrap_when_root
 
 CHILD = Path(__file__).with_name("agent_child.py")
 
@@ -29,7 +32,7 @@ def child(tmp_path: Path, model_url: str, config: dict, *action: str) -> subproc
             str(tmp_path / "store"),
             str(tmp_path / "ws"),
             model_url,
-            json.dumps({"sandbox": "none", **config}),
+            json.dumps({"bash": {"network": False}, **config}),
             *action,
         ],
         stdout=subprocess.PIPE,

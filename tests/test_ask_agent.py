@@ -10,13 +10,17 @@ from mm_core import Decision
 from mm_core.display import call_line
 from mm_core.events import PermissionRequested, TextDelta, ToolCallFinished, ToolCallStarted
 from mm_core.log import MemoryStore, ToolResult
+from mm_testkit.fixtures_kit import needs_bwrap_when_root
 from mm_testkit.model_server import Reply, ToolCall
+
+pytestmark = needs_bwrap_when_root
 
 
 def setup(tmp_path, model_server, **agent_keys):
     (tmp_path / "agents").mkdir()
     (tmp_path / "agents" / "reviewer.yaml").write_text(
-        f"model: {{url: {model_server.url}, name: test-model}}\nsandbox: none\nacp: {{title: Code reviewer}}\n"
+        f"model: {{url: {model_server.url}, name: test-model}}\n"
+        "bash: {network: false}\nacp: {title: Code reviewer}\n"
     )
     refs = {"reviewer": {"config": str(tmp_path / "agents" / "reviewer.yaml"), **agent_keys}}
     return agent_config(model_server.url, yolo=False, mmConfigs=refs)

@@ -7,7 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from mm_testkit.fixtures_kit import needs_bwrap_when_root
 from mm_testkit.model_server import Reply, ToolCall
+
+pytestmark = needs_bwrap_when_root
 
 MM_BOT = str(Path(sys.executable).with_name("mm-bot"))
 
@@ -15,7 +18,7 @@ MM_BOT = str(Path(sys.executable).with_name("mm-bot"))
 def mm_run(
     tmp_path: Path, model_url: str, args: list[str], config: str = "", stdin: str = ""
 ) -> subprocess.CompletedProcess[str]:
-    (tmp_path / "mm.yaml").write_text(config or "sandbox: none\n")
+    (tmp_path / "mm.yaml").write_text(config or "bash: {network: false}\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MM_", "SLACK_"))}
     env.update(MM_MODEL_URL=model_url, MM_MODEL="test-model", MM_CONFIG=str(tmp_path / "mm.yaml"))
     return subprocess.run(
@@ -43,7 +46,7 @@ def test_one_shot_prints_tool_lines_and_the_answer(model_server, tmp_path):
 
 def test_one_shot_rejects_what_would_ask(model_server, tmp_path):
     model_server.script(Reply(tool_calls=[ToolCall("bash", {"command": "touch made"})]), Reply(text="I could not."))
-    done = mm_run(tmp_path, model_server.url, ["-p", "make a file"], config="yolo: false\nsandbox: none\n")
+    done = mm_run(tmp_path, model_server.url, ["-p", "make a file"], config="yolo: false\nbash: {network: false}\n")
     assert done.returncode == 0, done.stderr
     assert not (tmp_path / "made").exists()
     # The model gets the reference's words; the person is told why, once, and how to allow it.
@@ -67,7 +70,7 @@ def test_interactive_permission_prompt(model_server, tmp_path):
         tmp_path,
         model_server.url,
         [],
-        config="yolo: false\nsandbox: none\n",
+        config="yolo: false\nbash: {network: false}\n",
         stdin="write a\ny\ndelete it\nn\n/quit\n",
     )
     assert done.returncode == 0, done.stderr
@@ -89,7 +92,7 @@ def test_end_of_input_at_the_permission_prompt_rejects_and_exits(model_server, t
     model_server.script(
         Reply(tool_calls=[ToolCall("write_file", {"path": "a.txt", "content": "A\n"})]), Reply(text="Not written.")
     )
-    done = mm_run(tmp_path, model_server.url, [], config="yolo: false\nsandbox: none\n", stdin="write a\n")
+    done = mm_run(tmp_path, model_server.url, [], config="yolo: false\nbash: {network: false}\n", stdin="write a\n")
     assert done.returncode == 0, done.stderr
     assert "Traceback" not in done.stderr
     assert not (tmp_path / "a.txt").exists()
@@ -109,7 +112,7 @@ def test_a_failing_compact_is_a_message_and_the_session_goes_on(model_server, tm
 def test_an_asked_agents_lines_carry_its_name(model_server, tmp_path):
     (tmp_path / "agents").mkdir()
     (tmp_path / "agents" / "reviewer.yaml").write_text(
-        f"model: {{url: {model_server.url}, name: test-model}}\nsandbox: none\n"
+        f"model: {{url: {model_server.url}, name: test-model}}\nbash: {{network: false}}\n"
     )
     model_server.script(
         Reply(tool_calls=[ToolCall("ask_agent", {"agent": "reviewer", "prompt": "Check the build\nthoroughly"})]),
@@ -117,7 +120,7 @@ def test_an_asked_agents_lines_carry_its_name(model_server, tmp_path):
         Reply(text="The build is fine."),
         Reply(text="Reviewer says fine."),
     )
-    config = "sandbox: none\nmmConfigs: {reviewer: {config: agents/reviewer.yaml, description: reviews}}\n"
+    config = "bash: {network: false}\nmmConfigs: {reviewer: {config: agents/reviewer.yaml, description: reviews}}\n"
     done = mm_run(tmp_path, model_server.url, ["-p", "review"], config=config)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
