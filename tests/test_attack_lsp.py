@@ -18,7 +18,7 @@ import asyncio
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,9 @@ import mm_core.tools.lsp.tool as lsp_tool
 from mm_core.config import AgentConfig
 from mm_core.tools.base import ToolContext
 from mm_core.tools.lsp import LspTool, find_servers
+from mm_core.tools.lsp.manager import LspManager
+from mm_core.tools.sandbox import Launch
+from mm_testkit.fixtures_kit import needs_bwrap
 
 BIN = Path(sys.executable).parent
 # Letters and digits only: a Markdown hover escapes `_` and `*`, which would hide a leak from `in`.
@@ -80,8 +83,19 @@ class Attack:
         return self.runner.run(self.tool.preview(args, self.ctx))
 
 
+def unsandboxed(config: AgentConfig, workspace: Path, argv: list[str]) -> Launch:
+    """The server started as the worker's own process, reading whatever the worker can: the tool's own
+    confinement is what these tests prove, so it must hold even when the server's sandbox is missing."""
+    return Launch(argv=argv, env=dict(os.environ), cwd=str(workspace), pass_fds=())
+
+
 @pytest.fixture
-def attack(tmp_path: Path) -> Iterator[Attack]:
+def attack(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Attack]:
+    monkeypatch.setattr(lsp_tool, "server_launch", unsandboxed)
+    yield from make_attack(tmp_path)
+
+
+def make_attack(tmp_path: Path) -> Generator[Attack]:
     ws, other, etc = tmp_path / "ws", tmp_path / "other-thread", tmp_path / "etc"
     for directory in (ws, other, etc):
         directory.mkdir()
@@ -306,3 +320,35 @@ def test_a_module_swapped_for_a_link_between_calls_is_a_path_only(attack):
     out = attack.run(action="references", path="app.py", symbol="helper")
     assert MARKER not in out
     assert "lib.py:1:5\n" in out and "def helper" not in out
+
+
+# ---- the second wall: the server itself in the sandbox ----------------------------------------------------------
+
+
+@needs_bwrap
+def test_a_sandboxed_server_cannot_read_what_the_workspace_links_to(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """Started through the sandbox (the tool's default), the server sees the workspace and its own installation
+    only: a link out of the workspace leads nowhere, so the server itself never reads the linked files, and a
+    hover on a local alias of a linked name, which the tool alone cannot withhold, holds nothing of them."""
+    monkeypatch.setenv("SLACK_BOT_TOKEN", "xoxb-worker-secret")
+    attack = next(gen := make_attack(tmp_path))
+    try:
+        (attack.ws / "alias.py").write_text("from shadow import shadow_fn\nv = shadow_fn\n")
+        answers = [
+            attack.run(action="definition", path="app.py", symbol="shadow_fn"),
+            attack.run(action="references", path="app.py", symbol="shadow_fn"),
+            attack.run(action="hover", path="alias.py", symbol="v"),
+            attack.run(action="hover", path="app.py", symbol="their_fn", line=2),
+        ]
+        assert [a for a in answers if MARKER in a] == []
+        assert answers[0] == "[lsp: no definition found for the symbol at app.py:1:28]"
+        assert "helper()" in attack.run(action="hover", path="app.py", symbol="helper", line=4)  # it still works
+        manager: LspManager | None = attack.ctx.resources.peek("lsp")
+        assert manager is not None
+        pids = manager.pids()
+        assert pids and all(Path(f"/proc/{pid}/exe").resolve().name == "bwrap" for pid in pids)
+        # Its environment is scrubbed like a command's: the worker's secrets are not in it.
+        assert all(b"xoxb-worker-secret" not in Path(f"/proc/{pid}/environ").read_bytes() for pid in pids)
+        unchanged(attack)
+    finally:
+        gen.close()

@@ -102,11 +102,12 @@ def test_request_timeout_then_recovery(tmp_path):
     async def scenario():
         assert await tool.run(DEFINITION, ctx) == ANSWER
         [pid] = lsp_pids(ctx)
-        os.kill(pid, signal.SIGSTOP)
+        # The whole group: in the sandbox, the server is a child of bwrap, whose pid this is.
+        os.killpg(pid, signal.SIGSTOP)
         try:
             assert await tool.run(DEFINITION, ctx) == "[lsp: pylsp: definition failed: no answer within 1s]"
         finally:
-            os.kill(pid, signal.SIGCONT)
+            os.killpg(pid, signal.SIGCONT)
         assert await tool.run(DEFINITION, ctx) == ANSWER
         await ctx.resources.aclose()
         assert gone(pid)
@@ -195,7 +196,9 @@ def test_file_gone_between_calls(tmp_path, action):
 
 def run_scripted_server(tmp_path: Path, name: str, script: str, request_timeout: str, deadline: float) -> str:
     """A definition call to a 'language server' that is this Python script, then the session's close."""
-    source = tmp_path / f"{name}_script.py"  # not {name}.py: it would shadow a package of that name
+    ws = workspace(tmp_path, "w")
+    # In the workspace, which the server's sandbox shows it; not {name}.py: it would shadow a package of that name.
+    source = ws / f"{name}_script.py"
     source.write_text(script)
     cfg = AgentConfig.model_validate(
         {
@@ -205,7 +208,7 @@ def run_scripted_server(tmp_path: Path, name: str, script: str, request_timeout:
             }
         }
     )
-    tool, ctx = LspTool(cfg, find_servers(cfg)[0]), ToolContext(workspace=workspace(tmp_path, "w"), config=cfg)
+    tool, ctx = LspTool(cfg, find_servers(cfg)[0]), ToolContext(workspace=ws, config=cfg)
 
     async def scenario():
         try:

@@ -36,6 +36,7 @@ import resource
 import shutil
 import stat
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -45,15 +46,28 @@ from mm_core.config import AgentConfig
 from mm_core.tools.base import ToolRefusal
 from mm_core.tools.fetch.guard import blocked_kind
 
-BWRAP_MISSING = ('[error: the configuration requires the bwrap sandbox (sandbox: bwrap) but bubblewrap is not '
-                 'installed on this worker — the command was not run]')
-ROOT_WORKSPACE = ('[error: bash: this worker runs as root and the workspace {workspace} belongs to root, so without '
-                  'the bwrap sandbox the command would run as root — the command was not run: give the workspaces '
-                  'to an unprivileged user (chown -R mm: {workspace}), or install bubblewrap]')
-NETWORK_FAILED = ('[error: bash: the sandbox\'s network could not be set up ({reason}) — the command was not run; '
-                  'bash.network: false runs commands without network]')
-NETWORK_MISSING = ('bash.network is on, but {missing} not installed on this worker: sandboxed commands run without '
-                   'network (apt-get install {packages})')
+BWRAP_MISSING = (
+    "[error: the configuration requires the bwrap sandbox (sandbox: bwrap) but bubblewrap is not "
+    "installed on this worker — the command was not run]"
+)
+ROOT_WORKSPACE = (
+    "[error: bash: this worker runs as root and the workspace {workspace} belongs to root, so without "
+    "the bwrap sandbox the command would run as root — the command was not run: give the workspaces "
+    "to an unprivileged user (chown -R mm: {workspace}), or install bubblewrap]"
+)
+ROOT_SERVER = (
+    "this worker runs as root and the workspace {workspace} belongs to root, so without the bwrap "
+    "sandbox the language server would run as root: give the workspaces to an unprivileged user "
+    "(chown -R mm: {workspace}), or install bubblewrap"
+)
+NETWORK_FAILED = (
+    "[error: bash: the sandbox's network could not be set up ({reason}) — the command was not run; "
+    "bash.network: false runs commands without network]"
+)
+NETWORK_MISSING = (
+    "bash.network is on, but {missing} not installed on this worker: sandboxed commands run without "
+    "network (apt-get install {packages})"
+)
 
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # Copied from the worker when set; everything else is left behind.
@@ -62,11 +76,39 @@ ALLOWED_ENV_PREFIXES = ("LC_",)
 # System files a command needs (name service, DNS, certificates, dynamic linker, shells' start-up files),
 # never /etc as a whole: /etc/shadow, ssh host keys, /etc/ssl/private and service credentials live there.
 ETC_FILES = (
-    "passwd", "group", "hosts", "hostname", "resolv.conf", "nsswitch.conf", "host.conf", "gai.conf",
-    "services", "protocols", "localtime", "timezone", "ld.so.cache", "ld.so.conf", "ld.so.conf.d",
-    "alternatives", "ssl/certs", "ssl/openssl.cnf", "ca-certificates", "ca-certificates.conf", "pki/tls/certs",
-    "mime.types", "os-release", "debian_version", "lsb-release", "bash.bashrc", "profile", "inputrc",
-    "gitconfig", "magic", "papersize", "python3", "perl",
+    "passwd",
+    "group",
+    "hosts",
+    "hostname",
+    "resolv.conf",
+    "nsswitch.conf",
+    "host.conf",
+    "gai.conf",
+    "services",
+    "protocols",
+    "localtime",
+    "timezone",
+    "ld.so.cache",
+    "ld.so.conf",
+    "ld.so.conf.d",
+    "alternatives",
+    "ssl/certs",
+    "ssl/openssl.cnf",
+    "ca-certificates",
+    "ca-certificates.conf",
+    "pki/tls/certs",
+    "mime.types",
+    "os-release",
+    "debian_version",
+    "lsb-release",
+    "bash.bashrc",
+    "profile",
+    "inputrc",
+    "gitconfig",
+    "magic",
+    "papersize",
+    "python3",
+    "perl",
 )
 MERGED_USR = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
 # The uid a root worker's command has inside the sandbox, when its workspace belongs to root; .ci/run creates
@@ -85,9 +127,11 @@ PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE = 47, 2
 # `nohup serve &` keeps running as the reference promises, until the session reaps it.
 # The wrapper's own stderr goes to /dev/null so that its job reports ("Killed", "File size limit exceeded")
 # never mix into the command's output; the command gets the real stderr.
-STATUS_WRAPPER = ('exec {{err}}>&2 2>/dev/null; "$BASH" -c "$1" 2>&$err {{err}}>&- {fd}>&-; echo $? >&{fd}; '
-                  'exec {fd}>&- {{err}}>&-{keepalive}')
-KEEPALIVE = '; while p=(/proc/[0-9]*); [ ${#p[@]} -gt 2 ]; do sleep 1; done'
+STATUS_WRAPPER = (
+    'exec {{err}}>&2 2>/dev/null; "$BASH" -c "$1" 2>&$err {{err}}>&- {fd}>&-; echo $? >&{fd}; '
+    "exec {fd}>&- {{err}}>&-{keepalive}"
+)
+KEEPALIVE = "; while p=(/proc/[0-9]*); [ ${#p[@]} -gt 2 ]; do sleep 1; done"
 
 
 @dataclass
@@ -146,12 +190,16 @@ def scrubbed_env(config: AgentConfig, workspace: Path, user: str) -> dict[str, s
     return env
 
 
-def _limits(config: AgentConfig) -> Callable[[], None]:
+def _limits(config: AgentConfig, server: bool = False) -> Callable[[], None]:
+    """The child's limits. A language server lives as long as its session, so CPU time would end it, and
+    Node's V8 reserves far more address space than it uses: a server's memory is bounded by RLIMIT_DATA (the
+    memory it writes) instead of RLIMIT_AS, and it has no CPU limit."""
     mib = 1024 * 1024
     lim = config.bash.limits
+    memory = lim.memoryMB * mib if lim.memoryMB else None
     wanted = [
-        (resource.RLIMIT_CPU, lim.cpuSeconds),
-        (resource.RLIMIT_AS, lim.memoryMB * mib if lim.memoryMB else None),
+        (resource.RLIMIT_CPU, None if server else lim.cpuSeconds),
+        (resource.RLIMIT_DATA if server else resource.RLIMIT_AS, memory),
         (resource.RLIMIT_NPROC, lim.processes),
         (resource.RLIMIT_FSIZE, lim.fileSizeMB * mib if lim.fileSizeMB else None),
     ]
@@ -198,10 +246,27 @@ def _tmp_bytes(config: AgentConfig) -> int | None:
     return min(sizes) * 1024 * 1024 if sizes else None
 
 
-def _bwrap_args(bwrap: str, config: AgentConfig, workspace: str, inner_uid: int | None,
-                network: SandboxNetwork | None) -> list[str]:
-    args = [bwrap, "--die-with-parent", "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
-            "--unshare-cgroup-try", "--unshare-net", "--disable-userns", "--cap-drop", "ALL"]
+def _bwrap_args(
+    bwrap: str,
+    config: AgentConfig,
+    workspace: str,
+    inner_uid: int | None,
+    network: SandboxNetwork | None,
+    read_only: tuple[str, ...] = (),
+) -> list[str]:
+    args = [
+        bwrap,
+        "--die-with-parent",
+        "--unshare-user",
+        "--unshare-pid",
+        "--unshare-ipc",
+        "--unshare-uts",
+        "--unshare-cgroup-try",
+        "--unshare-net",
+        "--disable-userns",
+        "--cap-drop",
+        "ALL",
+    ]
     if network is not None:
         args += ["--info-fd", str(network.info_w), "--block-fd", str(network.block_r)]
     if inner_uid is not None:
@@ -223,8 +288,10 @@ def _bwrap_args(bwrap: str, config: AgentConfig, workspace: str, inner_uid: int 
             args += ["--ro-bind", str(path), str(path)]
     tmp_size = _tmp_bytes(config)
     size = ["--size", str(tmp_size)] if tmp_size else []
-    args += ["--proc", "/proc", "--dev", "/dev", *size, "--tmpfs", "/tmp", *size, "--tmpfs", "/var/tmp",
-             "--bind", workspace, workspace, "--remount-ro", "/", "--chdir", workspace, "--"]
+    args += ["--proc", "/proc", "--dev", "/dev", *size, "--tmpfs", "/tmp", *size, "--tmpfs", "/var/tmp"]
+    for path in read_only:
+        args += ["--ro-bind", path, path]
+    args += ["--bind", workspace, workspace, "--remount-ro", "/", "--chdir", workspace, "--"]
     return args
 
 
@@ -252,8 +319,65 @@ def prepare(config: AgentConfig, workspace: Path, command: str, status_fd: int) 
     shell = ["bash", "-c", STATUS_WRAPPER.format(fd=status_fd, keepalive=KEEPALIVE), "mm-bash", command]
     argv = _bwrap_args(bwrap, config, ws, inner_uid, network) + shell
     child_fds = network.child_fds() if network else ()
-    return Launch(argv=argv, env=env, cwd=ws, pass_fds=(status_fd, *child_fds), user=uid, group=gid,
-                  preexec=preexec, sandboxed=True, child_fds=child_fds, network=network)
+    return Launch(
+        argv=argv,
+        env=env,
+        cwd=ws,
+        pass_fds=(status_fd, *child_fds),
+        user=uid,
+        group=gid,
+        preexec=preexec,
+        sandboxed=True,
+        child_fds=child_fds,
+        network=network,
+    )
+
+
+def server_launch(config: AgentConfig, workspace: Path, argv: list[str]) -> Launch:
+    """The launch of a language server for `workspace`, in the same sandbox as a command: only its workspace
+    (it loads code and configuration from there), the system read-only, a scrubbed environment, never root,
+    no network; plus its own installation, read-only. Raises ToolRefusal as `prepare` does."""
+    ws = os.path.realpath(workspace)
+    bwrap = bwrap_path(config)
+    uid, gid, user = _identity(Path(ws))
+    root_owned = uid is None and os.geteuid() == 0
+    if root_owned and not bwrap:
+        raise ToolRefusal(ROOT_SERVER.format(workspace=ws))
+    env = scrubbed_env(config, Path(ws), _user_name(SANDBOX_UID) if root_owned else user)
+    env["PATH"] = f"{Path(argv[0]).parent}:{SAFE_PATH}"
+    # Caches go to the sandbox's own /tmp, not into the repository.
+    env["HOME"] = "/tmp" if bwrap else tempfile.gettempdir()
+    preexec = _limits(config, server=True)
+    if not bwrap:
+        return Launch(argv=argv, env=env, cwd=ws, pass_fds=(), user=uid, group=gid, preexec=preexec)
+    inner_uid = SANDBOX_UID if root_owned else None
+    args = _bwrap_args(bwrap, config, ws, inner_uid, None, installation(argv[0]))
+    return Launch(argv=args + argv, env=env, cwd=ws, pass_fds=(), user=uid, group=gid, preexec=preexec, sandboxed=True)
+
+
+def installation(executable: str) -> tuple[str, ...]:
+    """The directories a program needs besides the system: the prefix it is installed in (`…/bin/prog` →
+    `…`), its script interpreter's (`#!…/python`), through symlinks, and a virtualenv's base Python."""
+    paths = [Path(executable), Path(os.path.realpath(executable))]
+    with contextlib.suppress(OSError), open(executable, "rb") as f:
+        first = f.readline(512)
+        if first.startswith(b"#!") and first[2:].split():
+            interpreter = first[2:].split()[0].decode(errors="replace")
+            paths += [Path(interpreter), Path(os.path.realpath(interpreter))]
+    prefixes = {p.parent.parent if p.parent.name == "bin" else p.parent for p in paths}
+    for prefix in list(prefixes):
+        with contextlib.suppress(OSError):
+            for line in (prefix / "pyvenv.cfg").read_text().splitlines():
+                key, _, value = line.partition("=")
+                if key.strip() == "home":
+                    home = Path(value.strip())
+                    prefixes |= {home.parent, Path(os.path.realpath(home)).parent}
+    system = (Path("/usr"), *(Path("/") / name for name in MERGED_USR))
+    kept = sorted(
+        str(p) for p in prefixes if p.is_dir() and p != Path("/") and not any(p.is_relative_to(s) for s in system)
+    )
+    # A prefix inside another is bound with it.
+    return tuple(p for p in kept if not any(p != q and Path(p).is_relative_to(q) for q in kept))
 
 
 # --- the workspace's size ---------------------------------------------------------------------------------------
@@ -416,8 +540,9 @@ def ruleset(extra: tuple[ipaddress.IPv4Network, ...] = ()) -> str:
     """The nftables rules inside a sandbox's network namespace: its own loopback and slirp4netns's DNS
     forwarder are reachable, every internal network and the worker's own addresses are refused, and there is
     no IPv6 beyond loopback. The command cannot change them: it has no CAP_NET_ADMIN in its namespace."""
-    refused = ipaddress.collapse_addresses([*internal_networks(), *extra,
-                                            *(ipaddress.IPv4Network(a) for a in _local_addresses())])
+    refused = ipaddress.collapse_addresses(
+        [*internal_networks(), *extra, *(ipaddress.IPv4Network(a) for a in _local_addresses())]
+    )
     elements = ", ".join(str(n) for n in refused)
     return f"""table inet mm_sandbox {{
   set internal {{
@@ -521,11 +646,24 @@ class SandboxNetwork:
         held = [ready_w, net, owner]  # the worker's copies, closed once the helpers have theirs
         try:
             slirp = await asyncio.create_subprocess_exec(
-                self.tools["slirp4netns"], "--configure", "--mtu=65520", "--disable-host-loopback",
-                "--enable-sandbox", "--enable-seccomp", f"--ready-fd={ready_w}", f"--exit-fd={self.exit_r}",
-                f"--userns-path=/proc/self/fd/{owner}", "--netns-type=path", f"/proc/self/fd/{net}", "tap0",
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                pass_fds=(ready_w, self.exit_r, net, owner), start_new_session=True)
+                self.tools["slirp4netns"],
+                "--configure",
+                "--mtu=65520",
+                "--disable-host-loopback",
+                "--enable-sandbox",
+                "--enable-seccomp",
+                f"--ready-fd={ready_w}",
+                f"--exit-fd={self.exit_r}",
+                f"--userns-path=/proc/self/fd/{owner}",
+                "--netns-type=path",
+                f"/proc/self/fd/{net}",
+                "tap0",
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                pass_fds=(ready_w, self.exit_r, net, owner),
+                start_new_session=True,
+            )
             self.helpers.append(slirp)
             os.close(held.pop(0))  # ready_w: slirp4netns's report, or its exit, must end the read below
             ready = await _read_ready(ready_r)
@@ -533,8 +671,14 @@ class SandboxNetwork:
                 code = await slirp.wait()
                 raise ToolRefusal(NETWORK_FAILED.format(reason=f"slirp4netns exited with status {code}"))
             nft = await asyncio.create_subprocess_exec(
-                self.tools["nft"], "-f", "-", stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE, preexec_fn=_enter_as_admin(net, owner))
+                self.tools["nft"],
+                "-f",
+                "-",
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                preexec_fn=_enter_as_admin(net, owner),
+            )
             _, err = await nft.communicate(rules.encode())
         finally:
             for fd in held:
@@ -561,8 +705,12 @@ def _enter_as_admin(net: int, owner: int) -> Callable[[], None]:
     data = (ctypes.c_uint32 * 6)(admin, admin, admin, 0, 0, 0)
 
     def enter() -> None:  # in the child between fork and exec (single-threaded: setns to a user namespace)
-        if (setns(owner, CLONE_NEWUSER) or setns(net, CLONE_NEWNET) or capset(header, data)
-                or prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE, CAP_NET_ADMIN, 0, 0)):
+        if (
+            setns(owner, CLONE_NEWUSER)
+            or setns(net, CLONE_NEWNET)
+            or capset(header, data)
+            or prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE, CAP_NET_ADMIN, 0, 0)
+        ):
             raise OSError(ctypes.get_errno(), "cannot enter the sandbox's network as its administrator")
 
     return enter
@@ -601,8 +749,7 @@ async def _read_ready(fd: int) -> bytes:
     """slirp4netns's ready report: one byte, or nothing when it exits first; fd is closed."""
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader()
-    transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader),
-                                                os.fdopen(fd, "rb", 0))
+    transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb", 0))
     try:
         return await reader.read(1)
     finally:
@@ -613,8 +760,9 @@ async def _child_pid(fd: int) -> int:
     """The sandbox's pid, from bwrap's --info-fd JSON (it writes it once its namespaces exist)."""
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader()
-    transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader),
-                                                os.fdopen(os.dup(fd), "rb", 0))
+    transport, _ = await loop.connect_read_pipe(
+        lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(os.dup(fd), "rb", 0)
+    )
     text = b""
     try:
         while b"}" not in text:

@@ -22,6 +22,8 @@ import itertools
 import json
 import os
 import signal
+import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,7 +31,9 @@ from typing import Any
 from lsprotocol import types
 from lsprotocol.converters import get_converter
 
+from mm_core.tools.base import ToolRefusal
 from mm_core.tools.lsp.positions import UTF8, UTF16, UTF32
+from mm_core.tools.sandbox import Launch
 from mm_core.tools.workspace import OUTSIDE, WorkspaceError, read_bytes, relative
 
 # Documents a server keeps open at once; the least recently used one is closed beyond this, so a long
@@ -113,8 +117,18 @@ def _answer_server_request(method: str, params: Any) -> Any:
 
 
 class LspClient:
-    def __init__(self, name: str, command: str, args: list[str], root: Path, timeout: float):
+    def __init__(
+        self,
+        name: str,
+        command: str,
+        args: list[str],
+        root: Path,
+        timeout: float,
+        launcher: Callable[[list[str]], Launch] | None = None,
+    ):
         self.server_name = name
+        self.launcher = launcher
+        self.sandboxed = False
         self.command = command
         self.args = args
         self.root = root
@@ -142,19 +156,30 @@ class LspClient:
         return self._proc is not None and self._proc.returncode is None and not self.exit_reason
 
     async def start(self) -> None:
-        """Start the process in the project root and run the initialize handshake."""
+        """Start the process in the project root (through the launcher: the sandbox) and run the initialize
+        handshake."""
+        argv = [self.command, *self.args]
+        try:
+            launch = self.launcher(argv) if self.launcher is not None else None
+        except ToolRefusal as err:
+            raise RequestFailed(f"could not start {self.command}: {err.text}") from err
+        self.sandboxed = launch is not None and launch.sandboxed
         try:
             self._proc = await asyncio.create_subprocess_exec(
-                self.command,
-                *self.args,
+                *(launch.argv if launch else argv),
                 cwd=str(self.root),
+                env=launch.env if launch else None,
+                preexec_fn=launch.preexec if launch else None,
+                user=launch.user if launch else None,
+                group=launch.group if launch else None,
+                extra_groups=[] if launch and launch.user is not None else None,
                 start_new_session=True,
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
             )
-        except OSError as err:
-            raise RequestFailed(f"could not start {self.command}: {err.strerror or err}") from err
+        except (OSError, ValueError, subprocess.SubprocessError) as err:  # SubprocessError: a failed setrlimit
+            raise RequestFailed(f"could not start {self.command}: {getattr(err, 'strerror', None) or err}") from err
         assert self._proc.stdout is not None and self._proc.stderr is not None
         self._tasks = [
             asyncio.create_task(self._read(self._proc.stdout)),
@@ -162,7 +187,9 @@ class LspClient:
         ]
         root_uri = self.root.as_uri()
         params = types.InitializeParams(
-            process_id=os.getpid(),
+            # In its own pid namespace the server would find no process of ours by this id, and pylsp ends when
+            # it finds none.
+            process_id=None if self.sandboxed else os.getpid(),
             root_uri=root_uri,
             root_path=str(self.root),
             workspace_folders=[types.WorkspaceFolder(uri=root_uri, name=self.root.name or "root")],

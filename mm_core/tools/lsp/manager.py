@@ -15,12 +15,13 @@ import contextlib
 import shutil
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from mm_core.config import LspConfig, LspServer
 from mm_core.tools.lsp.client import LspClient, RequestFailed, kill_group
+from mm_core.tools.sandbox import Launch
 
 
 def server_command(command: str) -> str | None:
@@ -69,9 +70,16 @@ def running_pids() -> list[int]:
 class LspManager:
     """The language servers of one session; held in the session's resources under "lsp"."""
 
-    def __init__(self, config: LspConfig, servers: dict[str, LspServer]):
+    def __init__(
+        self,
+        config: LspConfig,
+        servers: dict[str, LspServer],
+        launcher: Callable[[Path, list[str]], Launch] | None = None,
+    ):
         self.config = config
         self.servers = servers
+        # How a server's process is started for a workspace (the sandbox: mm_core.tools.sandbox.server_launch).
+        self.launcher = launcher
         self.extensions = extension_map(servers)
         self._running: dict[tuple[Path, str], Running] = {}
         self._starting: dict[tuple[Path, str], asyncio.Lock] = {}
@@ -134,7 +142,9 @@ class LspManager:
         if command is None:
             raise RequestFailed(f"{server.command} not found on the PATH")
         await _make_room(self.config.maxServers)
-        client = LspClient(name, command, list(server.args), workspace, self.config.requestTimeout)
+        launch = self.launcher
+        launcher = (lambda argv: launch(workspace, argv)) if launch is not None else None
+        client = LspClient(name, command, list(server.args), workspace, self.config.requestTimeout, launcher)
         running = Running(client=client, manager=self, key=(workspace, name), loop=loop)
         self._running[running.key] = running
         _RUNNING[id(running)] = running

@@ -24,6 +24,7 @@ from mm_core.tools.base import Tool, ToolContext
 from mm_core.tools.lsp.client import LspClient, RequestFailed, ServerGone, read_document
 from mm_core.tools.lsp.manager import LspManager, extension_map, server_command
 from mm_core.tools.lsp.positions import UTF16, from_wire, line_starts, offset, split_lines, to_wire
+from mm_core.tools.sandbox import server_launch
 from mm_core.tools.text import truncate
 from mm_core.tools.workspace import NotRegularFile, WorkspaceError, read_bytes, resolve, write_bytes
 
@@ -250,7 +251,10 @@ class LspTool(Tool):
             if isinstance(found, str):
                 return found
             positions = found
-        manager: LspManager = await ctx.resources.get("lsp", lambda: LspManager(self.config.lsp, self.servers))
+        manager: LspManager = await ctx.resources.get(
+            "lsp",
+            lambda: LspManager(self.config.lsp, self.servers, lambda ws, argv: server_launch(self.config, ws, argv)),
+        )
         session = _Session(ctx.workspace, path, call, positions)
         session.read_as(path, text)
         try:
