@@ -112,8 +112,10 @@ async def hostile(name: str, route: Route, args: dict[str, str]) -> None:
             tracemalloc.stop()
     answer = out.split("\n", 1)[0]
     answer = answer if len(answer) <= 90 else answer[:87] + "..."
-    print(f"hostile page {name}: {len(route.body):,} bytes on the wire, peak {peak:.1f} MiB (tracemalloc), "
-          f"{elapsed:.2f} s, answer ({len(out):,} chars): {answer}")
+    print(
+        f"hostile page {name}: {len(route.body):,} bytes on the wire, peak {peak:.1f} MiB (tracemalloc), "
+        f"{elapsed:.2f} s, answer ({len(out):,} chars): {answer}"
+    )
 
 
 def main() -> None:
@@ -136,25 +138,35 @@ def main() -> None:
         cells = " ".join(f"{results[n][0]:>26.1f} {results[n][1]:>6.1f}" for n in names)
         for n in names[1:]:
             ratios[n].append(results[n][0] / base)
-        print(f"{page:22} {len(html) / 1000:>6.0f} {cells}   "
-              + "  ".join(f"{n}: {results[n][0] / base:.2f}x" for n in names[1:]))
+        print(
+            f"{page:22} {len(html) / 1000:>6.0f} {cells}   "
+            + "  ".join(f"{n}: {results[n][0] / base:.2f}x" for n in names[1:])
+        )
     for n, values in ratios.items():
         print(f"median ratio {n} / ours: {statistics.median(values):.2f}x (above 1 means ours is faster)")
     small = [ms for page, ms in ours_ms.items() if len(pages[page]) <= 150_000]
     print(f"ours, median over the pages up to 150 KB: {statistics.median(small):.1f} ms")
     elapsed, size = asyncio.run(end_to_end(5 * 2**20 - 4096))
-    print(f"end to end through HTTP: a {size / 2**20:.2f} MiB page (a real page's body repeated) in "
-          f"{elapsed:.1f} s (limit 30 s)")
+    print(
+        f"end to end through HTTP: a {size / 2**20:.2f} MiB page (a real page's body repeated) in "
+        f"{elapsed:.1f} s (limit 30 s)"
+    )
     hostile_pages()
 
 
 def hostile_pages() -> None:
     html = {"Content-Type": "text/html; charset=utf-8"}
     gzipped = {**html, "Content-Encoding": "gzip, gzip, gzip"}
-    asyncio.run(hostile("gzip, gzip, gzip of 1 GiB", Route(encoding_bomb(("gzip", "gzip", "gzip"), 1024),
-                                                           headers=gzipped), {}))
-    asyncio.run(hostile("20 KB of crossed spans, tables: flatten", Route(span_bomb(20_000).encode(), headers=html),
-                        {"tables": "flatten"}))
+    asyncio.run(
+        hostile("gzip, gzip, gzip of 1 GiB", Route(encoding_bomb(("gzip", "gzip", "gzip"), 1024), headers=gzipped), {})
+    )
+    asyncio.run(
+        hostile(
+            "20 KB of crossed spans, tables: flatten",
+            Route(span_bomb(20_000).encode(), headers=html),
+            {"tables": "flatten"},
+        )
+    )
 
 
 if __name__ == "__main__":

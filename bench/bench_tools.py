@@ -62,24 +62,31 @@ def bench_bash(ws: Path, n: int) -> None:
         if all(network_tools().values()):
             internal_networks()  # derived once per process: not a per-command cost
             modes.append(("sandbox=bwrap, network on", AgentConfig(sandbox="bwrap")))
-    per_call = {label: asyncio.run(_calls(tool, ToolContext(workspace=ws, config=config), n))
-                for label, config in modes}
+    per_call = {
+        label: asyncio.run(_calls(tool, ToolContext(workspace=ws, config=config), n)) for label, config in modes
+    }
     for label, seconds in per_call.items():
         print(f"bash `true`, {label}: {seconds * 1000:.1f} ms per call ({n} calls)")
     labels = [label for label, _ in modes]
     if len(labels) > 1:
         base = per_call[labels[0]]
-        print(f"  sandbox overhead: x{per_call[labels[1]] / base:.2f} "
-              f"(+{(per_call[labels[1]] - base) * 1000:.1f} ms per call)")
+        print(
+            f"  sandbox overhead: x{per_call[labels[1]] / base:.2f} "
+            f"(+{(per_call[labels[1]] - base) * 1000:.1f} ms per call)"
+        )
     if len(labels) > 2:
         off, on = per_call[labels[1]], per_call[labels[2]]
-        print(f"  network setup (slirp4netns + nft), side by side: off {off * 1000:.1f} ms | on {on * 1000:.1f} ms "
-              f"per call (+{(on - off) * 1000:.1f} ms)")
+        print(
+            f"  network setup (slirp4netns + nft), side by side: off {off * 1000:.1f} ms | on {on * 1000:.1f} ms "
+            f"per call (+{(on - off) * 1000:.1f} ms)"
+        )
     started = time.perf_counter()
     internal_networks.cache_clear()
     internal_networks()
-    print(f"  the filter's ranges, derived from fetch_content's guard once per process: "
-          f"{(time.perf_counter() - started) * 1000:.0f} ms")
+    print(
+        f"  the filter's ranges, derived from fetch_content's guard once per process: "
+        f"{(time.perf_counter() - started) * 1000:.0f} ms"
+    )
 
 
 async def _with_stall(work: Awaitable[T]) -> tuple[T, float]:
@@ -110,6 +117,7 @@ def bench_write_rewrite(ws: Path) -> None:
 
     difflib's own matcher (what the tools used before) is timed on a 600-line version beside it, because on
     2,000 lines it takes about a minute; the ratio is per line pair at the same size."""
+
     def text(n: int, salt: str) -> str:
         return "".join(f"{salt} {i}\n\n" for i in range(n))
 
@@ -119,8 +127,10 @@ def bench_write_rewrite(ws: Path) -> None:
     args = {"path": "big.txt", "content": text(1000, "new")}
     preview, stall = asyncio.run(_with_stall(WriteFileTool().preview(args, ctx)))
     ours = time.perf_counter() - started
-    print(f"write_file preview, 2,000-line rewrite between blank lines: {ours * 1000:.1f} ms "
-          f"({len(preview.splitlines())} lines shown); longest event-loop stall meanwhile {stall * 1000:.1f} ms")
+    print(
+        f"write_file preview, 2,000-line rewrite between blank lines: {ours * 1000:.1f} ms "
+        f"({len(preview.splitlines())} lines shown); longest event-loop stall meanwhile {stall * 1000:.1f} ms"
+    )
     small_old, small_new = split_lines(text(300, "old")), split_lines(text(300, "new"))
     started = time.perf_counter()
     difflib.SequenceMatcher(None, small_old, small_new, autojunk=False).get_opcodes()
@@ -128,8 +138,10 @@ def bench_write_rewrite(ws: Path) -> None:
     started = time.perf_counter()
     diff("".join(small_old), "".join(small_new))
     bounded = time.perf_counter() - started
-    print(f"  600 lines: difflib's matcher {plain * 1000:.0f} ms, the bounded diff (rendered) {bounded * 1000:.1f} ms "
-          f"(x{plain / bounded:.0f})")
+    print(
+        f"  600 lines: difflib's matcher {plain * 1000:.0f} ms, the bounded diff (rendered) {bounded * 1000:.1f} ms "
+        f"(x{plain / bounded:.0f})"
+    )
 
 
 def main() -> None:

@@ -29,8 +29,7 @@ class Site:
     def url(self, path: str = "/") -> str:
         return f"http://{self.host}:{self.port}{path}"
 
-    def page(self, path: str, html: str | bytes, content_type: str | None = "text/html; charset=utf-8",
-             **kw) -> str:
+    def page(self, path: str, html: str | bytes, content_type: str | None = "text/html; charset=utf-8", **kw) -> str:
         body = html.encode() if isinstance(html, str) else html
         self.routes[path] = Route(body, headers={"Content-Type": content_type} if content_type else {}, **kw)
         return self.url(path)

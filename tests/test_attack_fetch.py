@@ -52,8 +52,7 @@ def _hostile(case: str) -> tuple[dict[str, Route], dict[str, object]]:
     if case == "mixed":
         return {"/p": encoded(encoding_bomb(("deflate", "gzip", "deflate")), "deflate, gzip, deflate")}, {}
     if case == "robots":  # the bomb as robots.txt, then an ordinary page
-        return {"/robots.txt": encoded(encoding_bomb(), "gzip, gzip, gzip"),
-                "/p": Route(PAGE)}, {}
+        return {"/robots.txt": encoded(encoding_bomb(), "gzip, gzip, gzip"), "/p": Route(PAGE)}, {}
     if case == "spans":
         return {"/p": Route(span_bomb(20_000).encode())}, {"tables": "flatten"}
     raise AssertionError(case)
@@ -80,14 +79,19 @@ async def _child_run(case: str) -> dict[str, str | int | float]:
         before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         out = await tool.run({"url": site.url("/p"), **args}, ctx)
         after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return {"out": out[:400], "chars": len(out), "page_bytes": len(routes["/p"].body),
-            "grown_mib": (after - before) / 1024}
+    return {
+        "out": out[:400],
+        "chars": len(out),
+        "page_bytes": len(routes["/p"].body),
+        "grown_mib": (after - before) / 1024,
+    }
 
 
 def run_child(case: str, tmp_path: Path) -> dict[str, str | int | float]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")]), "MALLOC_ARENA_MAX": "1"}
-    proc = subprocess.run([sys.executable, __file__, case], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run(
+        [sys.executable, __file__, case], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, f"the child died (rc {proc.returncode}):\n{proc.stderr[-3000:]}"
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -123,11 +127,13 @@ def fetch(tmp_path: Path, routes: dict[str, Route], limits: Limits = Limits(), *
             site.routes.update(routes)
             tool, ctx = make(tmp_path, limits)
             return await tool.run({"url": site.url("/p"), **args}, ctx)
+
     return asyncio.run(scenario())
 
 
-@pytest.mark.parametrize("codings", ["gzip", "deflate", "x-gzip", "gzip, deflate", "deflate, gzip, gzip",
-                                     "identity, gzip", "gzip, utf-8"])
+@pytest.mark.parametrize(
+    "codings", ["gzip", "deflate", "x-gzip", "gzip, deflate", "deflate, gzip, gzip", "identity, gzip", "gzip, utf-8"]
+)
 def test_stacked_encodings_are_decoded(codings: str, tmp_path: Path) -> None:
     body = PAGE
     for coding in codings.split(","):
@@ -162,14 +168,18 @@ def test_more_stacked_encodings_than_allowed_are_refused(tmp_path: Path) -> None
     out = fetch(tmp_path, {"/p": encoded(body, ", ".join(codings))})
     assert out.startswith("[fetch_content: error 1 (conversion) — ") and out.endswith(
         f"is compressed {MAX_ENCODINGS + 1} times over (gzip, gzip, gzip, gzip) — more than {MAX_ENCODINGS} "
-        "stacked Content-Encodings are refused]")
+        "stacked Content-Encodings are refused]"
+    )
 
 
-@pytest.mark.parametrize(("codings", "body", "reason"), [
-    ("br", b"\x1b\x00\x00", "is compressed with br, which is not decoded: only gzip and deflate are]"),
-    ("gzip", b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x02\xff\xff\xff", "cannot be decoded: its gzip data is corrupt ("),
-    ("deflate", b"\xff\xfe\xfd\xfc", "cannot be decoded: its deflate data is corrupt ("),
-])
+@pytest.mark.parametrize(
+    ("codings", "body", "reason"),
+    [
+        ("br", b"\x1b\x00\x00", "is compressed with br, which is not decoded: only gzip and deflate are]"),
+        ("gzip", b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x02\xff\xff\xff", "cannot be decoded: its gzip data is corrupt ("),
+        ("deflate", b"\xff\xfe\xfd\xfc", "cannot be decoded: its deflate data is corrupt ("),
+    ],
+)
 def test_undecodable_bodies_are_a_text(codings: str, body: bytes, reason: str, tmp_path: Path) -> None:
     out = fetch(tmp_path, {"/p": encoded(body, codings)})
     assert out.startswith("[fetch_content: error 1 (conversion) — http://127.0.0.1:") and reason in out, out
@@ -222,7 +232,8 @@ def test_formatting_reopened_in_every_block_is_refused_with_a_text(tmp_path: Pat
     out = fetch(tmp_path, {"/p": Route(page)})
     assert out.startswith("[fetch_content: error 1 (conversion) — http://127.0.0.1:") and out.endswith(
         "/p makes more elements once parsed than it has characters (formatting tags left open across blocks, "
-        "which the HTML5 parser opens again in each) — refused]"), out
+        "which the HTML5 parser opens again in each) — refused]"
+    ), out
     sloppy = "<!doctype html><b><font color=red><i>" + "<p>para" * 2000  # left open, re-opened: still a page
     assert md(sloppy) == "para\n\n" * 1999 + "para\n"
 
@@ -237,30 +248,38 @@ def test_deeply_nested_styles_convert(tag: str, markdown: str, tmp_path: Path) -
     assert fetch(tmp_path, {"/p": Route(page)}, strikethrough=True) == markdown
 
 
-@pytest.mark.parametrize(("exc", "reason"), [
-    (MemoryError(), "takes more memory to convert than there is"),
-    (RecursionError(), "is nested too deeply to convert"),
-    (ValueError("odd"), "the page could not be handled: odd"),
-    (OSError(5, "Input/output error"), "the page could not be handled: Input/output error"),
-])
-def test_unforeseen_errors_of_the_conversion_are_a_text(exc: BaseException, reason: str, tmp_path: Path,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    ("exc", "reason"),
+    [
+        (MemoryError(), "takes more memory to convert than there is"),
+        (RecursionError(), "is nested too deeply to convert"),
+        (ValueError("odd"), "the page could not be handled: odd"),
+        (OSError(5, "Input/output error"), "the page could not be handled: Input/output error"),
+    ],
+)
+def test_unforeseen_errors_of_the_conversion_are_a_text(
+    exc: BaseException, reason: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     def broken(html: str, options: Options) -> str:
         raise exc
+
     monkeypatch.setattr(tool_module, "to_markdown", broken)
     out = fetch(tmp_path, {"/p": Route(PAGE)})
     assert out.startswith("[fetch_content: error 1 (conversion) — ") and reason in out, out
 
 
 @pytest.mark.parametrize("exc", [OSError(24, "Too many open files"), ValueError("bad header")])
-def test_unforeseen_errors_of_the_request_are_a_text(exc: BaseException, tmp_path: Path,
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_unforeseen_errors_of_the_request_are_a_text(
+    exc: BaseException, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     async def broken(self: object, url: str) -> object:
         raise exc
+
     monkeypatch.setattr(tool_module.Fetcher, "fetch", broken)
     out = fetch(tmp_path, {"/p": Route(PAGE)})
-    assert out.startswith("[fetch_content: error 2 (input) — fetching http://127.0.0.1:") and str(
-        exc.args[-1]) in out, out
+    assert (
+        out.startswith("[fetch_content: error 2 (input) — fetching http://127.0.0.1:") and str(exc.args[-1]) in out
+    ), out
 
 
 if __name__ == "__main__":

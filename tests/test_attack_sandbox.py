@@ -34,8 +34,10 @@ needs_slirp = needs_system("slirp4netns", "slirp4netns")
 needs_nft = needs_system("nft", "nftables")
 needs_ip = needs_system("ip", "iproute2")
 # A bash probe: one line per address, "open" when a TCP connection to it succeeded within 3 s.
-PROBE = 'for a in {addrs}; do if timeout 3 bash -c "exec 3<>/dev/tcp/$a/{port}" 2>/dev/null; then echo "$a open"; ' \
-        'else echo "$a closed"; fi; done; tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d " "'
+PROBE = (
+    'for a in {addrs}; do if timeout 3 bash -c "exec 3<>/dev/tcp/$a/{port}" 2>/dev/null; then echo "$a open"; '
+    'else echo "$a closed"; fi; done; tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d " "'
+)
 
 
 @pytest.fixture
@@ -100,6 +102,7 @@ def _local_ipv4() -> list[str]:
 
 # --- 4. the network is the internet, not the worker ----------------------------------------------------------
 
+
 @needs_bwrap
 @needs_slirp
 @needs_nft
@@ -108,8 +111,11 @@ def test_the_workers_loopback_services_are_unreachable_with_network_on(owned_ws)
     server = Server("0.0.0.0")
     try:
         addrs = ["127.0.0.1", "10.0.2.2", *(a for a in _local_ipv4() if a != "127.0.0.1")]
-        out = call(BASH, {"command": PROBE.format(addrs=" ".join(addrs), port=server.port)},
-                   make_ctx(owned_ws, sandbox="bwrap"))
+        out = call(
+            BASH,
+            {"command": PROBE.format(addrs=" ".join(addrs), port=server.port)},
+            make_ctx(owned_ws, sandbox="bwrap"),
+        )
     finally:
         server.close()
     assert _lines(out) == {a: "closed" for a in addrs}, out
@@ -149,9 +155,17 @@ def lan() -> Iterator[tuple[str, str]]:
             route = subprocess.run(["ip", "route", "get", addr], capture_output=True, text=True, check=True).stdout
             assert f"dev {host_if}" in route, route
         server = subprocess.Popen(
-            ["ip", "netns", "exec", name, "python3", "-c",
-             "import socket\ns = socket.create_server(('0.0.0.0', 8080))\n"
-             "while True:\n    c, _ = s.accept(); c.sendall(b'hello'); c.close()\n"])
+            [
+                "ip",
+                "netns",
+                "exec",
+                name,
+                "python3",
+                "-c",
+                "import socket\ns = socket.create_server(('0.0.0.0', 8080))\n"
+                "while True:\n    c, _ = s.accept(); c.sendall(b'hello'); c.close()\n",
+            ]
+        )
         for _ in range(50):
             with contextlib.suppress(OSError), socket.create_connection((private, 8080), timeout=1):
                 break
@@ -178,8 +192,9 @@ def test_private_addresses_are_refused_and_public_ones_reached(owned_ws, lan):
     for addr in (private, public):
         with socket.create_connection((addr, 8080), timeout=3):
             pass
-    out = call(BASH, {"command": PROBE.format(addrs=f"{private} {public}", port=8080)},
-               make_ctx(owned_ws, sandbox="bwrap"))
+    out = call(
+        BASH, {"command": PROBE.format(addrs=f"{private} {public}", port=8080)}, make_ctx(owned_ws, sandbox="bwrap")
+    )
     assert _lines(out) == {private: "closed", public: "open"}, out
 
 
@@ -193,14 +208,16 @@ def test_without_the_network_parts_commands_have_no_network_and_the_worker_says_
     (bin_dir / "bwrap").symlink_to(shutil.which("bwrap") or "bwrap")
     monkeypatch.setenv("PATH", str(bin_dir))
     try:
-        out = call(BASH, {"command": PROBE.format(addrs="10.0.2.2", port=server.port)},
-                   make_ctx(owned_ws, sandbox="bwrap"))
+        out = call(
+            BASH, {"command": PROBE.format(addrs="10.0.2.2", port=server.port)}, make_ctx(owned_ws, sandbox="bwrap")
+        )
     finally:
         server.close()
     assert _interfaces(out) == ["lo"], out
     assert network_report(AgentConfig()) == (
         "bash.network is on, but slirp4netns is not installed on this worker: sandboxed commands run without "
-        "network (apt-get install slirp4netns)")
+        "network (apt-get install slirp4netns)"
+    )
     assert network_report(AgentConfig(bash=BashConfig(network=False))) is None
 
 
@@ -214,8 +231,19 @@ def test_with_every_part_there_is_nothing_to_report():
 
 def test_the_filter_refuses_what_fetch_content_refuses():
     nets = internal_networks()
-    for addr in ("10.1.2.3", "172.16.0.1", "172.31.255.254", "192.168.1.1", "100.64.0.1", "169.254.169.254",
-                 "127.0.0.1", "0.0.0.0", "224.0.0.1", "255.255.255.255", "100.100.100.200"):
+    for addr in (
+        "10.1.2.3",
+        "172.16.0.1",
+        "172.31.255.254",
+        "192.168.1.1",
+        "100.64.0.1",
+        "169.254.169.254",
+        "127.0.0.1",
+        "0.0.0.0",
+        "224.0.0.1",
+        "255.255.255.255",
+        "100.100.100.200",
+    ):
         ip = ipaddress.IPv4Address(addr)
         assert blocked_kind(ip) and any(ip in n for n in nets), addr
     for addr in ("1.1.1.1", "8.8.8.8", "151.101.1.1", "172.15.255.255", "172.32.0.0", "100.128.0.0", "11.0.0.0"):
@@ -225,13 +253,16 @@ def test_the_filter_refuses_what_fetch_content_refuses():
 
 # --- 5. never root, and setuid has no effect -------------------------------------------------------------------
 
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="a root worker's behaviour")
 def test_a_root_owned_workspace_without_the_sandbox_is_refused(root_ws):
     out = call(BASH, {"command": "touch ran"}, make_ctx(root_ws, sandbox="none"))
     ws = os.path.realpath(root_ws)
-    assert out == (f"[error: bash: this worker runs as root and the workspace {ws} belongs to root, so without the "
-                   f"bwrap sandbox the command would run as root — the command was not run: give the workspaces "
-                   f"to an unprivileged user (chown -R mm: {ws}), or install bubblewrap]")
+    assert out == (
+        f"[error: bash: this worker runs as root and the workspace {ws} belongs to root, so without the "
+        f"bwrap sandbox the command would run as root — the command was not run: give the workspaces "
+        f"to an unprivileged user (chown -R mm: {ws}), or install bubblewrap]"
+    )
     assert not (root_ws / "ran").exists()
 
 
@@ -267,18 +298,26 @@ def test_a_setuid_file_made_in_the_sandbox_does_not_run_as_its_owner_on_the_host
     call(BASH, {"command": "cp /usr/bin/id made-id; chmod u+s,g+s made-id"}, make_ctx(root_ws, sandbox="bwrap"))
     made = root_ws / "made-id"
     assert made.stat().st_uid == 0 and not made.stat().st_mode & (stat.S_ISUID | stat.S_ISGID)
-    as_nobody = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", str(made), "-u"],
-                               capture_output=True, text=True)
+    as_nobody = subprocess.run(
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", str(made), "-u"], capture_output=True, text=True
+    )
     assert as_nobody.stdout.strip() == "65534"
 
 
 # --- 7. /tmp and the workspace's disk ------------------------------------------------------------------------
 
+
 @needs_bwrap
 def test_tmp_is_a_tmpfs_within_the_limits(owned_ws):
     ctx = make_ctx(owned_ws, sandbox="bwrap", bash={"limits": {"tmpMB": 8}})
-    out = call(BASH, {"command": "head -c 20000000 /dev/zero > /tmp/fill; head -c 20000000 /dev/zero > /var/tmp/fill;"
-                                 " df -k /tmp | tail -1"}, ctx)
+    out = call(
+        BASH,
+        {
+            "command": "head -c 20000000 /dev/zero > /tmp/fill; head -c 20000000 /dev/zero > /var/tmp/fill;"
+            " df -k /tmp | tail -1"
+        },
+        ctx,
+    )
     assert out.count("No space left on device") == 2, out
     assert out.split()[-5] == str(8 * 1024), out  # the tmpfs's size in KiB
     # Without tmpMB, memoryMB bounds it.
@@ -291,25 +330,41 @@ def test_a_workspace_over_its_limit_stops_commands_until_it_is_cleaned(owned_ws,
     ctx = make_ctx(owned_ws, sandbox=mode, bash={"limits": {"workspaceMB": 2}})
 
     async def session() -> list[str]:
-        outs = [await BASH.run({"command": "head -c 5000000 /dev/urandom > big; echo written"}, ctx),
-                await BASH.run({"command": "echo more > more"}, ctx)]
+        outs = [
+            await BASH.run({"command": "head -c 5000000 /dev/urandom > big; echo written"}, ctx),
+            await BASH.run({"command": "echo more > more"}, ctx),
+        ]
         assert not (owned_ws / "more").exists()
-        outs += [await BASH.run({"command": "du -sh big"}, ctx),
-                await BASH.run({"command": "rm -f big"}, ctx),
-                await BASH.run({"command": "echo more > more; echo ok"}, ctx)]
+        outs += [
+            await BASH.run({"command": "du -sh big"}, ctx),
+            await BASH.run({"command": "rm -f big"}, ctx),
+            await BASH.run({"command": "echo more > more; echo ok"}, ctx),
+        ]
         await ctx.resources.aclose()
         return outs
 
     written, refused, du, rm, after = asyncio.run(session())
-    assert written == ("written\n[error: the workspace holds 5 MB, over its limit of 2 MB (bash.limits.workspaceMB) — "
-                       "delete files before going on]")
-    assert refused == ("[error: bash: the workspace holds 5 MB, over its limit of 2 MB (bash.limits.workspaceMB) — the "
-                       "command was not run: until it is back under, only plain rm, rmdir, du and ls commands run]")
+    assert written == (
+        "written\n[error: the workspace holds 5 MB, over its limit of 2 MB (bash.limits.workspaceMB) — "
+        "delete files before going on]"
+    )
+    assert refused == (
+        "[error: bash: the workspace holds 5 MB, over its limit of 2 MB (bash.limits.workspaceMB) — the "
+        "command was not run: until it is back under, only plain rm, rmdir, du and ls commands run]"
+    )
     assert "big" in du and rm == "" and after == "ok\n"
 
 
 def test_only_plain_cleanup_commands_pass_an_over_limit_workspace():
     assert cleanup_only("rm -rf build node_modules/*") and cleanup_only("du -sh .") and cleanup_only("ls -la")
-    for command in ("rm x; yes > y", "rm $(yes > y)", "rm `true`", "ls > out", "rm x && cat", "cp a b",
-                    "rm x\nyes > y", "rm 'unterminated"):
+    for command in (
+        "rm x; yes > y",
+        "rm $(yes > y)",
+        "rm `true`",
+        "ls > out",
+        "rm x && cat",
+        "cp a b",
+        "rm x\nyes > y",
+        "rm 'unterminated",
+    ):
         assert not cleanup_only(command), command

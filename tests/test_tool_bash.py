@@ -80,7 +80,13 @@ def test_timeout_marker_follows_the_configured_timeout_and_kills_background_chil
 
 def test_go_durations():
     assert [go_duration(s) for s in (30, 1.5, 0.5, 90, 120, 3600)] == [
-        "30s", "1.5s", "500ms", "1m30s", "2m0s", "1h0m0s"]
+        "30s",
+        "1.5s",
+        "500ms",
+        "1m30s",
+        "2m0s",
+        "1h0m0s",
+    ]
 
 
 def test_background_job_does_not_block_and_is_reaped_when_the_session_ends(ws, mode):
@@ -124,8 +130,14 @@ def test_cancellation_kills_the_group_and_keeps_the_output(ws, mode):
 
 def test_very_large_output_is_read_back_from_both_ends(ws):
     ctx = make_ctx(ws, sandbox="none", maxOutput=10**7)
-    out = call(BASH, {"command": "head -c 1048576 /dev/zero | tr '\\0' a; head -c 1048576 /dev/zero | tr '\\0' m;"
-                                 " head -c 1048576 /dev/zero | tr '\\0' z"}, ctx)
+    out = call(
+        BASH,
+        {
+            "command": "head -c 1048576 /dev/zero | tr '\\0' a; head -c 1048576 /dev/zero | tr '\\0' m;"
+            " head -c 1048576 /dev/zero | tr '\\0' z"
+        },
+        ctx,
+    )
     assert out == "a" * 1048576 + "\n[... output too large to read back in full ...]\n" + "z" * 1048576
 
 
@@ -133,8 +145,12 @@ def test_output_truncated_to_max_output_then_markers(ws):
     ctx = make_ctx(ws, sandbox="none", maxOutput=100)
     out = call(BASH, {"command": "seq 1 1000; exit 2"}, ctx)
     digits = "".join(f"{i}\n" for i in range(1, 1001))
-    assert out == (digits[:100] + "\n[... output truncated: " + str(len(digits) - 100)
-                   + " more characters not shown ...]\n[exit code: exit status 2]")
+    assert out == (
+        digits[:100]
+        + "\n[... output truncated: "
+        + str(len(digits) - 100)
+        + " more characters not shown ...]\n[exit code: exit status 2]"
+    )
 
 
 def test_no_stdin(ws):
@@ -155,11 +171,13 @@ def test_environment_is_scrubbed_in_every_mode(ws, mode, monkeypatch):
 
 @pytest.mark.parametrize(
     "args, expected",
-    [({"command": "  "}, "[error: bash: the command is empty]"),
-     ({"command": ["ls"]}, '[error: bash: "command" must be a string, got ["ls"]]'),
-     ({}, '[error: bash: missing "command"]'),
-     ({"command": "echo a\x00b"}, "[error: bash: the command holds a NUL byte, which no shell command can]"),
-     ({"command": "echo \ud800"}, '[error: bash: "command" is not valid Unicode text (it holds a lone surrogate)]')],
+    [
+        ({"command": "  "}, "[error: bash: the command is empty]"),
+        ({"command": ["ls"]}, '[error: bash: "command" must be a string, got ["ls"]]'),
+        ({}, '[error: bash: missing "command"]'),
+        ({"command": "echo a\x00b"}, "[error: bash: the command holds a NUL byte, which no shell command can]"),
+        ({"command": "echo \ud800"}, '[error: bash: "command" is not valid Unicode text (it holds a lone surrogate)]'),
+    ],
 )
 def test_bad_arguments(ws, args, expected):
     assert call(BASH, args, make_ctx(ws)) == expected
@@ -167,8 +185,10 @@ def test_bad_arguments(ws, args, expected):
 
 def test_declaration_display_and_refusal():
     assert BASH.schema()["parameters"] == {
-        "type": "object", "properties": {"command": {"type": "string", "description": "The shell command to run."}},
-        "required": ["command"]}
+        "type": "object",
+        "properties": {"command": {"type": "string", "description": "The shell command to run."}},
+        "required": ["command"],
+    }
     assert BASH.title({"command": "ls -la"}) == "bash: ls -la"
     assert BASH.refusal({"command": "ls"}) == "[command rejected by the user]"
     assert (BASH.counter, BASH.emoji, BASH.needs_approval({"command": "ls"})) == ("commands", "🛠️", True)

@@ -30,11 +30,15 @@ EMPTY_COMMAND = "[error: bash: the command is empty]"
 NUL_IN_COMMAND = "[error: bash: the command holds a NUL byte, which no shell command can]"
 CANNOT_START = "[error: bash: the command could not be started: {reason}]"
 REFUSED = "[command rejected by the user]"
-OVER_LIMIT = ("[error: the workspace holds {size} MB, over its limit of {limit} MB (bash.limits.workspaceMB) — "
-              "delete files before going on]")
-OVER_LIMIT_REFUSED = ("[error: bash: the workspace holds {size} MB, over its limit of {limit} MB "
-                      "(bash.limits.workspaceMB) — the command was not run: until it is back under, only plain "
-                      "rm, rmdir, du and ls commands run]")
+OVER_LIMIT = (
+    "[error: the workspace holds {size} MB, over its limit of {limit} MB (bash.limits.workspaceMB) — "
+    "delete files before going on]"
+)
+OVER_LIMIT_REFUSED = (
+    "[error: bash: the workspace holds {size} MB, over its limit of {limit} MB "
+    "(bash.limits.workspaceMB) — the command was not run: until it is back under, only plain "
+    "rm, rmdir, du and ls commands run]"
+)
 # What still runs in a workspace over its limit: enough to find and delete what fills it, nothing that writes.
 CLEANUP_COMMANDS = ("rm", "rmdir", "du", "ls")
 
@@ -131,8 +135,7 @@ def read_back(out: IO[bytes]) -> str:
     head = out.read(READ_BACK)
     out.seek(size - READ_BACK)
     tail = out.read(READ_BACK)
-    return (head.decode("utf-8", errors="replace") + "\n" + TOO_LARGE + "\n"
-            + tail.decode("utf-8", errors="replace"))
+    return head.decode("utf-8", errors="replace") + "\n" + TOO_LARGE + "\n" + tail.decode("utf-8", errors="replace")
 
 
 async def _read_all(fd: int) -> bytes:
@@ -205,9 +208,19 @@ class BashTool(Tool):
             launch = prepare(config, ctx.workspace, command, status_w)
             try:
                 proc = await asyncio.create_subprocess_exec(
-                    *launch.argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=launch.cwd,
-                    env=launch.env, pass_fds=launch.pass_fds, start_new_session=True, preexec_fn=launch.preexec,
-                    user=launch.user, group=launch.group, extra_groups=[] if launch.user is not None else None)
+                    *launch.argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    cwd=launch.cwd,
+                    env=launch.env,
+                    pass_fds=launch.pass_fds,
+                    start_new_session=True,
+                    preexec_fn=launch.preexec,
+                    user=launch.user,
+                    group=launch.group,
+                    extra_groups=[] if launch.user is not None else None,
+                )
             finally:
                 launch.started()
         except ToolRefusal as e:

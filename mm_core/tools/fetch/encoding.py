@@ -28,7 +28,7 @@ def _c1_passthrough(exc: UnicodeError) -> tuple[str, int]:
     # WHATWG windows-1252 maps the five bytes Python's cp1252 leaves undefined to the C1 controls.
     if not isinstance(exc, UnicodeDecodeError):  # registered for decoding only
         raise exc
-    return "".join(chr(b) for b in exc.object[exc.start:exc.end]), exc.end
+    return "".join(chr(b) for b in exc.object[exc.start : exc.end]), exc.end
 
 
 codecs.register_error("mm-c1-passthrough", _c1_passthrough)

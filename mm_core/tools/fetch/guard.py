@@ -22,8 +22,11 @@ IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 _CGNAT = ipaddress.ip_network("100.64.0.0/10")
 _NAT64 = ipaddress.ip_network("64:ff9b::/96")
-_METADATA = {ipaddress.ip_address("169.254.169.254"), ipaddress.ip_address("fd00:ec2::254"),
-             ipaddress.ip_address("100.100.100.200")}
+_METADATA = {
+    ipaddress.ip_address("169.254.169.254"),
+    ipaddress.ip_address("fd00:ec2::254"),
+    ipaddress.ip_address("100.100.100.200"),
+}
 _LIFT = "fetching internal addresses is not allowed (fetchAllow in the config lifts this)"
 
 
@@ -129,8 +132,14 @@ class GuardedBackend(httpcore.AsyncNetworkBackend):
         # checker takes that declaration; anyio is installed with httpx, so this is the real backend.
         self.inner = cast(httpcore.AsyncNetworkBackend, httpcore.AnyIOBackend())
 
-    async def connect_tcp(self, host: str, port: int, timeout: float | None = None,
-                          local_address: str | None = None, socket_options: Any = None) -> httpcore.AsyncNetworkStream:
+    async def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Any = None,
+    ) -> httpcore.AsyncNetworkStream:
         try:
             addresses = await self.guard.resolve(host, port)
         except OSError as exc:
@@ -144,8 +153,9 @@ class GuardedBackend(httpcore.AsyncNetworkBackend):
         assert failure is not None
         raise failure
 
-    async def connect_unix_socket(self, path: str, timeout: float | None = None,
-                                  socket_options: Any = None) -> httpcore.AsyncNetworkStream:
+    async def connect_unix_socket(
+        self, path: str, timeout: float | None = None, socket_options: Any = None
+    ) -> httpcore.AsyncNetworkStream:
         raise httpcore.ConnectError("unix sockets are not fetched")
 
     async def sleep(self, seconds: float) -> None:

@@ -29,8 +29,25 @@ from mm_core.tools.fetch.robots import RobotsCache
 MIB = 1024 * 1024
 ACCEPTED = ("text/html", "application/xhtml+xml")
 # Go's http.DetectContentType signatures for HTML (the reference sniffs with it), each followed by space or >.
-_HTML_SIGNATURES = (b"<!doctype html", b"<html", b"<head", b"<script", b"<iframe", b"<h1", b"<div", b"<font",
-                    b"<table", b"<a", b"<style", b"<title", b"<b", b"<body", b"<br", b"<p", b"<!--")
+_HTML_SIGNATURES = (
+    b"<!doctype html",
+    b"<html",
+    b"<head",
+    b"<script",
+    b"<iframe",
+    b"<h1",
+    b"<div",
+    b"<font",
+    b"<table",
+    b"<a",
+    b"<style",
+    b"<title",
+    b"<b",
+    b"<body",
+    b"<br",
+    b"<p",
+    b"<!--",
+)
 
 
 # Stacked Content-Encoding layers accepted (identity not counted); servers send one, a misconfigured one two.
@@ -67,8 +84,10 @@ class Page:
 
 def sniff_html(body: bytes) -> bool:
     head = body.removeprefix(b"\xef\xbb\xbf").lstrip(b"\t\n\x0c\r ")[:512].lower()
-    return any(head.startswith(sig) and (sig == b"<!--" or head[len(sig):len(sig) + 1] in (b" ", b">"))
-               for sig in _HTML_SIGNATURES)
+    return any(
+        head.startswith(sig) and (sig == b"<!--" or head[len(sig) : len(sig) + 1] in (b" ", b">"))
+        for sig in _HTML_SIGNATURES
+    )
 
 
 def _media_type(content_type: str | None) -> str:
@@ -83,11 +102,16 @@ def make_client(guard: AddressGuard, timeout: float) -> httpx.AsyncClient:
     transport = httpx.AsyncHTTPTransport()
     # The pool is replaced so that every connection, redirections and robots.txt included, opens through the
     # guard. trust_env=False: a proxy from the environment would hide the real target from the guard.
-    transport._pool = httpcore.AsyncConnectionPool(ssl_context=httpx.create_ssl_context(),
-                                                   network_backend=GuardedBackend(guard))
-    return httpx.AsyncClient(transport=transport, follow_redirects=False, trust_env=False,
-                             timeout=httpx.Timeout(timeout),
-                             headers={"User-Agent": user_agent(), "Accept-Encoding": ACCEPT_ENCODING})
+    transport._pool = httpcore.AsyncConnectionPool(
+        ssl_context=httpx.create_ssl_context(), network_backend=GuardedBackend(guard)
+    )
+    return httpx.AsyncClient(
+        transport=transport,
+        follow_redirects=False,
+        trust_env=False,
+        timeout=httpx.Timeout(timeout),
+        headers={"User-Agent": user_agent(), "Accept-Encoding": ACCEPT_ENCODING},
+    )
 
 
 def parse_url(url: str) -> SplitResult:
@@ -151,8 +175,10 @@ def content_codings(headers: httpx.Headers) -> list[str]:
         raise EncodingRefused(f"compressed with {undecoded[0]}, which is not decoded: only gzip and deflate are")
     codings = [n for n in names if n in _WBITS]
     if len(codings) > MAX_ENCODINGS:
-        raise EncodingRefused(f"compressed {len(codings)} times over ({', '.join(codings)}) — more than "
-                              f"{MAX_ENCODINGS} stacked Content-Encodings are refused")
+        raise EncodingRefused(
+            f"compressed {len(codings)} times over ({', '.join(codings)}) — more than "
+            f"{MAX_ENCODINGS} stacked Content-Encodings are refused"
+        )
     return codings
 
 
@@ -213,7 +239,7 @@ class BodyDecoder:
         self.sizes[stage] = size + len(data)
         if stage == len(self.layers):
             if size + len(data) > self.limit:
-                raise BodyTooLarge(data[:max(self.limit - size, 0)])
+                raise BodyTooLarge(data[: max(self.limit - size, 0)])
             yield data
             return
         if size + len(data) > self.limit:

@@ -163,7 +163,7 @@ class FetchContentTool(Tool):
         url = normalize_url(_text(args, "url"))
         tables = _text(args, "tables", "html").strip().lower() or "html"
         if tables not in ("html", "flatten"):
-            raise FetchError(USAGE, f"tables must be \"html\" or \"flatten\", not {args['tables']!r}")
+            raise FetchError(USAGE, f'tables must be "html" or "flatten", not {args["tables"]!r}')
         base = _text(args, "baseUrl").strip()
         if base and not (urlsplit(base).scheme and urlsplit(base).netloc):
             raise FetchError(USAGE, f"baseUrl {base!r} is not an absolute URL (like https://example.com/docs/)")
@@ -181,8 +181,10 @@ class FetchContentTool(Tool):
         options = Options(base or page.url, tables, strike, tasks)
         markdown = await asyncio.to_thread(self._convert, page.body, page.content_type, options, url)
         if not markdown:
-            return (f"[fetch_content: {url} has no text content once scripts, navigation and ads are removed "
-                    "— nothing saved]")
+            return (
+                f"[fetch_content: {url} has no text content once scripts, navigation and ads are removed "
+                "— nothing saved]"
+            )
         if target is None:
             return truncate(markdown, self.config.maxOutput)
         data = markdown.encode("utf-8")
@@ -191,8 +193,10 @@ class FetchContentTool(Tool):
         except (OSError, workspace.WorkspaceError) as exc:
             reason = _OUTSIDE if isinstance(exc, workspace.WorkspaceError) else exc.strerror or str(exc)
             raise FetchError(CONVERSION, f"cannot write {output}: {reason}") from None
-        return (f"[fetch_content: saved {markdown.count(chr(10))} lines of Markdown ({len(data)} bytes) from {url} "
-                f"to {output} — the content is not shown]")
+        return (
+            f"[fetch_content: saved {markdown.count(chr(10))} lines of Markdown ({len(data)} bytes) from {url} "
+            f"to {output} — the content is not shown]"
+        )
 
     @staticmethod
     def _target(root: Path, output: str) -> Path:

@@ -87,8 +87,10 @@ class _CountingTreeBuilder(TreeBuilderForHtml5lib):
     def elementClass(self, name: str, namespace: str) -> Element:
         self.budget -= 1
         if self.budget < 0:
-            raise PageTooComplex("makes more elements once parsed than it has characters (formatting tags left "
-                                 "open across blocks, which the HTML5 parser opens again in each)")
+            raise PageTooComplex(
+                "makes more elements once parsed than it has characters (formatting tags left "
+                "open across blocks, which the HTML5 parser opens again in each)"
+            )
         return super().elementClass(name, namespace)
 
 
@@ -229,8 +231,11 @@ def _keep_attributes(el: Tag, base: str) -> None:
         kept = {k: attrs[k] for k in ("type", "checked") if k in attrs}
     elif name in ("pre", "code"):
         classes = attrs.get("class") or []
-        words = [c for c in (classes.split() if isinstance(classes, str) else classes)
-                 if c.startswith(("language-", "lang-"))]
+        words = [
+            c
+            for c in (classes.split() if isinstance(classes, str) else classes)
+            if c.startswith(("language-", "lang-"))
+        ]
         if words:
             kept["class"] = words
     el.attrs = kept
@@ -253,7 +258,7 @@ def _escape_line_start(line: str) -> str:
     if m is None:
         return line
     if m.group(1) is not None:
-        return f"{m.group(1)}\\{line[m.end(1):]}"
+        return f"{m.group(1)}\\{line[m.end(1) :]}"
     return "\\" + line
 
 
@@ -375,8 +380,11 @@ class _Converter:
             out.extend(self.blocks(el, depth))
 
     def _pre(self, el: Tag, out: list[str]) -> None:
-        parts = [str(d) if isinstance(d, NavigableString) else "\n" for d in _descendants(el)
-                 if isinstance(d, NavigableString) or d.name == "br"]
+        parts = [
+            str(d) if isinstance(d, NavigableString) else "\n"
+            for d in _descendants(el)
+            if isinstance(d, NavigableString) or d.name == "br"
+        ]
         text = "".join(parts).rstrip("\n")
         if not text.strip():
             return
@@ -451,9 +459,12 @@ class _Converter:
             elif child.name in ("thead", "tbody", "tfoot"):
                 rows.extend(c for c in child.contents if isinstance(c, Tag) and c.name == "tr")
         cells = [[c for c in tr.contents if isinstance(c, Tag) and c.name in ("td", "th")] for tr in rows]
-        spanned = any(("colspan" in c.attrs and str(c.attrs["colspan"]).strip() != "1")
-                      or ("rowspan" in c.attrs and str(c.attrs["rowspan"]).strip() != "1")
-                      for row in cells for c in row)
+        spanned = any(
+            ("colspan" in c.attrs and str(c.attrs["colspan"]).strip() != "1")
+            or ("rowspan" in c.attrs and str(c.attrs["rowspan"]).strip() != "1")
+            for row in cells
+            for c in row
+        )
         if (spanned or el.find("table") is not None) and self.options.tables == "html":
             out.append(_as_html(el))
             return
