@@ -90,10 +90,19 @@ def _skill_path(skills_dir: Path, name: str, workspace: Path | None = None) -> t
     return None
 
 
-def _read(skills_dir: Path, real: Path, limit: int = MAX_SKILL_BYTES) -> str:
+def _anchor(skills_dir: Path, workspace: Path | None) -> Path:
+    """Where a skill file is opened from, walking down without following links: the workspace when the skills
+    directory is in it (a command can swap a directory inside the workspace for a link out between the check and
+    the open; it cannot swap the workspace itself), else the skills directory (the operator's)."""
+    if workspace is not None and _within(os.path.abspath(skills_dir), os.path.abspath(workspace)):
+        return workspace
+    return skills_dir
+
+
+def _read(anchor: Path, real: Path, limit: int = MAX_SKILL_BYTES) -> str:
     """The skill's text (its first `limit` bytes), never through a symlink swapped in since _skill_path, never
     blocking on a pipe."""
-    fd, _ = open_regular(Path(real_path(skills_dir)), real, os.O_RDONLY)
+    fd, _ = open_regular(anchor, real, os.O_RDONLY)
     with os.fdopen(fd, "rb") as f:
         return f.read(limit).decode("utf-8", errors="replace")
 
@@ -117,7 +126,7 @@ def load_skills(
         if found is None or name.startswith("."):
             continue
         try:
-            skills[name] = (describe(_read(root, found[1], MAX_DESCRIBED_BYTES)), found[0])
+            skills[name] = (describe(_read(_anchor(root, workspace), found[1], MAX_DESCRIBED_BYTES)), found[0])
         except (*UNFORESEEN, WorkspaceError):
             continue
     return skills
@@ -170,7 +179,7 @@ class ReadSkillTool(Tool):
             names = ", ".join(sorted(load_skills(self.skills_dir, ctx.workspace)))
             return UNKNOWN.format(name=given, names=names)
         try:
-            text = _read(self.skills_dir, found[1])
+            text = _read(_anchor(self.skills_dir, ctx.workspace), found[1])
         except (*UNFORESEEN, WorkspaceError) as e:
             return CANNOT_READ.format(name=name, reason=getattr(e, "strerror", None) or getattr(e, "text", e))
         return truncate(text, ctx.config.maxOutput)
