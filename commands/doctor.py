@@ -200,6 +200,11 @@ def sandbox_note(agent: AgentConfig) -> str | None:
             f"bubblewrap is not installed, and `sandbox: bwrap` requires it: every bash command will be refused; "
             f"{INSTALL_BWRAP}, or set `sandbox: none`"
         )
+    if os.geteuid() == 0:
+        return (
+            f"bubblewrap is not installed, and you are root: bash commands and language servers are refused in "
+            f"directories root owns (they would run as root); {INSTALL_BWRAP}, or run as an unprivileged user"
+        )
     return (
         f"bubblewrap is not installed: bash commands run unsandboxed, with your access to files and the network; "
         f"{INSTALL_BWRAP} to confine each to its workspace, or set `sandbox: none` to say you mean it"

@@ -182,7 +182,11 @@ def test_dev_prints_only_its_own_lines_each_once_and_ctrl_c_stops_every_child(tm
     assert [re.sub(r"\(pid \d+\)", "(pid N)", line.rstrip("\n")) for line in output] == [
         f"mm-bot dev: database sqlite:///./var/mm.sqlite3 (migrated from an empty database to {db.head_revision()})",
         f"mm-bot dev: broker {broker}",
-        "mm-bot dev: sandbox: bubblewrap is not installed: bash commands run unsandboxed, with your access to "
+        "mm-bot dev: sandbox: bubblewrap is not installed, and you are root: bash commands and language servers "
+        "are refused in directories root owns (they would run as root); install bubblewrap (apt-get install "
+        "bubblewrap), or run as an unprivileged user"
+        if os.geteuid() == 0
+        else "mm-bot dev: sandbox: bubblewrap is not installed: bash commands run unsandboxed, with your access to "
         "files and the network; install bubblewrap (apt-get install bubblewrap) to confine each to its "
         "workspace, or set `sandbox: none` to say you mean it",
         f"mm-bot dev: bot listening on {base}: Slack's requests to {base}/slack/events, health at {base}/healthz",

@@ -123,9 +123,17 @@ def without_the_venv(path: str) -> str:
 
 
 RUN_WITHOUT_BWRAP = (
-    "mm-bot run: bubblewrap is not installed: bash commands run unsandboxed, with your access to files and the "
-    "network; install bubblewrap (apt-get install bubblewrap) to confine each to its workspace, or set "
-    "`sandbox: none` to say you mean it"
+    (
+        "mm-bot run: bubblewrap is not installed, and you are root: bash commands and language servers are refused "
+        "in directories root owns (they would run as root); install bubblewrap (apt-get install bubblewrap), or run "
+        "as an unprivileged user"
+    )
+    if os.geteuid() == 0
+    else (
+        "mm-bot run: bubblewrap is not installed: bash commands run unsandboxed, with your access to files and the "
+        "network; install bubblewrap (apt-get install bubblewrap) to confine each to its workspace, or set "
+        "`sandbox: none` to say you mean it"
+    )
 )
 
 
@@ -145,8 +153,13 @@ def test_init_then_run_one_shot_works_with_the_venvs_language_server(
     )
     result = mm_bot("run", "-p", "list the symbols, then write a file", env=env, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    # pylsp is in .venv/bin, off the PATH: found beside the interpreter, it answered.
-    assert "greet" in model_server.messages(1)[-1]["content"]
+    # pylsp is in .venv/bin, off the PATH: found beside the interpreter, it answered (or, as root without the
+    # sandbox, was found and refused to start rather than run as root).
+    symbols = model_server.messages(1)[-1]["content"]
+    if bwrap == "absent" and os.geteuid() == 0:
+        assert symbols.startswith(f"[lsp: pylsp: symbols failed: could not start {Path(sys.executable).parent}/pylsp")
+    else:
+        assert "greet" in symbols
     # The written config's yolo is the documented default: the one shot made the call.
     assert (tmp_path / "made").read_text() == "made\n"
     assert result.stdout.splitlines()[-2:-1] == ["Done."]
