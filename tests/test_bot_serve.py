@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -45,9 +46,9 @@ def start_serve(tmp: Path, env: dict[str, str], port: int) -> subprocess.Popen:
     )
 
 
-@pytest.fixture(scope="module")
-def bot(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bot]:
-    tmp = tmp_path_factory.mktemp("serve")
+@contextlib.contextmanager
+def running_bot(tmp: Path) -> Iterator[Bot]:
+    """`mm-bot serve` against a fresh Slack emulator, answering /healthz; stopped afterwards."""
     with SlackEmulator() as slack:
         port = free_port()
         env = clean_env(
@@ -63,6 +64,12 @@ def bot(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bot]:
             yield Bot(base, slack, process)
         finally:
             stop(process)
+
+
+@pytest.fixture(scope="module")
+def bot(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bot]:
+    with running_bot(tmp_path_factory.mktemp("serve")) as bot:
+        yield bot
 
 
 def test_healthz_says_ok_and_that_the_database_answers(bot: Bot) -> None:
@@ -206,24 +213,10 @@ def test_serve_with_a_database_url_it_cannot_use_says_so_without_a_traceback(tmp
 
 def test_a_forged_request_is_logged_as_refused_without_its_body(tmp_path: Path) -> None:
     marker = "forged-body-marker-7d1f"
-    with SlackEmulator() as slack:
-        port = free_port()
-        env = clean_env(
-            SLACK_API_URL=slack.url,
-            SLACK_BOT_TOKEN=slack.bot_token,
-            SLACK_SIGNING_SECRET=SIGNING_SECRET,
-            DATABASE_URL=f"sqlite:///{tmp_path / 'mm.sqlite3'}",
-        )
-        process = start_serve(tmp_path, env, port)
-        try:
-            bot = Bot(f"http://127.0.0.1:{port}", slack, process)
-            wait_healthy(bot.base, process)
-            with bot.sender() as sender:
-                forged = sender.app_mention(f"<@U0BOT> {marker}", channel="C0TEST", user="U0EVE", secret="guessed")
-            assert forged.status_code == 401
-        finally:
-            stop(process)
-        log = process.stdout.read() if process.stdout else ""
+    with running_bot(tmp_path) as bot, bot.sender() as sender:
+        forged = sender.app_mention(f"<@U0BOT> {marker}", channel="C0TEST", user="U0EVE", secret="guessed")
+        assert forged.status_code == 401
+    log = bot.process.stdout.read() if bot.process.stdout else ""
     assert marker not in log
     refused = [line for line in log.splitlines() if "signature did not verify" in line]
     assert len(refused) == 1 and " WARNING " in refused[0], log
