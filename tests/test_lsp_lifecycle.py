@@ -16,6 +16,10 @@ from mm_core.config import AgentConfig
 from mm_core.tools.base import ToolContext
 from mm_core.tools.lsp import LspTool, find_servers, running_pids
 from mm_core.tools.lsp.manager import LspManager
+from mm_testkit.fixtures_kit import needs_bwrap_when_root
+
+# A root worker starts a language server only in the sandbox (its workspace here belongs to root).
+pytestmark = needs_bwrap_when_root
 
 BIN = Path(sys.executable).parent
 FIXTURE = Path(__file__).parent / "fixtures" / "lsp"

@@ -20,6 +20,10 @@ import pytest
 from mm_core.config import AgentConfig
 from mm_core.tools.base import ToolContext
 from mm_core.tools.lsp import LspTool, find_servers
+from mm_testkit.fixtures_kit import needs_bwrap_when_root
+
+# A root worker starts a language server only in the sandbox (its workspace here belongs to root).
+pytestmark = needs_bwrap_when_root
 
 BIN = Path(sys.executable).parent
 FIXTURE = Path(__file__).parent / "fixtures" / "lsp"
