@@ -22,7 +22,8 @@ from mm_core.tools.bash import BashTool
 from mm_core.tools.diff import diff, split_lines
 from mm_core.tools.edit import EditFileTool
 from mm_core.tools.files import WriteFileTool
-from mm_core.tools.sandbox import SANDBOX_UID, internal_networks, network_tools
+from mm_core.tools.sandbox import SANDBOX_UID
+from mm_core.tools.sandbox_network import internal_networks, network_tools
 
 T = TypeVar("T")
 

@@ -25,7 +25,8 @@ import pytest
 from mm_core.config import AgentConfig, BashConfig
 from mm_core.tools.bash import BashTool, cleanup_only
 from mm_core.tools.fetch.guard import blocked_kind
-from mm_core.tools.sandbox import SANDBOX_UID, internal_networks, network_report, network_tools
+from mm_core.tools.sandbox import SANDBOX_UID
+from mm_core.tools.sandbox_network import internal_networks, network_report, network_tools
 from mm_testkit.fixtures_kit import needs_bwrap, needs_system
 from tool_helpers import call, make_ctx
 

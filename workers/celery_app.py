@@ -103,7 +103,7 @@ def warn_when_unsandboxed(instance: WorkController, **_: Any) -> None:
     if not instance.options.get("dev") and _agent_config().sandbox == "none":
         log.warning(UNSANDBOXED)
     # Sandboxed commands with `bash.network` on get no network when its parts are missing: said once, here.
-    from mm_core.tools.sandbox import network_report
+    from mm_core.tools.sandbox_network import network_report
 
     if not instance.options.get("dev") and (report := network_report(_agent_config())):
         log.warning(report)
