@@ -26,6 +26,7 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
     UniqueConstraint,
+    false,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeEngine
@@ -139,12 +140,40 @@ class Session(Base):
     status: Mapped[str] = mapped_column(String(24), default=SessionStatus.IDLE)
     # None: the channel's (or the config's) yolo; "Approve all in this thread" sets it to True.
     yolo: Mapped[bool | None] = mapped_column(Boolean)
+    # The thread's repository, when the `repo` command overrode the channel's (None: the channel's).
+    repo: Mapped[str | None] = mapped_column(Text)
+    branch: Mapped[str | None] = mapped_column(String(255))
+    # A DM of Slack's assistant surface: its status goes through assistant.threads.setStatus.
+    assistant_thread: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    # Set by `stop`; the worker holding the lease sees it within a second and cancels the turn, then clears it.
+    stop_requested_at: Mapped[datetime | None]
     # Fencing: the token only ever grows, and every append checks it, so an expired owner cannot write.
     lease_token: Mapped[int] = mapped_column(BigInteger, default=0)
     lease_owner: Mapped[str | None] = mapped_column(String(200))
     lease_expires_at: Mapped[datetime | None]
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+
+
+class InboxMessage(Base):
+    """A Slack message for a session's agent, recorded before the bot acks it; the next turn takes every
+    untaken one, in order, in the same transaction that appends them to the log (DbStore.take_inbox)."""
+
+    __tablename__ = "inbox"
+    __table_args__ = (
+        # One row per Slack message: an app_mention and the message event of the same post, a retried
+        # delivery, a Socket Mode redelivery all land on it.
+        UniqueConstraint("session_id", "message_ts"),
+        Index(None, "session_id", "taken_at"),
+    )
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    session_id: Mapped[str] = mapped_column(ForeignKey("sessions.id", ondelete="CASCADE"))
+    message_ts: Mapped[str] = mapped_column(String(32))
+    user_id: Mapped[str | None] = mapped_column(String(32))
+    text: Mapped[str] = mapped_column(Text)
+    taken_at: Mapped[datetime | None]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
 class SessionEvent(Base):

@@ -21,6 +21,7 @@ from chatops.schema import (
     ApprovalState,
     CallDecision,
     Error,
+    InboxMessage,
     Session,
     SessionEvent,
     SessionKind,
@@ -38,6 +39,7 @@ from mm_core.log import (
     Nested,
     ToolResult,
     ToolStarted,
+    UserMessage,
     from_dict,
     to_dict,
 )
@@ -63,25 +65,57 @@ class DbStore:
 
     def append(self, session_id: str, entry: Entry) -> None:
         with self.engine.begin() as conn:
-            # The row lock orders this append against a lease takeover: either the takeover waits for this
-            # commit, or this append sees the new token and writes nothing.
-            token = conn.execute(
-                select(Session.lease_token).where(Session.id == session_id).with_for_update()
-            ).scalar_one_or_none()
-            if token is None:
-                raise UnknownSession(session_id)
-            if self.lease_token is not None and token != self.lease_token:
-                raise Fenced(f"session {session_id}: lease token {self.lease_token} was superseded by {token}")
-            seq = conn.execute(
-                select(func.coalesce(func.max(SessionEvent.seq) + 1, 0)).where(SessionEvent.session_id == session_id)
-            ).scalar_one()
-            now = utcnow()
+            self._lock(conn, session_id)
+            _insert_entry(conn, session_id, entry)
+
+    def take_inbox(self, session_id: str) -> UserMessage | None:
+        """Start the next turn with every untaken inbox message, in order, as one user message; None when the
+        inbox is empty. Appending it and marking the messages taken is one transaction: a crash leaves them
+        either untaken or in the log, never both, never neither."""
+        with self.engine.begin() as conn:
+            self._lock(conn, session_id)
+            rows = conn.execute(
+                select(InboxMessage.id, InboxMessage.user_id, InboxMessage.text)
+                .where(InboxMessage.session_id == session_id, InboxMessage.taken_at.is_(None))
+                .order_by(InboxMessage.id)
+            ).all()
+            if not rows:
+                return None
+            authors = list(dict.fromkeys(user for _, user, _ in rows if user))
+            if len(rows) == 1:
+                text = rows[0].text
+            else:  # several people may have written while the last turn ran: the model needs to know who
+                text = "\n\n".join(f"<@{user}>: {text}" if user else text for _, user, text in rows)
+            message = UserMessage(text, ",".join(authors) or None)
+            _insert_entry(conn, session_id, message)
             conn.execute(
-                insert(SessionEvent).values(
-                    session_id=session_id, seq=seq, kind=entry.kind, payload=to_dict(entry), created_at=now
-                )
+                update(InboxMessage).where(InboxMessage.id.in_([r.id for r in rows])).values(taken_at=utcnow())
             )
-            _project(conn, session_id, entry, now)
+            return message
+
+    def _lock(self, conn: Connection, session_id: str) -> None:
+        # The row lock orders this write against a lease takeover: either the takeover waits for this
+        # commit, or this write sees the new token and writes nothing.
+        token = conn.execute(
+            select(Session.lease_token).where(Session.id == session_id).with_for_update()
+        ).scalar_one_or_none()
+        if token is None:
+            raise UnknownSession(session_id)
+        if self.lease_token is not None and token != self.lease_token:
+            raise Fenced(f"session {session_id}: lease token {self.lease_token} was superseded by {token}")
+
+
+def _insert_entry(conn: Connection, session_id: str, entry: Entry) -> None:
+    seq = conn.execute(
+        select(func.coalesce(func.max(SessionEvent.seq) + 1, 0)).where(SessionEvent.session_id == session_id)
+    ).scalar_one()
+    now = utcnow()
+    conn.execute(
+        insert(SessionEvent).values(
+            session_id=session_id, seq=seq, kind=entry.kind, payload=to_dict(entry), created_at=now
+        )
+    )
+    _project(conn, session_id, entry, now)
 
 
 def _project(conn: Connection, session_id: str, entry: Entry, now: datetime) -> None:

@@ -12,7 +12,8 @@ from sqlalchemy import CheckConstraint, Column, Integer, MetaData, inspect
 from chatops import db
 from chatops.schema import Base
 
-TABLES = {"sessions", "session_events", "tool_calls", "approvals", "errors", "slack_events", "job_runs"}
+TABLES = {"sessions", "session_events", "inbox", "tool_calls", "approvals", "errors", "slack_events", "job_runs"}
+HEAD = "0002"
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -41,11 +42,11 @@ def _diff(url: str, metadata: MetaData) -> list:
 def test_upgrade_to_head_then_downgrade_to_base(url: str) -> None:
     assert db.current_revision(url) is None
     db.migrate(url)
-    assert db.current_revision(url) == db.head_revision() == "0001"
+    assert db.current_revision(url) == db.head_revision() == HEAD
     assert _tables(url) == TABLES | {"alembic_version"}
 
     db.migrate(url)  # again: nothing to do, no error
-    assert db.current_revision(url) == "0001"
+    assert db.current_revision(url) == HEAD
 
     db.downgrade(url, "base")
     assert db.current_revision(url) is None
@@ -104,11 +105,11 @@ def test_two_replicas_migrating_at_once(backend: str, request: pytest.FixtureReq
     for t in threads:
         t.join(timeout=60)
     assert errors == []
-    assert db.current_revision(url) == "0001"
+    assert db.current_revision(url) == HEAD
     engine = db.engine_for(url)
     try:
         with engine.connect() as conn:
-            assert conn.exec_driver_sql("SELECT version_num FROM alembic_version").all() == [("0001",)]
+            assert conn.exec_driver_sql("SELECT version_num FROM alembic_version").all() == [(HEAD,)]
     finally:
         engine.dispose()
     assert _diff(url, Base.metadata) == []

@@ -1,0 +1,167 @@
+"""What a thread asks of its session, as the database keeps it: messages waiting for a turn, stop requests,
+and the query that finds every session with work nobody is doing.
+
+The bot records a message here before it acks Slack, and enqueues "session S has work" after; the worker
+takes the messages (DbStore.take_inbox) under the session's lease. Since the broker only carries that hint,
+housekeeping asks `sessions_with_work` which sessions need a worker and re-enqueues them: a lost message, a
+killed worker or a flushed Redis delays a turn and never loses it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from sqlalchemy import Engine, and_, exists, insert, or_, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.sql.expression import Exists
+
+from chatops.schema import Approval, ApprovalState, InboxMessage, Session, SessionStatus, utcnow
+from chatops.store import ensure_session
+
+
+@dataclass(frozen=True)
+class Recorded:
+    session_id: str
+    # False for a message already recorded: a retried delivery, or the message event of an app_mention.
+    new: bool
+    # The session was running or waiting for a decision: the message waits for the next turn.
+    busy: bool
+
+
+def record_message(
+    engine: Engine,
+    *,
+    channel_id: str,
+    thread_ts: str,
+    message_ts: str,
+    user_id: str | None,
+    text: str,
+    team_id: str | None = None,
+    assistant_thread: bool = False,
+) -> Recorded:
+    """Keep a message for the thread's agent (creating the thread's session) and mark the session queued."""
+    session_id = ensure_session(
+        engine,
+        channel_id=channel_id,
+        thread_ts=thread_ts,
+        team_id=team_id,
+        requester=user_id,
+        assistant_thread=assistant_thread,
+    )
+    try:
+        with engine.begin() as conn:
+            conn.execute(
+                insert(InboxMessage).values(
+                    session_id=session_id, message_ts=message_ts, user_id=user_id, text=text, created_at=utcnow()
+                )
+            )
+    except IntegrityError:
+        return Recorded(session_id, new=False, busy=False)
+    with engine.begin() as conn:
+        queued = conn.execute(
+            update(Session)
+            .where(Session.id == session_id, Session.status == SessionStatus.IDLE)
+            .values(status=SessionStatus.QUEUED, updated_at=utcnow())
+        ).rowcount
+    return Recorded(session_id, new=True, busy=not queued and _busy(engine, session_id))
+
+
+def _busy(engine: Engine, session_id: str) -> bool:
+    with engine.connect() as conn:
+        status = conn.execute(select(Session.status).where(Session.id == session_id)).scalar_one()
+    return status in (SessionStatus.RUNNING, SessionStatus.AWAITING_APPROVAL)
+
+
+def has_untaken(engine: Engine, session_id: str) -> bool:
+    with engine.connect() as conn:
+        return conn.execute(select(_untaken(session_id))).scalar_one()
+
+
+def _untaken(session_id: object) -> Exists:
+    return exists().where(InboxMessage.session_id == session_id, InboxMessage.taken_at.is_(None))
+
+
+# --- stop -------------------------------------------------------------------------------------------------------
+
+
+def request_stop(engine: Engine, session_id: str) -> bool:
+    """Ask the session's turn to stop; True when a turn is running or waiting (there is something to stop)."""
+    with engine.begin() as conn:
+        return bool(
+            conn.execute(
+                update(Session)
+                .where(Session.id == session_id, Session.status != SessionStatus.IDLE)
+                .values(stop_requested_at=utcnow())
+            ).rowcount
+        )
+
+
+def stops_for(engine: Engine, owner: str) -> list[str]:
+    """The sessions this lease owner holds whose stop was asked: one indexed query for all of a worker's turns."""
+    with engine.connect() as conn:
+        return list(
+            conn.execute(
+                select(Session.id).where(Session.lease_owner == owner, Session.stop_requested_at.is_not(None))
+            ).scalars()
+        )
+
+
+def stop_requested(engine: Engine, session_id: str) -> bool:
+    with engine.connect() as conn:
+        return (
+            conn.execute(select(Session.stop_requested_at).where(Session.id == session_id)).scalar_one_or_none()
+            is not None
+        )
+
+
+def clear_stop(engine: Engine, session_id: str) -> None:
+    with engine.begin() as conn:
+        conn.execute(update(Session).where(Session.id == session_id).values(stop_requested_at=None))
+
+
+# --- finding work -----------------------------------------------------------------------------------------------
+
+
+def renew_held(engine: Engine, owner: str, ttl_s: float, now: datetime | None = None) -> set[str]:
+    """Extend every lease `owner` holds, in one statement; the sessions it still holds (a lease somebody took
+    over is no longer `owner`'s, and is not renewed)."""
+    now = now or utcnow()
+    with engine.begin() as conn:
+        rows = conn.execute(
+            update(Session)
+            .where(Session.lease_owner == owner)
+            .values(lease_expires_at=now + timedelta(seconds=ttl_s))
+            .returning(Session.id)
+        )
+        return set(rows.scalars())
+
+
+def sessions_with_work(engine: Engine, now: datetime | None = None) -> list[str]:
+    """Sessions that need a worker and have none: untaken messages, a queued or running turn, a stop asked,
+    or a decision on every approval they wait for, and no live lease."""
+    now = now or utcnow()
+    free = or_(Session.lease_owner.is_(None), Session.lease_expires_at.is_(None), Session.lease_expires_at <= now)
+    decided = and_(
+        Session.status == SessionStatus.AWAITING_APPROVAL,
+        ~exists().where(Approval.session_id == Session.id, Approval.state == ApprovalState.PENDING),
+    )
+    wanted = or_(
+        Session.status.in_([SessionStatus.QUEUED, SessionStatus.RUNNING]),
+        Session.stop_requested_at.is_not(None),
+        _untaken(Session.id),
+        decided,
+    )
+    with engine.connect() as conn:
+        return list(conn.execute(select(Session.id).where(free, wanted).order_by(Session.updated_at)).scalars())
+
+
+def release_expired_leases(engine: Engine, now: datetime | None = None) -> int:
+    """Forget the owners of leases past their time (the token stays, so their writers stay fenced)."""
+    now = now or utcnow()
+    with engine.begin() as conn:
+        return conn.execute(
+            update(Session)
+            .where(Session.lease_owner.is_not(None), Session.lease_expires_at <= now)
+            .values(lease_owner=None, lease_expires_at=None)
+        ).rowcount
