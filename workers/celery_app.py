@@ -40,7 +40,11 @@ UNSANDBOXED = (
     "the resource limits and the scrubbed environment apply)"
 )
 
-app = Celery("mm")
+# Named queues, so that an operator can give housekeeping its own worker and a backlog of turns never delays it.
+TURNS_QUEUE = "turns"
+HOUSEKEEPING_QUEUE = "housekeeping"
+
+app = Celery("mm", include=["workers.tasks"])
 assert app.user_options is not None  # the instance's own (a defaultdict); the class's is None
 app.user_options["worker"].add(
     click.Option(["--dev"], is_flag=True, hidden=True, help="started by `mm-bot dev`, which tells of the sandbox")

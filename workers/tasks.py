@@ -1,0 +1,33 @@
+"""The Celery tasks: run a session's work, and housekeeping. Each task names a session by id and nothing else:
+what to do is read from the database when the task runs, so a task delivered twice, late, or to another
+worker does the right thing or nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from workers.celery_app import HOUSEKEEPING_QUEUE, TURNS_QUEUE, app
+
+log = logging.getLogger("mm.worker")
+
+
+@app.task(name="mm.run_session", queue=TURNS_QUEUE)
+def run_session(session_id: str) -> None:
+    """Run the session's turns until it has nothing left to do (or waits for a person)."""
+    from workers.turns import run_session_work
+
+    run_session_work(session_id)
+
+
+@app.task(name="mm.housekeeping", queue=HOUSEKEEPING_QUEUE)
+def housekeeping() -> None:
+    """Re-enqueue sessions with work nobody does, release expired leases, expire approvals, sweep workspaces."""
+    from workers.turns import housekeep
+
+    housekeep()
+
+
+def enqueue_session(session_id: str) -> None:
+    """Tell a worker that the session has work (the database says what): the bot's only hand-off."""
+    run_session.apply_async(args=[session_id], queue=TURNS_QUEUE)
