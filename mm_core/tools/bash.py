@@ -268,10 +268,29 @@ class BashTool(Tool):
                 marker = EXIT_CODE.format(code=code)
         text = truncate(read_back(out), config.maxOutput)
         text = append_marker(text, marker) if marker else text
-        # Measured after every command, the limit or not: the walk also clears setuid bits (sandbox.py).
+        if not walk_needed(ctx.workspace, limit_mb):
+            return text
         held = await _workspace_bytes(ctx)
         over.over = limit_mb is not None and held > limit_mb * MIB
         return append_marker(text, OVER_LIMIT.format(size=-(-held // MIB), limit=limit_mb)) if over.over else text
+
+
+def walk_needed(workspace: str | os.PathLike[str], limit_mb: int | None) -> bool:
+    """Whether the workspace is walked after a command (a second on a large checkout): to check its size
+    against `bash.limits.workspaceMB`, or to clear setuid bits (sandbox.measure_workspace) where they matter.
+
+    They matter only in a root-owned workspace on a root worker: there the sandbox's files belong to root on the
+    worker, so a setuid bit would make one a root door. Anywhere else a command runs as the workspace's owner (or
+    as the worker's own unprivileged user), and a setuid file it makes can grant only that user.
+    """
+    if limit_mb is not None:
+        return True
+    if os.geteuid() != 0:
+        return False
+    try:
+        return os.stat(workspace).st_uid == 0
+    except OSError:
+        return True  # unknown: walk, as before
 
 
 async def _workspace_bytes(ctx: ToolContext) -> int:
