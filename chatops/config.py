@@ -121,11 +121,24 @@ class WorkspacesConfig(Strict):
     maxTotalMB: int | None = Field(default=None, ge=1)
 
 
+class WorkerConfig(Strict):
+    # Turns one worker process carries at once; they mostly wait on the model, so this is far above the cores.
+    concurrency: int = Field(default=200, ge=1, le=2000)
+    # A turn running longer is stopped (the pool runs threads, which Celery's own time limits cannot stop).
+    # Keep it under RabbitMQ's consumer_timeout (30 min by default) when RabbitMQ is the broker.
+    turnTimeLimit: Duration = 1200.0
+    # A worker renews its sessions' leases every third of this; a killed worker's turns resume after it.
+    leaseSeconds: Duration = 30.0
+    # How often housekeeping re-enqueues stranded work, releases leases and expires approvals.
+    housekeepingSeconds: Duration = 30.0
+
+
 class ServiceConfig(Strict):
     channels: dict[str, ChannelConfig] = Field(default_factory=dict)
     approvals: ApprovalsConfig = Field(default_factory=ApprovalsConfig)
     jobs: list[JobConfig] = Field(default_factory=list)
     workspaces: WorkspacesConfig = Field(default_factory=WorkspacesConfig)
+    worker: WorkerConfig = Field(default_factory=WorkerConfig)
 
     def channel(self, channel_id: str) -> ChannelConfig:
         """The channel's own settings, or the default's, or none at all."""

@@ -67,6 +67,14 @@ def record_message(
     return Recorded(session_id, new=True, busy=not queued and _busy(engine, session_id))
 
 
+def session_of(engine: Engine, channel_id: str, thread_ts: str) -> str | None:
+    """The thread's session, or None: the bot follows a channel thread without a mention only once it has one."""
+    with engine.connect() as conn:
+        return conn.execute(
+            select(Session.id).where(Session.channel_id == channel_id, Session.thread_ts == thread_ts)
+        ).scalar_one_or_none()
+
+
 def _busy(engine: Engine, session_id: str) -> bool:
     with engine.connect() as conn:
         status = conn.execute(select(Session.status).where(Session.id == session_id)).scalar_one()
@@ -137,9 +145,10 @@ def renew_held(engine: Engine, owner: str, ttl_s: float, now: datetime | None = 
         return set(rows.scalars())
 
 
-def sessions_with_work(engine: Engine, now: datetime | None = None) -> list[str]:
+def sessions_with_work(engine: Engine, quiet_s: float = 0.0, now: datetime | None = None) -> list[str]:
     """Sessions that need a worker and have none: untaken messages, a queued or running turn, a stop asked,
-    or a decision on every approval they wait for, and no live lease."""
+    or a decision on every approval they wait for, and no live lease; only those unchanged for `quiet_s`,
+    so that work whose message is merely waiting in a busy queue is not enqueued again and again."""
     now = now or utcnow()
     free = or_(Session.lease_owner.is_(None), Session.lease_expires_at.is_(None), Session.lease_expires_at <= now)
     decided = and_(
@@ -153,7 +162,8 @@ def sessions_with_work(engine: Engine, now: datetime | None = None) -> list[str]
         decided,
     )
     with engine.connect() as conn:
-        return list(conn.execute(select(Session.id).where(free, wanted).order_by(Session.updated_at)).scalars())
+        quiet = Session.updated_at <= now - timedelta(seconds=quiet_s)
+        return list(conn.execute(select(Session.id).where(free, wanted, quiet).order_by(Session.updated_at)).scalars())
 
 
 def release_expired_leases(engine: Engine, now: datetime | None = None) -> int:

@@ -68,10 +68,11 @@ class DbStore:
             self._lock(conn, session_id)
             _insert_entry(conn, session_id, entry)
 
-    def take_inbox(self, session_id: str) -> UserMessage | None:
+    def take_inbox(self, session_id: str, preface: str = "") -> UserMessage | None:
         """Start the next turn with every untaken inbox message, in order, as one user message; None when the
-        inbox is empty. Appending it and marking the messages taken is one transaction: a crash leaves them
-        either untaken or in the log, never both, never neither."""
+        inbox is empty. `preface` goes before the text (the thread's earlier messages). Appending it and
+        marking the messages taken is one transaction: a crash leaves them either untaken or in the log, never
+        both, never neither."""
         with self.engine.begin() as conn:
             self._lock(conn, session_id)
             rows = conn.execute(
@@ -86,7 +87,7 @@ class DbStore:
                 text = rows[0].text
             else:  # several people may have written while the last turn ran: the model needs to know who
                 text = "\n\n".join(f"<@{user}>: {text}" if user else text for _, user, text in rows)
-            message = UserMessage(text, ",".join(authors) or None)
+            message = UserMessage(preface + text, ",".join(authors) or None)
             _insert_entry(conn, session_id, message)
             conn.execute(
                 update(InboxMessage).where(InboxMessage.id.in_([r.id for r in rows])).values(taken_at=utcnow())
@@ -370,6 +371,15 @@ def get_approval(engine: Engine, call_id: str) -> ApprovalRow | None:
     with engine.connect() as conn:
         row = conn.execute(select(*_APPROVAL_COLUMNS).where(Approval.call_id == call_id)).first()
     return _approval_row(row) if row else None
+
+
+def approvals_of(engine: Engine, session_id: str) -> list[ApprovalRow]:
+    """The session's approvals, oldest first: what a resumed turn decides its waiting calls by."""
+    with engine.connect() as conn:
+        rows = conn.execute(
+            select(*_APPROVAL_COLUMNS).where(Approval.session_id == session_id).order_by(Approval.created_at)
+        ).all()
+    return [_approval_row(row) for row in rows]
 
 
 def set_approval_message(engine: Engine, call_id: str, message_ts: str) -> None:

@@ -49,14 +49,27 @@ def _worker(args: argparse.Namespace) -> int:
     # Under `mm-bot dev`, which says itself when the worker is up and what its sandbox is: no banner (Celery's
     # --quiet, an option of `celery`, before the command), warnings and errors only, and no sandbox check.
     celery = ["--quiet", "worker", "--loglevel=WARNING", "--dev"] if args.dev else ["worker", "--loglevel=INFO"]
-    app.worker_main([*celery, *args.passthrough])
+    queues = [] if {"-Q", "--queues"} & set(args.passthrough) else ["--queues", _queues()]
+    app.worker_main([*celery, *queues, *args.passthrough])
     return 0
 
 
 def _beat(args: argparse.Namespace) -> int:
     load_config(args.config)
-    print("mm-bot beat: scheduled jobs are not available yet", file=sys.stderr)
-    return 2
+    _export_config_path(args.config)
+    from workers.celery_app import app
+
+    # Housekeeping's schedule (workers/celery_app.py); the scheduled jobs join it with their issue. The schedule
+    # file goes under ./var, beside the embedded database, not into the current directory.
+    Path("var").mkdir(exist_ok=True)
+    app.start(["beat", "--loglevel=INFO", "--schedule", str(Path("var") / "celerybeat-schedule"), *args.passthrough])
+    return 0
+
+
+def _queues() -> str:
+    from workers.celery_app import HOUSEKEEPING_QUEUE, TURNS_QUEUE
+
+    return f"{TURNS_QUEUE},{HOUSEKEEPING_QUEUE}"
 
 
 def _migrate(args: argparse.Namespace) -> int:
@@ -162,7 +175,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("worker", _worker, "run a Celery worker (extra arguments go to celery worker)")
     p.add_argument("--dev", action="store_true", help=argparse.SUPPRESS)  # started by `dev`: see _worker
     p.add_argument("passthrough", nargs=argparse.REMAINDER, help="e.g. --concurrency 4 -Q mm")
-    command("beat", _beat, "run the scheduler of the scheduled jobs")
+    p = command("beat", _beat, "run the scheduler: housekeeping now, the scheduled jobs later")
+    p.add_argument("passthrough", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     p = command("migrate", _migrate, "upgrade the database schema (DATABASE_URL)")
     p.add_argument("--revision", default="head", help="target revision (default head)")
     p = command("dev", _dev, "everything one machine needs: migrations, the bot, a worker and the scheduler")
@@ -179,7 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-PASSTHROUGH = ("worker", "run")
+PASSTHROUGH = ("worker", "beat", "run")
 
 
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:

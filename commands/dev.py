@@ -139,7 +139,11 @@ def run_dev(config_path: str | None, host: str, port: int) -> int:
         children.append(_start("bot", [*common, "serve", "--host", host, "--port", str(port), "--dev"], env))
         # A quiet worker's stdout holds only Celery's notices of its own shutdown ("worker: Warm shutdown"), which
         # dev says in its own words; its log, and what tasks print, go to stderr.
-        worker = [*common, "worker", "--dev", "--", "--concurrency", "2"]
+        # The worker also runs the scheduler (-B) for housekeeping: one process fewer on a laptop. Fewer turns at
+        # once than a production worker, since the embedded database is SQLite (one writer at a time).
+        EMBEDDED_BROKER_FILE.parent.mkdir(parents=True, exist_ok=True)
+        schedule = str(EMBEDDED_BROKER_FILE.parent / "celerybeat-schedule")
+        worker = [*common, "worker", "--dev", "--", "--concurrency", "8", "-B", "--schedule", schedule]
         children.append(_start("worker", worker, env, stdout=subprocess.DEVNULL))
         base = f"http://{host}:{port}"
         if not _wait_healthy(f"{base}/healthz", children[0]):
@@ -147,7 +151,7 @@ def run_dev(config_path: str | None, host: str, port: int) -> int:
             return 1
         say(f"bot listening on {base}: Slack's requests to {base}/slack/events, health at {base}/healthz")
         say(f"worker started (pid {children[1].process.pid}) on {mask_url(broker)}")
-        say("scheduler: scheduled jobs are not available yet")
+        say("scheduler: housekeeping runs in the worker (scheduled jobs are not available yet)")
         for name in config.missing_slack_secrets(socket_mode=False):
             say(MISSING[name])
         model = check_model(config)

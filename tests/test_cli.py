@@ -109,12 +109,6 @@ def test_an_unreachable_or_unusable_database_is_a_sentence_not_a_traceback(tmp_p
         assert "set DATABASE_URL" in result.stderr
 
 
-def test_beat_says_it_is_not_available_yet(tmp_path: Path) -> None:
-    result = mm_bot("beat", env=clean_env(), cwd=tmp_path)
-    assert result.returncode == 2
-    assert "not available yet" in result.stderr
-
-
 def test_unknown_command_is_a_usage_error(tmp_path: Path) -> None:
     result = mm_bot("sevre", env=clean_env(), cwd=tmp_path)
     assert result.returncode == 2

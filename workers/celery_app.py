@@ -52,23 +52,49 @@ app.user_options["worker"].add(
 
 
 def settings() -> dict[str, Any]:
+    from kombu.entity import Queue
+
     from chatops.config import load_config
 
     config = load_config()
-    broker = config.broker_url
+    broker, worker = config.broker_url, config.service.worker
     values: dict[str, Any] = {
         "broker_url": broker,
         # The database is the source of truth and the broker only carries "session S has work": a message
         # is acknowledged once its task has finished, a worker that dies mid-task gives the message back,
-        # and each worker holds one message at a time so a long agent turn never strands queued work.
+        # and each worker holds one message per free slot so a long agent turn never strands queued work.
         # A message that is lost anyway only delays work (housekeeping re-enqueues it from the database).
         "task_acks_late": True,
         "task_reject_on_worker_lost": True,
         "worker_prefetch_multiplier": 1,
+        # Turns wait on the model most of the time: one process carries many, each in a thread with its own
+        # event loop (workers/turns.py says why threads and not one shared loop).
+        "worker_pool": "threads",
+        "worker_concurrency": worker.concurrency,
+        # Honoured by a prefork pool (housekeeping on a worker of its own); the threads pool ignores them,
+        # so a turn enforces `worker.turnTimeLimit` itself.
+        "task_soft_time_limit": worker.turnTimeLimit + 30,
+        "task_time_limit": worker.turnTimeLimit + 60,
+        "task_queues": [Queue(TURNS_QUEUE), Queue(HOUSEKEEPING_QUEUE)],
+        "task_default_queue": TURNS_QUEUE,
+        # Redis gives an unacknowledged message to another worker after the visibility timeout: it must be
+        # longer than the longest task, or a running turn would be delivered twice (the lease would still
+        # keep the second copy from writing, but it would wait on it).
+        "broker_transport_options": {"visibility_timeout": int(worker.turnTimeLimit * 2 + 600)},
+        # Flower and `celery events` watch the workers through these.
+        "worker_send_task_events": True,
+        "task_send_sent_event": True,
         # Results live in the database; only tasks that say so (ping) keep a Celery result.
         "task_ignore_result": True,
         "broker_connection_retry_on_startup": True,
         "worker_hijack_root_logger": False,
+        "beat_schedule": {
+            "housekeeping": {
+                "task": "mm.housekeeping",
+                "schedule": worker.housekeepingSeconds,
+                "options": {"queue": HOUSEKEEPING_QUEUE, "expires": worker.housekeepingSeconds},
+            }
+        },
     }
     if broker.startswith(("redis://", "rediss://")):
         values["result_backend"] = broker
@@ -99,6 +125,17 @@ def refuse_without_the_sandbox(sender: WorkController, **_: Any) -> None:
     problem = sandbox_problem(_agent_config())
     if problem is not None:
         raise SystemExit(f"mm-bot worker: {problem}")  # Celery's signal would log an Exception and carry on
+
+
+@signals.worker_init.connect
+def serve_metrics(**_: Any) -> None:
+    # One endpoint per worker process: the pool runs threads, so this process holds all its turns' figures.
+    import os
+
+    if port := os.environ.get("MM_METRICS_PORT"):
+        from prometheus_client import start_http_server
+
+        start_http_server(int(port), addr=os.environ.get("MM_METRICS_HOST", "127.0.0.1"))
 
 
 @signals.celeryd_after_setup.connect

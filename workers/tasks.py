@@ -17,7 +17,8 @@ def run_session(session_id: str) -> None:
     """Run the session's turns until it has nothing left to do (or waits for a person)."""
     from workers.turns import run_session_work
 
-    run_session_work(session_id)
+    if run_session_work(session_id):
+        enqueue_session(session_id)
 
 
 @app.task(name="mm.housekeeping", queue=HOUSEKEEPING_QUEUE)
@@ -25,9 +26,10 @@ def housekeeping() -> None:
     """Re-enqueue sessions with work nobody does, release expired leases, expire approvals, sweep workspaces."""
     from workers.turns import housekeep
 
-    housekeep()
+    for session_id in housekeep():
+        enqueue_session(session_id)
 
 
 def enqueue_session(session_id: str) -> None:
     """Tell a worker that the session has work (the database says what): the bot's only hand-off."""
-    run_session.apply_async(args=[session_id], queue=TURNS_QUEUE)
+    app.send_task("mm.run_session", args=[session_id], queue=TURNS_QUEUE)
