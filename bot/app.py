@@ -4,21 +4,25 @@ We use bolt's asyncio flavour (AsyncApp) served by aiohttp rather than the sync 
 aiohttp is already a dependency, one event loop serves both the HTTP endpoint and Socket Mode, and the
 handlers must ack within Slack's 3 seconds while the work itself goes to Celery, so nothing here blocks.
 
-The listeners themselves are in bot.handlers, registered by kind in `register`.
+The listeners themselves are in bot.handlers, registered by kind in `register`. They record a message before
+the ack (so bolt runs them before it answers: `process_before_response`) and hand the rest off after it.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
-from slack_bolt.async_app import AsyncApp
+from slack_bolt.async_app import AsyncApp, AsyncAssistant, AsyncBoltContext
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bot import handlers
 from chatops.buttons import ACTION_PATTERN
 
 if TYPE_CHECKING:
+    from sqlalchemy import Engine
+
     from chatops.config import Config
 
 bolt_log = logging.getLogger("mm.bot.bolt")
@@ -32,9 +36,10 @@ def slack_api_base(url: str) -> str:
     return url if url.endswith("/") else url + "/"
 
 
-def create_app(config: Config) -> AsyncApp:
-    """A bolt app that verifies signatures with the signing secret and calls the Web API at
-    `config.slack_api_url` (Slack itself, GovSlack, or the test emulator).
+def create_app(config: Config, engine: Engine) -> AsyncApp:
+    """A bolt app that verifies signatures with the signing secret, calls the Web API at
+    `config.slack_api_url` (Slack itself, GovSlack, or the test emulator) and records messages through
+    `engine` (the process's one engine).
 
     Needs SLACK_BOT_TOKEN and SLACK_SIGNING_SECRET; callers check `config.missing_slack_secrets()` first.
     """
@@ -46,14 +51,30 @@ def create_app(config: Config) -> AsyncApp:
         # through `client`, so it goes to `config.slack_api_url` like every other call.
         # Bolt answers url_verification with the challenge (after the signature check).
         url_verification_enabled=True,
+        # Bolt's default acks an event before its listener runs; ours record the message first, and bolt
+        # answers (over HTTP and over the socket alike) once the listener returns. They return quickly: the
+        # enqueue and any Web API call run after the ack (bot.handlers).
+        process_before_response=True,
         logger=bolt_log,
     )
-    register(app)
+    register(app, engine)
     return app
 
 
-def register(app: AsyncApp) -> None:
-    """The listeners, by kind: events, button clicks, the slash command."""
+def register(app: AsyncApp, engine: Engine) -> None:
+    """The listeners, by kind: assistant threads, events, button clicks, the slash command."""
+
+    async def attach_engine(context: AsyncBoltContext, next: Callable[[], Awaitable[None]]) -> None:
+        context[handlers.ENGINE] = engine
+        await next()
+
+    # Before the assistant: its middleware runs the assistant listeners itself, which need the engine too.
+    app.middleware(attach_engine)
+    assistant = AsyncAssistant(logger=bolt_log)
+    assistant.thread_started(handlers.on_assistant_thread_started)
+    # Every threaded direct message (the assistant pane's threads, and replies in a DM's thread alike).
+    assistant.user_message(handlers.on_assistant_message)
+    app.assistant(assistant)
     app.event("app_mention")(handlers.on_mention)
     app.event("message")(handlers.on_message)
     app.action(ACTION_PATTERN)(handlers.on_button)

@@ -41,8 +41,8 @@ def build_web_app(config: Config, socket_mode: bool = False) -> web.Application:
 
     web_app = web.Application()
     missing = config.missing_slack_secrets(socket_mode=socket_mode)
-    bolt = None if missing else create_app(config)
     engine = db.engine_for(config.database_url)
+    bolt = None if missing else create_app(config, engine)
 
     async def health(_request: web.Request) -> web.Response:
         # Liveness must not flap with the database (restarting the bot would not fix it), so this is

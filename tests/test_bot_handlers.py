@@ -7,7 +7,8 @@ import json
 import logging
 
 import pytest
-from slack_bolt.async_app import AsyncAck
+from slack_bolt.async_app import AsyncAck, AsyncBoltContext
+from slack_sdk.web.async_client import AsyncWebClient
 
 from bot import handlers
 from chatops.buttons import ACTION_PATTERN, MAX_VALUE, Action, BadButton, ButtonValue, element
@@ -69,12 +70,43 @@ def test_a_value_we_never_posted_is_refused_acked_and_logged_without_itself(valu
         assert value not in caplog.text
 
 
-def test_events_and_commands_ack_first():
-    for listener, payload in (
-        (handlers.on_mention, {"event": {"channel": "C1", "user": "U1"}}),
-        (handlers.on_message, {"event": {"channel": "C1", "user": "U1"}}),
-        (handlers.on_command, {"command": {"user_id": "U1", "text": "help"}}),
-    ):
+def test_commands_ack_first():
+    ack = AsyncAck()
+    asyncio.run(handlers.on_command(ack, {"user_id": "U1", "text": "help"}))
+    assert ack.response is not None and ack.response.status == 200
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        {"bot_id": "B1", "user": "U2", "text": "beep"},
+        {"subtype": "bot_message", "bot_id": "B1", "text": "beep"},
+        {"subtype": "message_changed", "message": {"user": "U1", "text": "edited"}},
+        {"subtype": "message_deleted", "deleted_ts": "1.000100"},
+        {"subtype": "channel_join", "user": "U1", "text": "joined"},
+    ],
+    ids=["other-bot", "bot-message", "edit", "deletion", "join"],
+)
+def test_what_no_person_wrote_is_acked_and_never_reaches_the_database(event: dict) -> None:
+    # No engine in the context: a listener that looked for the database would fail here.
+    event = {"channel": "D1", "channel_type": "im", "ts": "1.000200", "thread_ts": "1.000100"} | event
+    for listener in (handlers.on_mention, handlers.on_message, handlers.on_assistant_message):
         ack = AsyncAck()
-        asyncio.run(listener(ack, **payload))
+        asyncio.run(listener(ack, event, AsyncBoltContext(), AsyncWebClient()))
         assert ack.response is not None and ack.response.status == 200, listener.__name__
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ("<@U0BOT> fix the tests", "fix the tests"),
+        ("  <@U0BOT|mm>: fix the tests", "fix the tests"),
+        ("<@U0BOT>, <@U0BOT> twice", "<@U0BOT> twice"),
+        ("ask <@U0BOT> later", "ask <@U0BOT> later"),
+        ("<@U0OTHER> fix the tests", "<@U0OTHER> fix the tests"),
+        ("<@U0BOT>", ""),
+    ],
+)
+def test_only_the_leading_mention_of_the_bot_is_taken_off(text: str, said: str) -> None:
+    assert handlers.without_mention(text, "U0BOT") == said
+    assert handlers.without_mention(text, None) == text
