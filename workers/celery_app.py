@@ -77,10 +77,6 @@ def settings() -> dict[str, Any]:
         "task_time_limit": worker.turnTimeLimit + 60,
         "task_queues": [Queue(TURNS_QUEUE), Queue(HOUSEKEEPING_QUEUE)],
         "task_default_queue": TURNS_QUEUE,
-        # Redis gives an unacknowledged message to another worker after the visibility timeout: it must be
-        # longer than the longest task, or a running turn would be delivered twice (the lease would still
-        # keep the second copy from writing, but it would wait on it).
-        "broker_transport_options": {"visibility_timeout": int(worker.turnTimeLimit * 2 + 600)},
         # Flower and `celery events` watch the workers through these.
         "worker_send_task_events": True,
         "task_send_sent_event": True,
@@ -97,6 +93,11 @@ def settings() -> dict[str, Any]:
         },
     }
     if broker.startswith(("redis://", "rediss://")):
+        # Redis gives an unacknowledged message to another worker after the visibility timeout: it must be
+        # longer than the longest task, or a running turn would be delivered twice (the lease would still keep
+        # the second copy from writing, but it would wait on it). Other transports take no such option (the
+        # SQLAlchemy one hands its options to create_engine, which refuses it).
+        values["broker_transport_options"] = {"visibility_timeout": int(worker.turnTimeLimit * 2 + 600)}
         values["result_backend"] = broker
         values["result_expires"] = 3600
     return values
