@@ -23,6 +23,7 @@ from mm_core.config import AgentConfig
 from mm_core.events import (
     Emit,
     Error,
+    ModelCalled,
     PendingCall,
     PermissionRequested,
     ToolCallFinished,
@@ -211,6 +212,13 @@ class Agent:
                         answer.usage.prompt_tokens,
                         answer.usage.completion_tokens,
                         self.name,
+                    )
+                )
+                # The call's timing, for the worker's measure of a step outside the model.
+                usage = answer.usage
+                self.emit(
+                    ModelCalled(
+                        answer.started, answer.finished, usage.prompt_tokens, usage.completion_tokens, self.name
                     )
                 )
         except (ModelError, _LoopStopped) as e:

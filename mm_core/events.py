@@ -103,7 +103,21 @@ class Error:
     agent: str | None = None
 
 
-Event = Status | TextDelta | ToolCallStarted | ToolCallFinished | PermissionRequested | TurnFinished | Error
+@dataclass(frozen=True)
+class ModelCalled:
+    """One model call's timing (time.monotonic() when the request was sent and when its last byte arrived)
+    and tokens."""
+
+    started: float
+    finished: float
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    agent: str | None = None
+
+
+Event = (
+    Status | TextDelta | ToolCallStarted | ToolCallFinished | PermissionRequested | TurnFinished | Error | ModelCalled
+)
 # How the loop hands events to a front end.
 Emit = Callable[[Event], None]
 

@@ -9,7 +9,9 @@ tool call whose arguments loop or balloon is stopped at once, not after minutes 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,6 +53,20 @@ class Completion:
     text: str
     tool_calls: list[ToolCallRequest] = field(default_factory=list)
     usage: Usage = field(default_factory=Usage)
+    # time.monotonic() when the request left (the SDK's building and the history's JSON are before it, on our
+    # side of the call) and when the answer's last byte arrived.
+    started: float = 0.0
+    finished: float = 0.0
+
+
+# When this task's request left: set by the HTTP client's request hook, which runs in the task that sends.
+_sent_at: ContextVar[list[float] | None] = ContextVar("_sent_at", default=None)
+
+
+async def _note_sent(_request: object) -> None:
+    sent = _sent_at.get()
+    if sent is not None and not sent:  # a redirect sends again: the first send is when the request left
+        sent.append(time.monotonic())
 
 
 @dataclass
@@ -90,6 +106,7 @@ class ModelClient:
                 # The watchdog, not the HTTP read timeout, decides when silence is too long.
                 timeout=openai.Timeout(self.config.requestTimeout, connect=10.0),
                 max_retries=0,
+                http_client=openai.DefaultAsyncHttpxClient(event_hooks={"request": [_note_sent]}),
             )
             self._loop = loop
         return self._client
@@ -117,6 +134,8 @@ class ModelClient:
         if self.config.temperature is not None:
             request["temperature"] = self.config.temperature
         emit(Status("Thinking", agent))
+        asked, sent = time.monotonic(), []
+        token = _sent_at.set(sent)
         try:
             # The SDK's low-level post: `chat.completions.create` re-validates the whole history against its
             # typed schema on every call, which cost more than everything else in a step (bench/bench_loop.py).
@@ -129,7 +148,9 @@ class ModelClient:
                     stream_cls=openai.AsyncStream[ChatCompletionChunk],
                 )
             )
-            return await self._read(stream, emit, agent)
+            completion = await self._read(stream, emit, agent)
+            completion.started = sent[0] if sent else asked  # asked: an HTTP client without our hook
+            return completion
         except openai.NotFoundError as e:
             raise ModelError(
                 f"the model endpoint {self.config.url} does not know the model {self.config.name!r} "
@@ -147,6 +168,8 @@ class ModelClient:
             ) from e
         except openai.APIStatusError as e:
             raise ModelError(f"the model endpoint answered HTTP {e.status_code}: {_api_message(e)}") from e
+        finally:
+            _sent_at.reset(token)
 
     async def _alive(self, awaitable):
         try:
@@ -169,6 +192,7 @@ class ModelClient:
                 try:
                     chunk = await self._alive(iterator.__anext__())
                 except StopAsyncIteration:
+                    finished = time.monotonic()
                     break
                 if chunk.usage is not None:
                     usage = Usage(chunk.usage.prompt_tokens or 0, chunk.usage.completion_tokens or 0)
@@ -196,7 +220,7 @@ class ModelClient:
             ToolCallRequest(id=c.id or f"call_{i}", name=c.name, arguments="".join(c.arguments) or "{}")
             for i, c in sorted(calls.items())
         ]
-        return Completion("".join(text), tool_calls, usage)
+        return Completion("".join(text), tool_calls, usage, finished=finished)
 
 
 def _api_message(e: openai.APIStatusError) -> str:
