@@ -15,7 +15,7 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -106,21 +106,27 @@ class Agent:
         self.tools = {t.name: t for t in tools}
         self.model = model or ModelClient(config.model, api_key, config.watchdogTimeout)
         self.system_prompt = config.systemPrompt or DEFAULT_SYSTEM_PROMPT
-        self._log: list[Entry] = []
+        self._state = SessionState()
 
     # -- the log ----------------------------------------------------------------------------------
     def load(self) -> SessionState:
         """The session as stored: read again, since another process may have written it."""
-        self._log = self.store.load(self.session_id)
-        return self.state()
+        self._state = SessionState.of(self.store.load(self.session_id))
+        return self._state
 
     def state(self) -> SessionState:
-        """The session as this agent last read or wrote it."""
-        return SessionState.of(self._log)
+        """The session as this agent last read or wrote it. It is kept up to date as the agent appends (the
+        loop asks it at every step, and deriving it again would cost a scan of the whole log each time), so
+        it is the session *now*: read what you need from it before appending."""
+        return self._state
 
     def _append(self, entry: Entry) -> None:
         self.store.append(self.session_id, entry)  # durable first: the log is the truth
-        self._log.append(entry)
+        # After a reset the conversation is what follows it, as SessionState.of reads it from the log.
+        if isinstance(entry, Reset):
+            self._state = SessionState()
+        else:
+            self._state.append(entry)
 
     # -- what front ends call ---------------------------------------------------------------------
     async def send(self, text: str, author: str | None = None) -> TurnFinished:
@@ -322,7 +328,7 @@ class Agent:
         preview = shown or ("\n".join(lines) if output.strip() else "(no output)")
         self.emit(ToolCallFinished(call.id, call.name, output, preview, status, self.name))
 
-    async def _waiting(self, calls: list[ToolCallRequest], decisions: dict[str, Decision]) -> list[PendingCall]:
+    async def _waiting(self, calls: list[ToolCallRequest], decisions: Mapping[str, Decision]) -> list[PendingCall]:
         waiting = []
         for call in calls:
             tool = self.tools.get(call.name)
@@ -340,7 +346,9 @@ class Agent:
     # -- endings ----------------------------------------------------------------------------------
     def _suspend(self, waiting: list[PendingCall]) -> TurnFinished:
         self.emit(PermissionRequested(tuple(waiting)))
-        return self._finished(Outcome.SUSPENDED, self.state())
+        finished = self._finished(Outcome.SUSPENDED)
+        self.emit(finished)
+        return finished
 
     def _fail(self, message: str, outcome: Outcome) -> TurnFinished:
         # The error is the decision that ends the turn, so it is written first: a crash after it still ends it.
@@ -359,17 +367,17 @@ class Agent:
         return self._end(outcome)
 
     def _end(self, outcome: Outcome) -> TurnFinished:
-        state = self.state()
+        finished = self._finished(outcome)  # the recap of the turn, read before its end mark closes it
         self._append(TurnEnded(outcome))
-        return self._finished(outcome, state)
+        self.emit(finished)
+        return finished
 
-    def _finished(self, outcome: Outcome, state: SessionState) -> TurnFinished:
+    def _finished(self, outcome: Outcome) -> TurnFinished:
+        state = self.state()
         last = state.last_assistant()
         counter_of = {name: tool.counter for name, tool in self.tools.items()}
         answer = last.text if last and outcome == Outcome.ANSWERED else ""
-        event = TurnFinished(outcome, answer, state.counters(counter_of), state.usage())
-        self.emit(event)
-        return event
+        return TurnFinished(outcome, answer, state.counters(counter_of), state.usage())
 
     def _close_pending(self, state: SessionState, text: str, status: CallStatus) -> None:
         """Give every call without a result one, so the log stays a valid conversation."""

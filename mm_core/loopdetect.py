@@ -1,7 +1,8 @@
 """The loop detector, exactly as the reference: the same (tool, input, output) 3 times in a row gets a
 warning appended; 3 more and the turn stops.
 
-Its state is a run length, rebuilt from the log (see state.py), so it survives a suspension or a restart.
+Its state is a run length, replayed from the log when the session is read (see state.py), so it survives a
+suspension or a restart, and then fed each result as it is appended.
 """
 
 from __future__ import annotations

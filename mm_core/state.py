@@ -1,13 +1,19 @@
-"""Session state derived from the event log. Nothing here is stored: it is recomputed from the entries.
+"""Session state derived from the event log. Nothing here is stored: every answer is a function of the entries.
 
 - The conversation starts after the last Reset (`new`).
 - The turn in progress is the span after the last TurnEnded that begins with a user message.
 - A tool call with no result is pending; one with a ToolStarted and no result was interrupted.
+
+The loop asks these questions at every step and the log only grows, so the answers are kept up to date as
+entries are appended (`append`) rather than found again by scanning the whole log: a step then costs the same
+at the tenth message as at the five hundredth (bench/bench_loop.py). The definitions written as scans over the
+entries are kept in tests/test_state_incremental.py, which checks that both agree on random logs.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from types import MappingProxyType
 from typing import Any
 
 from mm_core.events import Counters, Usage
@@ -33,81 +39,139 @@ from mm_core.loopdetect import LoopDetector
 SUMMARY_PREFIX = "Summary of the earlier conversation:\n"
 
 
-@dataclass
 class SessionState:
-    entries: list[Entry]  # since the last Reset
+    """The conversation since the last Reset, and what follows from it."""
+
+    def __init__(self, entries: Iterable[Entry] = ()) -> None:
+        self.entries: list[Entry] = []
+        self._close_turn()
+        # Over the whole conversation.
+        self._results: dict[str, ToolResult] = {}
+        self._started: set[str] = set()
+        self._decisions: dict[str, Decision] = {}
+        self._approve_all = False
+        self._nested: dict[str, list[dict[str, Any]]] = {}  # an asked agent's entries, by scope (its call id)
+        self._arguments: dict[str, str] = {}  # call id → the arguments the model sent
+        # Built on first use, then kept up to date by `append`; None: build it again from the entries.
+        self._detector: LoopDetector | None = None
+        self._transcript: _Transcript | None = None
+        for entry in entries:
+            self.append(entry)
 
     @classmethod
     def of(cls, log: list[Entry]) -> SessionState:
         start = max((i + 1 for i, e in enumerate(log) if isinstance(e, Reset)), default=0)
         return cls(log[start:])
 
+    def _close_turn(self) -> None:
+        """No turn is open: the turn's facts are those of no entries. They count again from its first message."""
+        self._turn_start: int | None = None
+        self._last_assistant: AssistantMessage | None = None
+        self._steps = 0
+        self._failure: str | None = None
+        self._cancelled = False
+        self._results_by_tool: dict[str, int] = {}  # the recap's counters, before they are named
+        self._usage = Usage()
+
+    def append(self, entry: Entry) -> None:
+        """The log's next entry. Each answer below is updated in O(1), but the messages of a tool result's
+        answer, which are built again (O(the calls of that answer))."""
+        index = len(self.entries)
+        self.entries.append(entry)
+        if isinstance(entry, TurnEnded):
+            self._close_turn()
+        elif isinstance(entry, UserMessage) and self._turn_start is None:
+            self._turn_start = index
+        in_turn = self._turn_start is not None
+        if isinstance(entry, AssistantMessage):
+            for call in entry.tool_calls:
+                if call.id in self._results:  # its result came first: only a replay knows which arguments count
+                    self._detector = None
+                self._arguments[call.id] = call.arguments
+            if in_turn:
+                self._last_assistant = entry
+                self._steps += 1
+                self._usage = self._usage + Usage(entry.prompt_tokens, entry.completion_tokens)
+        elif isinstance(entry, ToolResult):
+            self._results[entry.call_id] = entry
+            self._started.discard(entry.call_id)
+            if in_turn:
+                self._results_by_tool[entry.tool] = self._results_by_tool.get(entry.tool, 0) + 1
+                if entry.status == CallStatus.CANCELLED:
+                    self._cancelled = True
+            if self._detector is not None and entry.status == CallStatus.OK:
+                self._detector.record(entry.tool, self._arguments.get(entry.call_id, ""), entry.output)
+        elif isinstance(entry, ToolStarted):
+            self._started.add(entry.call_id)
+        elif isinstance(entry, ToolSuspended):
+            self._started.discard(entry.call_id)
+        elif isinstance(entry, Decision):
+            self._decisions[entry.call_id] = entry
+            if entry.all and entry.approved:
+                self._approve_all = True
+        elif isinstance(entry, ErrorRecord):
+            if in_turn:
+                self._failure = entry.message
+        elif isinstance(entry, Nested):
+            self._nested.setdefault(entry.scope, []).append(entry.entry)
+        if self._transcript is not None:
+            if isinstance(entry, Compaction):
+                self._transcript = None  # what the model sees changes as a whole: built again when asked
+            else:
+                self._transcript.add(entry)
+
     # -- the turn ---------------------------------------------------------------------------------
     def turn_start(self) -> int | None:
         """Index of the user message that opened the turn in progress, or None when no turn is open."""
-        last_end = max((i for i, e in enumerate(self.entries) if isinstance(e, TurnEnded)), default=-1)
-        for i in range(last_end + 1, len(self.entries)):
-            if isinstance(self.entries[i], UserMessage):
-                return i
-        return None
+        return self._turn_start
 
     def turn_entries(self) -> list[Entry]:
         start = self.turn_start()
         return [] if start is None else self.entries[start:]
 
     def steps(self) -> int:
-        return sum(isinstance(e, AssistantMessage) for e in self.turn_entries())
+        """The model's answers in the turn."""
+        return self._steps
 
     def results(self) -> dict[str, ToolResult]:
-        return {e.call_id: e for e in self.entries if isinstance(e, ToolResult)}
+        return dict(self._results)
 
     def started(self) -> set[str]:
         """Calls that started and neither finished nor suspended since: running, or cut off by a crash."""
-        running: set[str] = set()
-        for e in self.entries:
-            if isinstance(e, ToolStarted):
-                running.add(e.call_id)
-            elif isinstance(e, (ToolResult, ToolSuspended)):
-                running.discard(e.call_id)
-        return running
+        return set(self._started)
 
-    def decisions(self) -> dict[str, Decision]:
-        return {e.call_id: e for e in self.entries if isinstance(e, Decision)}
+    def decisions(self) -> Mapping[str, Decision]:
+        """The decisions by call id (the last one for a call, were there two), read-only."""
+        return MappingProxyType(self._decisions)
 
     def last_assistant(self) -> AssistantMessage | None:
-        for e in reversed(self.turn_entries()):
-            if isinstance(e, AssistantMessage):
-                return e
-        return None
+        """The model's latest answer in the turn."""
+        return self._last_assistant
 
     def pending(self) -> list[ToolCallRequest]:
         """Calls of the turn's latest model answer that have no result yet."""
         last = self.last_assistant()
         if last is None:
             return []
-        done = self.results()
-        return [c for c in last.tool_calls if c.id not in done]
+        return [c for c in last.tool_calls if c.id not in self._results]
 
     def open_calls(self) -> set[str]:
         """The calls a decision may be for: the turn's calls without a result, and those of the asked agents
         (ask_agent) running inside them, at any depth. A decision for any other call is stale."""
-        open_ids = {c.id for c in self.pending()}
-        nested: dict[str, list[Entry]] = {}
-        for e in self.entries:
-            if isinstance(e, Nested) and e.scope in open_ids:
-                nested.setdefault(e.scope, []).append(from_dict(e.entry))
-        for log in nested.values():
-            open_ids |= SessionState.of(log).open_calls()
+        pending = {c.id for c in self.pending()}
+        open_ids = set(pending)
+        for scope in pending:
+            if scope in self._nested:
+                open_ids |= SessionState.of([from_dict(e) for e in self._nested[scope]]).open_calls()
         return open_ids
 
     def failure(self) -> str | None:
         """The error that ended the turn in progress, when a crash came before its end mark."""
-        errors = [e.message for e in self.turn_entries() if isinstance(e, ErrorRecord)]
-        return errors[-1] if errors else None
+        return self._failure
 
     def cancelled(self) -> bool:
         """A call of the turn ended cancelled: the turn was being stopped (perhaps when the process died)."""
-        return any(isinstance(e, ToolResult) and e.status == CallStatus.CANCELLED for e in self.turn_entries())
+        return self._cancelled
 
     def answered(self) -> bool:
         """The model's latest answer in this turn had no tool calls: the turn is over but for its end mark."""
@@ -115,54 +179,91 @@ class SessionState:
         return last is not None and not last.tool_calls and self.entries[-1] is last
 
     def approve_all(self) -> bool:
-        return any(e.all and e.approved for e in self.entries if isinstance(e, Decision))
+        return self._approve_all
 
     def counters(self, counter_of: dict[str, str | None]) -> Counters:
         """The recap counters of the turn; `counter_of` maps a tool name to its counter (Tool.counter)."""
         counts = {"commands": 0, "file_ops": 0, "skills": 0, "lsp": 0}
-        for e in self.turn_entries():
-            if isinstance(e, ToolResult):
-                key = counter_of.get(e.tool)
-                if key:
-                    counts[key] += 1
+        for tool, results in self._results_by_tool.items():
+            key = counter_of.get(tool)
+            if key:
+                counts[key] += results
         return Counters(**counts)
 
     def usage(self) -> Usage:
-        total = Usage()
-        for e in self.turn_entries():
-            if isinstance(e, AssistantMessage):
-                total = total + Usage(e.prompt_tokens, e.completion_tokens)
-        return total
+        """The tokens of the turn's model calls."""
+        return self._usage
 
     def loop_detector(self) -> LoopDetector:
-        """The detector as it stood after the last call, replayed from the log (`compact` does not reset it)."""
-        detector = LoopDetector()
-        args = {c.id: c.arguments for e in self.entries if isinstance(e, AssistantMessage) for c in e.tool_calls}
-        for e in self.entries:
-            if isinstance(e, ToolResult) and e.status == CallStatus.OK:
-                detector.record(e.tool, args.get(e.call_id, ""), e.output)
-        return detector
+        """The detector as it stood after the last call (`compact` does not reset it): a copy, for the caller
+        to record the calls it runs into."""
+        if self._detector is None:  # replayed from the log once, then kept up to date by `append`
+            self._detector = LoopDetector()
+            for e in self.entries:
+                if isinstance(e, ToolResult) and e.status == CallStatus.OK:
+                    self._detector.record(e.tool, self._arguments.get(e.call_id, ""), e.output)
+        return LoopDetector(self._detector.last, self._detector.run)
 
     # -- what the model sees ----------------------------------------------------------------------
     def messages(self, system_prompt: str) -> list[dict[str, Any]]:
-        entries, summary = self.entries, None
-        for i, e in enumerate(self.entries):
+        """The request's messages. The dicts are shared with the next calls' lists: read them, never change
+        them."""
+        if self._transcript is None:
+            self._transcript = _Transcript.of(self.entries)
+        return self._transcript.messages(system_prompt)
+
+
+class _Transcript:
+    """The conversation as the model is sent it, kept as the log grows: each entry's messages are built once,
+    when it is appended, and a tool result only rebuilds the messages of the answer that called it."""
+
+    def __init__(self, summary: str | None, entries: Iterable[Entry]) -> None:
+        self.summary = summary
+        self.pieces: list[list[dict[str, Any]]] = []  # per user message or answer, its messages
+        self._answers: dict[int, AssistantMessage] = {}  # piece index → the answer it is made of
+        self._calls: dict[str, list[int]] = {}  # call id → the pieces of the answers that made that call
+        self._results: dict[str, ToolResult] = {}
+        for entry in entries:
+            self.add(entry)
+
+    @classmethod
+    def of(cls, entries: list[Entry]) -> _Transcript:
+        """After a compaction the model gets its summary, the entries it kept (from `keep_from`), and what
+        followed it; the latest compaction is the one that counts."""
+        for i in reversed(range(len(entries))):
+            e = entries[i]
             if isinstance(e, Compaction):
-                summary, keep_from = e.summary, e.keep_from
-                entries = [x for x in self.entries[keep_from:i]] + self.entries[i + 1 :]
+                return cls(e.summary, entries[e.keep_from : i] + entries[i + 1 :])
+        return cls(None, entries)
+
+    def add(self, entry: Entry) -> None:
+        if isinstance(entry, UserMessage):
+            self.pieces.append([{"role": "user", "content": entry.text}])
+        elif isinstance(entry, AssistantMessage):
+            piece = len(self.pieces)
+            self._answers[piece] = entry
+            for call in entry.tool_calls:
+                self._calls.setdefault(call.id, []).append(piece)
+            self.pieces.append(self._answer(assistant_message(entry), entry))
+        elif isinstance(entry, ToolResult):
+            self._results[entry.call_id] = entry
+            for piece in self._calls.get(entry.call_id, ()):
+                self.pieces[piece] = self._answer(self.pieces[piece][0], self._answers[piece])
+
+    def _answer(self, message: dict[str, Any], answer: AssistantMessage) -> list[dict[str, Any]]:
+        # Results go right after their call, in the order of the calls, whatever came between them in the log.
+        piece = [message]
+        for call in answer.tool_calls:
+            if call.id in self._results:
+                piece.append({"role": "tool", "tool_call_id": call.id, "content": self._results[call.id].output})
+        return piece
+
+    def messages(self, system_prompt: str) -> list[dict[str, Any]]:
         messages: list[dict[str, Any]] = [{"role": "system", "content": system_prompt}]
-        if summary is not None:
-            messages.append({"role": "user", "content": SUMMARY_PREFIX + summary})
-        results = {e.call_id: e for e in entries if isinstance(e, ToolResult)}
-        for e in entries:
-            if isinstance(e, UserMessage):
-                messages.append({"role": "user", "content": e.text})
-            elif isinstance(e, AssistantMessage):
-                messages.append(assistant_message(e))
-                # Results go right after their call, whatever came between them in the log.
-                for call in e.tool_calls:
-                    if call.id in results:
-                        messages.append({"role": "tool", "tool_call_id": call.id, "content": results[call.id].output})
+        if self.summary is not None:
+            messages.append({"role": "user", "content": SUMMARY_PREFIX + self.summary})
+        for piece in self.pieces:
+            messages += piece
         return messages
 
 
