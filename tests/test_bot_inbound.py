@@ -118,7 +118,7 @@ def serving(tmp: Path, slack: SlackEmulator, env: dict[str, str], *args: str) ->
         )
     base = f"http://127.0.0.1:{port}"
     try:
-        wait_healthy(base, process)
+        wait_healthy(base, process, timeout=60)
         yield Bot(base, slack, process), log
     finally:
         stop(process)
@@ -423,14 +423,18 @@ def test_a_broker_that_refuses_does_not_fail_the_ack_and_the_message_is_kept(
         serving(tmp_path, slack, http_env(slack, pg_url, refusing)) as (bot, log),
         bot.sender() as sender,
     ):
-        channel = new_channel()
-        started = time.monotonic()
-        root = mention(sender, channel)
-        assert time.monotonic() - started < 3
-        found = session_of(engine, channel, root)
-        assert found is not None and len(inbox(engine, found.id)) == 1
-        wait_for(lambda: "could not enqueue session" in log.read_text(), "the enqueue failure in the log")
-        # ...and the bot goes on taking messages.
-        assert sender.message("still there?", channel=channel, user="U0ALICE", thread_ts=root).status_code == 200
-        assert len(inbox(engine, found.id)) == 2
-    assert found.id in log.read_text()
+        channel, sessions = new_channel(), []
+        for said in ("fix the tests", "and the docs"):
+            # The second may come while the first one's enqueue still retries: a record never waits on it.
+            started = time.monotonic()
+            root = mention(sender, channel, said)
+            assert time.monotonic() - started < 3
+            found = session_of(engine, channel, root)
+            assert found is not None and inbox(engine, found.id) == [("U0ALICE", said, root)]
+            sessions.append(found.id)
+
+        def logged() -> bool:
+            text = log.read_text()
+            return all(f"could not enqueue session {sid}" in text for sid in sessions)
+
+        wait_for(logged, "both failures in the log", timeout=90)
