@@ -10,6 +10,12 @@ HTTP 200 either way). Form-encoded, multipart and JSON bodies are accepted; the 
 `Authorization: Bearer ...` or a `token` parameter. Every call is recorded (`calls`, `calls_to(method)`).
 `fail()` and `rate_limit()` make a method misbehave a number of times.
 
+Messages are held to Slack's limits: more than 50 blocks, or a section's text over 3,000 characters, is
+`invalid_blocks` (with Slack's `[ERROR] …` lines); `markdown_text` with `text` or `blocks` is
+`markdown_text_conflict`; chat.update refuses text over 4,000 characters (`msg_too_long`) and a message that is
+still streaming (`streaming_state_conflict`). `strict_streaming=True` also makes chat.startStream outside a DM
+require `recipient_user_id` and `recipient_team_id`, as Slack does (off by default for older tests).
+
 Socket Mode, on Slack's wire protocol: `apps.connections.open` (app-level token only) answers a
 `ws://…/socket?ticket=…` URL on this server; on connect the socket says `hello`; the test then pushes envelopes
 (`push_app_mention`, `push_block_action`, `push_slash_command`, or `push(type, payload)`), waits for the app's
@@ -42,6 +48,10 @@ Params = dict[str, Any]
 # Parameters that form-encoded callers send as JSON text; decoded so state holds one shape.
 _JSON_PARAMS = {"blocks", "attachments", "files", "chunks", "metadata", "view", "loading_messages"}
 SOCKET_PATH = "/socket"
+# Slack's limits on a message, as its Web API enforces them.
+MAX_BLOCKS = 50
+MAX_SECTION_TEXT = 3000
+MAX_UPDATE_TEXT = 4000  # chat.update's msg_too_long ("The text field cannot exceed 4,000 characters")
 # The one method an app-level token may call, and the one a bot token may not (Slack: not_allowed_token_type).
 CONNECTIONS_OPEN = "apps.connections.open"
 
@@ -92,8 +102,10 @@ class SlackEmulator(ThreadedAiohttpServer):
         app_id: str = "A0TESTAPP",
         bot_name: str = "mm",
         app_token: str = "xapp-1-A0TESTAPP-1-test",
+        strict_streaming: bool = False,
     ) -> None:
         super().__init__()
+        self.strict_streaming = strict_streaming
         self.bot_token, self.team_id, self.team_name = bot_token, team_id, team_name
         self.bot_user_id, self.bot_id, self.app_id, self.bot_name = bot_user_id, bot_id, app_id, bot_name
         self.tokens = {bot_token}
@@ -527,6 +539,29 @@ class SlackEmulator(ThreadedAiohttpServer):
         self._messages.setdefault(channel, []).append(message)
         return message
 
+    def _check_content(self, params: Params, too_many_blocks: str = "invalid_blocks") -> None:
+        """Slack's checks of what a message holds: markdown_text alone, at most 50 blocks, short sections."""
+        if params.get("markdown_text") and (params.get("text") or params.get("blocks")):
+            raise SlackError("markdown_text_conflict")
+        blocks = params.get("blocks") or []
+        if not isinstance(blocks, list):
+            raise SlackError("invalid_blocks_format")
+        problems = []
+        if len(blocks) > MAX_BLOCKS:
+            if too_many_blocks != "invalid_blocks":
+                raise SlackError(too_many_blocks)
+            problems.append(f"[ERROR] no more than {MAX_BLOCKS} items allowed [json-pointer:/blocks]")
+        for i, block in enumerate(blocks):
+            if not isinstance(block, dict) or block.get("type") != "section":
+                continue
+            text = block.get("text")
+            if isinstance(text, dict) and len(str(text.get("text", ""))) > MAX_SECTION_TEXT:
+                problems.append(
+                    f"[ERROR] must be less than {MAX_SECTION_TEXT + 1} characters [json-pointer:/blocks/{i}/text/text]"
+                )
+        if problems:
+            raise SlackError("invalid_blocks", response_metadata={"messages": problems})
+
     def _bot_message(self, params: Params) -> dict[str, Any]:
         message = {
             "type": "message",
@@ -556,8 +591,9 @@ class SlackEmulator(ThreadedAiohttpServer):
 
     def _post_message(self, params: Params) -> dict[str, Any]:
         [channel] = self._require(params, "channel")
-        if not (params.get("text") or params.get("blocks") or params.get("attachments")):
+        if not (params.get("text") or params.get("markdown_text") or params.get("blocks") or params.get("attachments")):
             raise SlackError("no_text")
+        self._check_content(params)
         message = self._store(channel, self._bot_message(params), params.get("thread_ts"))
         return {"channel": channel, "ts": message["ts"], "message": message}
 
@@ -566,6 +602,17 @@ class SlackEmulator(ThreadedAiohttpServer):
         message = self._existing(channel, ts)
         if message.get("user") != self.bot_user_id:
             raise SlackError("cant_update_message")
+        if message.get("streaming"):
+            raise SlackError("streaming_state_conflict")
+        if len(params.get("text") or "") > MAX_UPDATE_TEXT:
+            raise SlackError("msg_too_long")
+        self._check_content(params)
+        if params.get("markdown_text"):
+            # The markdown replaces what the message showed, blocks included (Slack renders it as its own block).
+            message.pop("blocks", None)
+            message["text"] = params["markdown_text"]
+        elif "text" in params and "blocks" not in params:
+            message.pop("blocks", None)  # Slack: text without blocks removes the blocks
         for key in ("text", "blocks", "attachments", "metadata"):
             if key in params:
                 message[key] = params[key]
@@ -598,6 +645,11 @@ class SlackEmulator(ThreadedAiohttpServer):
 
     def _start_stream(self, params: Params) -> dict[str, Any]:
         channel, thread_ts = self._require(params, "channel", "thread_ts")
+        if self.strict_streaming and not channel.startswith("D"):
+            # Outside a DM, Slack streams to one person, who must be named.
+            for name in ("recipient_user_id", "recipient_team_id"):
+                if not params.get(name):
+                    raise SlackError(f"missing_{name}")
         message = self._bot_message(params) | {"text": params.get("markdown_text", "") + _chunk_text(params)}
         message = self._store(channel, message, thread_ts)
         message["streaming"] = True  # the emulator's own mark: appendStream needs it
@@ -621,6 +673,7 @@ class SlackEmulator(ThreadedAiohttpServer):
 
     def _stop_stream(self, params: Params) -> dict[str, Any]:
         message = self._streaming(params)
+        self._check_content({"blocks": params.get("blocks")}, too_many_blocks="msg_blocks_too_many")
         message["text"] += params.get("markdown_text", "") + _chunk_text(params)
         for key in ("blocks", "metadata"):
             if params.get(key):

@@ -1,0 +1,431 @@
+"""workers.render against the Slack emulator over loopback: what a turn's events become in its thread."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from slack_sdk import WebClient
+from slack_sdk.errors import SlackApiError
+
+from agent_support import agent_config
+from chatops.config import load_config
+from mm_core import (
+    Agent,
+    CallStatus,
+    Counters,
+    Error,
+    Event,
+    MemoryStore,
+    Outcome,
+    PendingCall,
+    PermissionRequested,
+    Status,
+    TextDelta,
+    ToolCallFinished,
+    ToolCallStarted,
+    TurnFinished,
+    Usage,
+    display,
+)
+from mm_testkit.model_server import ModelServer, Reply, ToolCall
+from mm_testkit.slack_emulator import SlackEmulator
+from workers.render import MARKDOWN_CHARS, WAITING, ZWSP, ThreadRenderer
+from workers.slack_client import web_client
+
+CHANNEL, DM, USER, TEAM = "C0TEST", "D0ALICE", "U0ALICE", "T0TESTTEAM"
+SECRET = "xoxb-1234-the-workers-own-token"
+# What would notify a channel, a workspace or a group, however it is written.
+NOTIFYING = re.compile(r"<!(channel|here|everyone|subteam)|@(channel|here|everyone)", re.IGNORECASE)
+
+
+@pytest.fixture
+def slack(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[SlackEmulator]:
+    """The emulator, holding chat.startStream to Slack's rule: outside a DM the recipient must be named."""
+    monkeypatch.chdir(tmp_path)  # load_config reads ./mm.yaml when there is one
+    with SlackEmulator(strict_streaming=True) as emulator:
+        yield emulator
+
+
+class Thread:
+    """A thread someone started, and a renderer writing into it with the worker's real client."""
+
+    def __init__(self, slack: SlackEmulator, channel: str = CHANNEL, **options: Any) -> None:
+        self.slack, self.channel = slack, channel
+        self.ts = slack.add_message(channel, "<@U0BOT> do it", user=USER)["ts"]
+        config = load_config(environ={"SLACK_API_URL": slack.url.rstrip("/"), "SLACK_BOT_TOKEN": slack.bot_token})
+        self.errors: list[tuple[str, str]] = []
+        options = {
+            "preview_lines": 10,
+            "on_error": lambda where, message: self.errors.append((where, message)),
+        } | options
+        self.renderer = ThreadRenderer(web_client(config), channel, self.ts, **options)
+
+    async def play(self, *script: Event | float, close: bool = True) -> None:
+        """Emit the events; a number waits that many seconds (the agent working)."""
+        for item in script:
+            if isinstance(item, (int, float)):
+                await asyncio.sleep(item)
+            else:
+                self.renderer.emit(item)
+        if close:
+            await self.renderer.aclose()
+
+    def replies(self) -> list[dict[str, Any]]:
+        return self.slack.messages(self.channel, self.ts)[1:]
+
+    def shown(self) -> list[str]:
+        return [shown(m) for m in self.replies()]
+
+
+def shown(message: dict[str, Any]) -> str:
+    """What a message shows: its blocks' texts, else its text."""
+    parts = []
+    for block in message.get("blocks") or []:
+        if block["type"] == "section":
+            parts.append(block["text"]["text"])
+        elif block["type"] == "context":
+            parts += [e["text"] for e in block["elements"]]
+    return "\n".join(parts) if parts else message["text"]
+
+
+def deltas(text: str, size: int = 3, agent: str | None = None) -> list[TextDelta]:
+    return [TextDelta(text[i : i + size], agent) for i in range(0, len(text), size)]
+
+
+def typed(text: str, size: int = 3, pause: float = 0.02) -> list[Event | float]:
+    """The deltas of `text` as a model streams them, a little apart."""
+    return [item for delta in deltas(text, size) for item in (delta, pause)]
+
+
+def bash(call_id: str, command: str, output: str, agent: str | None = None) -> list[Event]:
+    preview = "\n".join(output.splitlines()[:10]) if output.strip() else "(no output)"
+    return [
+        ToolCallStarted(call_id, "bash", {"command": command}, "🛠️", f"bash: {command}", agent),
+        ToolCallFinished(call_id, "bash", output, preview, CallStatus.OK, agent),
+    ]
+
+
+def finished(answer: str, commands: int = 1) -> TurnFinished:
+    return TurnFinished(Outcome.ANSWERED, answer, Counters(commands=commands), Usage(1200, 34))
+
+
+def everything_sent(slack: SlackEmulator) -> str:
+    """Every parameter of every Web API call, and every uploaded file."""
+    calls = json.dumps([c.params for c in slack.calls], ensure_ascii=False)
+    return calls + "".join(data.decode() for data in slack.uploads.values())
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+# -- a turn ---------------------------------------------------------------------------------------------------
+
+
+def test_a_turn_in_a_channel_thread_streams_and_ends_with_the_recap(slack: SlackEmulator) -> None:
+    thread = Thread(slack, recipient_user=USER, recipient_team=TEAM)
+    answer = "The tests pass: 42 of them, in 3.1 seconds, and the build is green."
+    turn = finished(answer)
+    run(
+        thread.play(
+            Status("Thinking"),
+            *typed("Let me look at the repository first."),
+            Status("Composing a tool call"),
+            *bash("c1", "ls", "README.md\nsetup.py\n"),
+            Status("Thinking"),
+            *typed(answer),
+            turn,
+        )
+    )
+    assert thread.shown() == [
+        "Let me look at the repository first.",
+        "🛠️ bash: ls\n```\nREADME.md\nsetup.py\n```",
+        answer,
+        display.recap(turn),
+    ]
+    assert display.recap(turn) == "⚙ 1 command(s) · 1,234 tokens"
+    # Streamed, to the person who asked (Slack wants them named in a channel), and each stream stopped.
+    starts = slack.calls_to("chat.startStream")
+    assert [(c.params["recipient_user_id"], c.params["recipient_team_id"]) for c in starts] == [(USER, TEAM)] * 2
+    assert len(slack.calls_to("chat.stopStream")) == 2 and all(c.status == 200 for c in slack.calls)
+    # Outside an assistant thread the status is a message, edited, and gone at the end.
+    posted = [c for c in slack.calls_to("chat.postMessage") if c.params.get("text", "").startswith("⏳")]
+    assert [c.params["text"] for c in posted] == ["⏳ Thinking…"]
+    assert [c.params["ts"] for c in slack.calls_to("chat.delete")] == [posted[0].response["ts"]]
+    assert thread.errors == []
+
+
+def test_an_assistant_thread_gets_its_status_set_and_cleared(slack: SlackEmulator) -> None:
+    thread = Thread(slack, DM, assistant_thread=True)
+    hello = "Hello, here is what I found in the repository."
+    run(thread.play(Status("Thinking"), 0.1, *typed(hello), finished(hello, commands=0)))
+    statuses = slack.statuses[(DM, thread.ts)]
+    assert statuses[0] == "is thinking…" and statuses[-1] == ""
+    # No status message: the assistant status is the status.
+    assert thread.shown() == [hello, "1,234 tokens"]
+    assert slack.calls_to("chat.startStream")[0].params.get("recipient_user_id") is None  # a DM needs none
+
+
+def test_a_real_agent_turn_renders_into_the_thread(slack: SlackEmulator, model_server: ModelServer, tmp_path: Path):
+    (tmp_path / "notes.txt").write_text("hello\nworld\n")
+    model_server.script(
+        Reply(text="Let me read it.", tool_calls=[ToolCall("read_file", {"path": "notes.txt"})], usage=(40, 9)),
+        Reply(text="The notes say hello, then world.", usage=(60, 8)),
+    )
+    thread = Thread(slack, DM, assistant_thread=True)
+
+    async def turn() -> TurnFinished:
+        agent = Agent(agent_config(model_server.url), MemoryStore(), "s1", tmp_path, emit=thread.renderer.emit)
+        try:
+            return await agent.send("what do the notes say?")
+        finally:
+            await thread.renderer.aclose()
+            await agent.aclose()
+
+    result = run(turn())
+    assert result.outcome == Outcome.ANSWERED
+    assert thread.shown() == [
+        "Let me read it.",
+        "📄 read_file notes.txt\n```\nhello\nworld\n```",
+        result.answer,
+        display.recap(result),
+    ]
+    assert display.recap(result) == "📝 1 file op(s) · 117 tokens"
+    assert slack.statuses[(DM, thread.ts)][0] == "is thinking…" and slack.statuses[(DM, thread.ts)][-1] == ""
+    assert thread.errors == []
+
+
+def test_an_asked_agent_s_lines_carry_its_name(slack: SlackEmulator) -> None:
+    thread = Thread(slack, DM)
+    ask = ToolCallStarted("c1", "ask_agent", {"agent": "reviewer"}, "🗣", "ask_agent: reviewer — review it")
+    run(
+        thread.play(
+            ask,
+            *deltas("Looks fine.", 4, agent="reviewer"),
+            *bash("r1", "git diff", "", agent="reviewer"),
+            ToolCallFinished("c1", "ask_agent", "Looks fine.", "reviewer answered (11 characters)"),
+            *deltas("Reviewed."),
+            finished("Reviewed."),
+        )
+    )
+    # The ask_agent line comes first; its result line is filled in when the asked agent has answered.
+    assert thread.shown() == [
+        "🗣 ask_agent: reviewer — review it\n```\nreviewer answered (11 characters)\n```",
+        "reviewer · Looks fine.",
+        "reviewer · 🛠️ bash: git diff\n```\n(no output)\n```",
+        "Reviewed.",
+        "⚙ 1 command(s) · 1,234 tokens",
+    ]
+
+
+def test_notices_and_errors_are_plain_lines_in_order(slack: SlackEmulator) -> None:
+    thread = Thread(slack, DM)
+
+    async def turn() -> None:
+        await thread.renderer.notice("⏳ queued behind another turn…")
+        await thread.play(*bash("c1", "make", "ok\n"), close=False)
+        await thread.renderer.notice("↻ resumed after a restart")
+        await thread.play(Error("[error: the model did not answer (HTTP 503)]"), TurnFinished(Outcome.FAILED))
+
+    run(turn())
+    assert thread.shown() == [
+        "⏳ queued behind another turn…",
+        "🛠️ bash: make\n```\nok\n```",
+        "↻ resumed after a restart",
+        "[error: the model did not answer (HTTP 503)]",
+        "0 tokens",
+    ]
+
+
+def test_an_answer_that_did_not_stream_is_posted_and_unknown_events_are_ignored(slack: SlackEmulator) -> None:
+    class ModelCalled:  # an event mm_core may add later
+        pass
+
+    thread = Thread(slack, DM)
+    run(thread.play(ModelCalled(), finished("Done, from the log.", commands=0)))  # pyright: ignore[reportArgumentType]
+    assert thread.shown() == ["Done, from the log.", "1,234 tokens"]
+    assert thread.errors == []
+
+
+# -- rate and limits ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("streaming", [False, True], ids=["chat.update", "appendStream"])
+def test_many_deltas_make_at_most_one_write_a_second(slack: SlackEmulator, streaming: bool) -> None:
+    # Without the recipient named, a channel thread cannot stream: the answer is posted and edited.
+    thread = Thread(slack, DM if streaming else CHANNEL)
+    text = "".join(f"word{i} " for i in range(60))
+    run(thread.play(*typed(text, 7, 0.05), finished(text.strip(), commands=0)))
+    assert thread.shown()[0] == text
+    method = "chat.appendStream" if streaming else "chat.update"
+    writes = slack.calls_to(method) + (slack.calls_to("chat.stopStream") if streaming else [])
+    assert len(deltas(text, 7)) > 3 * len(writes) > 0  # batched
+    gaps = [b.time - a.time for a, b in itertools.pairwise(writes)]
+    assert all(gap >= 0.95 for gap in gaps), gaps  # one message, at most one write a second
+    assert not slack.calls_to("chat.startStream" if not streaming else "chat.update")
+
+
+def test_a_long_answer_goes_on_in_further_messages(slack: SlackEmulator) -> None:
+    thread = Thread(slack, CHANNEL)
+    paragraph = "All work and no play makes a dull model. " * 20 + "\n"
+    text = paragraph * 30  # about 25,000 characters
+    run(thread.play(*deltas(text, 500), finished(text, commands=0)))
+    texts = [m["text"] for m in thread.replies()[:-1]]
+    assert len(texts) == 3 and "".join(texts) == text
+    sent = [c.params["markdown_text"] for c in slack.calls if "markdown_text" in c.params]
+    assert max(len(s) for s in sent) <= MARKDOWN_CHARS < 12000
+
+
+def test_long_output_goes_up_as_a_file(slack: SlackEmulator) -> None:
+    thread = Thread(slack, DM)
+    output = "".join(f"test_{i} PASSED\n" for i in range(200))
+    run(thread.play(*bash("c1", "pytest", output), finished("", commands=1)))
+    line, upload, _recap = thread.replies()
+    assert shown(line) == "🛠️ bash: pytest\n```\n" + "\n".join(output.splitlines()[:10]) + "\n```"
+    assert upload["upload"] and upload["files"][0]["name"] == "bash-output.txt"
+    assert slack.uploads[upload["files"][0]["id"]].decode() == output
+
+
+def test_a_prompt_of_many_calls_is_split_at_fifty_blocks(slack: SlackEmulator) -> None:
+    thread = Thread(slack, DM)
+    calls = tuple(
+        PendingCall(f"c{i}", "edit_file", {"path": f"f{i}.py"}, "📝", f"edit_file f{i}.py", f"-old {i}\n+new {i}")
+        for i in range(30)
+    )
+    run(thread.play(PermissionRequested(calls), TurnFinished(Outcome.SUSPENDED)))
+    messages = thread.replies()
+    assert len(messages) == 2 and all(len(m["blocks"]) <= 50 for m in messages)
+    blocks = [b for m in messages for b in m["blocks"]]
+    assert [b["text"]["text"] for b in blocks[:2]] == ["🔐 📝 edit_file f0.py", "```\n-old 0\n+new 0\n```"]
+    assert [b["text"]["text"] for b in blocks if b["type"] == "section"][::2] == [
+        f"🔐 📝 edit_file f{i}.py" for i in range(30)
+    ]
+    assert blocks[-1]["elements"][0]["text"] == WAITING  # and no recap: the turn is not over
+    assert slack.calls_to("chat.postMessage")[0].status == 200 and thread.errors == []
+
+
+# -- failures -------------------------------------------------------------------------------------------------
+
+
+def test_a_rate_limited_post_is_retried_after_retry_after(slack: SlackEmulator) -> None:
+    slack.rate_limit("chat.postMessage", times=1, retry_after=1)
+    thread = Thread(slack, DM)
+    run(thread.play(*bash("c1", "ls", "a\n"), finished("", commands=1)))
+    posts = slack.calls_to("chat.postMessage")
+    assert [c.status for c in posts[:2]] == [429, 200] and posts[1].time - posts[0].time >= 0.9
+    assert thread.shown()[0] == "🛠️ bash: ls\n```\na\n```" and thread.errors == []
+
+
+def test_a_failing_method_is_reported_and_the_rest_is_rendered(slack: SlackEmulator) -> None:
+    slack.fail("chat.postMessage", "channel_not_found")
+    slack.fail("chat.appendStream", "message_not_in_streaming_state")
+    thread = Thread(slack, DM)
+    answer = "First part. " * 10 + "Second part."
+    script = [*bash("c1", "ls", "a\n"), *bash("c2", "pwd", "/w\n"), *typed(answer, 12, 0.15)]
+    run(thread.play(*script, finished(answer, commands=2)))
+    assert thread.errors == [
+        ("slack:chat.postMessage", "chat.postMessage: channel_not_found"),
+        ("slack:chat.appendStream", "chat.appendStream: message_not_in_streaming_state"),
+    ]
+    # The first call's line is lost; the second is there, the answer is whole (what the refused append
+    # carried went on in a new message), and so is the recap.
+    shown_ = thread.shown()
+    assert shown_[0] == "🛠️ bash: pwd\n```\n/w\n```" and shown_[-1] == "⚙ 2 command(s) · 1,234 tokens"
+    assert "".join(shown_[1:-1]) == answer
+
+
+def test_a_thread_where_streaming_is_refused_gets_edited_messages(slack: SlackEmulator) -> None:
+    slack.fail("chat.startStream", "not_allowed")
+    thread = Thread(slack, DM)
+    hello = "Hello there, world, and everyone in it."
+    run(thread.play(*typed(hello), finished(hello, commands=0)))
+    assert thread.shown() == [hello, "1,234 tokens"] and thread.errors == []
+    assert len(slack.calls_to("chat.startStream")) == 1  # tried once, then never again in this thread
+    assert slack.calls_to("chat.update")
+
+
+# -- what never reaches the thread ----------------------------------------------------------------------------
+
+
+def test_mentions_written_by_the_model_or_a_tool_notify_nobody(slack: SlackEmulator) -> None:
+    thread = Thread(slack, DM)
+    words = "Hey <!channel> and <!here|here>, also @everyone and <!subteam^S0DEVS|@devs>, the build is green!"
+    output = "echo <!everyone> @channel\n<!subteam^S0OPS>\n"
+    run(
+        thread.play(
+            *typed(words, 2, 0.05),  # streamed, each mention split across deltas
+            *bash("c1", "echo '<!here>'", output),
+            Error("[error: <!channel> failed]"),
+            finished(words),
+        )
+    )
+    assert not NOTIFYING.search(everything_sent(slack)) and slack.calls_to("chat.appendStream")
+    # ...and still read as written.
+    assert thread.replies()[0]["text"].replace(ZWSP, "") == words
+    assert "&lt;!everyone&gt; @" in shown(thread.replies()[1])
+
+
+def test_the_worker_s_secrets_never_reach_the_thread(slack: SlackEmulator) -> None:
+    thread = Thread(slack, DM, secrets=[SECRET, ""])
+    leaked = f"SLACK_BOT_TOKEN={SECRET}\n" + "".join(f"line {i}\n" for i in range(30))
+    answer = f"The token is {SECRET}, see. It is the worker's own, and it stays out of the thread."
+    run(
+        thread.play(
+            Status(f"Fetching {SECRET}"),
+            0.1,
+            *typed(answer, 2, 0.05),  # streamed, the secret split across deltas
+            *bash("c1", f"echo {SECRET}", leaked),
+            Error(f"[error: {SECRET} refused]"),
+            finished(answer),
+        )
+    )
+    assert SECRET not in everything_sent(slack)
+    assert slack.calls_to("chat.appendStream") and slack.uploads and slack.calls_to("chat.delete")
+    assert thread.replies()[0]["text"] == answer.replace(SECRET, "***")
+
+
+def test_the_client_factory_points_at_the_configured_api_with_retries(slack: SlackEmulator) -> None:
+    config = load_config(environ={"SLACK_API_URL": slack.url.rstrip("/"), "SLACK_BOT_TOKEN": slack.bot_token})
+    client = web_client(config)
+    assert client.base_url == slack.url and len(client.retry_handlers) == 3
+    assert run(client.auth_test())["user_id"] == slack.bot_user_id
+
+
+def test_the_emulator_holds_messages_to_slack_s_limits(slack: SlackEmulator) -> None:
+    """What the tests above rely on: a renderer that broke Slack's limits would get Slack's errors here."""
+    client = WebClient(token=slack.bot_token, base_url=slack.url)
+    section = {"type": "section", "text": {"type": "mrkdwn", "text": "x"}}
+    too_many = [section] * 51
+    too_long = [{"type": "section", "text": {"type": "mrkdwn", "text": "x" * 3001}}]
+    parent = slack.add_message(CHANNEL, "hi", user=USER)["ts"]
+    cases: list[tuple[str, dict[str, Any], str]] = [
+        ("chat.postMessage", {"channel": CHANNEL, "blocks": too_many}, "invalid_blocks"),
+        ("chat.postMessage", {"channel": CHANNEL, "blocks": too_long}, "invalid_blocks"),
+        ("chat.postMessage", {"channel": CHANNEL, "text": "a", "markdown_text": "b"}, "markdown_text_conflict"),
+        (
+            "chat.startStream",
+            {"channel": CHANNEL, "thread_ts": parent, "markdown_text": "a"},
+            "missing_recipient_user_id",
+        ),
+    ]
+    for method, params, error in cases:
+        with pytest.raises(SlackApiError) as caught:
+            client.api_call(method, json=params)
+        assert caught.value.response["error"] == error
+    dm_parent = slack.add_message(DM, "hi", user=USER)["ts"]
+    stream = str(client.chat_startStream(channel=DM, thread_ts=dm_parent, markdown_text="a")["ts"])
+    with pytest.raises(SlackApiError, match="streaming_state_conflict"):
+        client.chat_update(channel=DM, ts=stream, text="b")
+    posted = str(client.chat_postMessage(channel=CHANNEL, markdown_text="**a**")["ts"])
+    with pytest.raises(SlackApiError, match="msg_too_long"):
+        client.chat_update(channel=CHANNEL, ts=posted, text="x" * 4001)
+    client.chat_update(channel=CHANNEL, ts=posted, markdown_text="**b**")
+    message = slack.message(CHANNEL, posted)
+    assert message is not None and message["text"] == "**b**"

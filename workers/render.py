@@ -1,0 +1,719 @@
+"""A turn's events, rendered live into its Slack thread.
+
+The agent hands events over through `emit`, which only queues them: Slack's latency and rate limits must
+never slow the turn. One consumer task drains the queue in order and writes the thread:
+
+- Status: the assistant status (`assistant.threads.setStatus`) in an assistant thread, else one status
+  message that is edited and deleted at the end.
+- TextDelta: the answer, streamed (chat.startStream / appendStream / stopStream) where Slack can stream to
+  this thread — a DM, or a channel thread with its recipient named —, else posted and edited with chat.update.
+  Text an asked agent writes goes into messages of its own, prefixed with its name.
+- ToolCallStarted / ToolCallFinished: one message per call, mm_core.display's line (`🛠️ bash: ls`) with the
+  result lines in a code block. A call that returns within HOLD is posted once, with its result; a longer one
+  is posted at once and edited when it returns. Output longer than its preview is uploaded as a file.
+- PermissionRequested: each waiting call's prompt (`_ask`, which the approvals issue replaces with buttons).
+- Error: its line as a plain message. TurnFinished: the recap line (counters and tokens).
+
+Order: messages are created in the order of the events (a message is only created once everything before it
+exists); only edits of existing messages are deferred. Rate: every message, and the status, is written at most
+once a second (INTERVAL), however many deltas arrive: they batch. Safety: everything posted is scrubbed of the
+worker's secrets, and `<!channel>`, `<!here>`, `<!everyone>`, `<!subteam^…>` (and bare `@here`…) written by
+the model or a tool never notify anyone. Failures: slack_sdk retries 429s (Retry-After), 5xx and dropped
+connections (workers/slack_client.py); what still fails goes to `on_error(where, message)` and rendering goes
+on — text that did not get through is sent again with the next write, so the answer is not lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import math
+import re
+import time
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import ClientError
+from slack_sdk.errors import SlackApiError, SlackClientError
+from slack_sdk.web.async_client import AsyncWebClient
+
+from chatops.secrets import describe_error, scrub
+from mm_core import (
+    Error,
+    Event,
+    Outcome,
+    PermissionRequested,
+    Status,
+    TextDelta,
+    ToolCallFinished,
+    ToolCallStarted,
+    TurnFinished,
+    display,
+)
+
+log = logging.getLogger("mm.worker.render")
+
+# Seconds between two writes to one message (an edit, an append) or to the status: Slack's own pace for edits.
+INTERVAL = 1.0
+# A tool call that returns within this is posted once, line and result together, rather than posted and edited.
+HOLD = 1.0
+# Slack's limits, kept well under: 50 blocks a message, 3,000 characters a section, 4,000 characters of text
+# for chat.update, 12,000 characters of markdown_text a call.
+MAX_BLOCKS = 50
+SECTION_CHARS = 2900
+TEXT_CHARS = 3900
+MARKDOWN_CHARS = 11000
+# Code sections a preview or a prompt's details may fill before the rest goes to a file instead.
+CODE_SECTIONS = 4
+LINE_CHARS = 1000
+# At the end, how many rounds of writes to try before giving up on Slack.
+FINISH_ROUNDS = 5
+WAITING = "⏸ The turn waits for a decision on the call(s) above."
+ZWSP = "\u200b"
+# What would notify people: Slack's special mentions (`<!here>`, `<!subteam^S…>`) and the bare words. No
+# lookahead, so that a match never depends on text that has not arrived yet (see _stable).
+_MENTION = re.compile(r"<!|@(?:channel|here|everyone)", re.IGNORECASE)
+# Text on its way that cannot be shown yet: at least one whole mention, or one whole secret, may hide in it.
+MIN_HOLDBACK = 16
+
+
+def neutralise(text: str) -> str:
+    """`<!here>` → `<​!here>`, `@channel` → `@​channel`: shown as written, notifying nobody."""
+    return _MENTION.sub(lambda m: m.group()[0] + ZWSP + m.group()[1:], text)
+
+
+def escape(text: str) -> str:
+    """mrkdwn's control characters as Slack wants them escaped: no `<…>` sequence survives."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+@dataclass
+class _Text:
+    """A run of streamed text from one agent, shown in one message (or several, when it outgrows one)."""
+
+    agent: str | None
+    raw: str = ""
+    ended: bool = False
+    dirty: bool = False  # raw grew, or it ended, since the last write
+    ts: str | None = None  # the message now being written
+    streaming: bool = False  # ...as a chat stream
+    start: int = 0  # where that message starts in the rendered text
+    sent: int = 0  # how much of the rendered text it shows
+    last_write: float = -math.inf
+
+
+@dataclass
+class _Tool:
+    started: ToolCallStarted | None
+    at: float
+    ts: str | None = None
+    finished: ToolCallFinished | None = None
+    last_write: float = -math.inf
+
+
+@dataclass
+class _Notice:
+    text: str
+    done: asyncio.Future[None]
+
+
+_CLOSE = object()
+
+
+@dataclass
+class _StatusState:
+    want: str = ""  # what the agent is doing now, as shown ("" for nothing)
+    shown: str | None = ""  # what Slack shows, as far as we know (a reply clears an assistant status); None: unsure
+    sent: str = ""  # what we last set
+    ts: str | None = None  # the status message, outside assistant threads
+    last_write: float = -math.inf
+
+
+class ThreadRenderer:
+    """Renders one turn (or a few, in order) into the thread `thread_ts` of `channel`.
+
+    preview_lines: the result lines a call shows at most (the agent's previewLines). secrets: values never to
+    be posted (chatops.secrets.secrets_of). assistant_thread: the thread is an assistant thread, where Slack
+    offers assistant.threads.setStatus. recipient_user / recipient_team: whom a stream in a channel thread is
+    for (Slack requires them outside DMs; without them the answer is posted and edited). on_error(where,
+    message): told of each Slack failure that survived the retries. Call `aclose()` before the loop ends.
+    """
+
+    def __init__(
+        self,
+        client: AsyncWebClient,
+        channel: str,
+        thread_ts: str,
+        *,
+        preview_lines: int,
+        secrets: Iterable[str] = (),
+        assistant_thread: bool = False,
+        recipient_user: str | None = None,
+        recipient_team: str | None = None,
+        on_error: Callable[[str, str], None] | None = None,
+    ) -> None:
+        self.client, self.channel, self.thread_ts = client, channel, thread_ts
+        self.preview_lines = preview_lines
+        # Longest first, so that a secret containing another is masked whole (as chatops.secrets does).
+        self.secrets = sorted({s for s in secrets if s}, key=len, reverse=True)
+        self.assistant_thread = assistant_thread
+        self.recipient_user, self.recipient_team = recipient_user, recipient_team
+        self.on_error = on_error
+        # Slack streams to one person: in a DM that is clear, in a channel the recipient must be named.
+        self._can_stream = channel.startswith("D") or bool(recipient_user and recipient_team)
+        self._holdback = max([MIN_HOLDBACK, *(len(s) for s in self.secrets)])
+        self._inbox: collections.deque[Any] = collections.deque()
+        self._wake = asyncio.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False
+        self._texts: list[_Text] = []  # runs of text with writes still to make, oldest first
+        self._answer: _Text | None = None  # the main agent's text since its last tool call
+        self._held: _Tool | None = None  # a call started and not posted yet
+        self._tools: dict[str, _Tool] = {}  # posted calls that have not returned
+        self._updates: list[_Tool] = []  # returned calls whose message waits for its edit
+        self._lines: dict[str, display.CallLine] = {}  # call lines by call id, for results without a start
+        self._status = _StatusState()
+
+    # -- the API ------------------------------------------------------------------------------------------
+
+    def emit(self, event: Event) -> None:
+        """The agent's Emit: queue the event and return at once."""
+        if self._closing:
+            log.debug("event after aclose dropped: %s", type(event).__name__)
+            return
+        self._inbox.append(event)
+        self._wake_up()
+
+    async def notice(self, text: str) -> None:
+        """A plain line in the thread (queued, resumed, an error as a sentence), in order with the events."""
+        if self._closing:
+            with self._guard("notice"):
+                await self._post_text(text)
+            return
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._inbox.append(_Notice(text, done))
+        self._wake_up()
+        await done
+
+    async def aclose(self) -> None:
+        """Write everything still waiting (the answer's end, the recap) and clear the status. Never raises."""
+        if self._closing and self._task is None:
+            return
+        self._closing = True
+        self._inbox.append(_CLOSE)
+        self._wake_up()
+        task = self._task
+        self._task = None
+        if task is not None:
+            with self._guard("render"):
+                await task
+
+    # -- the consumer -------------------------------------------------------------------------------------
+
+    def _wake_up(self) -> None:
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if self._loop is None:
+            if running is None:
+                return  # nothing runs yet: the consumer starts with the first call made from the loop
+            self._loop = running
+            self._task = running.create_task(self._run(), name=f"render {self.channel}/{self.thread_ts}")
+        if running is self._loop:
+            self._wake.set()
+        else:
+            self._loop.call_soon_threadsafe(self._wake.set)
+
+    async def _run(self) -> None:
+        while True:
+            while self._inbox:
+                item = self._inbox.popleft()
+                if item is _CLOSE:
+                    with self._guard("render"):
+                        await self._finish()
+                    return
+                if isinstance(item, _Notice):
+                    with self._guard("notice"):
+                        await self._end_text()
+                        await self._post_held()
+                        await self._post_text(item.text)
+                    if not item.done.done():
+                        item.done.set_result(None)
+                    continue
+                with self._guard("render"):
+                    await self._handle(item)
+            with self._guard("render"):
+                await self._flush_due()
+            self._wake.clear()
+            if self._inbox:
+                continue
+            due = self._next_due()
+            timeout = None if due is None else max(0.0, due - time.monotonic())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout)
+
+    async def _handle(self, event: object) -> None:
+        if isinstance(event, Status):
+            # Posting a reply takes an assistant status down: what was to be posted before this status is
+            # posted first, so that it does not take this one down.
+            await self._post_held()
+            current = self._texts[-1] if self._texts and not self._texts[-1].ended else None
+            if current is not None and current.ts is None and current.last_write + INTERVAL <= time.monotonic():
+                await self._write_text(current)
+            self._set_status(event)
+        elif isinstance(event, TextDelta):
+            await self._post_held()
+            text = self._texts[-1] if self._texts and not self._texts[-1].ended else None
+            if text is not None and text.agent != event.agent:
+                await self._end_text()
+                text = None
+            if text is None:
+                text = _Text(event.agent)
+                self._texts.append(text)
+                if event.agent is None:
+                    self._answer = text
+            text.raw += event.text
+            text.dirty = True
+        elif isinstance(event, ToolCallStarted):
+            await self._end_text()
+            await self._post_held()
+            if event.agent is None:
+                self._answer = None
+            self._lines[event.call_id] = display.call_line(event)
+            self._held = _Tool(event, time.monotonic())
+        elif isinstance(event, ToolCallFinished):
+            await self._end_text()
+            await self._finished(event)
+        elif isinstance(event, PermissionRequested):
+            await self._end_text()
+            await self._post_held()
+            for call in event.calls:
+                self._lines[call.call_id] = display.call_line(call)
+            await self._ask(event)
+        elif isinstance(event, Error):
+            await self._end_text()
+            await self._post_held()
+            await self._post_text(self._prefix(event.agent) + display.error_line(event))
+        elif isinstance(event, TurnFinished):
+            await self._end_text()
+            await self._post_held()
+            await self._turn_finished(event)
+        # Anything else (events added to mm_core later) is not shown.
+
+    def _next_due(self) -> float | None:
+        dues = [t.last_write + INTERVAL for t in self._texts if t.dirty]
+        dues += [t.last_write + INTERVAL for t in self._updates]
+        if self._held is not None:
+            dues.append(self._held.at + HOLD)
+        if self._status_pending():
+            dues.append(self._status.last_write + INTERVAL)
+        return min(dues, default=None)
+
+    async def _flush_due(self) -> None:
+        """Every write whose time has come: held call lines, edits, appends, the status."""
+        if self._held is not None and self._held.at + HOLD <= time.monotonic():
+            await self._post_held()
+        for text in list(self._texts):
+            if text.dirty and text.last_write + INTERVAL <= time.monotonic():
+                await self._write_text(text)
+        for tool in list(self._updates):
+            if tool.last_write + INTERVAL <= time.monotonic():
+                self._updates.remove(tool)
+                await self._write_tool(tool)
+        if self._status_pending() and self._status.last_write + INTERVAL <= time.monotonic():
+            await self._write_status()
+        self._texts = [t for t in self._texts if t.dirty or not t.ended]
+
+    async def _finish(self) -> None:
+        await self._end_text()
+        await self._post_held()
+        self._status.want = ""
+        if self.assistant_thread and self._status.sent:
+            self._status.shown = None  # Slack may have taken it down already; clear it in so many words
+        for _ in range(FINISH_ROUNDS):
+            due = self._next_due()
+            if due is None:
+                break
+            await asyncio.sleep(max(0.0, due - time.monotonic()))
+            await self._flush_due()
+        else:
+            if self._next_due() is not None:
+                self._report("render", "gave up on Slack: some of the turn's last writes did not get through")
+        if self._status.ts is not None:
+            await self._call("chat.delete", channel=self.channel, ts=self._status.ts)
+            self._status.ts = None
+
+    # -- text ---------------------------------------------------------------------------------------------
+
+    async def _end_text(self) -> None:
+        """End the current run of text. A run not posted yet is posted now: what follows must come after it."""
+        if not self._texts or self._texts[-1].ended:
+            return
+        text = self._texts[-1]
+        text.ended = text.dirty = True
+        if text.ts is None:
+            await self._write_text(text)
+            self._texts = [t for t in self._texts if t.dirty or not t.ended]
+
+    def _stable(self, raw: str, final: bool) -> str:
+        """The text as it may be shown: scrubbed, mentions neutralised, and — unless it is final — without its
+        last few characters, where a secret or a mention may still be arriving. What this returns only ever
+        grows as raw grows, so a stream can send just the difference."""
+        text = self._scrub(raw)
+        if final:
+            return neutralise(text)
+        cut = max(0, len(text) - self._holdback)
+        for match in _MENTION.finditer(text, max(0, cut - MIN_HOLDBACK)):
+            if match.start() < cut < match.end():
+                cut = match.start()
+        return neutralise(text[:cut])
+
+    async def _write_text(self, text: _Text) -> None:
+        text.dirty = False
+        rendered = self._stable(text.raw, text.ended)
+        # A message holds MARKDOWN_CHARS at most: a longer run goes on in another message.
+        while len(rendered) - text.start > MARKDOWN_CHARS:
+            cut = _cut_point(rendered, text.start, MARKDOWN_CHARS)
+            if not await self._text_message(text, rendered, cut, final=True):
+                return
+            text.ts, text.streaming, text.start, text.sent = None, False, cut, cut
+        if len(rendered) > text.sent or (text.ended and text.streaming):  # a stream must also be stopped
+            await self._text_message(text, rendered, len(rendered), final=text.ended)
+
+    async def _text_message(self, text: _Text, rendered: str, upto: int, *, final: bool) -> bool:
+        """Make the current message show rendered[start:upto] (and end it, if final); False if Slack failed."""
+        body = rendered[text.start : upto]
+        now = time.monotonic()
+        if text.ts is None:
+            if not body.strip():
+                return True
+            markdown = self._prefix(text.agent) + body
+            ts = None
+            if self._can_stream and not final:
+                ts = await self._start_stream(markdown)
+                text.streaming = ts is not None
+            if ts is None:
+                ts = _ts(await self._call("chat.postMessage", **self._where(), markdown_text=markdown))
+            text.last_write = now
+            if ts is None:
+                text.dirty = True  # try again at the next write
+                return False
+            text.ts, text.sent = ts, upto
+            self._posted()
+            return True
+        if text.streaming:
+            delta = rendered[text.sent : upto]
+            if final:
+                extra = {"markdown_text": delta} if delta else {}
+                ok = await self._call("chat.stopStream", channel=self.channel, ts=text.ts, **extra)
+            else:
+                ok = await self._call("chat.appendStream", channel=self.channel, ts=text.ts, markdown_text=delta)
+        else:
+            markdown = self._prefix(text.agent) + body
+            ok = await self._call("chat.update", channel=self.channel, ts=text.ts, markdown_text=markdown)
+        text.last_write = now
+        if ok is None:
+            # That message will not take more: what it does not show goes on in a new one.
+            text.ts, text.streaming, text.start = None, False, text.sent
+            text.dirty = True
+            return False
+        text.sent = upto
+        return True
+
+    async def _start_stream(self, markdown: str) -> str | None:
+        params: dict[str, Any] = {"channel": self.channel, "thread_ts": self.thread_ts, "markdown_text": markdown}
+        if self.recipient_user and self.recipient_team:
+            params |= {"recipient_user_id": self.recipient_user, "recipient_team_id": self.recipient_team}
+        try:
+            response = await self.client.api_call("chat.startStream", json=params)
+        except (SlackApiError, SlackClientError) as e:
+            # Streaming is not offered here (the plan, the app's features, an older Slack): post and edit.
+            log.info("chat.startStream refused (%s): editing messages instead", self._scrub(_describe(e)))
+            self._can_stream = False
+            return None
+        return _ts(response.data if isinstance(response.data, dict) else None)
+
+    # -- tool calls ---------------------------------------------------------------------------------------
+
+    async def _post_held(self) -> None:
+        held, self._held = self._held, None
+        if held is None or held.started is None:
+            return
+        blocks, fallback, _ = self._tool_blocks(held)
+        held.ts = await self._post_blocks(blocks, fallback)
+        held.last_write = time.monotonic()
+        self._tools[held.started.call_id] = held
+
+    async def _finished(self, event: ToolCallFinished) -> None:
+        if self._held is not None and self._held.started is not None and self._held.started.call_id == event.call_id:
+            tool, self._held = self._held, None
+        else:
+            await self._post_held()
+            tool = self._tools.pop(event.call_id, None) or _Tool(None, time.monotonic())
+        tool.finished = event
+        if tool.ts is None:
+            blocks, fallback, long_output = self._tool_blocks(tool)
+            tool.ts = await self._post_blocks(blocks, fallback)
+        else:
+            long_output = self._tool_blocks(tool)[2]
+            self._updates.append(tool)  # the edit waits for its second
+        if long_output:
+            line = self._tool_line(tool)
+            await self._upload(event.output, f"{event.tool}-output.txt", line.text)
+
+    async def _write_tool(self, tool: _Tool) -> None:
+        blocks, fallback, _ = self._tool_blocks(tool)
+        await self._call("chat.update", channel=self.channel, ts=tool.ts, text=fallback, blocks=blocks)
+        tool.last_write = time.monotonic()
+
+    def _tool_line(self, tool: _Tool) -> display.CallLine:
+        if tool.started is not None:
+            return display.call_line(tool.started)
+        assert tool.finished is not None
+        # A result without a start (a call rejected, cancelled or cut off before it ran): its line if we saw
+        # it asked for, else just the tool's name.
+        found = self._lines.get(tool.finished.call_id)
+        return found or display.CallLine("•", tool.finished.tool, tool.finished.agent)
+
+    def _tool_blocks(self, tool: _Tool) -> tuple[list[dict[str, Any]], str, bool]:
+        """The call's message: its line, then its result lines in a code block; and whether the output is
+        longer than what the message shows (it then goes up as a file)."""
+        line = self._mrkdwn_line(self._tool_line(tool))
+        blocks = [_section(line)]
+        event = tool.finished
+        if event is None:
+            return blocks, line, False
+        shown = list(display.result_lines(event))[: max(self.preview_lines, 0)]
+        code, cut = self._code(shown)
+        output = event.output.splitlines()
+        # The preview is the output's first lines (a tool may show something else: ask_agent's "answered").
+        longer = self.preview_lines > 0 and output[: len(shown)] == shown and len(output) > len(shown)
+        return blocks + code, line, cut or longer
+
+    # -- permission prompts -------------------------------------------------------------------------------
+
+    async def _ask(self, event: PermissionRequested) -> None:
+        """Each waiting call's prompt — its line and what a person judges it by — and that the turn waits.
+        The approvals issue replaces this with Block Kit buttons."""
+        blocks: list[dict[str, Any]] = []
+        files: list[tuple[str, str]] = []
+        for call in event.calls:
+            prompt = display.prompt(call)
+            line = f"{display.PROMPT_ICON} {self._mrkdwn_line(prompt.line)}"
+            code, cut = self._code(prompt.details)
+            blocks += [_section(line), *code]
+            if cut:
+                files.append(("\n".join(prompt.details), prompt.line.text))
+        blocks.append(_context(WAITING))
+        await self._post_blocks(blocks, WAITING)
+        for details, title in files:
+            await self._upload(details, "details.txt", title)
+
+    # -- the turn's end -----------------------------------------------------------------------------------
+
+    async def _turn_finished(self, event: TurnFinished) -> None:
+        # The answer is normally what streamed; when it did not (a turn ended from the log after a restart),
+        # it is posted now, so that the thread always has it.
+        answer = event.answer.strip()
+        if event.outcome == Outcome.ANSWERED and answer:
+            streamed = self._answer.raw.strip() if self._answer is not None else ""
+            if streamed != answer:
+                text = _Text(None, event.answer)
+                self._texts.append(text)
+                await self._end_text()
+        self._answer = None
+        self._status.want = ""
+        recap = display.recap(event)
+        if recap:
+            text = self._mrkdwn(recap)
+            await self._post_blocks([_context(text)], text)
+
+    # -- the status ---------------------------------------------------------------------------------------
+
+    def _set_status(self, event: Status) -> None:
+        who = f" ({event.agent})" if event.agent else ""
+        if self.assistant_thread:  # Slack shows it after the app's name: "mm is thinking…"
+            self._status.want = f"is {event.text[:1].lower()}{event.text[1:]}…{who}"
+        else:
+            self._status.want = f"⏳ {event.text}…{who}"
+
+    def _status_pending(self) -> bool:
+        status = self._status
+        if self.assistant_thread:
+            return status.want != status.shown
+        return bool(status.want) and status.want != status.shown
+
+    async def _write_status(self) -> None:
+        status = self._status
+        status.last_write = time.monotonic()
+        want = self._scrub(status.want)
+        if self.assistant_thread:
+            await self._call(
+                "assistant.threads.setStatus", channel_id=self.channel, thread_ts=self.thread_ts, status=want
+            )
+            # A failure is reported and not retried: the next status will try again.
+            status.shown = status.sent = status.want
+            return
+        text = escape(want)
+        if status.ts is None:
+            status.ts = _ts(await self._call("chat.postMessage", **self._where(), text=text))
+        else:
+            await self._call("chat.update", channel=self.channel, ts=status.ts, text=text)
+        status.shown = status.want
+
+    def _posted(self) -> None:
+        # Slack takes an assistant status down when the app replies in the thread; it comes back with the
+        # agent's next status.
+        if self.assistant_thread:
+            self._status.shown = self._status.want = ""
+
+    # -- posting ------------------------------------------------------------------------------------------
+
+    async def _post_text(self, text: str) -> None:
+        await self._post_blocks([], self._mrkdwn(text))
+
+    async def _post_blocks(self, blocks: list[dict[str, Any]], fallback: str) -> str | None:
+        """Post `blocks` (at most MAX_BLOCKS a message: more go on in further messages); the first one's ts."""
+        first: str | None = None
+        chunks = [blocks[i : i + MAX_BLOCKS] for i in range(0, len(blocks), MAX_BLOCKS)] or [[]]
+        for chunk in chunks:
+            extra: dict[str, Any] = {"blocks": chunk} if chunk else {}
+            ts = _ts(await self._call("chat.postMessage", **self._where(), text=_clip(fallback, TEXT_CHARS), **extra))
+            if ts is not None:
+                self._posted()
+            first = first or ts
+        return first
+
+    async def _upload(self, content: str, filename: str, title: str) -> None:
+        """Long output goes up as a file in the thread rather than as a wall of text."""
+
+        async def upload() -> Any:
+            return await self.client.files_upload_v2(
+                channel=self.channel,
+                thread_ts=self.thread_ts,
+                content=self._scrub(content),
+                filename=filename,
+                title=_clip(self._scrub(title), 250),
+            )
+
+        if await self._run_call("files.upload", upload()) is not None:
+            self._posted()
+
+    async def _call(self, method: str, **params: Any) -> dict[str, Any] | None:
+        """A Web API call; its answer, or None when it failed (reported through on_error)."""
+        return await self._run_call(method, self.client.api_call(method, json=params))
+
+    async def _run_call(self, method: str, call: Awaitable[Any]) -> dict[str, Any] | None:
+        try:
+            response = await call
+        except (SlackApiError, SlackClientError, ClientError, OSError, TimeoutError) as e:
+            self._report(f"slack:{method}", f"{method}: {_describe(e)}")
+            return None
+        data = getattr(response, "data", None)
+        return data if isinstance(data, dict) else {}
+
+    def _where(self) -> dict[str, str]:
+        return {"channel": self.channel, "thread_ts": self.thread_ts}
+
+    # -- texts --------------------------------------------------------------------------------------------
+
+    def _scrub(self, text: str) -> str:
+        return scrub(text, self.secrets)
+
+    def _mrkdwn(self, text: str) -> str:
+        return neutralise(escape(self._scrub(text)))
+
+    def _prefix(self, agent: str | None) -> str:
+        # An asked agent's lines carry its name, as in the terminal: `reviewer · …`.
+        return f"{agent} · " if agent else ""
+
+    def _mrkdwn_line(self, line: display.CallLine) -> str:
+        return _clip(self._mrkdwn(self._prefix(line.agent) + line.text), LINE_CHARS)
+
+    def _code(self, lines: Sequence[str]) -> tuple[list[dict[str, Any]], bool]:
+        """`lines` in code blocks of at most SECTION_CHARS each, CODE_SECTIONS at most; whether some of them
+        (or of a line) had to be left out."""
+        room = SECTION_CHARS - len("```\n\n```")
+        chunks: list[list[str]] = []
+        current: list[str] = []
+        size, cut = 0, False
+        for raw in lines:
+            line = self._mrkdwn(raw).replace("```", f"`{ZWSP}``")  # a fence in the output must not end ours
+            if len(line) > room:
+                line, cut = line[: room - 1] + "…", True
+            if current and size + len(line) + 1 > room:
+                chunks.append(current)
+                current, size = [], 0
+                if len(chunks) == CODE_SECTIONS:
+                    cut = True
+                    break
+            current.append(line)
+            size += len(line) + 1
+        else:
+            if current:
+                chunks.append(current)
+        return [_section("```\n" + "\n".join(chunk) + "\n```") for chunk in chunks], cut
+
+    # -- failures -----------------------------------------------------------------------------------------
+
+    def _report(self, where: str, message: str) -> None:
+        message = self._scrub(message)
+        log.warning("%s: %s", where, message)
+        if self.on_error is not None:
+            try:
+                self.on_error(where, message)
+            except Exception:  # a broken reporter must not stop the rendering either
+                log.exception("on_error failed")
+
+    @contextlib.contextmanager
+    def _guard(self, where: str) -> Iterator[None]:
+        """Whatever goes wrong while rendering is reported, and the rendering goes on."""
+        try:
+            yield
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # the turn must never be lost to its display
+            log.exception("rendering failed")
+            self._report(where, describe_error(e))
+
+
+def _section(text: str) -> dict[str, Any]:
+    return {"type": "section", "text": {"type": "mrkdwn", "text": _clip(text, SECTION_CHARS)}}
+
+
+def _context(text: str) -> dict[str, Any]:
+    return {"type": "context", "elements": [{"type": "mrkdwn", "text": _clip(text, SECTION_CHARS)}]}
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _ts(data: dict[str, Any] | None) -> str | None:
+    ts = data.get("ts") if data else None
+    return ts if isinstance(ts, str) else None
+
+
+def _cut_point(text: str, start: int, size: int) -> int:
+    """Where a message of at most `size` characters from `start` should end: a line break, else a space."""
+    end = start + size
+    for mark in ("\n", " "):
+        at = text.rfind(mark, start + size // 2, end)
+        if at != -1:
+            return at + 1
+    return end
+
+
+def _describe(e: BaseException) -> str:
+    if isinstance(e, SlackApiError):
+        data = e.response.data if isinstance(e.response.data, dict) else {}
+        error = str(data.get("error") or f"HTTP {e.response.status_code}")
+        details = (data.get("response_metadata") or {}).get("messages") or []
+        status = f" (HTTP {e.response.status_code})" if e.response.status_code != 200 else ""
+        return error + status + ("".join(f" {d}" for d in details) if details else "")
+    return describe_error(e)
