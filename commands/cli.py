@@ -37,6 +37,7 @@ def _serve(args: argparse.Namespace) -> int:
         lines.append(f"Set them in the environment (see {SLACK_DOCS}), or run `mm-bot dev`, which starts without them.")
         print("\n".join(lines), file=sys.stderr)
         return 2
+    _export_config_path(args.config)  # Celery, which the bot enqueues through, reads the config by itself
     serve(config, host=args.host, port=args.port, socket_mode=args.socket, quiet=args.dev)
     return 0
 

@@ -11,11 +11,15 @@ from typing import Any
 import httpx
 import pytest
 
+from chatops import db
 from mm_testkit.slack_client import SlackEventSender, stale_timestamp
 from mm_testkit.slack_emulator import SlackEmulator
 from mmbot_helpers import MM_BOT, clean_env, free_port, mm_bot, stop, wait_healthy
 
 SIGNING_SECRET = "test-signing-secret-8f3a"
+# Where these bots enqueue turns: kombu's in-process broker, which no worker reads (test_bot_inbound reads a
+# real one).
+NOWHERE = "memory://"
 
 
 class Bot:
@@ -51,11 +55,15 @@ def running_bot(tmp: Path) -> Iterator[Bot]:
     """`mm-bot serve` against a fresh Slack emulator, answering /healthz; stopped afterwards."""
     with SlackEmulator() as slack:
         port = free_port()
+        database_url = f"sqlite:///{tmp / 'mm.sqlite3'}"
+        # The bot records each message before it acks it, so it needs the schema `mm-bot migrate` makes.
+        db.migrate(database_url)
         env = clean_env(
             SLACK_API_URL=slack.url,
             SLACK_BOT_TOKEN=slack.bot_token,
             SLACK_SIGNING_SECRET=SIGNING_SECRET,
-            DATABASE_URL=f"sqlite:///{tmp / 'mm.sqlite3'}",
+            DATABASE_URL=database_url,
+            CELERY_BROKER_URL=NOWHERE,
         )
         process = start_serve(tmp, env, port)
         base = f"http://127.0.0.1:{port}"
@@ -188,6 +196,8 @@ def test_the_slack_manifest_points_every_request_at_the_bots_endpoint() -> None:
         "message.channels",
         "message.groups",
         "message.im",
+        "assistant_thread_started",
+        "assistant_thread_context_changed",
     }
     assert settings["interactivity"]["is_enabled"] is True
     # assistant:write is only granted to apps with the assistant view.

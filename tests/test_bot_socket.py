@@ -9,8 +9,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from chatops import db
 from mm_testkit.slack_emulator import SlackEmulator
 from mmbot_helpers import MM_BOT, clean_env, free_port, mm_bot, stop, wait_healthy
+from test_bot_serve import NOWHERE
 
 
 def socket_env(slack: SlackEmulator, tmp: Path, app_token: str) -> dict[str, str]:
@@ -20,6 +22,7 @@ def socket_env(slack: SlackEmulator, tmp: Path, app_token: str) -> dict[str, str
         SLACK_BOT_TOKEN=slack.bot_token,
         SLACK_APP_TOKEN=app_token,
         DATABASE_URL=f"sqlite:///{tmp / 'mm.sqlite3'}",
+        CELERY_BROKER_URL=NOWHERE,
     )
 
 
@@ -29,9 +32,11 @@ def slack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlackEmulator]:
     tmp = tmp_path_factory.mktemp("socket")
     with SlackEmulator() as emulator:
         port = free_port()
+        env = socket_env(emulator, tmp, emulator.app_token)
+        db.migrate(env["DATABASE_URL"])  # the bot records each message before it acks it
         process = subprocess.Popen(
             [MM_BOT, "serve", "--socket", "--host", "127.0.0.1", "--port", str(port)],
-            env=socket_env(emulator, tmp, emulator.app_token),
+            env=env,
             cwd=tmp,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,

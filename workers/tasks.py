@@ -32,4 +32,4 @@ def housekeeping() -> None:
 
 def enqueue_session(session_id: str) -> None:
     """Tell a worker that the session has work (the database says what): the bot's only hand-off."""
-    app.send_task("mm.run_session", args=[session_id], queue=TURNS_QUEUE)
+    app.send_task("mm.run_session", args=[session_id], queue=TURNS_QUEUE, ignore_result=True)
