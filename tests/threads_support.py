@@ -1,0 +1,237 @@
+"""The whole service for end-to-end tests: `celery worker` processes started as a user starts them, a Redis of
+the test's own (so that it can be flushed and restarted), PostgreSQL, the Slack emulator and the scripted model.
+
+Messages reach the workers the way the bot hands them over (`record_message`, then `enqueue_session`), or
+through the real bot when a test is about the inbound side.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, select
+
+from chatops import db
+from chatops.inbox import Recorded, record_message
+from chatops.schema import Session, SessionEvent
+from mm_testkit.model_server import ModelServer, Reply, ToolCall
+from mm_testkit.redis_server import OwnRedis as OwnRedis  # moved there (bench/ uses it); re-exported
+from mm_testkit.slack_emulator import SlackEmulator
+from mmbot_helpers import MM_BOT, clean_env
+
+CHANNEL = "C0THREADS"
+
+
+def policy(request: dict[str, Any]) -> Reply:
+    """The scripted model of these tests, answering by what it is asked, whatever the order of the sessions:
+
+    - `run: <command>` in the user's message → a bash call with that command, then an answer quoting its output;
+    - `read: <path>` → a read_file call, then the same;
+    - anything else → "answer: <the message>".
+    """
+    messages = request["messages"]
+    last = messages[-1]
+    if last["role"] == "tool":
+        return Reply(text=f"done: {last['content'].strip()[:200]}")
+    text = last["content"] or ""
+    if m := re.search(r"run: (.+)$", text, re.S):
+        return Reply(tool_calls=[ToolCall("bash", {"command": m.group(1).strip()})])
+    if m := re.search(r"read: (\S+)", text):
+        return Reply(tool_calls=[ToolCall("read_file", {"path": m.group(1)})])
+    return Reply(text=f"answer: {text.strip()[-200:]}")
+
+
+@dataclass(frozen=True)
+class Posted:
+    session_id: str
+    ts: str
+    thread_ts: str
+    recorded: Recorded
+
+
+@dataclass
+class Stack:
+    tmp: Path
+    database_url: str
+    broker_url: str
+    slack: SlackEmulator
+    model: ModelServer
+    config: str = ""
+    workers: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        (self.tmp / "mm.yaml").write_text(
+            self.config
+            or "\n".join(
+                [
+                    "sandbox: none",  # these tests are about the service; the sandbox has its own
+                    "bash: {network: false}",
+                    "channels:",
+                    "  default: {yolo: true}",
+                    "worker: {leaseSeconds: 3, housekeepingSeconds: 1, concurrency: 20}",
+                    "",
+                ]
+            )
+        )
+        db.migrate(self.database_url)
+        self.engine: Engine = db.engine_for(self.database_url)
+        self.model.always(policy)
+        self.slack.add_channel(CHANNEL, "threads")
+
+    @property
+    def env(self) -> dict[str, str]:
+        return clean_env(
+            MM_CONFIG=str(self.tmp / "mm.yaml"),
+            DATABASE_URL=self.database_url,
+            CELERY_BROKER_URL=self.broker_url,
+            SLACK_API_URL=self.slack.url,
+            SLACK_BOT_TOKEN=self.slack.bot_token,
+            MM_MODEL_URL=self.model.url,
+            MM_MODEL="test-model",
+            MM_WORKSPACES=str(self.tmp / "workspaces"),
+        )
+
+    # -- workers ------------------------------------------------------------------------------------------------
+
+    def start_worker(self, name: str = "w1", *, beat: bool = True, extra: tuple[str, ...] = ()) -> None:
+        argv = [MM_BOT, "worker", "--", "--hostname", f"{name}@%h", "--without-mingle", "--without-gossip"]
+        if beat:
+            argv += ["-B", "--schedule", str(self.tmp / f"beat-{name}")]
+        log = open(self.tmp / f"{name}.log", "ab")  # noqa: SIM115 - the worker's own, closed with it
+        self.workers[name] = subprocess.Popen(
+            [*argv, *extra], env=self.env, cwd=self.tmp, stdout=log, stderr=subprocess.STDOUT, process_group=0
+        )
+
+    def kill_worker(self, name: str = "w1") -> None:
+        """kill -9: no warm shutdown, no acknowledgement, the lease left to expire."""
+        process = self.workers.pop(name)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+    def stop_all(self) -> None:
+        for name in list(self.workers):
+            self.kill_worker(name)
+
+    def log_of(self, name: str = "w1") -> str:
+        path = self.tmp / f"{name}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    # -- messages -----------------------------------------------------------------------------------------------
+
+    def post(self, text: str, *, thread_ts: str | None = None, user: str = "U0ALICE", enqueue: bool = True) -> Posted:
+        """What the bot does with a message: recorded first, then the hand-off (which may be lost)."""
+        ts = self.slack.add_message(CHANNEL, text, user, thread_ts=thread_ts)["ts"]
+        recorded = record_message(
+            self.engine,
+            channel_id=CHANNEL,
+            thread_ts=thread_ts or ts,
+            message_ts=ts,
+            user_id=user,
+            text=text,
+        )
+        if enqueue:
+            self.enqueue(recorded.session_id)
+        return Posted(recorded.session_id, ts, thread_ts or ts, recorded)
+
+    def enqueue(self, session_id: str) -> None:
+        from kombu.connection import Connection
+
+        from workers.celery_app import app
+
+        # A connection of its own: the test process's Celery app was configured for another broker.
+        with Connection(self.broker_url) as conn:
+            app.send_task("mm.run_session", args=[session_id], queue="turns", connection=conn)
+
+    # -- what happened ------------------------------------------------------------------------------------------
+
+    def thread_text(self, thread_ts: str) -> str:
+        """Every message of the thread as a person reads it: its blocks' texts, else its text."""
+        return "\n".join(_readable(m) for m in self.slack.messages(CHANNEL, thread_ts))
+
+    def workspace(self, session_id: str) -> Path:
+        from workers.workspaces import workspace_path
+
+        return workspace_path(self.tmp / "workspaces", session_id)
+
+    def status(self, session_id: str) -> str:
+        with self.engine.connect() as conn:
+            return conn.execute(select(Session.status).where(Session.id == session_id)).scalar_one()
+
+    def log_kinds(self, session_id: str) -> list[str]:
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                select(SessionEvent.kind).where(SessionEvent.session_id == session_id).order_by(SessionEvent.seq)
+            )
+            return list(rows.scalars())
+
+    def turns_ended(self, session_id: str) -> int:
+        return self.log_kinds(session_id).count("turn_ended")
+
+    def wait(self, what: Callable[[], Any], timeout: float = 60, message: str = "") -> Any:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if value := what():
+                return value
+            for name, process in self.workers.items():
+                if process.poll() is not None:
+                    raise AssertionError(f"worker {name} exited ({process.returncode}):\n{self.log_of(name)[-3000:]}")
+            time.sleep(0.1)
+        logs = "\n".join(f"--- {n}\n{self.log_of(n)[-3000:]}" for n in self.workers)
+        raise AssertionError(f"timed out waiting: {message or what}\n{logs}")
+
+
+def _readable(message: dict[str, Any]) -> str:
+    texts: list[str] = []
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            if isinstance(node.get("text"), str):
+                texts.append(node["text"])
+            for key, value in node.items():
+                if key != "text" or not isinstance(value, str):
+                    walk(value)
+        elif isinstance(node, list):
+            for item in node:
+                walk(item)
+
+    walk(message.get("blocks") or [])
+    return "\n".join(texts) if texts else (message.get("markdown_text") or message.get("text") or "")
+
+
+@contextlib.contextmanager
+def stack(tmp: Path, database_url: str, broker_url: str, **kwargs: Any) -> Iterator[Stack]:
+    with SlackEmulator() as slack, ModelServer() as model:
+        s = Stack(tmp, database_url, broker_url, slack, model, **kwargs)
+        try:
+            yield s
+        finally:
+            s.stop_all()
+            s.engine.dispose()
+
+
+@contextlib.contextmanager
+def rabbitmq_vhost() -> Iterator[str]:
+    """A vhost of the test's own on the local RabbitMQ (guest/guest), deleted afterwards: the queue names are
+    the product's, so runs must not share them."""
+    name = f"mmtest_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    ctl = shutil.which("rabbitmqctl") or "/usr/sbin/rabbitmqctl"
+    subprocess.run([ctl, "add_vhost", name], check=True, capture_output=True, timeout=60)
+    subprocess.run(
+        [ctl, "set_permissions", "-p", name, "guest", ".*", ".*", ".*"], check=True, capture_output=True, timeout=60
+    )
+    try:
+        yield f"amqp://guest:guest@127.0.0.1:5672/{name}"
+    finally:
+        subprocess.run([ctl, "delete_vhost", name], capture_output=True, timeout=60)

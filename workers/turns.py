@@ -1,0 +1,426 @@
+"""Running a session's work on a worker: take the lease, run or resume turns, render them, give the lease back.
+
+The execution model. A turn spends nearly all its time waiting on the model, so one process carries many:
+Celery's threads pool gives each task a thread, and each thread runs its turn on an event loop of its own.
+One shared loop for all turns would be lighter, but the store is synchronous (SQLAlchemy on a sync engine):
+inside a shared loop every append would stall every turn of the process. In a thread of its own, an append
+blocks only its own turn, and the database driver releases the GIL while it waits. Celery's time limits do
+not apply to threads, so a turn enforces `worker.turnTimeLimit` itself; stop requests and lease renewals for
+all of a process's turns go through one keeper thread (workers/leases.py).
+
+What to do is always read from the database, never from the task message: the log says whether a turn is
+open (then it resumes: after a decision, or after the worker running it died), the inbox holds the messages
+for the next turn, the approvals table holds the decisions. A message delivered twice finds the lease taken
+or nothing to do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from sqlalchemy import Engine, select
+
+from chatops import db
+from chatops.config import Config, load_config
+from chatops.inbox import (
+    clear_stop,
+    has_untaken,
+    release_expired_leases,
+    sessions_with_work,
+    stop_requested,
+)
+from chatops.schema import ApprovalState, Session, SessionStatus
+from chatops.secrets import describe_error, scrub, secrets_of
+from chatops.store import (
+    DbStore,
+    acquire_lease,
+    approvals_of,
+    expire_approvals,
+    record_error,
+    release_lease,
+    request_approval,
+    set_status,
+)
+from mm_core import Agent
+from mm_core.events import Event, ModelCalled, PermissionRequested
+from mm_core.log import Decision, ErrorRecord, Fenced, Outcome, TurnEnded
+from workers import metrics
+from workers.leases import Cancelled, LeaseKeeper
+from workers.render import ThreadRenderer
+from workers.slack_client import TIMEOUT, web_client
+from workers.workspaces import WorkspaceError, prepare, sweep
+
+log = logging.getLogger("mm.worker")
+
+RESUMED = "↻ The worker running this turn stopped; another one resumed it."
+STOPPED = "⏹ Stopped."
+TIME_LIMIT = "⏱ The turn ran for longer than {limit} and was stopped."
+EXPIRED = "⌛ Nobody decided on `{title}` in time: it was not run."
+WORKER_FAILED = "⚠️ The worker failed while running this turn ({reason}); the error is recorded."
+THREAD_CONTEXT = "Earlier messages in this Slack thread, for context:\n{lines}\n\nThe request:\n"
+CONTEXT_MESSAGES = 50
+CONTEXT_CHARS = 8000
+
+
+@dataclass(frozen=True)
+class Process:
+    """What every turn of one worker process shares."""
+
+    config: Config
+    engine: Engine
+    keeper: LeaseKeeper
+    secrets: tuple[str, ...]
+
+
+_process_lock = threading.Lock()
+
+
+@cache
+def _process_unlocked() -> Process:
+    config = load_config()
+    # Many turns, each holding a connection only for the length of one write.
+    engine = db.engine_for(config.database_url, pool_size=10, max_overflow=40)
+    keeper = LeaseKeeper(engine, config.service.worker.leaseSeconds)
+    return Process(config, engine, keeper, tuple(secrets_of(config)))
+
+
+def process() -> Process:
+    with _process_lock:
+        return _process_unlocked()
+
+
+# --- running a session's work -----------------------------------------------------------------------------------
+
+
+def run_session_work(session_id: str) -> bool:
+    """The task's body: in this thread, an event loop for as long as the session has work. True when work
+    came in after the lease was given back (the caller enqueues the session again)."""
+    return asyncio.run(_work(process(), session_id))
+
+
+async def _work(proc: Process, session_id: str) -> bool:
+    ttl = proc.config.service.worker.leaseSeconds
+    token = await asyncio.to_thread(acquire_lease, proc.engine, session_id, proc.keeper.owner, ttl)
+    if token is None:
+        return False  # another worker holds it, and takes whatever is new when its turn ends
+    task = asyncio.current_task()
+    assert task is not None
+    proc.keeper.hold(session_id, task)
+    try:
+        turns = SessionTurns(proc, session_id, token)
+        while await turns.next():
+            pass
+    except Fenced as e:
+        log.warning("session %s: %s; leaving it to the new owner", session_id, e)
+        return False
+    finally:
+        proc.keeper.drop(session_id)
+        await asyncio.to_thread(release_lease, proc.engine, session_id, token)
+    # A message or a stop that came between our last look and the release would wait for housekeeping.
+    return await asyncio.to_thread(_has_work, proc.engine, session_id)
+
+
+def _has_work(engine: Engine, session_id: str) -> bool:
+    return has_untaken(engine, session_id) or stop_requested(engine, session_id)
+
+
+class SessionTurns:
+    """One session's turns under one lease: each `next()` runs one turn, or resumes the open one."""
+
+    def __init__(self, proc: Process, session_id: str, token: int):
+        self.proc, self.session_id, self.token = proc, session_id, token
+        self.config = proc.config
+        self.store = DbStore(proc.engine, lease_token=token)
+        self.row = _session_row(proc.engine, session_id)
+
+    async def next(self) -> bool:
+        """Run what the session needs now; False when there is nothing more (idle, or waiting for a person)."""
+        engine, session_id = self.proc.engine, self.session_id
+        client = web_client(self.config)
+        # One connection pool for the turn's Slack calls: without a session, slack_sdk opens an aiohttp session
+        # and a connection for every call (and closes them after it). Closed below.
+        client.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT))
+        renderer = ThreadRenderer(
+            client,
+            self.row.channel_id or "",
+            self.row.thread_ts or "",
+            preview_lines=self.config.agent.previewLines,
+            secrets=self.proc.secrets,
+            assistant_thread=self.row.assistant_thread,
+            recipient_user=self.row.requester,
+            recipient_team=self.row.team_id,
+            on_error=lambda where, message: record_error(engine, where, message, session_id=session_id),
+        )
+        try:
+            return await self._next(renderer, client)
+        finally:
+            await renderer.aclose()
+            session = getattr(client, "session", None)
+            if session is not None:
+                await session.close()
+
+    async def _next(self, renderer: ThreadRenderer, client: Any) -> bool:
+        engine, session_id = self.proc.engine, self.session_id
+        try:
+            workspace = await self._workspace(renderer)
+        except WorkspaceError as e:
+            await self._refuse(renderer, e.text)
+            return False
+        waiting: list[PermissionRequested] = []
+        step = metrics.StepClock()
+
+        def emit(event: Event) -> None:
+            if isinstance(event, ModelCalled):
+                step.model_called(event)
+            elif isinstance(event, PermissionRequested):
+                waiting.append(event)
+            renderer.emit(event)
+
+        agent = Agent(
+            self._agent_config(), self.store, session_id, workspace, api_key=self.config.model_api_key, emit=emit
+        )
+        try:
+            state = await asyncio.to_thread(agent.load)
+            if await asyncio.to_thread(stop_requested, engine, session_id):
+                await asyncio.to_thread(clear_stop, engine, session_id)
+                if state.turn_start() is not None:
+                    await agent.stop()
+                    await renderer.notice(STOPPED)
+                await asyncio.to_thread(set_status, engine, session_id, SessionStatus.IDLE)
+                return True  # the inbox may hold more
+            if state.turn_start() is not None:
+                decisions = await self._decisions(agent, renderer)
+                if self.row.status == SessionStatus.AWAITING_APPROVAL and not decisions:
+                    return False  # a stray delivery: the turn still waits for a person
+                if self.row.status != SessionStatus.AWAITING_APPROVAL:
+                    await renderer.notice(RESUMED)
+                run = agent.resume(decisions)
+            else:
+                preface = await self._thread_context(client) if not state.entries else ""
+                if await asyncio.to_thread(self.store.take_inbox, session_id, preface) is None:
+                    await asyncio.to_thread(set_status, engine, session_id, SessionStatus.IDLE)
+                    return False
+                run = agent.resume()
+            await asyncio.to_thread(set_status, engine, session_id, SessionStatus.RUNNING)
+            self.row = self.row.with_status(SessionStatus.RUNNING)
+            finished = await self._run(agent, run, renderer)
+        finally:
+            await agent.resources.aclose()
+            await agent.aclose()
+        if finished is not None and finished.outcome == Outcome.SUSPENDED:
+            await asyncio.to_thread(self._ask, waiting)
+            await asyncio.to_thread(set_status, engine, session_id, SessionStatus.AWAITING_APPROVAL)
+            return False
+        await asyncio.to_thread(set_status, engine, session_id, SessionStatus.IDLE)
+        self.row = self.row.with_status(SessionStatus.IDLE)
+        return True
+
+    async def _run(self, agent: Agent, run: Any, renderer: ThreadRenderer) -> Any:
+        """The turn, within its time limit; a stop or the limit ends it through the loop's own cancellation."""
+        limit = self.config.service.worker.turnTimeLimit
+        task = asyncio.current_task()
+        assert task is not None
+        try:
+            async with asyncio.timeout(limit):
+                return await run
+        except TimeoutError:
+            message = TIME_LIMIT.format(limit=_duration(limit))
+            await asyncio.to_thread(record_error, self.proc.engine, "turn", message, session_id=self.session_id)
+            await renderer.notice(message)
+            return None
+        except asyncio.CancelledError:
+            reason = self.proc.keeper.reason(self.session_id)
+            if reason is None:
+                raise  # the worker itself is going away: the lease expires and another worker resumes
+            task.uncancel()
+            if reason == Cancelled.LOST:
+                raise Fenced(f"session {self.session_id}: the lease was lost") from None
+            await asyncio.to_thread(clear_stop, self.proc.engine, self.session_id)
+            await renderer.notice(STOPPED)
+            return None
+        except Fenced:
+            raise
+        except Exception as e:
+            reason = describe_error(e)
+            log.exception("session %s: the turn failed", self.session_id)
+            await asyncio.to_thread(record_error, self.proc.engine, "worker", reason, session_id=self.session_id)
+            await renderer.notice(WORKER_FAILED.format(reason=scrub(reason, list(self.proc.secrets))))
+            return None
+
+    async def _workspace(self, renderer: ThreadRenderer) -> Path:
+        channel = self.config.service.channel(self.row.channel_id or "")
+        repo, branch = self.row.repo or channel.repo, self.row.branch or channel.branch
+        ws = await asyncio.to_thread(prepare, self.config.workspaces_root, self.session_id, repo, branch)
+        if ws.note:
+            await renderer.notice(f"♻️ {ws.note}")
+        elif ws.fresh and self.row.has_log:
+            await renderer.notice(f"♻️ This thread's workspace was gone, so it was prepared again from {repo}.")
+        return ws.path
+
+    async def _refuse(self, renderer: ThreadRenderer, text: str) -> None:
+        """The turn cannot start (no workspace): the messages are answered with the reason, not kept forever."""
+        engine, session_id = self.proc.engine, self.session_id
+        await asyncio.to_thread(record_error, engine, "workspace", text, session_id=session_id)
+        if await asyncio.to_thread(self.store.take_inbox, session_id, "") is not None:
+            await asyncio.to_thread(self.store.append, session_id, ErrorRecord(text, "workspace"))
+            await asyncio.to_thread(self.store.append, session_id, TurnEnded(Outcome.FAILED))
+        await asyncio.to_thread(set_status, engine, session_id, SessionStatus.IDLE)
+        await renderer.notice(f"⚠️ {text}")
+
+    async def _decisions(self, agent: Agent, renderer: ThreadRenderer) -> list[Decision]:
+        """The decisions the approvals table holds for calls still waiting; an expired one is a rejection."""
+        state = agent.state()
+        waiting, known = state.open_calls(), set(state.decisions())
+        decisions = []
+        for row in await asyncio.to_thread(approvals_of, self.proc.engine, self.session_id):
+            if row.call_id not in waiting or row.call_id in known or row.state == ApprovalState.PENDING:
+                continue
+            if row.state == ApprovalState.EXPIRED:
+                await renderer.notice(EXPIRED.format(title=_title(row.tool, row.arguments)))
+            approved = row.state == ApprovalState.APPROVED
+            decisions.append(Decision(row.call_id, approved, row.decided_by or str(row.state)))
+        return decisions
+
+    def _ask(self, waiting: list[PermissionRequested]) -> None:
+        timeout = self.config.service.approvals.timeout
+        for event in waiting:
+            for call in event.calls:
+                request_approval(
+                    self.proc.engine,
+                    call_id=call.call_id,
+                    session_id=self.session_id,
+                    tool=call.tool,
+                    arguments=json.dumps(call.arguments, ensure_ascii=False),
+                    preview=call.preview,
+                    requested_by=self.row.requester,
+                    timeout_s=timeout,
+                )
+
+    def _agent_config(self) -> Any:
+        agent = self.config.agent
+        yolo = self.config.service.channel(self.row.channel_id or "").yolo
+        if self.row.yolo:
+            yolo = True
+        return agent if yolo is None else agent.model_copy(update={"yolo": yolo})
+
+    async def _thread_context(self, client: Any) -> str:
+        """A session started by a mention inside an existing thread: what was said before, for the model."""
+        row = self.row
+        if not row.channel_id or not row.thread_ts or row.first_message_ts == row.thread_ts:
+            return ""
+        try:
+            response = await client.conversations_replies(channel=row.channel_id, ts=row.thread_ts, limit=200)
+        except Exception as e:  # noqa: BLE001 - the turn goes on without the context, and says why in the errors
+            await asyncio.to_thread(
+                record_error, self.proc.engine, "slack", f"conversations.replies: {e}", session_id=self.session_id
+            )
+            return ""
+        earlier = [
+            m
+            for m in response.get("messages", [])
+            if not m.get("bot_id") and row.first_message_ts and float(m.get("ts", 0)) < float(row.first_message_ts)
+        ][-CONTEXT_MESSAGES:]
+        lines = "\n".join(f"<@{m.get('user', '?')}>: {m.get('text', '')}" for m in earlier)[-CONTEXT_CHARS:]
+        return THREAD_CONTEXT.format(lines=lines) if lines else ""
+
+
+@dataclass(frozen=True)
+class _Row:
+    channel_id: str | None
+    thread_ts: str | None
+    team_id: str | None
+    requester: str | None
+    repo: str | None
+    branch: str | None
+    yolo: bool | None
+    assistant_thread: bool
+    status: str
+    has_log: bool
+    first_message_ts: str | None
+
+    def with_status(self, status: SessionStatus) -> _Row:
+        return _Row(**{**self.__dict__, "status": status, "has_log": True})
+
+
+def _session_row(engine: Engine, session_id: str) -> _Row:
+    from chatops.schema import InboxMessage, SessionEvent
+
+    with engine.connect() as conn:
+        s = conn.execute(select(Session.__table__).where(Session.id == session_id)).one()
+        has_log = conn.execute(select(SessionEvent.seq).where(SessionEvent.session_id == session_id).limit(1)).first()
+        first = conn.execute(
+            select(InboxMessage.message_ts)
+            .where(InboxMessage.session_id == session_id)
+            .order_by(InboxMessage.id)
+            .limit(1)
+        ).scalar_one_or_none()
+    return _Row(
+        s.channel_id,
+        s.thread_ts,
+        s.team_id,
+        s.requester,
+        s.repo,
+        s.branch,
+        s.yolo,
+        bool(s.assistant_thread),
+        s.status,
+        has_log is not None,
+        first,
+    )
+
+
+def _title(tool: str, arguments: str | None) -> str:
+    try:
+        args = json.loads(arguments or "{}")
+    except ValueError:
+        args = {}
+    detail = args.get("command") or args.get("path") if isinstance(args, dict) else None
+    return f"{tool}: {detail}" if detail else tool
+
+
+def _duration(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    return f"{minutes} min" if minutes and not secs else f"{minutes} min {secs} s" if minutes else f"{secs} s"
+
+
+# --- housekeeping -----------------------------------------------------------------------------------------------
+
+
+def housekeep() -> list[str]:
+    """Find the work the broker lost, and the approvals nobody answered (the sessions to enqueue again); make
+    the workspaces fit the disk."""
+    proc = process()
+    engine, config = proc.engine, proc.config
+    release_expired_leases(engine)
+    expired = {row.session_id for row in expire_approvals(engine)}
+    stranded = set(sessions_with_work(engine, quiet_s=config.service.worker.housekeepingSeconds))
+    ws = config.service.workspaces
+    try:
+        sweep(
+            config.workspaces_root,
+            max_age_days=ws.maxAgeDays,
+            max_total_mb=ws.maxTotalMB,
+            protected=_protected(engine),
+        )
+    except OSError as e:
+        record_error(engine, "housekeeping", f"sweeping the workspaces: {describe_error(e)}")
+    if expired or stranded:
+        log.info("housekeeping: %d expired approval(s), %d session(s) re-enqueued", len(expired), len(stranded))
+    return sorted(expired | stranded)
+
+
+def _protected(engine: Engine) -> set[str]:
+    """Sessions whose workspace is in use or will be: not idle, or held by a worker."""
+    with engine.connect() as conn:
+        rows = conn.execute(
+            select(Session.id).where((Session.status != SessionStatus.IDLE) | Session.lease_owner.is_not(None))
+        )
+        return set(rows.scalars())
