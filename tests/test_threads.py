@@ -5,15 +5,21 @@ enqueue); tests/test_threads_inbound.py drives the same through the real bot.
 
 from __future__ import annotations
 
+import contextlib
+import subprocess
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from sqlalchemy import select
 
+from chatops.schema import Error as ErrorRow
 from chatops.schema import ToolCall as ToolCallRow
 from mm_testkit.model_server import Reply
-from threads_support import OwnRedis, Stack, policy, rabbitmq_vhost, stack
+from mmbot_helpers import free_port
+from threads_support import CHANNEL, OwnRedis, Stack, config, policy, rabbitmq_vhost, stack
+from workers.tasks import stop_session
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -154,3 +160,112 @@ def test_messages_to_a_busy_thread_are_taken_in_order_by_the_next_turn(threads: 
     users = [m["content"] for m in threads.model.messages() if m["role"] == "user"]
     assert users == ["first", "<@U0ALICE>: second\n\n<@U0BOB>: third"]
     assert threads.turns_ended(first.session_id) == 2
+
+
+def test_stop_ends_a_running_bash_call_at_once_and_leaves_the_log_whole(threads: Stack) -> None:
+    threads.start_worker()
+    posted = threads.post("run: echo begun > begun.txt; sleep 120")
+    threads.wait((threads.workspace(posted.session_id) / "begun.txt").exists, message="the command to start")
+    began = time.monotonic()
+    stop_session(threads.engine, posted.session_id)
+    threads.wait(answered(threads, posted.session_id), message="the stop")
+    assert time.monotonic() - began < 5  # within a second or so; the bound only catches a stop that waited
+    kinds = threads.log_kinds(posted.session_id)
+    assert kinds[-2:] == ["tool_result", "turn_ended"]  # the call got its (cancelled) result, then the end
+    assert "⏹ Stopped." in threads.thread_text(posted.thread_ts)
+    assert not any(p for p in session_sleepers())  # the sleep was killed, not left behind
+    # The thread goes on: the next message is a new turn.
+    threads.post("still there?", thread_ts=posted.thread_ts)
+    threads.wait(answered(threads, posted.session_id, 2), message="the next turn")
+
+
+def session_sleepers() -> list[str]:
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            with contextlib.suppress(OSError):
+                if (proc / "cmdline").read_bytes().split(b"\0")[:2] == [b"sleep", b"120"]:
+                    found.append(proc.name)
+    return found
+
+
+def test_an_approval_nobody_gives_expires_as_a_rejection(
+    tmp_path: Path, fresh_pg_url: str, own_redis: OwnRedis
+) -> None:
+    gated = config("{yolo: false}", "approvals: {timeout: 2s}")
+    with stack(tmp_path, fresh_pg_url, own_redis.url, config=gated) as threads:
+        threads.start_worker()
+        posted = threads.post("run: echo never")
+        threads.wait(lambda: threads.status(posted.session_id) == "awaiting_approval", message="the suspension")
+        assert "🔐 🛠️ bash: echo never" in threads.thread_text(posted.thread_ts)
+        threads.wait(answered(threads, posted.session_id), message="the expiry")
+        tool_messages = [m["content"] for m in threads.model.messages() if m["role"] == "tool"]
+        assert tool_messages == ["[command rejected by the user]"]  # the reference's rejection text
+        text = threads.thread_text(posted.thread_ts)
+        assert "⌛ Nobody decided on `bash: echo never` in time" in text
+        with threads.engine.connect() as conn:
+            rows = conn.execute(select(ToolCallRow.decision, ToolCallRow.status, ToolCallRow.decided_by)).all()
+        assert rows == [("rejected", "rejected", "expired")]
+
+
+def test_an_unreachable_model_is_one_sentence_in_the_thread_and_a_row_in_errors(
+    tmp_path: Path, fresh_pg_url: str, own_redis: OwnRedis
+) -> None:
+    with stack(tmp_path, fresh_pg_url, own_redis.url) as threads:
+        threads.extra_env["MM_MODEL_URL"] = f"http://127.0.0.1:{free_port()}/v1"
+        threads.start_worker()
+        posted = threads.post("hello?")
+        threads.wait(answered(threads, posted.session_id), message="the failed turn")
+        text = threads.thread_text(posted.thread_ts)
+        assert "Traceback" not in text
+        with threads.engine.connect() as conn:
+            errors = conn.execute(select(ErrorRow.where, ErrorRow.message, ErrorRow.session_id)).all()
+        assert [(where, session) for where, _, session in errors] == [("generation", posted.session_id)]
+        assert errors[0].message in text  # the same sentence, once
+        assert text.count(errors[0].message) == 1
+
+
+def test_a_mention_inside_an_existing_thread_brings_its_earlier_messages(threads: Stack) -> None:
+    root = threads.slack.add_message(CHANNEL, "the deploy failed with exit code 3", "U0BOB")
+    threads.slack.add_message(CHANNEL, "it was the migration step", "U0CAROL", thread_ts=root["ts"])
+    threads.start_worker()
+    posted = threads.post("<@U0BOT> what went wrong?", thread_ts=root["ts"])
+    threads.wait(answered(threads, posted.session_id), message="the turn")
+    first_user = next(m["content"] for m in threads.model.messages() if m["role"] == "user")
+    assert "<@U0BOB>: the deploy failed with exit code 3" in first_user
+    assert "<@U0CAROL>: it was the migration step" in first_user
+    assert first_user.endswith("<@U0BOT> what went wrong?")
+
+
+def test_two_threads_on_one_repository_and_a_next_turn_on_another_worker(
+    tmp_path: Path, fresh_pg_url: str, own_redis: OwnRedis
+) -> None:
+    origin = tmp_path / "origin.git"
+    work = tmp_path / "work"
+    git("init", "-q", "--bare", "-b", "main", str(origin))
+    git("clone", "-q", str(origin), str(work))
+    (work / "README.md").write_text("team repo\n")
+    git("-C", str(work), "add", "README.md")
+    git("-C", str(work), "-c", "user.name=t", "-c", "user.email=t@example.com", "commit", "-q", "-m", "first")
+    git("-C", str(work), "push", "-q", "origin", "main")
+    with stack(tmp_path, fresh_pg_url, own_redis.url, config=config(f"{{yolo: true, repo: {origin}}}")) as threads:
+        threads.start_worker("w1")
+        one = threads.post("run: cat README.md && echo from-thread-one > note.txt")
+        threads.wait(answered(threads, one.session_id), message="thread one")
+        assert "done: team repo" in threads.thread_text(one.thread_ts)
+        # The origin goes away: the second thread's clone can only come from the worker's mirror.
+        origin.rename(tmp_path / "origin-gone.git")
+        two = threads.post("run: cat README.md")
+        threads.wait(answered(threads, two.session_id), message="thread two")
+        assert "done: team repo" in threads.thread_text(two.thread_ts)
+        assert not (threads.workspace(two.session_id) / ".git" / "objects" / "info" / "alternates").exists()
+        # The first thread's next turn lands on another worker, which sees its files.
+        threads.kill_worker("w1")
+        threads.start_worker("w2")
+        threads.post("run: cat note.txt", thread_ts=one.thread_ts)
+        threads.wait(answered(threads, one.session_id, 2), message="thread one, second turn")
+        assert "done: from-thread-one" in threads.thread_text(one.thread_ts)
+
+
+def git(*args: str) -> None:
+    subprocess.run(["git", *args], check=True, capture_output=True)

@@ -28,9 +28,10 @@ from chatops.schema import Session, SessionEvent
 from mm_testkit.model_server import ModelServer, Reply, ToolCall
 from mm_testkit.redis_server import OwnRedis as OwnRedis  # moved there (bench/ uses it); re-exported
 from mm_testkit.slack_emulator import SlackEmulator
-from mmbot_helpers import MM_BOT, clean_env
+from mmbot_helpers import MM_BOT, clean_env, free_port, stop, wait_healthy
 
 CHANNEL = "C0THREADS"
+SECRET = "threads-signing-secret"
 
 
 def policy(request: dict[str, Any]) -> Reply:
@@ -52,6 +53,20 @@ def policy(request: dict[str, Any]) -> Reply:
     return Reply(text=f"answer: {text.strip()[-200:]}")
 
 
+def config(channel: str = "{yolo: true}", *extra: str) -> str:
+    return "\n".join(
+        [
+            "sandbox: none",  # these tests are about the service; the sandbox has its own
+            "bash: {network: false}",
+            "channels:",
+            f"  default: {channel}",
+            "worker: {leaseSeconds: 3, housekeepingSeconds: 1, concurrency: 20}",
+            *extra,
+            "",
+        ]
+    )
+
+
 @dataclass(frozen=True)
 class Posted:
     session_id: str
@@ -69,21 +84,11 @@ class Stack:
     model: ModelServer
     config: str = ""
     workers: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    bot: subprocess.Popen[bytes] | None = None
+    extra_env: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        (self.tmp / "mm.yaml").write_text(
-            self.config
-            or "\n".join(
-                [
-                    "sandbox: none",  # these tests are about the service; the sandbox has its own
-                    "bash: {network: false}",
-                    "channels:",
-                    "  default: {yolo: true}",
-                    "worker: {leaseSeconds: 3, housekeepingSeconds: 1, concurrency: 20}",
-                    "",
-                ]
-            )
-        )
+        (self.tmp / "mm.yaml").write_text(self.config or config())
         db.migrate(self.database_url)
         self.engine: Engine = db.engine_for(self.database_url)
         self.model.always(policy)
@@ -91,15 +96,18 @@ class Stack:
 
     @property
     def env(self) -> dict[str, str]:
-        return clean_env(
-            MM_CONFIG=str(self.tmp / "mm.yaml"),
-            DATABASE_URL=self.database_url,
-            CELERY_BROKER_URL=self.broker_url,
-            SLACK_API_URL=self.slack.url,
-            SLACK_BOT_TOKEN=self.slack.bot_token,
-            MM_MODEL_URL=self.model.url,
-            MM_MODEL="test-model",
-            MM_WORKSPACES=str(self.tmp / "workspaces"),
+        return (
+            clean_env(
+                MM_CONFIG=str(self.tmp / "mm.yaml"),
+                DATABASE_URL=self.database_url,
+                CELERY_BROKER_URL=self.broker_url,
+                SLACK_API_URL=self.slack.url,
+                SLACK_BOT_TOKEN=self.slack.bot_token,
+                MM_MODEL_URL=self.model.url,
+                MM_MODEL="test-model",
+                MM_WORKSPACES=str(self.tmp / "workspaces"),
+            )
+            | self.extra_env
         )
 
     # -- workers ------------------------------------------------------------------------------------------------
@@ -123,10 +131,25 @@ class Stack:
     def stop_all(self) -> None:
         for name in list(self.workers):
             self.kill_worker(name)
+        if self.bot is not None:
+            stop(self.bot)
 
     def log_of(self, name: str = "w1") -> str:
         path = self.tmp / f"{name}.log"
         return path.read_text(errors="replace") if path.exists() else ""
+
+    def start_bot(self, *, socket: bool = False) -> str:
+        """`mm-bot serve` (HTTP, or Socket Mode against the emulator) on this stack; its base URL."""
+        port = free_port()
+        env = self.env | ({"SLACK_APP_TOKEN": self.slack.app_token} if socket else {"SLACK_SIGNING_SECRET": SECRET})
+        log = open(self.tmp / "bot.log", "ab")  # noqa: SIM115 - the bot's own, closed with it
+        argv = [MM_BOT, "serve", "--host", "127.0.0.1", "--port", str(port), *(["--socket"] if socket else [])]
+        self.bot = subprocess.Popen(argv, env=env, cwd=self.tmp, stdout=log, stderr=subprocess.STDOUT)
+        base = f"http://127.0.0.1:{port}"
+        wait_healthy(base, self.bot)
+        if socket:
+            self.slack.wait_for_socket_connections(1, timeout=30)
+        return base
 
     # -- messages -----------------------------------------------------------------------------------------------
 

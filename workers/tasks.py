@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import logging
 
+from sqlalchemy import Engine
+
+from chatops.inbox import request_stop
 from workers.celery_app import HOUSEKEEPING_QUEUE, TURNS_QUEUE, app
 
 log = logging.getLogger("mm.worker")
@@ -28,6 +31,15 @@ def housekeeping() -> None:
 
     for session_id in housekeep():
         enqueue_session(session_id)
+
+
+def stop_session(engine: Engine, session_id: str) -> bool:
+    """Stop the session's turn: a running one within a second (the worker holding it sees the flag), one that
+    waits for a person when a worker takes the session. False when there was no turn to stop."""
+    if not request_stop(engine, session_id):
+        return False
+    enqueue_session(session_id)
+    return True
 
 
 def enqueue_session(session_id: str) -> None:
