@@ -377,6 +377,11 @@ class SlackEmulator(ThreadedAiohttpServer):
         self._send_socket(envelope, timeout)
         return envelope_id
 
+    @property
+    def last_pushed_payload(self) -> Any:
+        """The Events API body of the last push_app_mention / push_message: push it again to redeliver it."""
+        return self._payloads.last_payload
+
     def push_app_mention(self, text: str, *, channel: str, user: str, thread_ts: str | None = None) -> str:
         """An `events_api` envelope around an app_mention event_callback (the Events API body)."""
         self._payloads.app_mention(text, channel=channel, user=user, thread_ts=thread_ts)

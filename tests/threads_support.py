@@ -179,9 +179,9 @@ class Stack:
 
     # -- what happened ------------------------------------------------------------------------------------------
 
-    def thread_text(self, thread_ts: str) -> str:
+    def thread_text(self, thread_ts: str, channel: str = CHANNEL) -> str:
         """Every message of the thread as a person reads it: its blocks' texts, else its text."""
-        return "\n".join(_readable(m) for m in self.slack.messages(CHANNEL, thread_ts))
+        return "\n".join(_readable(m) for m in self.slack.messages(channel, thread_ts))
 
     def workspace(self, session_id: str) -> Path:
         from workers.workspaces import workspace_path
