@@ -45,6 +45,10 @@ from mm_core.log import (
 )
 
 
+# A flood of messages into one busy thread becomes several turns, not one prompt of unbounded size.
+INBOX_PER_TURN = 20
+
+
 class UnknownSession(LookupError):
     pass
 
@@ -79,6 +83,7 @@ class DbStore:
                 select(InboxMessage.id, InboxMessage.user_id, InboxMessage.text)
                 .where(InboxMessage.session_id == session_id, InboxMessage.taken_at.is_(None))
                 .order_by(InboxMessage.id)
+                .limit(INBOX_PER_TURN)
             ).all()
             if not rows:
                 return None

@@ -269,3 +269,29 @@ def test_two_threads_on_one_repository_and_a_next_turn_on_another_worker(
 
 def git(*args: str) -> None:
     subprocess.run(["git", *args], check=True, capture_output=True)
+
+
+def test_a_turn_past_its_time_limit_is_stopped_said_and_recorded(
+    tmp_path: Path, fresh_pg_url: str, own_redis: OwnRedis
+) -> None:
+    limited = config("{yolo: true}").replace("concurrency: 20}", "concurrency: 20, turnTimeLimit: 2s}")
+    with stack(tmp_path, fresh_pg_url, own_redis.url, config=limited) as threads:
+        threads.model.always(lambda request: Reply(text="too late", delay=30))
+        threads.start_worker()
+        posted = threads.post("take your time")
+        threads.wait(answered(threads, posted.session_id), message="the time limit")
+        assert "⏱ The turn ran for longer than 2 s and was stopped." in threads.thread_text(posted.thread_ts)
+        with threads.engine.connect() as conn:
+            assert conn.execute(select(ErrorRow.where)).scalars().all() == ["turn"]
+        assert threads.log_kinds(posted.session_id)[-1] == "turn_ended"
+
+
+def test_the_workers_secrets_never_reach_the_thread(threads: Stack) -> None:
+    token = threads.slack.bot_token
+    threads.start_worker()
+    posted = threads.post(f"run: echo the token is {token} and @channel <!channel> <!here>")
+    threads.wait(answered(threads, posted.session_id), message="the turn")
+    posted_by_bot = [m for m in threads.slack.messages(CHANNEL, posted.thread_ts) if m.get("bot_id")]
+    assert posted_by_bot and token not in str(posted_by_bot)
+    assert "<!channel>" not in str(posted_by_bot) and "<!here>" not in str(posted_by_bot)
+    assert not threads.slack.uploads or token not in str(threads.slack.uploads)
