@@ -284,7 +284,9 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A 1 MiB tmpfs, mounted for the test (root only)."""
     if not ROOT:
         pytest.skip("mounting a small tmpfs to fill needs root")
-    mount = tmp_path / "small"
+    top = Path(tempfile.mkdtemp(prefix="mm-small-disk-"))
+    os.chmod(top, 0o711)  # the sandbox's user must reach the workspaces below it
+    mount = top / "small"
     mount.mkdir()
     done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=0711", "tmpfs", str(mount)], capture_output=True)
     if done.returncode != 0:
@@ -293,6 +295,16 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
         yield mount
     finally:
         subprocess.run(["umount", "-l", str(mount)], check=False)
+        shutil.rmtree(top, ignore_errors=True)
+
+
+@pytest.mark.skipif(not ROOT, reason="only a root worker hands workspaces to another user")
+def test_a_workspaces_directory_the_sandboxs_user_cannot_reach_is_refused_in_words(tmp_path: Path) -> None:
+    # pytest's tmp_path is root's alone (mode 700): a command run as uid 10001 could not open its own files.
+    with pytest.raises(WorkspaceError) as refused:
+        prepare(tmp_path / "workspaces", "s1", None, None)
+    assert "cannot be reached by the unprivileged user that runs the commands (uid 10001)" in refused.value.text
+    assert "chmod o+x" in refused.value.text
 
 
 def test_a_full_disk_is_named_as_such(small_disk: Path, tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ import re
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -89,6 +90,10 @@ class Stack:
 
     def __post_init__(self) -> None:
         (self.tmp / "mm.yaml").write_text(self.config or config())
+        # Where the sandbox's user can reach its workspace: pytest's tmp_path is root's alone, and a root worker
+        # refuses a workspaces directory its commands could not reach.
+        self.workspaces = Path(tempfile.mkdtemp(prefix="mm-threads-")) / "workspaces"
+        os.chmod(self.workspaces.parent, 0o711)
         db.migrate(self.database_url)
         self.engine: Engine = db.engine_for(self.database_url)
         self.model.always(policy)
@@ -105,7 +110,7 @@ class Stack:
                 SLACK_BOT_TOKEN=self.slack.bot_token,
                 MM_MODEL_URL=self.model.url,
                 MM_MODEL="test-model",
-                MM_WORKSPACES=str(self.tmp / "workspaces"),
+                MM_WORKSPACES=str(self.workspaces),
             )
             | self.extra_env
         )
@@ -133,6 +138,7 @@ class Stack:
             self.kill_worker(name)
         if self.bot is not None:
             stop(self.bot)
+        shutil.rmtree(self.workspaces.parent, ignore_errors=True)
 
     def log_of(self, name: str = "w1") -> str:
         path = self.tmp / f"{name}.log"
@@ -186,7 +192,7 @@ class Stack:
     def workspace(self, session_id: str) -> Path:
         from workers.workspaces import workspace_path
 
-        return workspace_path(self.tmp / "workspaces", session_id)
+        return workspace_path(self.workspaces, session_id)
 
     def status(self, session_id: str) -> str:
         with self.engine.connect() as conn:

@@ -360,8 +360,25 @@ def _layout(root: Path) -> None:
         mode = stat.S_IMODE(root.stat().st_mode)
         if not mode & 0o001:
             os.chmod(root, mode | 0o001)
+        _reachable(root)
     for name in (META, MIRRORS, STAGING):
         (root / name).mkdir(mode=0o700, exist_ok=True)
+
+
+UNREACHABLE = (
+    "the workspaces' directory {root} cannot be reached by the unprivileged user that runs the commands (uid "
+    "{uid}): {blocker} lets only its owner through (mode {mode:o}); give it the others' search bit (chmod o+x) "
+    "or set MM_WORKSPACES to a directory under one that has it"
+)
+
+
+def _reachable(root: Path) -> None:
+    """Every directory above the root must let the sandbox's user through, or each of its commands fails with
+    a bare "Permission denied" on its own files: said once, in words, instead."""
+    for parent in Path(root).absolute().parents:
+        mode = stat.S_IMODE(parent.stat().st_mode)
+        if not mode & 0o001:
+            raise WorkspaceError(UNREACHABLE.format(root=root, uid=SANDBOX_UID, blocker=parent, mode=mode))
 
 
 def _is_dir(path: Path) -> bool:
