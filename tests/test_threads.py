@@ -6,6 +6,7 @@ enqueue); tests/test_threads_inbound.py drives the same through the real bot.
 from __future__ import annotations
 
 import contextlib
+import os
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
+from chatops.inbox import record_message
 from chatops.schema import Error as ErrorRow
 from chatops.schema import ToolCall as ToolCallRow
 from mm_testkit.model_server import Reply
@@ -295,3 +297,43 @@ def test_the_workers_secrets_never_reach_the_thread(threads: Stack) -> None:
     assert posted_by_bot and token not in str(posted_by_bot)
     assert "<!channel>" not in str(posted_by_bot) and "<!here>" not in str(posted_by_bot)
     assert not threads.slack.uploads or token not in str(threads.slack.uploads)
+
+
+def test_commands_run_as_the_unprivileged_user_and_a_failed_clone_is_told_without_its_password(
+    tmp_path: Path, fresh_pg_url: str, own_redis: OwnRedis
+) -> None:
+    broken = config("{yolo: true}").replace(
+        "default: {yolo: true}",
+        "default: {yolo: true}\n  C0BROKEN: {yolo: true, repo: 'http://deploy:s3cret-pw@127.0.0.1:9/team.git'}",
+    )
+    with stack(tmp_path, fresh_pg_url, own_redis.url, config=broken) as threads:
+        threads.start_worker()
+        posted = threads.post("run: id -u")
+        threads.wait(answered(threads, posted.session_id), message="the turn")
+        expected = "10001" if os.geteuid() == 0 else str(os.geteuid())  # a root worker never runs them as root
+        assert f"done: {expected}" in threads.thread_text(posted.thread_ts)
+
+        threads.slack.add_channel("C0BROKEN", "broken")
+        ts = threads.slack.add_message("C0BROKEN", "<@U0BOT> hello", "U0ALICE")["ts"]
+        recorded = record_message(
+            threads.engine, channel_id="C0BROKEN", thread_ts=ts, message_ts=ts, user_id="U0ALICE", text="hello"
+        )
+        threads.enqueue(recorded.session_id)
+        threads.wait(answered(threads, recorded.session_id), message="the refused turn")
+        text = threads.thread_text(ts, "C0BROKEN")
+        assert "Could not prepare this thread's workspace" in text and "s3cret-pw" not in text
+        assert threads.model.requests == [] or all("hello" not in str(r.json) for r in threads.model.requests)
+        with threads.engine.connect() as conn:
+            where = conn.execute(select(ErrorRow.where).where(ErrorRow.session_id == recorded.session_id))
+            assert where.scalars().all() == ["workspace"]
+
+
+def test_a_slack_post_that_keeps_failing_is_recorded_and_the_turn_still_ends(threads: Stack) -> None:
+    threads.slack.fail("chat.postMessage", "internal_error", times=50)
+    threads.start_worker()
+    posted = threads.post("run: echo unseen")
+    threads.wait(answered(threads, posted.session_id), message="the turn")
+    with threads.engine.connect() as conn:
+        wheres = set(conn.execute(select(ErrorRow.where).where(ErrorRow.session_id == posted.session_id)).scalars())
+    assert "slack:chat.postMessage" in wheres
+    assert threads.log_kinds(posted.session_id)[-1] == "turn_ended"  # the turn itself was not lost

@@ -52,6 +52,7 @@ from chatops.store import (
 from mm_core import Agent
 from mm_core.events import Event, ModelCalled, PermissionRequested
 from mm_core.log import Decision, ErrorRecord, Fenced, Outcome, TurnEnded
+from mm_core.state import SessionState
 from workers import metrics
 from workers.leases import Cancelled, LeaseKeeper
 from workers.render import ThreadRenderer
@@ -266,12 +267,21 @@ class SessionTurns:
         return ws.path
 
     async def _refuse(self, renderer: ThreadRenderer, text: str) -> None:
-        """The turn cannot start (no workspace): the messages are answered with the reason, not kept forever."""
+        """The turn cannot start (no workspace): the messages are answered with the reason, not kept forever.
+        The log's error entry is the errors table's row (the store projects it)."""
         engine, session_id = self.proc.engine, self.session_id
-        await asyncio.to_thread(record_error, engine, "workspace", text, session_id=session_id)
-        if await asyncio.to_thread(self.store.take_inbox, session_id, "") is not None:
+        log = await asyncio.to_thread(self.store.load, session_id)
+        if SessionState.of(log).turn_start() is not None:
+            # A turn was open (its workspace went away and cannot be made again): it ends, its calls answered.
+            agent = Agent(self.config.agent, self.store, session_id, self.config.workspaces_root / session_id)
+            await agent.stop()
+            await agent.aclose()
+            await asyncio.to_thread(record_error, engine, "workspace", text, session_id=session_id)
+        elif await asyncio.to_thread(self.store.take_inbox, session_id, "") is not None:
             await asyncio.to_thread(self.store.append, session_id, ErrorRecord(text, "workspace"))
             await asyncio.to_thread(self.store.append, session_id, TurnEnded(Outcome.FAILED))
+        else:
+            await asyncio.to_thread(record_error, engine, "workspace", text, session_id=session_id)
         await asyncio.to_thread(set_status, engine, session_id, SessionStatus.IDLE)
         await renderer.notice(f"⚠️ {text}")
 
