@@ -44,7 +44,6 @@ from mm_core.log import (
     to_dict,
 )
 
-
 # A flood of messages into one busy thread becomes several turns, not one prompt of unbounded size.
 INBOX_PER_TURN = 20
 
