@@ -68,11 +68,12 @@ MODULES: dict[str, list[str]] = {
     ],
     "mm_core/state.py": [
         "tests/test_pins_state.py",
+        "tests/test_state_incremental.py",
         "tests/test_agent_loop.py",
         "tests/test_ask_agent.py",
         "tests/test_agent_restart.py",
     ],
-    "chatops/store.py": ["tests/test_pins_store.py", "tests/test_store.py"],
+    "chatops/store.py": ["tests/test_pins_store.py", "tests/test_store.py", "tests/test_inbox.py"],
 }
 
 # Survivors judged equivalent: no input tells them from the original. Keyed by (module, enclosing function,
@@ -96,11 +97,11 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
         "relaxed_replacement",
         "text[line_start:start] → text[line_start:start + 1] @col83",
     ): "mid-line, the text before the match holds a non-blank, so its leading blanks end before the added char",
-    ("mm_core/state.py", "SessionState.messages", "i + 1 → i + 0"): (
-        "the Compaction entry itself then stays in the list, and messages() sends only user and assistant entries"
+    ("mm_core/state.py", "_Transcript.of", "i + 1 → i + 0"): (
+        "the Compaction entry itself then stays in the list, and the transcript sends only user and assistant entries"
     ),
-    ("mm_core/state.py", "SessionState.messages", "self.entries[keep_from:i] → self.entries[keep_from:i + 1]"): (
-        "the Compaction entry itself then stays in the list, and messages() sends only user and assistant entries"
+    ("mm_core/state.py", "_Transcript.of", "entries[e.keep_from:i] → entries[e.keep_from:i + 1]"): (
+        "the Compaction entry itself then stays in the list, and the transcript sends only user and assistant entries"
     ),
     ("chatops/store.py", "_upsert_call", "values → True"): (
         "every caller passes a tool, a status or a decision, never all None: values is never empty"
