@@ -141,6 +141,7 @@ class SessionTurns:
         self.config = proc.config
         self.store = DbStore(proc.engine, lease_token=token)
         self.row = _session_row(proc.engine, session_id)
+        self.ending: SessionStatus | None = None  # the status the session takes once the thread shows the turn
 
     async def next(self) -> bool:
         """Run what the session needs now; False when there is nothing more (idle, or waiting for a person)."""
@@ -167,6 +168,10 @@ class SessionTurns:
             session = getattr(client, "session", None)
             if session is not None:
                 await session.close()
+            # Only once the thread shows all of the turn: a session that says idle has said everything.
+            if self.ending is not None:
+                await asyncio.to_thread(set_status, engine, session_id, self.ending)
+                self.row, self.ending = self.row.with_status(self.ending), None
 
     async def _next(self, renderer: ThreadRenderer, client: Any) -> bool:
         engine, session_id = self.proc.engine, self.session_id
@@ -195,7 +200,7 @@ class SessionTurns:
                 if state.turn_start() is not None:
                     await agent.stop()
                     await renderer.notice(STOPPED)
-                await asyncio.to_thread(set_status, engine, session_id, SessionStatus.IDLE)
+                self.ending = SessionStatus.IDLE
                 return True  # the inbox may hold more
             if state.turn_start() is not None:
                 decisions = await self._decisions(agent, renderer)
@@ -207,7 +212,7 @@ class SessionTurns:
             else:
                 preface = await self._thread_context(client) if not state.entries else ""
                 if await asyncio.to_thread(self.store.take_inbox, session_id, preface) is None:
-                    await asyncio.to_thread(set_status, engine, session_id, SessionStatus.IDLE)
+                    self.ending = SessionStatus.IDLE
                     return False
                 run = agent.resume()
             await asyncio.to_thread(set_status, engine, session_id, SessionStatus.RUNNING)
@@ -218,10 +223,9 @@ class SessionTurns:
             await agent.aclose()
         if finished is not None and finished.outcome == Outcome.SUSPENDED:
             await asyncio.to_thread(self._ask, waiting)
-            await asyncio.to_thread(set_status, engine, session_id, SessionStatus.AWAITING_APPROVAL)
+            self.ending = SessionStatus.AWAITING_APPROVAL
             return False
-        await asyncio.to_thread(set_status, engine, session_id, SessionStatus.IDLE)
-        self.row = self.row.with_status(SessionStatus.IDLE)
+        self.ending = SessionStatus.IDLE
         return True
 
     async def _run(self, agent: Agent, run: Any, renderer: ThreadRenderer) -> Any:
@@ -282,7 +286,7 @@ class SessionTurns:
             await asyncio.to_thread(self.store.append, session_id, TurnEnded(Outcome.FAILED))
         else:
             await asyncio.to_thread(record_error, engine, "workspace", text, session_id=session_id)
-        await asyncio.to_thread(set_status, engine, session_id, SessionStatus.IDLE)
+        self.ending = SessionStatus.IDLE
         await renderer.notice(f"⚠️ {text}")
 
     async def _decisions(self, agent: Agent, renderer: ThreadRenderer) -> list[Decision]:
