@@ -9,12 +9,15 @@ tool call whose arguments loop or balloon is stopped at once, not after minutes 
 from __future__ import annotations
 
 import asyncio
+import functools
+import ssl
 import time
 from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx
 import openai
 
 from mm_core.config import ModelConfig
@@ -86,6 +89,13 @@ class _PartialCall:
         return None
 
 
+@functools.cache
+def _tls() -> ssl.SSLContext:
+    """httpx's own default TLS context, made once per process: loading the CA bundle costs ~100 ms of CPU, and
+    a worker makes a client per turn (SSLContext is safe to share between threads and event loops)."""
+    return httpx.create_ssl_context()
+
+
 class ModelClient:
     def __init__(self, config: ModelConfig, api_key: str | None = None, watchdog: float = 120.0):
         self.config = config
@@ -105,7 +115,7 @@ class ModelClient:
                 # The watchdog, not the HTTP read timeout, decides when silence is too long.
                 timeout=openai.Timeout(self.config.requestTimeout, connect=10.0),
                 max_retries=0,
-                http_client=openai.DefaultAsyncHttpxClient(event_hooks={"request": [_note_sent]}),
+                http_client=openai.DefaultAsyncHttpxClient(event_hooks={"request": [_note_sent]}, verify=_tls()),
             )
             self._loop = loop
         return self._client

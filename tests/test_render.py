@@ -293,6 +293,21 @@ def test_long_output_goes_up_as_a_file(slack: SlackEmulator) -> None:
     assert slack.uploads[upload["files"][0]["id"]].decode() == output
 
 
+def test_a_long_file_read_is_previewed_and_not_uploaded_again(slack: SlackEmulator) -> None:
+    # The file is the repository's own: its first lines say which, a copy of it in the thread says nothing new.
+    thread = Thread(slack, DM)
+    content = "".join(f"line {i}\n" for i in range(200))
+    preview = "\n".join(content.splitlines()[:10])
+    events = [
+        ToolCallStarted("r1", "read_file", {"path": "big.txt"}, "📄", "read_file big.txt"),
+        ToolCallFinished("r1", "read_file", content, preview, CallStatus.OK),
+    ]
+    run(thread.play(*events, finished("", commands=0)))
+    line, _recap = thread.replies()
+    assert shown(line) == "📄 read_file big.txt\n```\n" + preview + "\n```"
+    assert not slack.calls_to("files.getUploadURLExternal") and not slack.uploads
+
+
 def test_a_prompt_of_many_calls_is_split_at_fifty_blocks(slack: SlackEmulator) -> None:
     thread = Thread(slack, DM)
     calls = tuple(

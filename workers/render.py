@@ -10,7 +10,8 @@ never slow the turn. One consumer task drains the queue in order and writes the 
   Text an asked agent writes goes into messages of its own, prefixed with its name.
 - ToolCallStarted / ToolCallFinished: one message per call, mm_core.display's line (`🛠️ bash: ls`) with the
   result lines in a code block. A call that returns within HOLD is posted once, with its result; a longer one
-  is posted at once and edited when it returns. Output longer than its preview is uploaded as a file.
+  is posted at once and edited when it returns. Output longer than its preview is uploaded as a file (but
+  not what read_file or read_skill return: a copy of the repository's own file or of a skill).
 - PermissionRequested: each waiting call's prompt (`_ask`, which the approvals issue replaces with buttons).
 - Error: its line as a plain message. TurnFinished: the recap line (counters and tokens).
 
@@ -56,6 +57,9 @@ from mm_core import (
 
 log = logging.getLogger("mm.worker.render")
 
+# Tools whose whole output is a copy of something the team already has (a file of the repository, a skill):
+# the preview shows which, and a file upload of it would be three more Slack calls for nothing new.
+COPIES = frozenset({"read_file", "read_skill"})
 # Seconds between two writes to one message (an edit, an append) or to the status: Slack's own pace for edits.
 INTERVAL = 1.0
 # A tool call that returns within this is posted once, line and result together, rather than posted and edited.
@@ -493,7 +497,7 @@ class ThreadRenderer:
         output = event.output.splitlines()
         # The preview is the output's first lines (a tool may show something else: ask_agent's "answered").
         longer = self.preview_lines > 0 and output[: len(shown)] == shown and len(output) > len(shown)
-        return blocks + code, line, cut or longer
+        return blocks + code, line, cut or (longer and event.tool not in COPIES)
 
     # -- permission prompts -------------------------------------------------------------------------------
 

@@ -109,7 +109,7 @@ def run_session_work(session_id: str) -> bool:
 
 async def _work(proc: Process, session_id: str) -> bool:
     ttl = proc.config.service.worker.leaseSeconds
-    token = await asyncio.to_thread(acquire_lease, proc.engine, session_id, proc.keeper.owner, ttl)
+    token = acquire_lease(proc.engine, session_id, proc.keeper.owner, ttl)
     if token is None:
         return False  # another worker holds it, and takes whatever is new when its turn ends
     task = asyncio.current_task()
@@ -124,9 +124,9 @@ async def _work(proc: Process, session_id: str) -> bool:
         return False
     finally:
         proc.keeper.drop(session_id)
-        await asyncio.to_thread(release_lease, proc.engine, session_id, token)
+        release_lease(proc.engine, session_id, token)
     # A message or a stop that came between our last look and the release would wait for housekeeping.
-    return await asyncio.to_thread(_has_work, proc.engine, session_id)
+    return _has_work(proc.engine, session_id)
 
 
 def _has_work(engine: Engine, session_id: str) -> bool:
@@ -170,7 +170,7 @@ class SessionTurns:
                 await session.close()
             # Only once the thread shows all of the turn: a session that says idle has said everything.
             if self.ending is not None:
-                await asyncio.to_thread(set_status, engine, session_id, self.ending)
+                set_status(engine, session_id, self.ending)
                 self.row, self.ending = self.row.with_status(self.ending), None
 
     async def _next(self, renderer: ThreadRenderer, client: Any) -> bool:
@@ -194,9 +194,9 @@ class SessionTurns:
             self._agent_config(), self.store, session_id, workspace, api_key=self.config.model_api_key, emit=emit
         )
         try:
-            state = await asyncio.to_thread(agent.load)
-            if await asyncio.to_thread(stop_requested, engine, session_id):
-                await asyncio.to_thread(clear_stop, engine, session_id)
+            state = agent.load()
+            if stop_requested(engine, session_id):
+                clear_stop(engine, session_id)
                 if state.turn_start() is not None:
                     await agent.stop()
                     await renderer.notice(STOPPED)
@@ -211,18 +211,18 @@ class SessionTurns:
                 run = agent.resume(decisions)
             else:
                 preface = await self._thread_context(client) if not state.entries else ""
-                if await asyncio.to_thread(self.store.take_inbox, session_id, preface) is None:
+                if self.store.take_inbox(session_id, preface) is None:
                     self.ending = SessionStatus.IDLE
                     return False
                 run = agent.resume()
-            await asyncio.to_thread(set_status, engine, session_id, SessionStatus.RUNNING)
+            set_status(engine, session_id, SessionStatus.RUNNING)
             self.row = self.row.with_status(SessionStatus.RUNNING)
             finished = await self._run(agent, run, renderer)
         finally:
             await agent.resources.aclose()
             await agent.aclose()
         if finished is not None and finished.outcome == Outcome.SUSPENDED:
-            await asyncio.to_thread(self._ask, waiting)
+            self._ask(waiting)
             self.ending = SessionStatus.AWAITING_APPROVAL
             return False
         self.ending = SessionStatus.IDLE
@@ -238,7 +238,7 @@ class SessionTurns:
                 return await run
         except TimeoutError:
             message = TIME_LIMIT.format(limit=_duration(limit))
-            await asyncio.to_thread(record_error, self.proc.engine, "turn", message, session_id=self.session_id)
+            record_error(self.proc.engine, "turn", message, session_id=self.session_id)
             await renderer.notice(message)
             return None
         except asyncio.CancelledError:
@@ -248,7 +248,7 @@ class SessionTurns:
             task.uncancel()
             if reason == Cancelled.LOST:
                 raise Fenced(f"session {self.session_id}: the lease was lost") from None
-            await asyncio.to_thread(clear_stop, self.proc.engine, self.session_id)
+            clear_stop(self.proc.engine, self.session_id)
             await renderer.notice(STOPPED)
             return None
         except Fenced:
@@ -256,7 +256,7 @@ class SessionTurns:
         except Exception as e:
             reason = describe_error(e)
             log.exception("session %s: the turn failed", self.session_id)
-            await asyncio.to_thread(record_error, self.proc.engine, "worker", reason, session_id=self.session_id)
+            record_error(self.proc.engine, "worker", reason, session_id=self.session_id)
             await renderer.notice(WORKER_FAILED.format(reason=scrub(reason, list(self.proc.secrets))))
             return None
 
@@ -274,18 +274,18 @@ class SessionTurns:
         """The turn cannot start (no workspace): the messages are answered with the reason, not kept forever.
         The log's error entry is the errors table's row (the store projects it)."""
         engine, session_id = self.proc.engine, self.session_id
-        log = await asyncio.to_thread(self.store.load, session_id)
+        log = self.store.load(session_id)
         if SessionState.of(log).turn_start() is not None:
             # A turn was open (its workspace went away and cannot be made again): it ends, its calls answered.
             agent = Agent(self.config.agent, self.store, session_id, self.config.workspaces_root / session_id)
             await agent.stop()
             await agent.aclose()
-            await asyncio.to_thread(record_error, engine, "workspace", text, session_id=session_id)
-        elif await asyncio.to_thread(self.store.take_inbox, session_id, "") is not None:
-            await asyncio.to_thread(self.store.append, session_id, ErrorRecord(text, "workspace"))
-            await asyncio.to_thread(self.store.append, session_id, TurnEnded(Outcome.FAILED))
+            record_error(engine, "workspace", text, session_id=session_id)
+        elif self.store.take_inbox(session_id, "") is not None:
+            self.store.append(session_id, ErrorRecord(text, "workspace"))
+            self.store.append(session_id, TurnEnded(Outcome.FAILED))
         else:
-            await asyncio.to_thread(record_error, engine, "workspace", text, session_id=session_id)
+            record_error(engine, "workspace", text, session_id=session_id)
         self.ending = SessionStatus.IDLE
         await renderer.notice(f"⚠️ {text}")
 
@@ -294,7 +294,7 @@ class SessionTurns:
         state = agent.state()
         waiting, known = state.open_calls(), set(state.decisions())
         decisions = []
-        for row in await asyncio.to_thread(approvals_of, self.proc.engine, self.session_id):
+        for row in approvals_of(self.proc.engine, self.session_id):
             if row.call_id not in waiting or row.call_id in known or row.state == ApprovalState.PENDING:
                 continue
             if row.state == ApprovalState.EXPIRED:
@@ -333,9 +333,7 @@ class SessionTurns:
         try:
             response = await client.conversations_replies(channel=row.channel_id, ts=row.thread_ts, limit=200)
         except Exception as e:  # noqa: BLE001 - the turn goes on without the context, and says why in the errors
-            await asyncio.to_thread(
-                record_error, self.proc.engine, "slack", f"conversations.replies: {e}", session_id=self.session_id
-            )
+            record_error(self.proc.engine, "slack", f"conversations.replies: {e}", session_id=self.session_id)
             return ""
         earlier = [
             m
