@@ -151,6 +151,9 @@ class Session(Base):
     lease_token: Mapped[int] = mapped_column(BigInteger, default=0)
     lease_owner: Mapped[str | None] = mapped_column(String(200))
     lease_expires_at: Mapped[datetime | None]
+    # The seq of the log's next entry: an append takes it and checks the lease token in one UPDATE, whose row
+    # lock orders it against a lease takeover (DbStore.append). Always max(session_events.seq) + 1, else 0.
+    event_seq: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
 

@@ -1,9 +1,10 @@
 """The session log in the database (mm_core.log.Store), leases with fencing, and approvals by compare-and-set.
 
 Every write that must not race is one statement or one transaction whose condition is checked by the database
-itself: an append checks the lease token under a row lock, a lease is taken only if it is free or expired, an
-approval changes only while it is pending. The side tables (tool_calls, errors) are projections of the log,
-written in the append's own transaction so they never disagree with it.
+itself: an append checks the lease token under a row lock (taken by the UPDATE that allocates its seq), a
+lease is taken only if it is free or expired, an approval changes only while it is pending. The side tables
+(tool_calls, errors) are projections of the log, written in the append's own transaction so they never
+disagree with it.
 """
 
 from __future__ import annotations
@@ -13,12 +14,14 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Engine, FromClause, func, insert, or_, select, update
+from sqlalchemy import Connection, Engine, FromClause, bindparam, func, insert, or_, select, update
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 
 from chatops.schema import (
     Approval,
     ApprovalState,
+    Base,
     CallDecision,
     Error,
     InboxMessage,
@@ -68,57 +71,127 @@ class DbStore:
 
     def append(self, session_id: str, entry: Entry) -> None:
         with self.engine.begin() as conn:
-            self._lock(conn, session_id)
-            _insert_entry(conn, session_id, entry)
+            _insert_entry(conn, session_id, self._next_seq(conn, session_id), entry)
 
     def take_inbox(self, session_id: str, preface: str = "") -> UserMessage | None:
         """Start the next turn with every untaken inbox message, in order, as one user message; None when the
         inbox is empty. `preface` goes before the text (the thread's earlier messages). Appending it and
         marking the messages taken is one transaction: a crash leaves them either untaken or in the log, never
         both, never neither."""
-        with self.engine.begin() as conn:
-            self._lock(conn, session_id)
-            rows = conn.execute(
-                select(InboxMessage.id, InboxMessage.user_id, InboxMessage.text)
-                .where(InboxMessage.session_id == session_id, InboxMessage.taken_at.is_(None))
-                .order_by(InboxMessage.id)
-                .limit(INBOX_PER_TURN)
-            ).all()
-            if not rows:
-                return None
-            authors = list(dict.fromkeys(user for _, user, _ in rows if user))
-            if len(rows) == 1:
-                text = rows[0].text
-            else:  # several people may have written while the last turn ran: the model needs to know who
-                text = "\n\n".join(f"<@{user}>: {text}" if user else text for _, user, text in rows)
-            message = UserMessage(preface + text, ",".join(authors) or None)
-            _insert_entry(conn, session_id, message)
-            conn.execute(
-                update(InboxMessage).where(InboxMessage.id.in_([r.id for r in rows])).values(taken_at=utcnow())
-            )
-            return message
+        try:
+            with self.engine.begin() as conn:
+                seq = self._next_seq(conn, session_id)
+                rows = conn.execute(_UNTAKEN, {"p_session_id": session_id}).all()
+                if not rows:
+                    raise _NothingTaken  # rolls the seq taken above back: the log has no gap
+                authors = list(dict.fromkeys(user for _, user, _ in rows if user))
+                if len(rows) == 1:
+                    text = rows[0].text
+                else:  # several people may have written while the last turn ran: the model needs to know who
+                    text = "\n\n".join(f"<@{user}>: {text}" if user else text for _, user, text in rows)
+                message = UserMessage(preface + text, ",".join(authors) or None)
+                _insert_entry(conn, session_id, seq, message)
+                conn.execute(
+                    update(InboxMessage).where(InboxMessage.id.in_([r.id for r in rows])).values(taken_at=utcnow())
+                )
+                return message
+        except _NothingTaken:
+            return None
 
-    def _lock(self, conn: Connection, session_id: str) -> None:
-        # The row lock orders this write against a lease takeover: either the takeover waits for this
-        # commit, or this write sees the new token and writes nothing.
-        token = conn.execute(
-            select(Session.lease_token).where(Session.id == session_id).with_for_update()
-        ).scalar_one_or_none()
-        if token is None:
+    def _next_seq(self, conn: Connection, session_id: str) -> int:
+        """Take the seq of the session's next entry, once its lease token is checked: one statement. Its row lock
+        orders this write against a lease takeover: either the takeover waits for this commit, or this write
+        sees the new token and raises, which rolls the transaction (and the seq taken) back."""
+        row = conn.execute(_NEXT_SEQ, {"p_session_id": session_id}).first()
+        if row is None:
             raise UnknownSession(session_id)
+        next_seq, token = row
         if self.lease_token is not None and token != self.lease_token:
             raise Fenced(f"session {session_id}: lease token {self.lease_token} was superseded by {token}")
+        return next_seq - 1
 
 
-def _insert_entry(conn: Connection, session_id: str, entry: Entry) -> None:
-    seq = conn.execute(
-        select(func.coalesce(func.max(SessionEvent.seq) + 1, 0)).where(SessionEvent.session_id == session_id)
-    ).scalar_one()
+class _NothingTaken(Exception):
+    pass
+
+
+# The append's statements, built once: executing them finds their compiled form in SQLAlchemy's cache without
+# building a construct and its cache key on every call (the append is the service's hottest path).
+_sessions, _events, _calls, _errors = (
+    Base.metadata.tables[t.__tablename__] for t in (Session, SessionEvent, ToolCall, Error)
+)
+
+
+def _params(table: Any, *names: str) -> dict[str, Any]:
+    return {name: bindparam(f"p_{name}", type_=table.c[name].type) for name in names}
+
+
+# `updated_at` set to itself: an append is not a change of the session (its onupdate would be).
+_NEXT_SEQ = (
+    update(_sessions)
+    .where(_sessions.c.id == bindparam("p_session_id", type_=_sessions.c.id.type))
+    .values(event_seq=_sessions.c.event_seq + 1, updated_at=_sessions.c.updated_at)
+    .returning(_sessions.c.event_seq, _sessions.c.lease_token)
+)
+_INSERT_EVENT = insert(_events).values(_params(_events, "session_id", "seq", "kind", "payload", "created_at"))
+_INSERT_ERROR = insert(_errors).values(_params(_errors, "session_id", "where", "message", "created_at"))
+_UNTAKEN = (
+    select(InboxMessage.id, InboxMessage.user_id, InboxMessage.text)
+    .where(InboxMessage.session_id == bindparam("p_session_id"), InboxMessage.taken_at.is_(None))
+    .order_by(InboxMessage.id)
+    .limit(INBOX_PER_TURN)
+)
+
+# The projection of a call: one upsert by (session, call id). A value given (not None) is set; one not given
+# keeps the row's, or on insert the column's default. `auto` is the decision of a call that started with none
+# recorded (it ran without asking): it never replaces a decision.
+_CALL_VALUES = (
+    "tool",
+    "agent",
+    "arguments",
+    "output",
+    "status",
+    "started_at",
+    "finished_at",
+    "duration_ms",
+    "decision",
+    "decided_by",
+)
+_CALL_KEYS = tuple(f"p_{name}" for name in ("session_id", "call_id", *_CALL_VALUES, "auto"))
+
+
+def _call_upsert(insert_of: Any) -> Any:
+    p = _params(_calls, "session_id", "call_id", *_CALL_VALUES)
+    auto = bindparam("p_auto", type_=_calls.c.decision.type)
+    inserted = {
+        **p,
+        "tool": func.coalesce(p["tool"], ""),
+        "status": func.coalesce(p["status"], "requested"),
+        "decision": func.coalesce(p["decision"], auto),
+    }
+    kept = {name: func.coalesce(p[name], _calls.c[name]) for name in _CALL_VALUES}
+    kept["decision"] = func.coalesce(p["decision"], _calls.c.decision, auto)
+    return (
+        insert_of(_calls)
+        .values(inserted)
+        .on_conflict_do_update(index_elements=[_calls.c.session_id, _calls.c.call_id], set_=kept)
+    )
+
+
+_UPSERT_CALL = {"postgresql": _call_upsert(postgresql.insert), "sqlite": _call_upsert(sqlite.insert)}
+
+
+def _insert_entry(conn: Connection, session_id: str, seq: int, entry: Entry) -> None:
     now = utcnow()
     conn.execute(
-        insert(SessionEvent).values(
-            session_id=session_id, seq=seq, kind=entry.kind, payload=to_dict(entry), created_at=now
-        )
+        _INSERT_EVENT,
+        {
+            "p_session_id": session_id,
+            "p_seq": seq,
+            "p_kind": entry.kind,
+            "p_payload": to_dict(entry),
+            "p_created_at": now,
+        },
     )
     _project(conn, session_id, entry, now)
 
@@ -126,19 +199,18 @@ def _insert_entry(conn: Connection, session_id: str, entry: Entry) -> None:
 def _project(conn: Connection, session_id: str, entry: Entry, now: datetime) -> None:
     match entry:
         case AssistantMessage(tool_calls=calls, agent=agent):
-            for call in calls:
-                _upsert_call(conn, session_id, call.id, tool=call.name, arguments=call.arguments, agent=agent)
+            if calls:  # several: one executemany (one round trip on psycopg's pipeline)
+                rows = [
+                    _call(session_id, call.id, tool=call.name, arguments=call.arguments, agent=agent) for call in calls
+                ]
+                conn.execute(_UPSERT_CALL[conn.dialect.name], rows[0] if len(rows) == 1 else rows)
         case ToolStarted(call_id=call_id, tool=tool, agent=agent):
-            row = _upsert_call(conn, session_id, call_id, tool=tool, agent=agent, status="running", started_at=now)
             # No decision recorded before it started: it ran without asking (yolo).
-            conn.execute(
-                update(ToolCall)
-                .where(ToolCall.id == row, ToolCall.decision.is_(None))
-                .values(decision=CallDecision.AUTO)
-            )
+            values = _call(session_id, call_id, tool=tool, agent=agent, status="running", started_at=now)
+            values["p_auto"] = CallDecision.AUTO
+            conn.execute(_UPSERT_CALL[conn.dialect.name], values)
         case ToolResult():
-            _upsert_call(
-                conn,
+            values = _call(
                 session_id,
                 entry.call_id,
                 tool=entry.tool,
@@ -148,12 +220,21 @@ def _project(conn: Connection, session_id: str, entry: Entry, now: datetime) -> 
                 finished_at=now,
                 duration_ms=entry.duration_ms,
             )
+            conn.execute(_UPSERT_CALL[conn.dialect.name], values)
         case Decision(call_id=call_id, approved=approved, by=by):
             decision = CallDecision.APPROVED if approved else CallDecision.REJECTED
-            _upsert_call(conn, session_id, call_id, decision=decision, decided_by=by)
+            conn.execute(_UPSERT_CALL[conn.dialect.name], _call(session_id, call_id, decision=decision, decided_by=by))
         case ErrorRecord(message=message, where=where):
-            values = _fit(Error.__table__, where=where, message=message)
-            conn.execute(insert(Error).values(session_id=session_id, created_at=now, **values))
+            values = _fit(_errors, where=where, message=message)
+            conn.execute(
+                _INSERT_ERROR,
+                {
+                    "p_session_id": session_id,
+                    "p_where": values["where"],
+                    "p_message": values["message"],
+                    "p_created_at": now,
+                },
+            )
         case Nested(entry=inner):
             # An asked agent's calls are the session's calls too: listed, with who approved them.
             _project(conn, session_id, from_dict(inner), now)
@@ -177,21 +258,13 @@ def _fit(table: FromClause, **values: Any) -> dict[str, Any]:
     return fitted
 
 
-def _upsert_call(conn: Connection, session_id: str, call_id: str, **values: Any) -> int:
-    """Update the call's row, or create it; never fails the append (the session row lock serializes us)."""
-    values = _fit(ToolCall.__table__, call_id=call_id, **{k: v for k, v in values.items() if v is not None})
-    call_id = values.pop("call_id")
-    row = conn.execute(
-        select(ToolCall.id).where(ToolCall.session_id == session_id, ToolCall.call_id == call_id)
-    ).scalar_one_or_none()
-    if row is not None:
-        if values:
-            conn.execute(update(ToolCall).where(ToolCall.id == row).values(**values))
-        return row
-    values.setdefault("tool", "")
-    return conn.execute(
-        insert(ToolCall).values(session_id=session_id, call_id=call_id, **values).returning(ToolCall.id)
-    ).scalar_one()
+def _call(session_id: str, call_id: str, **values: Any) -> dict[str, Any]:
+    """The upsert's parameters for the call's row: the values given, fitted; None for the rest (kept)."""
+    params = dict.fromkeys(_CALL_KEYS)
+    params["p_session_id"] = session_id
+    for key, value in _fit(_calls, call_id=call_id, **values).items():
+        params[f"p_{key}"] = value
+    return params
 
 
 # --- sessions -----------------------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -9,10 +10,19 @@ from datetime import timedelta
 from typing import TypeVar
 
 import pytest
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine, select, text
 
 from chatops import db, store
-from chatops.schema import ApprovalState, Error, SessionEvent, SessionKind, SessionStatus, ToolCall, utcnow
+from chatops.schema import (
+    ApprovalState,
+    Error,
+    Session,
+    SessionEvent,
+    SessionKind,
+    SessionStatus,
+    ToolCall,
+    utcnow,
+)
 from mm_core.log import (
     AssistantMessage,
     CallStatus,
@@ -325,3 +335,131 @@ def test_hostile_text_never_fails_an_append(engine: Engine, session_id: str) -> 
 def test_approval_for_an_unknown_session_says_so(engine: Engine) -> None:
     with pytest.raises(store.UnknownSession):
         store.request_approval(engine, call_id=f"call-{uuid.uuid4()}", session_id="no-such-session", tool="bash")
+
+
+def _event_seq(engine: Engine, session_id: str) -> int:
+    with engine.connect() as conn:
+        return conn.execute(select(Session.event_seq).where(Session.id == session_id)).scalar_one()
+
+
+def _seqs(engine: Engine, session_id: str) -> list[int]:
+    with engine.connect() as conn:
+        query = select(SessionEvent.seq).where(SessionEvent.session_id == session_id).order_by(SessionEvent.seq)
+        return list(conn.execute(query).scalars())
+
+
+def test_the_next_seq_stays_right_under_concurrent_and_fenced_appends(engine: Engine, session_id: str) -> None:
+    """sessions.event_seq is the log's next seq: concurrent appends take distinct ones with no gap, and an
+    append refused (fenced, or an empty inbox taken) gives its seq back."""
+    assert _event_seq(engine, session_id) == 0
+    old = store.acquire_lease(engine, session_id, "worker-a", ttl_s=30)
+    assert old is not None
+    log = store.DbStore(engine, lease_token=old)
+    _concurrently(6, lambda i: log.append(session_id, UserMessage(f"m{i}")))
+    assert _seqs(engine, session_id) == list(range(6)) and _event_seq(engine, session_id) == 6
+
+    assert log.take_inbox(session_id) is None  # nothing to take: no entry, no seq used
+    assert _event_seq(engine, session_id) == 6
+
+    new = store.acquire_lease(engine, session_id, "worker-b", ttl_s=30, now=utcnow() + timedelta(seconds=31))
+    assert new is not None
+    with pytest.raises(Fenced):
+        log.append(session_id, AssistantMessage("late", tool_calls=(ToolCallRequest("f1", "bash", "{}"),)))
+    with pytest.raises(Fenced):
+        log.take_inbox(session_id)
+    assert _event_seq(engine, session_id) == 6
+    with engine.connect() as conn:  # the fenced append's projection was rolled back with it
+        assert conn.execute(select(ToolCall.id).where(ToolCall.session_id == session_id)).all() == []
+
+    store.DbStore(engine, lease_token=new).append(session_id, UserMessage("after"))
+    assert _seqs(engine, session_id) == list(range(7)) and _event_seq(engine, session_id) == 7
+    assert store.DbStore(engine).load(session_id)[-1] == UserMessage("after")
+
+
+def _call_row(engine: Engine, session_id: str, call_id: str):
+    with engine.connect() as conn:
+        return conn.execute(
+            select(ToolCall.__table__).where(ToolCall.session_id == session_id, ToolCall.call_id == call_id)
+        ).one()
+
+
+def test_the_call_upsert_keeps_a_decision_and_what_was_not_given(engine: Engine, session_id: str) -> None:
+    log = store.DbStore(engine)
+    # Decided before it started: the start does not make it "auto"; a result keeps what it does not give.
+    log.append(session_id, Decision("k1", approved=False, by="U02BOB"))
+    log.append(session_id, ToolStarted("k1", "bash", agent="reviewer"))
+    log.append(session_id, ToolResult("k1", "bash", "out", status=CallStatus.REJECTED, duration_ms=7))
+    k1 = _call_row(engine, session_id, "k1")
+    assert (k1.tool, k1.agent, k1.decision, k1.decided_by, k1.status, k1.output, k1.duration_ms) == (
+        "bash",
+        "reviewer",
+        "rejected",
+        "U02BOB",
+        "rejected",
+        "out",
+        7,
+    )
+    assert k1.started_at is not None and k1.finished_at is not None
+
+    # Started with no decision: "auto", kept by a second start; a Decision after it is recorded.
+    log.append(session_id, AssistantMessage("", tool_calls=(ToolCallRequest("k2", "read_file", '{"p": 1}'),)))
+    k2 = _call_row(engine, session_id, "k2")
+    assert (k2.tool, k2.arguments, k2.status, k2.decision, k2.started_at) == (
+        "read_file",
+        '{"p": 1}',
+        "requested",
+        None,
+        None,
+    )
+    log.append(session_id, ToolStarted("k2", "read_file"))
+    log.append(session_id, ToolStarted("k2", "read_file"))
+    k2 = _call_row(engine, session_id, "k2")
+    assert (k2.status, k2.decision, k2.decided_by, k2.arguments) == ("running", "auto", None, '{"p": 1}')
+    log.append(session_id, Decision("k2", approved=True, by=None))
+    assert _call_row(engine, session_id, "k2").decision == "approved"
+
+    # A decision for a call never requested creates its row, with no tool yet.
+    log.append(session_id, Decision("k3", approved=True, by="U03CAROL"))
+    k3 = _call_row(engine, session_id, "k3")
+    assert (k3.tool, k3.status, k3.decision, k3.decided_by, k3.agent) == ("", "requested", "approved", "U03CAROL", None)
+
+    # Several calls in one message: each its row.
+    calls = tuple(ToolCallRequest(f"m{i}", "bash", f'{{"i": {i}}}') for i in range(3))
+    log.append(session_id, AssistantMessage("", tool_calls=calls, agent="helper"))
+    for i in range(3):
+        row = _call_row(engine, session_id, f"m{i}")
+        assert (row.tool, row.arguments, row.agent) == ("bash", f'{{"i": {i}}}', "helper")
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_the_migration_sets_the_next_seq_of_existing_logs(backend: str, request: pytest.FixtureRequest) -> None:
+    url = request.getfixturevalue("sqlite_url" if backend == "sqlite" else "fresh_pg_url")
+    db.migrate(url, "0001")
+    engine = db.engine_for(url)
+    try:
+        with engine.begin() as conn:
+            for sid, kind in (("s-with-log", "thread"), ("s-empty", "job")):
+                conn.execute(
+                    text(
+                        "INSERT INTO sessions (id, kind, status, lease_token, created_at, updated_at)"
+                        " VALUES (:id, :kind, 'idle', 0, :now, :now)"
+                    ),
+                    {"id": sid, "kind": kind, "now": utcnow()},
+                )
+            for seq in range(3):
+                conn.execute(
+                    text(
+                        "INSERT INTO session_events (session_id, seq, kind, payload, created_at)"
+                        " VALUES ('s-with-log', :seq, 'user', :payload, :now)"
+                    ),
+                    {"seq": seq, "payload": json.dumps(to_dict(UserMessage(f"m{seq}"))), "now": utcnow()},
+                )
+        db.migrate(url)
+        engine.dispose()
+        assert (_event_seq(engine, "s-with-log"), _event_seq(engine, "s-empty")) == (3, 0)
+        store.DbStore(engine).append("s-with-log", UserMessage("m3"))
+        store.DbStore(engine).append("s-empty", UserMessage("first"))
+        assert _seqs(engine, "s-with-log") == [0, 1, 2, 3] and _seqs(engine, "s-empty") == [0]
+        assert store.DbStore(engine).load("s-with-log") == [UserMessage(f"m{i}") for i in range(4)]
+    finally:
+        engine.dispose()

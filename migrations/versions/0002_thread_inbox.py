@@ -1,4 +1,5 @@
-"""Slack threads: the inbox of messages waiting for a turn, and the session's repository, surface and stop flag.
+"""Slack threads: the inbox of messages waiting for a turn, and the session's repository, surface and stop flag;
+the session's next log seq (sessions.event_seq), backfilled from its log.
 
 Revision ID: 0002
 Revises: 0001
@@ -25,6 +26,20 @@ def upgrade() -> None:
         batch.add_column(sa.Column("branch", sa.String(255)))
         batch.add_column(sa.Column("assistant_thread", sa.Boolean(), nullable=False, server_default=sa.false()))
         batch.add_column(sa.Column("stop_requested_at", When))
+        batch.add_column(sa.Column("event_seq", sa.Integer(), nullable=False, server_default="0"))
+    # Existing logs go on where they stopped: the next seq is one past the last entry's.
+    if op.get_bind().dialect.name == "postgresql":
+        op.execute(
+            "UPDATE sessions SET event_seq = e.next_seq"
+            " FROM (SELECT session_id, max(seq) + 1 AS next_seq FROM session_events GROUP BY session_id) AS e"
+            " WHERE sessions.id = e.session_id"
+        )
+    else:
+        op.execute(
+            "UPDATE sessions SET event_seq ="
+            " (SELECT max(seq) + 1 FROM session_events WHERE session_events.session_id = sessions.id)"
+            " WHERE id IN (SELECT session_id FROM session_events)"
+        )
     op.create_table(
         "inbox",
         sa.Column("id", BigId, autoincrement=True, nullable=False),
@@ -47,6 +62,7 @@ def downgrade() -> None:
     op.drop_index(op.f("ix_inbox_session_id_taken_at"), table_name="inbox")
     op.drop_table("inbox")
     with op.batch_alter_table("sessions") as batch:
+        batch.drop_column("event_seq")
         batch.drop_column("stop_requested_at")
         batch.drop_column("assistant_thread")
         batch.drop_column("branch")
