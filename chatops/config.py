@@ -122,8 +122,9 @@ class WorkspacesConfig(Strict):
 
 
 class WorkerConfig(Strict):
-    # Turns one worker process carries at once; they mostly wait on the model, so this is far above the cores.
-    concurrency: int = Field(default=200, ge=1, le=2000)
+    # Turns one worker process carries at once; they mostly wait on the model, so this is far above the cores
+    # (about 50 keep pace on one core: docs/architecture.md, "What it carries, measured").
+    concurrency: int = Field(default=50, ge=1, le=2000)
     # A turn running longer is stopped (the pool runs threads, which Celery's own time limits cannot stop).
     # Keep it under RabbitMQ's consumer_timeout (30 min by default) when RabbitMQ is the broker.
     turnTimeLimit: Duration = 1200.0
