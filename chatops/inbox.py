@@ -131,39 +131,56 @@ def clear_stop(engine: Engine, session_id: str) -> None:
 # --- finding work -----------------------------------------------------------------------------------------------
 
 
-def renew_held(engine: Engine, owner: str, ttl_s: float, now: datetime | None = None) -> set[str]:
-    """Extend every lease `owner` holds, in one statement; the sessions it still holds (a lease somebody took
-    over is no longer `owner`'s, and is not renewed)."""
+def renew_held(
+    engine: Engine, owner: str, ttl_s: float, now: datetime | None = None, held: set[str] | None = None
+) -> set[str]:
+    """Extend the leases `owner` holds (only those of `held`, when given), in one statement; the sessions it
+    still holds (a lease somebody took over is no longer `owner`'s, and is not renewed; one this process gave
+    up, even if the release failed, is not in `held` and expires)."""
     now = now or utcnow()
+    where = [Session.lease_owner == owner] + ([Session.id.in_(held)] if held is not None else [])
     with engine.begin() as conn:
         rows = conn.execute(
-            update(Session)
-            .where(Session.lease_owner == owner)
-            .values(lease_expires_at=now + timedelta(seconds=ttl_s))
-            .returning(Session.id)
+            update(Session).where(*where).values(lease_expires_at=now + timedelta(seconds=ttl_s)).returning(Session.id)
         )
         return set(rows.scalars())
 
 
-def sessions_with_work(engine: Engine, quiet_s: float = 0.0, now: datetime | None = None) -> list[str]:
+def sessions_with_work(
+    engine: Engine, quiet_s: float = 0.0, now: datetime | None = None, only: str | None = None
+) -> list[str]:
     """Sessions that need a worker and have none: untaken messages, a queued or running turn, a stop asked,
     or a decision on every approval they wait for, and no live lease; only those unchanged for `quiet_s`,
-    so that work whose message is merely waiting in a busy queue is not enqueued again and again."""
+    so that work whose message is merely waiting in a busy queue is not enqueued again and again. Messages
+    to a session that waits for a person wait with it: the next turn takes them once the decision came."""
     now = now or utcnow()
     free = or_(Session.lease_owner.is_(None), Session.lease_expires_at.is_(None), Session.lease_expires_at <= now)
+    awaiting = Session.status == SessionStatus.AWAITING_APPROVAL
     decided = and_(
-        Session.status == SessionStatus.AWAITING_APPROVAL,
-        ~exists().where(Approval.session_id == Session.id, Approval.state == ApprovalState.PENDING),
+        awaiting, ~exists().where(Approval.session_id == Session.id, Approval.state == ApprovalState.PENDING)
     )
     wanted = or_(
         Session.status.in_([SessionStatus.QUEUED, SessionStatus.RUNNING]),
         Session.stop_requested_at.is_not(None),
-        _untaken(Session.id),
+        and_(~awaiting, _untaken(Session.id)),
         decided,
     )
+    conditions = [free, wanted, Session.updated_at <= now - timedelta(seconds=quiet_s)]
+    if only is not None:
+        conditions.append(Session.id == only)
     with engine.connect() as conn:
-        quiet = Session.updated_at <= now - timedelta(seconds=quiet_s)
-        return list(conn.execute(select(Session.id).where(free, wanted, quiet).order_by(Session.updated_at)).scalars())
+        return list(conn.execute(select(Session.id).where(*conditions).order_by(Session.updated_at)).scalars())
+
+
+def expire_pending(engine: Engine, session_id: str) -> None:
+    """The session's turn ended without a decision (a stop): its pending approvals go, so that nothing waits
+    on them and a late click finds them decided."""
+    with engine.begin() as conn:
+        conn.execute(
+            update(Approval)
+            .where(Approval.session_id == session_id, Approval.state == ApprovalState.PENDING)
+            .values(state=ApprovalState.EXPIRED, decided_at=utcnow())
+        )
 
 
 def release_expired_leases(engine: Engine, now: datetime | None = None) -> int:

@@ -179,6 +179,12 @@ class ModelClient:
             ) from e
         except openai.APIStatusError as e:
             raise ModelError(f"the model endpoint answered HTTP {e.status_code}: {_api_message(e)}") from e
+        except (openai.APIError, httpx.HTTPError, ValueError, AttributeError, TypeError) as e:
+            # An error sent inside the stream, a connection cut mid-answer, a chunk that is not what the
+            # protocol says: the model's failure, told as such, never a crash that leaves the turn open.
+            raise ModelError(
+                f"the model endpoint {self.config.url} sent a broken answer ({type(e).__name__}: {e})"
+            ) from e
         finally:
             _sent_at.reset(token)
 

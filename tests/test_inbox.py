@@ -97,3 +97,16 @@ def test_a_stop_is_asked_only_of_a_session_with_a_turn(engine: Engine) -> None:
     assert inbox.stops_for(engine, "worker-7") == [session_id] and inbox.stop_requested(engine, session_id)
     inbox.clear_stop(engine, session_id)
     assert inbox.stops_for(engine, "worker-7") == []
+
+
+def test_messages_to_a_session_waiting_for_a_person_wait_with_it(engine: Engine) -> None:
+    root = thread()
+    session_id = record(engine, root, root, "run it").session_id
+    store.set_status(engine, session_id, SessionStatus.AWAITING_APPROVAL)
+    store.request_approval(engine, call_id=f"call_{uuid.uuid4().hex}", session_id=session_id, tool="bash")
+    record(engine, root, f"{root}1", "and meanwhile?")
+    later = utcnow() + timedelta(seconds=5)
+    # Nothing to do until somebody decides: no worker is woken for the message, again and again.
+    assert session_id not in inbox.sessions_with_work(engine, now=later)
+    inbox.expire_pending(engine, session_id)
+    assert session_id in inbox.sessions_with_work(engine, now=later, only=session_id)

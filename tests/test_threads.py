@@ -337,3 +337,16 @@ def test_a_slack_post_that_keeps_failing_is_recorded_and_the_turn_still_ends(thr
         wheres = set(conn.execute(select(ErrorRow.where).where(ErrorRow.session_id == posted.session_id)).scalars())
     assert "slack:chat.postMessage" in wheres
     assert threads.log_kinds(posted.session_id)[-1] == "turn_ended"  # the turn itself was not lost
+
+
+def test_a_model_that_hangs_up_mid_answer_fails_the_turn_once_and_is_not_retried_in_a_loop(threads: Stack) -> None:
+    threads.model.always(lambda request: Reply(text="a long answer that never ends " * 20, disconnect_after=3))
+    threads.start_worker()
+    posted = threads.post("hello?")
+    threads.wait(answered(threads, posted.session_id), message="the failed turn")
+    time.sleep(3)  # a loop would have called the model again by now
+    assert len(threads.model.requests) == 1
+    assert threads.turns_ended(posted.session_id) == 1
+    with threads.engine.connect() as conn:
+        errors = conn.execute(select(ErrorRow.where, ErrorRow.message)).all()
+    assert [where for where, _ in errors] == ["generation"]  # once, in the words of the model client

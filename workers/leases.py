@@ -40,6 +40,9 @@ class _Held:
     loop: asyncio.AbstractEventLoop
     task: asyncio.Task[object]
     reason: Cancelled | None = None
+    # Only while the turn itself runs: a cancellation elsewhere (a clone, a notice) would cut the work around
+    # the turn short; the stop flag stays set, and the turn's start or the next poll acts on it.
+    cancellable: bool = False
 
 
 @dataclass
@@ -64,6 +67,13 @@ class LeaseKeeper:
             held = self._held.pop(session_id, None)
         return held.reason if held else None
 
+    def cancellable(self, session_id: str, yes: bool) -> None:
+        with self._lock:
+            if (held := self._held.get(session_id)) is not None:
+                held.cancellable = yes
+                if not yes:
+                    held.reason = None  # handled: a later stop of the same task must act again
+
     def reason(self, session_id: str) -> Cancelled | None:
         with self._lock:
             held = self._held.get(session_id)
@@ -72,7 +82,7 @@ class LeaseKeeper:
     def _cancel(self, session_id: str, reason: Cancelled) -> None:
         with self._lock:
             held = self._held.get(session_id)
-            if held is None or held.reason is not None:
+            if held is None or held.reason is not None or not held.cancellable:
                 return
             held.reason = reason
         held.loop.call_soon_threadsafe(held.task.cancel)
@@ -90,7 +100,7 @@ class LeaseKeeper:
                     self._cancel(session_id, Cancelled.STOP)
                 if time.monotonic() >= next_renewal:
                     next_renewal = time.monotonic() + self.ttl / 3
-                    kept = renew_held(self.engine, self.owner, self.ttl)
+                    kept = renew_held(self.engine, self.owner, self.ttl, held=held)
                     with self._lock:  # only sessions held since before the renewal can have been lost
                         lost = (held & set(self._held)) - kept
                     for session_id in lost:

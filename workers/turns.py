@@ -32,7 +32,7 @@ from chatops import db
 from chatops.config import Config, load_config
 from chatops.inbox import (
     clear_stop,
-    has_untaken,
+    expire_pending,
     release_expired_leases,
     sessions_with_work,
     stop_requested,
@@ -57,7 +57,7 @@ from workers import metrics
 from workers.leases import Cancelled, LeaseKeeper
 from workers.render import ThreadRenderer
 from workers.slack_client import TIMEOUT, web_client
-from workers.workspaces import WorkspaceError, prepare, sweep
+from workers.workspaces import WorkspaceError, prepare, public_url, sweep
 
 log = logging.getLogger("mm.worker")
 
@@ -65,6 +65,7 @@ RESUMED = "↻ The worker running this turn stopped; another one resumed it."
 STOPPED = "⏹ Stopped."
 TIME_LIMIT = "⏱ The turn ran for longer than {limit} and was stopped."
 EXPIRED = "⌛ Nobody decided on `{title}` in time: it was not run."
+CRASHED = object()  # _run's answer when the turn crashed: ended, and not to be looped on
 WORKER_FAILED = "⚠️ The worker failed while running this turn ({reason}); the error is recorded."
 THREAD_CONTEXT = "Earlier messages in this Slack thread, for context:\n{lines}\n\nThe request:\n"
 CONTEXT_MESSAGES = 50
@@ -116,9 +117,9 @@ async def _work(proc: Process, session_id: str) -> bool:
     assert task is not None
     proc.keeper.hold(session_id, task)
     try:
-        turns = SessionTurns(proc, session_id, token)
-        while await turns.next():
-            pass
+        # One turn per task: a task then lasts no longer than a turn, which is what the broker's visibility
+        # timeout and RabbitMQ's consumer timeout are sized for. More work is enqueued again below.
+        await SessionTurns(proc, session_id, token).next()
     except Fenced as e:
         log.warning("session %s: %s; leaving it to the new owner", session_id, e)
         return False
@@ -130,7 +131,7 @@ async def _work(proc: Process, session_id: str) -> bool:
 
 
 def _has_work(engine: Engine, session_id: str) -> bool:
-    return has_untaken(engine, session_id) or stop_requested(engine, session_id)
+    return session_id in sessions_with_work(engine, only=session_id)
 
 
 class SessionTurns:
@@ -175,6 +176,17 @@ class SessionTurns:
 
     async def _next(self, renderer: ThreadRenderer, client: Any) -> bool:
         engine, session_id = self.proc.engine, self.session_id
+        if stop_requested(engine, session_id):
+            # Before the workspace: a stop must not wait on (or fail with) a clone.
+            clear_stop(engine, session_id)
+            if SessionState.of(self.store.load(session_id)).turn_start() is not None:
+                agent = Agent(self._agent_config(), self.store, session_id, self.config.workspaces_root / session_id)
+                await agent.stop()
+                await agent.aclose()
+                expire_pending(engine, session_id)
+                await renderer.notice(STOPPED)
+            self.ending = SessionStatus.IDLE
+            return True  # the inbox may hold more
         try:
             workspace = await self._workspace(renderer)
         except WorkspaceError as e:
@@ -195,13 +207,6 @@ class SessionTurns:
         )
         try:
             state = agent.load()
-            if stop_requested(engine, session_id):
-                clear_stop(engine, session_id)
-                if state.turn_start() is not None:
-                    await agent.stop()
-                    await renderer.notice(STOPPED)
-                self.ending = SessionStatus.IDLE
-                return True  # the inbox may hold more
             if state.turn_start() is not None:
                 decisions = await self._decisions(agent, renderer)
                 if self.row.status == SessionStatus.AWAITING_APPROVAL and not decisions:
@@ -221,6 +226,9 @@ class SessionTurns:
         finally:
             await agent.resources.aclose()
             await agent.aclose()
+        if finished is CRASHED:
+            self.ending = SessionStatus.IDLE
+            return False
         if finished is not None and finished.outcome == Outcome.SUSPENDED:
             self._ask(waiting)
             self.ending = SessionStatus.AWAITING_APPROVAL
@@ -233,10 +241,15 @@ class SessionTurns:
         limit = self.config.service.worker.turnTimeLimit
         task = asyncio.current_task()
         assert task is not None
+        keeper = self.proc.keeper
+        keeper.cancellable(self.session_id, True)  # a stop or a lost lease cancels the turn only while it runs
+        deadline = asyncio.timeout(limit)
         try:
-            async with asyncio.timeout(limit):
+            async with deadline:
                 return await run
         except TimeoutError:
+            if not deadline.expired():
+                raise
             message = TIME_LIMIT.format(limit=_duration(limit))
             record_error(self.proc.engine, "turn", message, session_id=self.session_id)
             await renderer.notice(message)
@@ -249,16 +262,25 @@ class SessionTurns:
             if reason == Cancelled.LOST:
                 raise Fenced(f"session {self.session_id}: the lease was lost") from None
             clear_stop(self.proc.engine, self.session_id)
+            expire_pending(self.proc.engine, self.session_id)
             await renderer.notice(STOPPED)
             return None
         except Fenced:
             raise
         except Exception as e:
+            # A crash of our own code (or the database's): the turn ends here, its calls answered, so that the
+            # next look at the session does not resume it into the same crash, again and again.
             reason = describe_error(e)
             log.exception("session %s: the turn failed", self.session_id)
-            record_error(self.proc.engine, "worker", reason, session_id=self.session_id)
+            try:
+                self.store.append(self.session_id, ErrorRecord(reason, "worker"))
+                await agent.stop()
+            except Exception:  # noqa: BLE001 - the database itself may be what failed: keep the record at least
+                record_error(self.proc.engine, "worker", reason, session_id=self.session_id)
             await renderer.notice(WORKER_FAILED.format(reason=scrub(reason, list(self.proc.secrets))))
-            return None
+            return CRASHED
+        finally:
+            keeper.cancellable(self.session_id, False)
 
     async def _workspace(self, renderer: ThreadRenderer) -> Path:
         channel = self.config.service.channel(self.row.channel_id or "")
@@ -267,7 +289,9 @@ class SessionTurns:
         if ws.note:
             await renderer.notice(f"♻️ {ws.note}")
         elif ws.fresh and self.row.has_log:
-            await renderer.notice(f"♻️ This thread's workspace was gone, so it was prepared again from {repo}.")
+            await renderer.notice(
+                f"♻️ This thread's workspace was gone, so it was prepared again from {public_url(repo or '')}."
+            )
         return ws.path
 
     async def _refuse(self, renderer: ThreadRenderer, text: str) -> None:
