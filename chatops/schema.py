@@ -126,6 +126,8 @@ class Session(Base):
         CheckConstraint(_one_of("kind", SessionKind), name="kind"),
         CheckConstraint(_one_of("status", SessionStatus), name="status"),
         Index(None, "status", "lease_expires_at"),
+        # Each worker's keeper asks twice a second for its own sessions' stop requests, and renews them.
+        Index(None, "lease_owner"),
     )
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)

@@ -305,11 +305,21 @@ def ensure_session(
     raise RuntimeError(f"could not create the session of {channel_id}/{thread_ts}")
 
 
-def set_status(engine: Engine, session_id: str, status: SessionStatus, *, expect: SessionStatus | None = None) -> bool:
-    """Set the session's status (only if it is `expect`, when given); True if it changed."""
+def set_status(
+    engine: Engine,
+    session_id: str,
+    status: SessionStatus,
+    *,
+    expect: SessionStatus | None = None,
+    lease_token: int | None = None,
+) -> bool:
+    """Set the session's status (only if it is `expect`, and only while `lease_token` holds the session, when
+    given: a worker that lost the session must not overwrite the new owner's status); True if it changed."""
     stmt = update(Session).where(Session.id == session_id)
     if expect is not None:
         stmt = stmt.where(Session.status == expect)
+    if lease_token is not None:
+        stmt = stmt.where(Session.lease_token == lease_token)
     with engine.begin() as conn:
         return conn.execute(stmt.values(status=status, updated_at=utcnow())).rowcount == 1
 

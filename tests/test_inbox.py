@@ -110,3 +110,14 @@ def test_messages_to_a_session_waiting_for_a_person_wait_with_it(engine: Engine)
     assert session_id not in inbox.sessions_with_work(engine, now=later)
     inbox.expire_pending(engine, session_id)
     assert session_id in inbox.sessions_with_work(engine, now=later, only=session_id)
+
+
+def test_a_worker_that_lost_the_session_cannot_set_its_status(engine: Engine) -> None:
+    root = thread()
+    session_id = record(engine, root, root, "hello").session_id
+    old = store.acquire_lease(engine, session_id, "w1", ttl_s=30)
+    new = store.acquire_lease(engine, session_id, "w2", ttl_s=30, now=utcnow() + timedelta(seconds=31))
+    assert old is not None and new is not None
+    assert store.set_status(engine, session_id, SessionStatus.RUNNING, lease_token=new)
+    assert not store.set_status(engine, session_id, SessionStatus.IDLE, lease_token=old)
+    assert inbox.renew_held(engine, "w2", ttl_s=30, held=set()) == set()  # only what the keeper says it holds

@@ -171,7 +171,7 @@ class SessionTurns:
                 await session.close()
             # Only once the thread shows all of the turn: a session that says idle has said everything.
             if self.ending is not None:
-                set_status(engine, session_id, self.ending)
+                set_status(engine, session_id, self.ending, lease_token=self.token)
                 self.row, self.ending = self.row.with_status(self.ending), None
 
     async def _next(self, renderer: ThreadRenderer, client: Any) -> bool:
@@ -220,7 +220,7 @@ class SessionTurns:
                     self.ending = SessionStatus.IDLE
                     return False
                 run = agent.resume()
-            set_status(engine, session_id, SessionStatus.RUNNING)
+            set_status(engine, session_id, SessionStatus.RUNNING, lease_token=self.token)
             self.row = self.row.with_status(SessionStatus.RUNNING)
             finished = await self._run(agent, run, renderer)
         finally:

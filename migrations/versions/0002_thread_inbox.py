@@ -56,9 +56,11 @@ def upgrade() -> None:
         sa.UniqueConstraint("session_id", "message_ts", name=op.f("uq_inbox_session_id_message_ts")),
     )
     op.create_index(op.f("ix_inbox_session_id_taken_at"), "inbox", ["session_id", "taken_at"])
+    op.create_index(op.f("ix_sessions_lease_owner"), "sessions", ["lease_owner"])
 
 
 def downgrade() -> None:
+    op.drop_index(op.f("ix_sessions_lease_owner"), table_name="sessions")
     op.drop_index(op.f("ix_inbox_session_id_taken_at"), table_name="inbox")
     op.drop_table("inbox")
     with op.batch_alter_table("sessions") as batch:
