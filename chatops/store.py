@@ -10,6 +10,7 @@ disagree with it.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -49,6 +50,7 @@ from mm_core.log import (
 
 # A flood of messages into one busy thread becomes several turns, not one prompt of unbounded size.
 INBOX_PER_TURN = 20
+INBOX_CHARS_PER_TURN = 60_000
 
 
 class UnknownSession(LookupError):
@@ -84,6 +86,7 @@ class DbStore:
                 rows = conn.execute(_UNTAKEN, {"p_session_id": session_id}).all()
                 if not rows:
                     raise _NothingTaken  # rolls the seq taken above back: the log has no gap
+                rows = _within(rows, INBOX_CHARS_PER_TURN)
                 authors = list(dict.fromkeys(user for _, user, _ in rows if user))
                 if len(rows) == 1:
                     text = rows[0].text
@@ -113,6 +116,18 @@ class DbStore:
 
 class _NothingTaken(Exception):
     pass
+
+
+def _within(rows: Sequence[Any], limit: int) -> list[Any]:
+    """The first messages whose text fits in `limit` characters (always the first one): the rest wait for the
+    next turn, so a flood of long messages becomes several prompts of bounded size."""
+    kept, size = [], 0
+    for row in rows:
+        size += len(row.text)
+        if kept and size > limit:
+            break
+        kept.append(row)
+    return kept
 
 
 # The append's statements, built once: executing them finds their compiled form in SQLAlchemy's cache without

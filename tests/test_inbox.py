@@ -121,3 +121,16 @@ def test_a_worker_that_lost_the_session_cannot_set_its_status(engine: Engine) ->
     assert store.set_status(engine, session_id, SessionStatus.RUNNING, lease_token=new)
     assert not store.set_status(engine, session_id, SessionStatus.IDLE, lease_token=old)
     assert inbox.renew_held(engine, "w2", ttl_s=30, held=set()) == set()  # only what the keeper says it holds
+
+
+def test_a_flood_of_long_messages_becomes_several_bounded_turns(engine: Engine) -> None:
+    root = thread()
+    session_id = record(engine, root, root, "x" * 40_000).session_id
+    record(engine, root, f"{root}1", "y" * 40_000)
+    record(engine, root, f"{root}2", "z" * 10)
+    token = store.acquire_lease(engine, session_id, "w", ttl_s=30)
+    log = store.DbStore(engine, lease_token=token)
+    first, second = log.take_inbox(session_id), log.take_inbox(session_id)
+    assert first is not None and first.text == "x" * 40_000  # the second would pass the turn's characters
+    assert second is not None and second.text == f"<@U0ALICE>: {'y' * 40_000}\n\n<@U0ALICE>: zzzzzzzzzz"
+    assert log.take_inbox(session_id) is None
