@@ -103,8 +103,8 @@ def process() -> Process:
 
 
 def run_session_work(session_id: str) -> bool:
-    """The task's body: in this thread, an event loop for as long as the session has work. True when work
-    came in after the lease was given back (the caller enqueues the session again)."""
+    """The task's body: in this thread, an event loop for one turn of the session (or its stop). True when the
+    session has more work once the lease is given back (the caller enqueues it again)."""
     return asyncio.run(_work(process(), session_id))
 
 
