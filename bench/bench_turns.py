@@ -63,7 +63,7 @@ from sqlalchemy import Engine, text
 from sqlalchemy.engine import make_url
 
 from chatops import db
-from chatops.config import load_config
+from chatops.config import ENVIRONMENT, load_config
 from chatops.inbox import record_message
 from chatops.store import DbStore, ensure_session
 from mm_core import Agent
@@ -82,22 +82,9 @@ PROMPT = f"<@U0BOT> read {FILE}, a few times"
 ANSWER = "Read it. The notes say the bench works."
 MM_BOT = str(Path(sys.executable).parent / "mm-bot")
 DEFAULT_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
-# What the configuration reads from the environment: the workers start from none of this process's.
-CONFIG_ENV = (
-    "MM_CONFIG",
-    "DATABASE_URL",
-    "CELERY_BROKER_URL",
-    "SLACK_API_URL",
-    "SLACK_BOT_TOKEN",
-    "SLACK_SIGNING_SECRET",
-    "SLACK_APP_TOKEN",
-    "MM_MODEL_URL",
-    "MM_MODEL",
-    "MM_WORKSPACES",
-    "MODEL_API_KEY",
-    "MM_METRICS_PORT",
-    "MM_METRICS_HOST",
-)
+# What the configuration reads from the environment, and the worker's metrics endpoint: the workers start from
+# none of this process's.
+CONFIG_ENV = (*ENVIRONMENT, "MODEL_API_KEY", "MM_METRICS_PORT", "MM_METRICS_HOST")
 STEP_METRIC = "mm_step_outside_model_seconds"
 MODEL_METRIC = "mm_model_call_seconds"
 SAMPLE_EVERY = 0.1

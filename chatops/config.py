@@ -30,6 +30,20 @@ DEFAULT_DATABASE_URL = "sqlite:///./var/mm.sqlite3"
 DEFAULT_BROKER_URL = "redis://localhost:6379/0"
 DEFAULT_SLACK_API_URL = "https://slack.com/api/"
 DEFAULT_WORKSPACES = "./var/workspaces"
+# Every environment variable load_config reads (besides the one `model.apiKeyEnv` names): what a test or a
+# benchmark clears so that a child process starts from none of the caller's settings.
+ENVIRONMENT = (
+    "MM_CONFIG",
+    "DATABASE_URL",
+    "CELERY_BROKER_URL",
+    "SLACK_API_URL",
+    "SLACK_BOT_TOKEN",
+    "SLACK_SIGNING_SECRET",
+    "SLACK_APP_TOKEN",
+    "MM_MODEL_URL",
+    "MM_MODEL",
+    "MM_WORKSPACES",
+)
 # Where a person setting up the Slack app is sent by every message about a missing or refused secret.
 SLACK_DOCS = "docs/slack-app.md"
 

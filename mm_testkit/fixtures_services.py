@@ -9,6 +9,7 @@ with the fix in its message, never a skip: a green run must mean the tests ran.
 - `fresh_pg_url`: a new empty database for one test (for migrations that go up and down).
 - `redis_url` and `redis_prefix`: the server and this run's key prefix.
 - `sqlite_url`: an SQLite file in the test's tmp_path.
+- `engine`: a migrated engine for the test module, parametrized over SQLite and PostgreSQL.
 
 `MM_TEST_POSTGRES_URL` and `MM_TEST_REDIS_URL` point them at other servers (loopback defaults).
 """
@@ -24,6 +25,7 @@ import psycopg
 import pytest
 import redis
 from psycopg import sql
+from sqlalchemy import Engine
 from sqlalchemy.engine import make_url
 
 DEFAULT_POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -115,6 +117,22 @@ def redis_prefix(redis_url: str) -> Iterator[str]:
             client.delete(*keys)
     finally:
         client.close()
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def engine(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
+    """A migrated engine of the module's own, once on SQLite and once on PostgreSQL (`pg_url`): the store's
+    code runs on both."""
+    from chatops import db
+
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path_factory.mktemp('db') / 'mm.sqlite3'}"
+    else:
+        url = request.getfixturevalue("pg_url")
+    db.migrate(url)
+    engine = db.engine_for(url)
+    yield engine
+    engine.dispose()
 
 
 @pytest.fixture

@@ -13,22 +13,13 @@ from pathlib import Path
 
 import httpx
 
+from chatops.config import ENVIRONMENT
+
 MM_BOT = str(Path(sys.executable).parent / "mm-bot")
 
-# Everything the config reads from the environment: a test starts from none of it.
-CONFIG_ENV = (
-    "MM_CONFIG",
-    "DATABASE_URL",
-    "CELERY_BROKER_URL",
-    "SLACK_API_URL",
-    "SLACK_BOT_TOKEN",
-    "SLACK_SIGNING_SECRET",
-    "SLACK_APP_TOKEN",
-    "MM_MODEL_URL",
-    "MM_MODEL",
-    "MM_WORKSPACES",
-    "MODEL_API_KEY",
-)
+# Everything the config reads from the environment (and the model key the example config names): a test
+# starts from none of it.
+CONFIG_ENV = (*ENVIRONMENT, "MODEL_API_KEY")
 
 
 def clean_env(**values: str) -> dict[str, str]:

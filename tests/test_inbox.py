@@ -4,27 +4,14 @@ what housekeeping finds."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
 from sqlalchemy import Engine
 
-from chatops import db, inbox, store
+from chatops import inbox, store
 from chatops.schema import SessionStatus, utcnow
 from mm_core.log import Fenced, UserMessage
-
-
-@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
-def engine(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path_factory.mktemp('inbox') / 'mm.sqlite3'}"
-    else:
-        url = request.getfixturevalue("pg_url")
-    db.migrate(url)
-    engine = db.engine_for(url)
-    yield engine
-    engine.dispose()
 
 
 def thread() -> str:

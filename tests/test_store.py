@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import threading
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import timedelta
 from typing import TypeVar
 
@@ -62,18 +62,6 @@ EVERY_KIND = [
     TurnEnded(Outcome.ANSWERED),
     Reset(),
 ]
-
-
-@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
-def engine(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path_factory.mktemp('store') / 'mm.sqlite3'}"
-    else:
-        url = request.getfixturevalue("pg_url")
-    db.migrate(url)
-    engine = db.engine_for(url)
-    yield engine
-    engine.dispose()
 
 
 @pytest.fixture
