@@ -1,6 +1,7 @@
 """Pins for the database store (mutation pass, issue 8): a released lease stays given up, the exact instant a
 lease or an approval expires belongs to the side of "expired", the tool_calls projection shows a running call,
-and a session that cannot be created is an error. On SQLite and PostgreSQL, with test_store.py's fixtures."""
+and a session that cannot be created is an error. On SQLite and PostgreSQL, with the kit's engine and
+test_store.py's session."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ from chatops import store
 from chatops.schema import Session, ToolCall, utcnow
 from mm_core.log import AssistantMessage, Decision, ToolCallRequest, ToolResult, ToolStarted
 
-# test_store.py's fixtures, shared rather than copied: a migrated database of each kind, and a session in it.
-engine = test_store.engine
+# test_store.py's session fixture, shared rather than copied (the migrated databases of each kind are the
+# test kit's `engine`).
 session_id = test_store.session_id
 
 TICK = timedelta(microseconds=1)  # the stores keep microseconds: the smallest step before an instant
