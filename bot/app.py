@@ -18,7 +18,12 @@ from slack_bolt.async_app import AsyncApp, AsyncAssistant, AsyncBoltContext
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bot import handlers
+from bot.approvals import ClickHandler
+from bot.authorize import Approvers
+from bot.commands import Commands
+from bot.home import Home
 from chatops.buttons import ACTION_PATTERN
+from chatops.secrets import secrets_of
 
 if TYPE_CHECKING:
     from sqlalchemy import Engine
@@ -57,15 +62,23 @@ def create_app(config: Config, engine: Engine) -> AsyncApp:
         process_before_response=True,
         logger=bolt_log,
     )
-    register(app, engine)
+    register(app, engine, config)
     return app
 
 
-def register(app: AsyncApp, engine: Engine) -> None:
-    """The listeners, by kind: assistant threads, events, button clicks, the slash command."""
+def register(app: AsyncApp, engine: Engine, config: Config) -> None:
+    """The listeners, by kind: assistant threads, events, button clicks, the slash command, App Home."""
+    approvers = Approvers(config.service)
+    secrets = secrets_of(config)
+    clicks = ClickHandler(engine, approvers, secrets, handlers.enqueue)
+    home = Home(engine, config, approvers, secrets)
+    commands = Commands(engine, config, approvers, handlers.enqueue)
 
     async def attach_engine(context: AsyncBoltContext, next: Callable[[], Awaitable[None]]) -> None:
         context[handlers.ENGINE] = engine
+        context[handlers.CLICKS] = clicks
+        context[handlers.HOME] = home
+        context[handlers.COMMANDS] = commands
         await next()
 
     # Before the assistant: its middleware runs the assistant listeners itself, which need the engine too.
@@ -79,3 +92,4 @@ def register(app: AsyncApp, engine: Engine) -> None:
     app.event("message")(handlers.on_message)
     app.action(ACTION_PATTERN)(handlers.on_button)
     app.command(handlers.SLASH_COMMAND)(handlers.on_command)
+    app.event("app_home_opened")(handlers.on_home_opened)

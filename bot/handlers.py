@@ -21,19 +21,24 @@ from collections.abc import Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from slack_bolt.async_app import AsyncAck, AsyncBoltContext, AsyncSay, AsyncSetSuggestedPrompts
+from slack_bolt.async_app import AsyncAck, AsyncBoltContext, AsyncRespond, AsyncSay, AsyncSetSuggestedPrompts
 from slack_sdk.web.async_client import AsyncWebClient
 from sqlalchemy import Engine
 
-from chatops.buttons import Action, BadButton, ButtonValue
+from bot.approvals import Click
+from bot.commands import Command, Outcome, Where, parse
+from chatops.buttons import BadButton
 from chatops.inbox import Recorded, record_message, session_of
 from chatops.store import record_slack_event
 from workers.tasks import enqueue_session
 
 log = logging.getLogger("mm.bot")
 SLASH_COMMAND = "/mm"
-# Where register() puts the process's engine in bolt's context, for the listeners.
+# Where register() puts the process's engine, click handler and App Home in bolt's context, for the listeners.
 ENGINE = "engine"
+CLICKS = "clicks"
+HOME = "home"
+COMMANDS = "commands"
 
 QUEUED = "⏳ Queued: I'll take this after the current turn."
 HELLO = "Hi! Ask me about the repository, or to change it: I work in a checkout of it and answer here."
@@ -59,7 +64,7 @@ async def on_mention(ack: AsyncAck, event: dict[str, Any], context: AsyncBoltCon
     if not _from_person(event):
         await ack()
         return
-    await _take(ack, context, client, event, thread_ts=event.get("thread_ts") or event["ts"])
+    await _take(ack, context, client, event, thread_ts=event.get("thread_ts") or event["ts"], addressed=True)
 
 
 async def on_message(ack: AsyncAck, event: dict[str, Any], context: AsyncBoltContext, client: AsyncWebClient) -> None:
@@ -69,9 +74,11 @@ async def on_message(ack: AsyncAck, event: dict[str, Any], context: AsyncBoltCon
         await ack()
         return
     if event.get("channel_type") == "im":
-        await _take(ack, context, client, event, thread_ts=event.get("thread_ts") or event["ts"])
+        await _take(ack, context, client, event, thread_ts=event.get("thread_ts") or event["ts"], addressed=True)
     elif await _in_followed_thread(context, event):
-        await _take(ack, context, client, event, thread_ts=event["thread_ts"])
+        # The twin of a mention (`@mm stop` in a thread) is addressed too, whichever of the two comes first.
+        addressed = _mentions_first(event.get("text") or "", context.bot_user_id)
+        await _take(ack, context, client, event, thread_ts=event["thread_ts"], addressed=addressed)
     else:
         await ack()
 
@@ -100,26 +107,123 @@ async def on_assistant_message(
     if not _from_person(event):
         await ack()
         return
-    await _take(ack, context, client, event, thread_ts=event["thread_ts"], assistant_thread=True)
+    await _take(ack, context, client, event, thread_ts=event["thread_ts"], assistant_thread=True, addressed=True)
 
 
-async def on_button(ack: AsyncAck, action: dict[str, Any], body: dict[str, Any]) -> ButtonValue | None:
-    """A click on one of our buttons; the decoded value, or None for a value we never posted."""
+async def on_button(
+    ack: AsyncAck, action: dict[str, Any], body: dict[str, Any], context: AsyncBoltContext, client: AsyncWebClient
+) -> Click | None:
+    """A click on one of our buttons: acked, then carried out (bot.approvals); the click as read, or None for
+    a value we never posted."""
     await ack()
-    user = (body.get("user") or {}).get("id")
     try:
-        value = ButtonValue.decode(action.get("value"))
+        click = Click.of(action, body)
     except BadButton as exc:
         # Only a forger or a bug sends this; the value itself is not logged (it is the sender's text).
-        log.warning("button %s from %s refused: %s", action.get("action_id"), user, exc)
+        log.warning("button %s from %s refused: %s", action.get("action_id"), (body.get("user") or {}).get("id"), exc)
         return None
-    log.info("button %s from %s on %s (not handled yet)", Action(action["action_id"]), user, value)
-    return value
+    _after(_carry_out(context, client, click))
+    return click
 
 
-async def on_command(ack: AsyncAck, command: dict[str, Any]) -> None:
+async def _carry_out(context: AsyncBoltContext, client: AsyncWebClient, click: Click) -> None:
+    try:
+        refusal = await context[CLICKS].handle(client, click)
+    except Exception:  # after the ack there is nobody to answer but the clicker
+        log.exception("the click %s of %s failed", click.action, click.user)
+        refusal = "Something went wrong on my side, so nothing was changed; the error is in my log."
+    if click.channel is None:  # App Home: the page shows the outcome (or the refusal) once published again
+        await context[HOME].publish(client, click.user, notice=refusal)
+    if refusal is None:
+        return
+    log.info("click %s of %s on %s refused: %s", click.action, click.user, click.value.session_id, refusal)
+    await tell(client, click.user, click.channel, click.thread_ts, refusal)
+
+
+async def tell(client: AsyncWebClient, user: str, channel: str | None, thread_ts: str | None, text: str) -> None:
+    """An ephemeral sentence for one person, in the thread it is about."""
+    if channel is None:
+        return
+    try:
+        await client.chat_postEphemeral(channel=channel, user=user, text=text, thread_ts=thread_ts)
+    except Exception as e:  # noqa: BLE001 - a courtesy: nothing was changed either way
+        log.warning("could not tell %s in %s: %s", user, channel, e)
+
+
+async def enqueue(session_id: str) -> None:
+    """Hand a session to the workers, on the threads kept for the broker."""
+    await asyncio.get_running_loop().run_in_executor(_enqueuer, enqueue_session, session_id)
+
+
+async def on_command(
+    ack: AsyncAck, command: dict[str, Any], context: AsyncBoltContext, client: AsyncWebClient, respond: AsyncRespond
+) -> None:
+    """`/mm …`: acked at once; the answer comes through the command's response URL, for the person alone."""
     await ack()
-    log.info("%s from %s (not handled yet)", SLASH_COMMAND, command.get("user_id"))
+    _after(_slash(context, client, command, respond))
+
+
+async def on_home_opened(
+    ack: AsyncAck, event: dict[str, Any], context: AsyncBoltContext, client: AsyncWebClient
+) -> None:
+    await ack()
+    if event.get("tab") == "home" and event.get("user"):
+        _after(context[HOME].publish(client, event["user"]))
+
+
+async def _slash(
+    context: AsyncBoltContext, client: AsyncWebClient, command: dict[str, Any], respond: AsyncRespond
+) -> None:
+    try:
+        outcome = await context[COMMANDS].slash(
+            client,
+            command.get("text") or "",
+            command.get("channel_id") or "",
+            command.get("user_id") or "",
+            command.get("team_id"),
+            command.get("trigger_id") or "",
+        )
+    except Exception:
+        log.exception("%s from %s failed", SLASH_COMMAND, command.get("user_id"))
+        outcome = Outcome(private="Something went wrong on my side; the error is in my log.")
+    await _answer(client, outcome, command.get("channel_id") or "", None, command.get("user_id") or "", respond)
+
+
+async def _command(context: AsyncBoltContext, client: AsyncWebClient, command: Command, where: Where) -> None:
+    try:
+        outcome = await context[COMMANDS].run(client, command, where)
+    except Exception:
+        log.exception("the command %s of %s failed", command.name, where.user)
+        outcome = Outcome(private="Something went wrong on my side; the error is in my log.")
+    await _answer(client, outcome, where.channel, where.thread_ts, where.user)
+
+
+async def _answer(
+    client: AsyncWebClient,
+    outcome: Outcome,
+    channel: str,
+    thread_ts: str | None,
+    user: str,
+    respond: AsyncRespond | None = None,
+) -> None:
+    if outcome.enqueue:
+        try:
+            await enqueue(outcome.enqueue)
+        except Exception as exc:  # noqa: BLE001 - recorded: housekeeping enqueues it later
+            log.warning("could not enqueue session %s (%s); housekeeping will", outcome.enqueue, exc)
+    if outcome.private:
+        if respond is not None:
+            try:
+                await respond(text=outcome.private, response_type="ephemeral")
+            except Exception as exc:  # noqa: BLE001 - a courtesy
+                log.warning("could not answer %s: %s", SLASH_COMMAND, exc)
+        else:
+            await tell(client, user, channel, thread_ts, outcome.private)
+    if outcome.public:
+        try:
+            await client.chat_postMessage(channel=channel, thread_ts=thread_ts, text=outcome.public)
+        except Exception as exc:  # noqa: BLE001 - the command took effect; its announcement is a courtesy
+            log.warning("could not announce a command in %s/%s: %s", channel, thread_ts, exc)
 
 
 # --- the steps ----------------------------------------------------------------------------------------------
@@ -149,6 +253,10 @@ def _engine(context: AsyncBoltContext) -> Engine:
     return context[ENGINE]
 
 
+def _mentions_first(text: str, bot_user_id: str | None) -> bool:
+    return bool(bot_user_id) and without_mention(text, bot_user_id) != text
+
+
 def without_mention(text: str, bot_user_id: str | None) -> str:
     """The text without the leading `<@BOT>` that addressed it (the model needs the request, not the
     address); the same for the app_mention and its message twin, whichever is recorded first."""
@@ -165,10 +273,26 @@ async def _take(
     *,
     thread_ts: str,
     assistant_thread: bool = False,
+    addressed: bool = False,
 ) -> None:
     """Record, ack, and then (after the ack) enqueue and say "queued" when a turn is running. An error while
-    recording propagates: bolt answers 500 (or, over the socket, no ack), and Slack delivers it again."""
+    recording propagates: bolt answers 500 (or, over the socket, no ack), and Slack delivers it again. A
+    message addressed to the bot that is exactly a command is carried out instead, after the ack."""
     channel = event["channel"]
+    text = without_mention(event.get("text") or "", context.bot_user_id)
+    command = parse(text) if addressed else None
+    if command is not None:
+        await ack()
+        where = Where(
+            channel,
+            thread_ts,
+            event["ts"],
+            event.get("user") or "",
+            context.team_id or event.get("team"),
+            assistant_thread,
+        )
+        _after(_command(context, client, command, where))
+        return
     recorded = await asyncio.to_thread(
         record_message,
         _engine(context),
@@ -176,7 +300,7 @@ async def _take(
         thread_ts=thread_ts,
         message_ts=event["ts"],
         user_id=event.get("user"),
-        text=without_mention(event.get("text") or "", context.bot_user_id),
+        text=text,
         team_id=context.team_id or event.get("team"),
         assistant_thread=assistant_thread,
     )

@@ -69,6 +69,8 @@ class ChannelConfig(Strict):
     branch: str | None = None
     approvers: list[str] = Field(default_factory=list)
     yolo: bool | None = None
+    # URL patterns of the repositories a thread may ask for in Slack (`@mm repo <url>`): chatops/repos.py.
+    repos: list[str] = Field(default_factory=list)
 
     @field_validator("approvers", mode="before")
     @classmethod
@@ -80,6 +82,25 @@ class ChannelConfig(Strict):
                 raise ValueError(
                     f"expected a list of user or group ids (U…, W… or S…), got {_describe(item, quote=True)}"
                 )
+        return value
+
+    @field_validator("repos", mode="before")
+    @classmethod
+    def _repo_patterns(cls, value: Any) -> Any:
+        expected = 'expected a list of https:// URL patterns such as "https://github.com/acme/*"'
+        if not isinstance(value, list):
+            raise ValueError(f"{expected}, got {_describe(value)}")
+        for item in value:
+            if not isinstance(item, str):
+                raise ValueError(f"{expected}, got {_describe(item, quote=True)}")
+            https = item[:8].lower() == "https://"
+            authority, slash, path = item[8:].partition("/")
+            if https and "@" in authority:
+                # Shown without its user part, which may be a password or a token.
+                shown = f"https://***@{authority.rsplit('@', 1)[1]}{slash}{path}"
+                raise ValueError(f'{expected}, got "{shown}" (credentials do not go in a pattern)')
+            if not https or not authority or any(c.isspace() or not c.isprintable() or c in "?#" for c in item):
+                raise ValueError(f"{expected}, got {_describe(item, quote=True)}")
         return value
 
 

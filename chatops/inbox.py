@@ -16,7 +16,7 @@ from sqlalchemy import Engine, and_, exists, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.sql.expression import Exists
 
-from chatops.schema import Approval, ApprovalState, InboxMessage, Session, SessionStatus, utcnow
+from chatops.schema import Approval, ApprovalState, InboxCommand, InboxMessage, Session, SessionStatus, utcnow
 from chatops.store import ensure_session
 
 
@@ -39,8 +39,10 @@ def record_message(
     text: str,
     team_id: str | None = None,
     assistant_thread: bool = False,
+    command: InboxCommand | None = None,
 ) -> Recorded:
-    """Keep a message for the thread's agent (creating the thread's session) and mark the session queued."""
+    """Keep a message for the thread's agent (creating the thread's session) and mark the session queued. With
+    `command`, the row is a thread command (new, compact, ask, yolo) that the worker carries out in its turn."""
     session_id = ensure_session(
         engine,
         channel_id=channel_id,
@@ -53,7 +55,12 @@ def record_message(
         with engine.begin() as conn:
             conn.execute(
                 insert(InboxMessage).values(
-                    session_id=session_id, message_ts=message_ts, user_id=user_id, text=text, created_at=utcnow()
+                    session_id=session_id,
+                    message_ts=message_ts,
+                    user_id=user_id,
+                    text=text,
+                    command=command,
+                    created_at=utcnow(),
                 )
             )
     except IntegrityError:
@@ -73,6 +80,13 @@ def session_of(engine: Engine, channel_id: str, thread_ts: str) -> str | None:
         return conn.execute(
             select(Session.id).where(Session.channel_id == channel_id, Session.thread_ts == thread_ts)
         ).scalar_one_or_none()
+
+
+def has_messages(engine: Engine, session_id: str) -> bool:
+    """Whether anyone wrote to the session yet (taken or not)."""
+    with engine.connect() as conn:
+        found = conn.execute(select(InboxMessage.id).where(InboxMessage.session_id == session_id).limit(1)).first()
+        return found is not None
 
 
 def _busy(engine: Engine, session_id: str) -> bool:
@@ -172,15 +186,17 @@ def sessions_with_work(
         return list(conn.execute(select(Session.id).where(*conditions).order_by(Session.updated_at)).scalars())
 
 
-def expire_pending(engine: Engine, session_id: str) -> None:
+def expire_pending(engine: Engine, session_id: str) -> list[str]:
     """The session's turn ended without a decision (a stop): its pending approvals go, so that nothing waits
-    on them and a late click finds them decided."""
+    on them and a late click finds them decided. The call ids it expired (their messages lose their buttons)."""
     with engine.begin() as conn:
-        conn.execute(
+        rows = conn.execute(
             update(Approval)
             .where(Approval.session_id == session_id, Approval.state == ApprovalState.PENDING)
             .values(state=ApprovalState.EXPIRED, decided_at=utcnow())
+            .returning(Approval.call_id)
         )
+        return list(rows.scalars())
 
 
 def release_expired_leases(engine: Engine, now: datetime | None = None) -> int:

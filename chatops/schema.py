@@ -62,6 +62,15 @@ class ApprovalState(StrEnum):
     EXPIRED = "expired"
 
 
+class InboxCommand(StrEnum):
+    """Thread commands that change the conversation, carried out by the worker in order with the messages."""
+
+    NEW = "new"
+    COMPACT = "compact"
+    ASK = "ask"  # text: the JSON {"agent": …, "prompt": …}
+    YOLO = "yolo"  # text: "on" or "off"; recorded in the log (the session's row already has the setting)
+
+
 class CallDecision(StrEnum):
     """tool_calls.decision: a projection of the log's Decision entries, for people and dashboards."""
 
@@ -177,6 +186,9 @@ class InboxMessage(Base):
     message_ts: Mapped[str] = mapped_column(String(32))
     user_id: Mapped[str | None] = mapped_column(String(32))
     text: Mapped[str] = mapped_column(Text)
+    # A thread command the worker carries out in the message's place, in order with the messages (InboxCommand);
+    # `text` is then its argument. None: a message for the model.
+    command: Mapped[str | None] = mapped_column(String(16))
     taken_at: Mapped[datetime | None]
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
@@ -230,10 +242,14 @@ class Approval(Base):
     call_id: Mapped[str] = mapped_column(String(200), primary_key=True)
     session_id: Mapped[str] = mapped_column(ForeignKey("sessions.id", ondelete="CASCADE"), index=True)
     tool: Mapped[str] = mapped_column(String(100))
+    # The call's line as the thread shows it (`🛠️ bash: make test`), for the message's update after a decision.
+    title: Mapped[str | None] = mapped_column(Text)
     arguments: Mapped[str | None] = mapped_column(Text)
     preview: Mapped[str | None] = mapped_column(Text)
     requested_by: Mapped[str | None] = mapped_column(String(64))
     state: Mapped[str] = mapped_column(String(16), default=ApprovalState.PENDING)
+    # "Approve all in this thread": the session runs its calls without asking from this decision on.
+    approve_all: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     decided_by: Mapped[str | None] = mapped_column(String(64))
     decided_at: Mapped[datetime | None]
     expires_at: Mapped[datetime | None]

@@ -9,6 +9,8 @@ disagree with it.
 
 from __future__ import annotations
 
+import itertools
+import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -25,6 +27,7 @@ from chatops.schema import (
     Base,
     CallDecision,
     Error,
+    InboxCommand,
     InboxMessage,
     Session,
     SessionEvent,
@@ -34,6 +37,7 @@ from chatops.schema import (
     ToolCall,
     utcnow,
 )
+from mm_core.agent import ask_entries
 from mm_core.log import (
     AssistantMessage,
     Decision,
@@ -41,9 +45,11 @@ from mm_core.log import (
     ErrorRecord,
     Fenced,
     Nested,
+    Reset,
     ToolResult,
     ToolStarted,
     UserMessage,
+    YoloSet,
     from_dict,
     to_dict,
 )
@@ -84,14 +90,16 @@ class DbStore:
             with self.engine.begin() as conn:
                 seq = self._next_seq(conn, session_id)
                 rows = conn.execute(_UNTAKEN, {"p_session_id": session_id}).all()
+                # A command waits for its own turn (take_command): the messages before it are this turn's.
+                rows = list(itertools.takewhile(lambda row: row.command is None, rows))
                 if not rows:
                     raise _NothingTaken  # rolls the seq taken above back: the log has no gap
                 rows = _within(rows, INBOX_CHARS_PER_TURN)
-                authors = list(dict.fromkeys(user for _, user, _ in rows if user))
+                authors = list(dict.fromkeys(row.user_id for row in rows if row.user_id))
                 if len(rows) == 1:
                     text = rows[0].text
                 else:  # several people may have written while the last turn ran: the model needs to know who
-                    text = "\n\n".join(f"<@{user}>: {text}" if user else text for _, user, text in rows)
+                    text = "\n\n".join(f"<@{row.user_id}>: {row.text}" if row.user_id else row.text for row in rows)
                 message = UserMessage(preface + text, ",".join(authors) or None)
                 _insert_entry(conn, session_id, seq, message)
                 conn.execute(
@@ -100,6 +108,21 @@ class DbStore:
                 return message
         except _NothingTaken:
             return None
+
+    def take_command(self, session_id: str) -> TakenCommand | None:
+        """The session's next inbox row when it is a command (else None), taken. The log entries a command
+        stands for (`new`: a Reset; `yolo`: a YoloSet; `ask`: the request and its ask_agent call) are appended
+        in the same transaction, so that a crash leaves the command either waiting or done, never half done.
+        `compact` has no entry of its own until the model has summarised: a crash before that forgets it."""
+        with self.engine.begin() as conn:
+            row = conn.execute(_UNTAKEN.limit(1), {"p_session_id": session_id}).first()
+            if row is None or row.command is None:
+                return None
+            taken = TakenCommand(InboxCommand(row.command), row.text, row.user_id)
+            for entry in taken.entries():
+                _insert_entry(conn, session_id, self._next_seq(conn, session_id), entry)
+            conn.execute(update(InboxMessage).where(InboxMessage.id == row.id).values(taken_at=utcnow()))
+            return taken
 
     def _next_seq(self, conn: Connection, session_id: str) -> int:
         """Take the seq of the session's next entry, once its lease token is checked: one statement. Its row lock
@@ -116,6 +139,27 @@ class DbStore:
 
 class _NothingTaken(Exception):
     pass
+
+
+@dataclass(frozen=True)
+class TakenCommand:
+    command: InboxCommand
+    argument: str
+    user_id: str | None
+
+    def ask(self) -> tuple[str, str]:
+        """`ask`'s agent and prompt (the bot recorded them as JSON)."""
+        data = json.loads(self.argument)
+        return str(data["agent"]), str(data["prompt"])
+
+    def entries(self) -> list[Entry]:
+        if self.command == InboxCommand.NEW:
+            return [Reset()]
+        if self.command == InboxCommand.YOLO:
+            return [YoloSet(self.argument == "on", self.user_id)]
+        if self.command == InboxCommand.ASK:
+            return ask_entries(*self.ask(), author=self.user_id)
+        return []
 
 
 def _within(rows: Sequence[Any], limit: int) -> list[Any]:
@@ -151,7 +195,7 @@ _NEXT_SEQ = (
 _INSERT_EVENT = insert(_events).values(_params(_events, "session_id", "seq", "kind", "payload", "created_at"))
 _INSERT_ERROR = insert(_errors).values(_params(_errors, "session_id", "where", "message", "created_at"))
 _UNTAKEN = (
-    select(InboxMessage.id, InboxMessage.user_id, InboxMessage.text)
+    select(InboxMessage.id, InboxMessage.user_id, InboxMessage.text, InboxMessage.command)
     .where(InboxMessage.session_id == bindparam("p_session_id"), InboxMessage.taken_at.is_(None))
     .order_by(InboxMessage.id)
     .limit(INBOX_PER_TURN)
@@ -413,6 +457,7 @@ class ApprovalRow:
     call_id: str
     session_id: str
     tool: str
+    title: str | None
     arguments: str | None
     preview: str | None
     requested_by: str | None
@@ -421,13 +466,14 @@ class ApprovalRow:
     decided_at: datetime | None
     expires_at: datetime | None
     message_ts: str | None
+    approve_all: bool = False
 
 
-_APPROVAL_COLUMNS = [getattr(Approval, f) for f in ApprovalRow.__dataclass_fields__]
+APPROVAL_COLUMNS = [getattr(Approval, f) for f in ApprovalRow.__dataclass_fields__]
 
 
-def _approval_row(row: Any) -> ApprovalRow:
-    values = row._asdict()
+def approval_from(values: dict[str, Any]) -> ApprovalRow:
+    """An ApprovalRow from a result row's APPROVAL_COLUMNS (`row._asdict()`)."""
     return ApprovalRow(**{**values, "state": ApprovalState(values["state"])})
 
 
@@ -437,6 +483,7 @@ def request_approval(
     call_id: str,
     session_id: str,
     tool: str,
+    title: str | None = None,
     arguments: str | None = None,
     preview: str | None = None,
     requested_by: str | None = None,
@@ -452,7 +499,12 @@ def request_approval(
                     call_id=call_id,
                     session_id=session_id,
                     **_fit(
-                        Approval.__table__, tool=tool, arguments=arguments, preview=preview, requested_by=requested_by
+                        Approval.__table__,
+                        tool=tool,
+                        title=title,
+                        arguments=arguments,
+                        preview=preview,
+                        requested_by=requested_by,
                     ),
                     state=ApprovalState.PENDING,
                     expires_at=now + timedelta(seconds=timeout_s) if timeout_s is not None else None,
@@ -471,17 +523,29 @@ def request_approval(
 
 def get_approval(engine: Engine, call_id: str) -> ApprovalRow | None:
     with engine.connect() as conn:
-        row = conn.execute(select(*_APPROVAL_COLUMNS).where(Approval.call_id == call_id)).first()
-    return _approval_row(row) if row else None
+        row = conn.execute(select(*APPROVAL_COLUMNS).where(Approval.call_id == call_id)).first()
+    return approval_from(row._asdict()) if row else None
 
 
 def approvals_of(engine: Engine, session_id: str) -> list[ApprovalRow]:
     """The session's approvals, oldest first: what a resumed turn decides its waiting calls by."""
     with engine.connect() as conn:
         rows = conn.execute(
-            select(*_APPROVAL_COLUMNS).where(Approval.session_id == session_id).order_by(Approval.created_at)
+            select(*APPROVAL_COLUMNS).where(Approval.session_id == session_id).order_by(Approval.created_at)
         ).all()
-    return [_approval_row(row) for row in rows]
+    return [approval_from(row._asdict()) for row in rows]
+
+
+def set_yolo(engine: Engine, session_id: str, on: bool | None) -> None:
+    """The session's own yolo (approve-all, `yolo on|off`): the next turn's setting, over the channel's."""
+    with engine.begin() as conn:
+        conn.execute(update(Session).where(Session.id == session_id).values(yolo=on, updated_at=utcnow()))
+
+
+def set_repo(engine: Engine, session_id: str, repo: str, branch: str | None) -> None:
+    """The thread's own repository (`repo`), over the channel's: set before its first turn."""
+    with engine.begin() as conn:
+        conn.execute(update(Session).where(Session.id == session_id).values(repo=repo, branch=branch))
 
 
 def set_approval_message(engine: Engine, call_id: str, message_ts: str) -> None:
@@ -490,8 +554,11 @@ def set_approval_message(engine: Engine, call_id: str, message_ts: str) -> None:
         conn.execute(update(Approval).where(Approval.call_id == call_id).values(message_ts=message_ts))
 
 
-def decide_approval(engine: Engine, call_id: str, approved: bool, by: str, now: datetime | None = None) -> bool:
-    """Approve or reject; True only for the one decision that won (pending and not yet expired)."""
+def decide_approval(
+    engine: Engine, call_id: str, approved: bool, by: str, now: datetime | None = None, *, approve_all: bool = False
+) -> bool:
+    """Approve or reject; True only for the one decision that won (pending and not yet expired). `approve_all`:
+    the approval also switches the session to yolo (the worker records it in the log with the decision)."""
     now = now or utcnow()
     with engine.begin() as conn:
         result = conn.execute(
@@ -501,7 +568,12 @@ def decide_approval(engine: Engine, call_id: str, approved: bool, by: str, now: 
                 Approval.state == ApprovalState.PENDING,
                 or_(Approval.expires_at.is_(None), Approval.expires_at > now),
             )
-            .values(state=ApprovalState.APPROVED if approved else ApprovalState.REJECTED, decided_by=by, decided_at=now)
+            .values(
+                state=ApprovalState.APPROVED if approved else ApprovalState.REJECTED,
+                decided_by=by,
+                decided_at=now,
+                approve_all=approved and approve_all,
+            )
         )
         return result.rowcount == 1
 
@@ -514,6 +586,6 @@ def expire_approvals(engine: Engine, now: datetime | None = None) -> list[Approv
             update(Approval)
             .where(Approval.state == ApprovalState.PENDING, Approval.expires_at <= now)
             .values(state=ApprovalState.EXPIRED, decided_at=now)
-            .returning(*_APPROVAL_COLUMNS)
+            .returning(*APPROVAL_COLUMNS)
         ).all()
-    return [_approval_row(row) for row in rows]
+    return [approval_from(row._asdict()) for row in rows]

@@ -65,6 +65,8 @@ INTERRUPTED = (
     "of its work: check before running it again]"
 )
 NOT_RUN = "[error: not run — the turn was stopped before this call]"
+# `ask <agent> <prompt>`: the person's request as the model reads it, before the ask_agent call made for it.
+ASK_REQUEST = "Ask the agent {agent}: {prompt}"
 COMPACT_PROMPT = (
     "Summarise the conversation so far for your own later use: the task, what was decided, what was done "
     "(files changed, commands that mattered and their outcome) and what is left to do. Be complete but brief; "
@@ -78,6 +80,12 @@ class TurnInProgress(Exception):
 
 class _LoopStopped(Exception):
     pass
+
+
+def ask_entries(agent: str, prompt: str, author: str | None = None) -> list[Entry]:
+    """The log entries of `ask <agent> <prompt>`: the request, and the ask_agent call that carries it."""
+    call = ToolCallRequest(f"call_{uuid.uuid4().hex[:20]}", "ask_agent", json.dumps({"agent": agent, "prompt": prompt}))
+    return [UserMessage(ASK_REQUEST.format(agent=agent, prompt=prompt), author), AssistantMessage("", (call,))]
 
 
 class Agent:
@@ -144,6 +152,16 @@ class Agent:
             if d.call_id in waiting and d.call_id not in known:
                 known.add(d.call_id)
                 self._append(d)
+        return await self._run()
+
+    async def ask(self, agent: str, prompt: str, author: str | None = None) -> TurnFinished:
+        """`ask <agent> <prompt>`: a turn in which the person's request goes to the asked agent, as the model
+        would send it with ask_agent, and the model then answers with what the agent said. The call goes
+        through the loop like any other (gated, shown, logged, resumable)."""
+        if self.load().turn_start() is not None:
+            raise TurnInProgress(self.session_id)
+        for entry in ask_entries(agent, prompt, author):
+            self._append(entry)
         return await self._run()
 
     async def stop(self) -> TurnFinished:
@@ -265,7 +283,8 @@ class Agent:
         return []
 
     def _yolo(self, state: SessionState) -> bool:
-        return self.config.yolo or state.approve_all()
+        chosen = state.yolo()  # a person's approve-all or `yolo on|off` outranks the config
+        return self.config.yolo if chosen is None else chosen
 
     def _context(self, call: ToolCallRequest, tool: Tool) -> ToolContext:
         caller = None

@@ -136,6 +136,16 @@ class TurnEnded:
 
 
 @dataclass(frozen=True)
+class YoloSet:
+    """`yolo on|off` from a person allowed to: gated calls run without asking (on), or ask again (off), from the
+    next call on. "Approve all" (a Decision with `all`) is the same as on."""
+
+    on: bool
+    by: str | None = None
+    kind: str = "yolo"
+
+
+@dataclass(frozen=True)
 class Reset:
     """`new`: the conversation starts again from here; the loop detector forgets."""
 
@@ -153,6 +163,7 @@ Entry = (
     | Compaction
     | ErrorRecord
     | TurnEnded
+    | YoloSet
     | Reset
 )
 
@@ -167,6 +178,7 @@ _KINDS: dict[str, type] = {
     "compaction": Compaction,
     "error": ErrorRecord,
     "turn_ended": TurnEnded,
+    "yolo": YoloSet,
     "reset": Reset,
 }
 

@@ -32,6 +32,7 @@ from mm_core.log import (
     ToolSuspended,
     TurnEnded,
     UserMessage,
+    YoloSet,
     from_dict,
 )
 from mm_core.loopdetect import LoopDetector
@@ -49,7 +50,7 @@ class SessionState:
         self._results: dict[str, ToolResult] = {}
         self._started: set[str] = set()
         self._decisions: dict[str, Decision] = {}
-        self._approve_all = False
+        self._yolo: bool | None = None  # set by approve-all or `yolo on|off`; None: the config's
         self._nested: dict[str, list[dict[str, Any]]] = {}  # an asked agent's entries, by scope (its call id)
         self._arguments: dict[str, str] = {}  # call id → the arguments the model sent
         # Built on first use, then kept up to date by `append`; None: build it again from the entries.
@@ -108,7 +109,9 @@ class SessionState:
         elif isinstance(entry, Decision):
             self._decisions[entry.call_id] = entry
             if entry.all and entry.approved:
-                self._approve_all = True
+                self._yolo = True
+        elif isinstance(entry, YoloSet):
+            self._yolo = entry.on
         elif isinstance(entry, ErrorRecord):
             if in_turn:
                 self._failure = entry.message
@@ -179,7 +182,11 @@ class SessionState:
         return last is not None and not last.tool_calls and self.entries[-1] is last
 
     def approve_all(self) -> bool:
-        return self._approve_all
+        return self._yolo is True
+
+    def yolo(self) -> bool | None:
+        """What a person set for this conversation (approve-all, `yolo on|off`), latest first; None: nothing."""
+        return self._yolo
 
     def counters(self, counter_of: dict[str, str | None]) -> Counters:
         """The recap counters of the turn; `counter_of` maps a tool name to its counter (Tool.counter)."""

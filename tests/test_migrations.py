@@ -13,7 +13,7 @@ from chatops import db
 from chatops.schema import Base
 
 TABLES = {"sessions", "session_events", "inbox", "tool_calls", "approvals", "errors", "slack_events", "job_runs"}
-HEAD = "0002"
+HEAD = "0003"
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

@@ -7,6 +7,7 @@ import itertools
 import json
 import re
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,10 @@ from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError
 
 from agent_support import agent_config
+from chatops.buttons import ButtonValue
 from chatops.config import load_config
+from chatops.schema import ApprovalState
+from chatops.store import ApprovalRow
 from mm_core import (
     Agent,
     CallStatus,
@@ -24,8 +28,6 @@ from mm_core import (
     Event,
     MemoryStore,
     Outcome,
-    PendingCall,
-    PermissionRequested,
     Status,
     TextDelta,
     ToolCallFinished,
@@ -36,7 +38,9 @@ from mm_core import (
 )
 from mm_testkit.model_server import ModelServer, Reply, ToolCall
 from mm_testkit.slack_emulator import SlackEmulator
-from workers.render import MARKDOWN_CHARS, WAITING, ZWSP, ThreadRenderer
+from workers.approval_message import WAITING, ApprovalAsked
+from workers.blocks import ZWSP
+from workers.render import MARKDOWN_CHARS, ThreadRenderer
 from workers.slack_client import web_client
 
 CHANNEL, DM, USER, TEAM = "C0TEST", "D0ALICE", "U0ALICE", "T0TESTTEAM"
@@ -67,7 +71,7 @@ class Thread:
         } | options
         self.renderer = ThreadRenderer(web_client(config), channel, self.ts, **options)
 
-    async def play(self, *script: Event | float, close: bool = True) -> None:
+    async def play(self, *script: Event | ApprovalAsked | float, close: bool = True) -> None:
         """Emit the events; a number waits that many seconds (the agent working)."""
         for item in script:
             if isinstance(item, (int, float)):
@@ -308,22 +312,48 @@ def test_a_long_file_read_is_previewed_and_not_uploaded_again(slack: SlackEmulat
     assert not slack.calls_to("files.getUploadURLExternal") and not slack.uploads
 
 
-def test_a_prompt_of_many_calls_is_split_at_fifty_blocks(slack: SlackEmulator) -> None:
-    thread = Thread(slack, DM)
-    calls = tuple(
-        PendingCall(f"c{i}", "edit_file", {"path": f"f{i}.py"}, "📝", f"edit_file f{i}.py", f"-old {i}\n+new {i}")
-        for i in range(30)
-    )
-    run(thread.play(PermissionRequested(calls), TurnFinished(Outcome.SUSPENDED)))
+def approval(call_id: str, title: str, preview: str, **values: Any) -> ApprovalRow:
+    row = {
+        "call_id": call_id,
+        "session_id": "s1",
+        "tool": title.split(" ", 2)[1].rstrip(":"),
+        "title": title,
+        "arguments": None,
+        "preview": preview,
+        "requested_by": USER,
+        "state": ApprovalState.PENDING,
+        "decided_by": None,
+        "decided_at": None,
+        "expires_at": datetime(2026, 12, 1, 12, 30, tzinfo=UTC),
+        "message_ts": None,
+    }
+    return ApprovalRow(**(row | values))
+
+
+def test_each_waiting_call_gets_a_message_of_its_own_with_its_buttons(slack: SlackEmulator) -> None:
+    thread = Thread(slack, DM, session_id="s1")
+    posted: list[tuple[str, str]] = []
+    thread.renderer.on_approval_posted = lambda call_id, ts: posted.append((call_id, ts))
+    rows = tuple(approval(f"c{i}", f"📝 edit_file f{i}.py", f"-old {i}\n+new {i}") for i in range(3))
+    run(thread.play(ApprovalAsked(rows, DM), TurnFinished(Outcome.SUSPENDED)))
     messages = thread.replies()
-    assert len(messages) == 2 and all(len(m["blocks"]) <= 50 for m in messages)
-    blocks = [b for m in messages for b in m["blocks"]]
-    assert [b["text"]["text"] for b in blocks[:2]] == ["🔐 📝 edit_file f0.py", "```\n-old 0\n+new 0\n```"]
-    assert [b["text"]["text"] for b in blocks if b["type"] == "section"][::2] == [
-        f"🔐 📝 edit_file f{i}.py" for i in range(30)
-    ]
-    assert blocks[-1]["elements"][0]["text"] == WAITING  # and no recap: the turn is not over
-    assert slack.calls_to("chat.postMessage")[0].status == 200 and thread.errors == []
+    assert len(messages) == 3 and [ts for _, ts in posted] == [m["ts"] for m in messages]
+    first = messages[0]["blocks"]
+    assert shown(messages[0]).splitlines()[:4] == ["🔐 📝 edit_file f0.py", "```", "-old 0", "+new 0"]
+    assert first[-2]["elements"][0]["text"].startswith(f"{WAITING} · asked by <@{USER}> · expires <!date^")
+    buttons = first[-1]["elements"]
+    assert [b["action_id"] for b in buttons] == ["approve", "reject", "approve_all"]
+    assert {ButtonValue.decode(b["value"]) for b in buttons} == {ButtonValue("s1", "c0")}
+    assert thread.errors == []  # and no recap: the turn is not over
+
+
+def test_a_bash_approval_shows_the_command_once_and_secrets_nowhere(slack: SlackEmulator) -> None:
+    thread = Thread(slack, CHANNEL, secrets=[SECRET])
+    row = approval("c1", f"🛠️ bash: curl -H {SECRET} <!channel>", "")
+    run(thread.play(ApprovalAsked((row,), CHANNEL)))
+    [message] = thread.replies()
+    assert SECRET not in json.dumps(message) and not NOTIFYING.search(shown(message))
+    assert shown(message).splitlines()[0].startswith("🔐 🛠️ bash: curl -H")
 
 
 # -- failures -------------------------------------------------------------------------------------------------

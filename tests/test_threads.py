@@ -194,7 +194,7 @@ def session_sleepers() -> list[str]:
 def test_an_approval_nobody_gives_expires_as_a_rejection(
     tmp_path: Path, fresh_pg_url: str, own_redis: OwnRedis
 ) -> None:
-    gated = config("{yolo: false}", "approvals: {timeout: 2s}")
+    gated = config("{yolo: false, approvers: [U0BOB]}", "approvals: {timeout: 2s}")
     with stack(tmp_path, fresh_pg_url, own_redis.url, config=gated) as threads:
         threads.start_worker()
         posted = threads.post("run: echo never")

@@ -12,7 +12,8 @@ never slow the turn. One consumer task drains the queue in order and writes the 
   result lines in a code block. A call that returns within HOLD is posted once, with its result; a longer one
   is posted at once and edited when it returns. Output longer than its preview is uploaded as a file (but
   not what read_file or read_skill return: a copy of the repository's own file or of a skill).
-- PermissionRequested: each waiting call's prompt (`_ask`, which the approvals issue replaces with buttons).
+- ApprovalAsked (the worker's, once the calls a turn waits for are recorded): one message per call, with its
+  buttons (workers/approval_message.py); the bot updates it once someone decides.
 - Error: its line as a plain message. TurnFinished: the recap line (counters and tokens).
 
 Order: messages are created in the order of the events (a message is only created once everything before it
@@ -31,7 +32,6 @@ import collections
 import contextlib
 import logging
 import math
-import re
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -41,7 +41,9 @@ from aiohttp import ClientError
 from slack_sdk.errors import SlackApiError, SlackClientError
 from slack_sdk.web.async_client import AsyncWebClient
 
+from chatops.buttons import Action, ButtonValue, element
 from chatops.secrets import describe_error, scrub
+from chatops.store import ApprovalRow
 from mm_core import (
     Error,
     Event,
@@ -53,6 +55,16 @@ from mm_core import (
     ToolCallStarted,
     TurnFinished,
     display,
+)
+from workers.approval_message import ApprovalAsked, approval_blocks, details
+from workers.blocks import (
+    MENTION,
+    clip,
+    code_sections,
+    context_block,
+    escape,
+    neutralise,
+    section_block,
 )
 
 log = logging.getLogger("mm.worker.render")
@@ -67,31 +79,13 @@ HOLD = 1.0
 # Slack's limits, kept well under: 50 blocks a message, 3,000 characters a section, 4,000 characters of text
 # for chat.update, 12,000 characters of markdown_text a call.
 MAX_BLOCKS = 50
-SECTION_CHARS = 2900
 TEXT_CHARS = 3900
 MARKDOWN_CHARS = 11000
-# Code sections a preview or a prompt's details may fill before the rest goes to a file instead.
-CODE_SECTIONS = 4
 LINE_CHARS = 1000
 # At the end, how many rounds of writes to try before giving up on Slack.
 FINISH_ROUNDS = 5
-WAITING = "⏸ The turn waits for a decision on the call(s) above."
-ZWSP = "\u200b"
-# What would notify people: Slack's special mentions (`<!here>`, `<!subteam^S…>`) and the bare words. No
-# lookahead, so that a match never depends on text that has not arrived yet (see _stable).
-_MENTION = re.compile(r"<!|@(?:channel|here|everyone)", re.IGNORECASE)
 # Text on its way that cannot be shown yet: at least one whole mention, or one whole secret, may hide in it.
 MIN_HOLDBACK = 16
-
-
-def neutralise(text: str) -> str:
-    """`<!here>` → `<​!here>`, `@channel` → `@​channel`: shown as written, notifying nobody."""
-    return _MENTION.sub(lambda m: m.group()[0] + ZWSP + m.group()[1:], text)
-
-
-def escape(text: str) -> str:
-    """mrkdwn's control characters as Slack wants them escaped: no `<…>` sequence survives."""
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
 @dataclass
@@ -158,6 +152,8 @@ class ThreadRenderer:
         recipient_user: str | None = None,
         recipient_team: str | None = None,
         on_error: Callable[[str, str], None] | None = None,
+        session_id: str | None = None,
+        on_approval_posted: Callable[[str, str], None] | None = None,
     ) -> None:
         self.client, self.channel, self.thread_ts = client, channel, thread_ts
         self.preview_lines = preview_lines
@@ -166,6 +162,7 @@ class ThreadRenderer:
         self.assistant_thread = assistant_thread
         self.recipient_user, self.recipient_team = recipient_user, recipient_team
         self.on_error = on_error
+        self.session_id, self.on_approval_posted = session_id, on_approval_posted
         # Slack streams to one person: in a DM that is clear, in a channel the recipient must be named.
         self._can_stream = channel.startswith("D") or bool(recipient_user and recipient_team)
         self._holdback = max([MIN_HOLDBACK, *(len(s) for s in self.secrets)])
@@ -184,7 +181,7 @@ class ThreadRenderer:
 
     # -- the API ------------------------------------------------------------------------------------------
 
-    def emit(self, event: Event) -> None:
+    def emit(self, event: Event | ApprovalAsked) -> None:
         """The agent's Emit: queue the event and return at once."""
         if self._closing:
             log.debug("event after aclose dropped: %s", type(event).__name__)
@@ -294,10 +291,11 @@ class ThreadRenderer:
             await self._end_text()
             await self._finished(event)
         elif isinstance(event, PermissionRequested):
-            await self._end_text()
-            await self._post_held()
             for call in event.calls:
                 self._lines[call.call_id] = display.call_line(call)
+        elif isinstance(event, ApprovalAsked):
+            await self._end_text()
+            await self._post_held()
             await self._ask(event)
         elif isinstance(event, Error):
             await self._end_text()
@@ -372,7 +370,7 @@ class ThreadRenderer:
         if final:
             return neutralise(text)
         cut = max(0, len(text) - self._holdback)
-        for match in _MENTION.finditer(text, max(0, cut - MIN_HOLDBACK)):
+        for match in MENTION.finditer(text, max(0, cut - MIN_HOLDBACK)):
             if match.start() < cut < match.end():
                 cut = match.start()
         return neutralise(text[:cut])
@@ -488,7 +486,7 @@ class ThreadRenderer:
         """The call's message: its line, then its result lines in a code block; and whether the output is
         longer than what the message shows (it then goes up as a file)."""
         line = self._mrkdwn_line(self._tool_line(tool))
-        blocks = [_section(line)]
+        blocks = [section_block(line)]
         event = tool.finished
         if event is None:
             return blocks, line, False
@@ -501,22 +499,26 @@ class ThreadRenderer:
 
     # -- permission prompts -------------------------------------------------------------------------------
 
-    async def _ask(self, event: PermissionRequested) -> None:
-        """Each waiting call's prompt — its line and what a person judges it by — and that the turn waits.
-        The approvals issue replaces this with Block Kit buttons."""
-        blocks: list[dict[str, Any]] = []
-        files: list[tuple[str, str]] = []
-        for call in event.calls:
-            prompt = display.prompt(call)
-            line = f"{display.PROMPT_ICON} {self._mrkdwn_line(prompt.line)}"
-            code, cut = self._code(prompt.details)
-            blocks += [_section(line), *code]
-            if cut:
-                files.append(("\n".join(prompt.details), prompt.line.text))
-        blocks.append(_context(WAITING))
-        await self._post_blocks(blocks, WAITING)
-        for details, title in files:
-            await self._upload(details, "details.txt", title)
+    async def _ask(self, asked: ApprovalAsked) -> None:
+        """One message per waiting call: its line, what a person judges it by, who asked, until when, and the
+        buttons. Details too long for the message go up as a file after it."""
+        for row in asked.rows:
+            blocks, fallback = approval_blocks(row, asked.channel, self.secrets)
+            ts = await self._post_blocks(blocks, fallback)
+            if ts is not None and self.on_approval_posted is not None:
+                self.on_approval_posted(row.call_id, ts)
+            title = row.title or row.tool
+            lines = details(title, row.preview or "")
+            if self._code(lines)[1]:
+                await self._upload("\n".join(lines), "details.txt", title)
+
+    async def update_approval(self, row: ApprovalRow, channel: str) -> None:
+        """Show a decision (or an expiry) on the call's message, without its buttons."""
+        if row.message_ts is None:
+            return
+        blocks, fallback = approval_blocks(row, channel, self.secrets)
+        with self._guard("approval"):
+            await self._call("chat.update", channel=self.channel, ts=row.message_ts, text=fallback, blocks=blocks)
 
     # -- the turn's end -----------------------------------------------------------------------------------
 
@@ -535,7 +537,7 @@ class ThreadRenderer:
         recap = display.recap(event)
         if recap:
             text = self._mrkdwn(recap)
-            await self._post_blocks([_context(text)], text)
+            await self._post_blocks([context_block(text)], text)
 
     # -- the status ---------------------------------------------------------------------------------------
 
@@ -564,10 +566,15 @@ class ThreadRenderer:
             status.shown = status.sent = status.want
             return
         text = escape(want)
+        # While the turn runs its status message carries the Stop button (the `stop` keyword does the same).
+        blocks = [section_block(text)]
+        if self.session_id is not None:
+            stop = element(Action.STOP, ButtonValue(self.session_id))
+            blocks.append({"type": "actions", "block_id": "status", "elements": [stop]})
         if status.ts is None:
-            status.ts = _ts(await self._call("chat.postMessage", **self._where(), text=text))
+            status.ts = _ts(await self._call("chat.postMessage", **self._where(), text=text, blocks=blocks))
         else:
-            await self._call("chat.update", channel=self.channel, ts=status.ts, text=text)
+            await self._call("chat.update", channel=self.channel, ts=status.ts, text=text, blocks=blocks)
         status.shown = status.want
 
     def _posted(self) -> None:
@@ -587,7 +594,7 @@ class ThreadRenderer:
         chunks = [blocks[i : i + MAX_BLOCKS] for i in range(0, len(blocks), MAX_BLOCKS)] or [[]]
         for chunk in chunks:
             extra: dict[str, Any] = {"blocks": chunk} if chunk else {}
-            ts = _ts(await self._call("chat.postMessage", **self._where(), text=_clip(fallback, TEXT_CHARS), **extra))
+            ts = _ts(await self._call("chat.postMessage", **self._where(), text=clip(fallback, TEXT_CHARS), **extra))
             if ts is not None:
                 self._posted()
             first = first or ts
@@ -602,7 +609,7 @@ class ThreadRenderer:
                 thread_ts=self.thread_ts,
                 content=self._scrub(content),
                 filename=filename,
-                title=_clip(self._scrub(title), 250),
+                title=clip(self._scrub(title), 250),
             )
 
         if await self._run_call("files.upload", upload()) is not None:
@@ -637,31 +644,10 @@ class ThreadRenderer:
         return f"{agent} · " if agent else ""
 
     def _mrkdwn_line(self, line: display.CallLine) -> str:
-        return _clip(self._mrkdwn(self._prefix(line.agent) + line.text), LINE_CHARS)
+        return clip(self._mrkdwn(self._prefix(line.agent) + line.text), LINE_CHARS)
 
     def _code(self, lines: Sequence[str]) -> tuple[list[dict[str, Any]], bool]:
-        """`lines` in code blocks of at most SECTION_CHARS each, CODE_SECTIONS at most; whether some of them
-        (or of a line) had to be left out."""
-        room = SECTION_CHARS - len("```\n\n```")
-        chunks: list[list[str]] = []
-        current: list[str] = []
-        size, cut = 0, False
-        for raw in lines:
-            line = self._mrkdwn(raw).replace("```", f"`{ZWSP}``")  # a fence in the output must not end ours
-            if len(line) > room:
-                line, cut = line[: room - 1] + "…", True
-            if current and size + len(line) + 1 > room:
-                chunks.append(current)
-                current, size = [], 0
-                if len(chunks) == CODE_SECTIONS:
-                    cut = True
-                    break
-            current.append(line)
-            size += len(line) + 1
-        else:
-            if current:
-                chunks.append(current)
-        return [_section("```\n" + "\n".join(chunk) + "\n```") for chunk in chunks], cut
+        return code_sections(lines, self._mrkdwn)
 
     # -- failures -----------------------------------------------------------------------------------------
 
@@ -684,18 +670,6 @@ class ThreadRenderer:
         except Exception as e:  # the turn must never be lost to its display
             log.exception("rendering failed")
             self._report(where, describe_error(e))
-
-
-def _section(text: str) -> dict[str, Any]:
-    return {"type": "section", "text": {"type": "mrkdwn", "text": _clip(text, SECTION_CHARS)}}
-
-
-def _context(text: str) -> dict[str, Any]:
-    return {"type": "context", "elements": [{"type": "mrkdwn", "text": _clip(text, SECTION_CHARS)}]}
-
-
-def _clip(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _ts(data: dict[str, Any] | None) -> str | None:

@@ -37,23 +37,29 @@ from chatops.inbox import (
     sessions_with_work,
     stop_requested,
 )
-from chatops.schema import ApprovalState, Session, SessionStatus
+from chatops.schema import ApprovalState, InboxCommand, Session, SessionStatus
 from chatops.secrets import describe_error, scrub, secrets_of
 from chatops.store import (
+    ApprovalRow,
     DbStore,
+    TakenCommand,
     acquire_lease,
     approvals_of,
+    decide_approval,
     expire_approvals,
+    get_approval,
     record_error,
     release_lease,
     request_approval,
+    set_approval_message,
     set_status,
 )
-from mm_core import Agent
+from mm_core import Agent, display
 from mm_core.events import Event, ModelCalled, PermissionRequested
 from mm_core.log import Decision, ErrorRecord, Fenced, Outcome, TurnEnded
 from mm_core.state import SessionState
 from workers import metrics
+from workers.approval_message import NO_APPROVERS, ApprovalAsked
 from workers.leases import Cancelled, LeaseKeeper
 from workers.render import ThreadRenderer
 from workers.slack_client import TIMEOUT, web_client
@@ -63,6 +69,7 @@ log = logging.getLogger("mm.worker")
 
 RESUMED = "↻ The worker running this turn stopped; another one resumed it."
 STOPPED = "⏹ Stopped."
+NEW_CONVERSATION = "🆕 New conversation: I forget what was said before here. The workspace stays as it is."
 TIME_LIMIT = "⏱ The turn ran for longer than {limit} and was stopped."
 EXPIRED = "⌛ Nobody decided on `{title}` in time: it was not run."
 CRASHED = object()  # _run's answer when the turn crashed: ended, and not to be looped on
@@ -161,6 +168,8 @@ class SessionTurns:
             recipient_user=self.row.requester,
             recipient_team=self.row.team_id,
             on_error=lambda where, message: record_error(engine, where, message, session_id=session_id),
+            session_id=session_id,
+            on_approval_posted=lambda call_id, ts: set_approval_message(engine, call_id, ts),
         )
         try:
             return await self._next(renderer, client)
@@ -183,7 +192,7 @@ class SessionTurns:
                 agent = Agent(self._agent_config(), self.store, session_id, self.config.workspaces_root / session_id)
                 await agent.stop()
                 await agent.aclose()
-                expire_pending(engine, session_id)
+                await self._expire(renderer)
                 await renderer.notice(STOPPED)
             self.ending = SessionStatus.IDLE
             return True  # the inbox may hold more
@@ -192,15 +201,15 @@ class SessionTurns:
         except WorkspaceError as e:
             await self._refuse(renderer, e.text)
             return False
-        waiting: list[PermissionRequested] = []
         step = metrics.StepClock()
 
         def emit(event: Event) -> None:
+            renderer.emit(event)
             if isinstance(event, ModelCalled):
                 step.model_called(event)
             elif isinstance(event, PermissionRequested):
-                waiting.append(event)
-            renderer.emit(event)
+                # Recorded before the message is posted: a click always finds its row.
+                renderer.emit(ApprovalAsked(self._ask(agent.state(), event), self.row.channel_id or ""))
 
         agent = Agent(
             self._agent_config(), self.store, session_id, workspace, api_key=self.config.model_api_key, emit=emit
@@ -208,12 +217,17 @@ class SessionTurns:
         try:
             state = agent.load()
             if state.turn_start() is not None:
-                decisions = await self._decisions(agent, renderer)
-                if self.row.status == SessionStatus.AWAITING_APPROVAL and not decisions:
-                    return False  # a stray delivery: the turn still waits for a person
+                decisions, undecided = await self._decisions(agent, renderer)
+                if self.row.status == SessionStatus.AWAITING_APPROVAL and (undecided or not decisions):
+                    return False  # a stray delivery, or a decision of several: the turn still waits for people
                 if self.row.status != SessionStatus.AWAITING_APPROVAL:
                     await renderer.notice(RESUMED)
                 run = agent.resume(decisions)
+            elif (command := self.store.take_command(session_id)) is not None:
+                run = await self._command(agent, command, renderer)
+                if run is None:
+                    self.ending = SessionStatus.IDLE
+                    return True  # the inbox may hold more
             else:
                 preface = await self._thread_context(client) if not state.entries else ""
                 if self.store.take_inbox(session_id, preface) is None:
@@ -230,9 +244,9 @@ class SessionTurns:
             self.ending = SessionStatus.IDLE
             return False
         if finished is not None and finished.outcome == Outcome.SUSPENDED:
-            self._ask(waiting)
             self.ending = SessionStatus.AWAITING_APPROVAL
-            return False
+            # Calls nobody may approve were rejected at once (_ask): then the turn goes on without waiting.
+            return not any(r.state == ApprovalState.PENDING for r in approvals_of(engine, session_id))
         self.ending = SessionStatus.IDLE
         return True
 
@@ -262,7 +276,7 @@ class SessionTurns:
             if reason == Cancelled.LOST:
                 raise Fenced(f"session {self.session_id}: the lease was lost") from None
             clear_stop(self.proc.engine, self.session_id)
-            expire_pending(self.proc.engine, self.session_id)
+            await self._expire(renderer)
             await renderer.notice(STOPPED)
             return None
         except Fenced:
@@ -313,40 +327,84 @@ class SessionTurns:
         self.ending = SessionStatus.IDLE
         await renderer.notice(f"⚠️ {text}")
 
-    async def _decisions(self, agent: Agent, renderer: ThreadRenderer) -> list[Decision]:
-        """The decisions the approvals table holds for calls still waiting; an expired one is a rejection."""
+    async def _decisions(self, agent: Agent, renderer: ThreadRenderer) -> tuple[list[Decision], bool]:
+        """The decisions the approvals table holds for calls still waiting (an expired one is a rejection), and
+        whether some waiting call is still undecided."""
         state = agent.state()
         waiting, known = state.open_calls(), set(state.decisions())
-        decisions = []
+        decisions, undecided = [], False
+        channel = self.row.channel_id or ""
         for row in approvals_of(self.proc.engine, self.session_id):
-            if row.call_id not in waiting or row.call_id in known or row.state == ApprovalState.PENDING:
+            if row.call_id not in waiting or row.call_id in known:
+                continue
+            if row.state == ApprovalState.PENDING:
+                undecided = True
                 continue
             if row.state == ApprovalState.EXPIRED:
+                await renderer.update_approval(row, channel)
                 await renderer.notice(EXPIRED.format(title=_title(row.tool, row.arguments)))
             approved = row.state == ApprovalState.APPROVED
-            decisions.append(Decision(row.call_id, approved, row.decided_by or str(row.state)))
-        return decisions
+            decisions.append(Decision(row.call_id, approved, row.decided_by or str(row.state), all=row.approve_all))
+        return decisions, undecided
 
-    def _ask(self, waiting: list[PermissionRequested]) -> None:
-        timeout = self.config.service.approvals.timeout
-        for event in waiting:
-            for call in event.calls:
-                request_approval(
-                    self.proc.engine,
-                    call_id=call.call_id,
-                    session_id=self.session_id,
-                    tool=call.tool,
-                    arguments=json.dumps(call.arguments, ensure_ascii=False),
-                    preview=call.preview,
-                    requested_by=self.row.requester,
-                    timeout_s=timeout,
-                )
+    async def _expire(self, renderer: ThreadRenderer) -> None:
+        """The turn was stopped: the calls it waited for expire, and their messages lose their buttons."""
+        for call_id in expire_pending(self.proc.engine, self.session_id):
+            if (row := get_approval(self.proc.engine, call_id)) is not None:
+                await renderer.update_approval(row, self.row.channel_id or "")
+
+    def _ask(self, state: SessionState, event: PermissionRequested) -> tuple[ApprovalRow, ...]:
+        """Record the waiting calls as approvals, asked by the author of the turn's message. In a channel where
+        nobody may approve, they are rejected at once, so that the turn does not wait for ever."""
+        engine, service = self.proc.engine, self.config.service
+        timeout = service.approvals.timeout
+        start = state.turn_start()
+        message = state.entries[start] if start is not None else None
+        author = getattr(message, "author", None) or self.row.requester
+        author = author.split(",")[0] if author else None
+        channel = service.channel(self.row.channel_id or "")
+        nobody = not channel.approvers and not service.approvals.requester_can_approve
+        rows = []
+        for call in event.calls:
+            prompt = display.prompt(call)
+            prefix = f"{call.agent} · " if call.agent else ""
+            row = request_approval(
+                engine,
+                call_id=call.call_id,
+                session_id=self.session_id,
+                tool=call.tool,
+                title=prefix + prompt.line.text,
+                arguments=json.dumps(call.arguments, ensure_ascii=False),
+                preview="\n".join(prompt.details),
+                requested_by=author,
+                timeout_s=timeout,
+            )
+            if nobody and decide_approval(engine, call.call_id, False, NO_APPROVERS):
+                row = get_approval(engine, call.call_id) or row
+            rows.append(row)
+        return tuple(rows)
+
+    async def _command(self, agent: Agent, command: TakenCommand, renderer: ThreadRenderer) -> Any:
+        """A thread command the bot recorded in the inbox: its log entries are in (take_command); what is left
+        is to say so, or to run the turn it opened (`ask`). None when there is no turn to run."""
+        agent.load()
+        if command.command == InboxCommand.ASK:
+            return agent.resume()
+        if command.command == InboxCommand.NEW:
+            await agent.resources.aclose()
+            await renderer.notice(NEW_CONVERSATION)
+        elif command.command == InboxCommand.COMPACT:
+            try:
+                await renderer.notice(f"🗜 {await agent.compact()}.")
+            except Exception as e:  # noqa: BLE001 - the model failed: the conversation is as it was
+                await renderer.notice(f"⚠️ Could not compact: {scrub(describe_error(e), list(self.proc.secrets))}")
+        return None
 
     def _agent_config(self) -> Any:
         agent = self.config.agent
         yolo = self.config.service.channel(self.row.channel_id or "").yolo
-        if self.row.yolo:
-            yolo = True
+        if self.row.yolo is not None:  # the thread's own (approve-all, `yolo on|off`) over the channel's
+            yolo = self.row.yolo
         return agent if yolo is None else agent.model_copy(update={"yolo": yolo})
 
     async def _thread_context(self, client: Any) -> str:

@@ -1,0 +1,197 @@
+"""Button clicks: Approve, Reject, Approve all (on an approval message or in App Home) and Stop.
+
+The listener acks, and the click is handled after the ack (Slack wants the ack within 3 seconds, and a
+user group may need a Web API call). Nothing in the click is trusted but the clicker's id, which Slack signs:
+
+1. The value must decode (chatops.buttons) and name a call that is an approval of that session.
+2. The click must come from where the bot showed the button: the session's channel and thread (and the
+   call's own message, once known), or the clicker's App Home.
+3. The clicker must be allowed (bot.authorize), by the config of the session's channel.
+4. The decision is a compare-and-set on the approvals row (chatops.store.decide_approval): of ten clicks at
+   once, one wins; a click on a call already decided, or expired, changes nothing.
+
+A refusal is an ephemeral sentence to the clicker and changes nothing. The winner's decision is shown on the
+call's message (who, when; no buttons), and once the turn waits for nothing more, the session is enqueued:
+the worker resumes it from the approvals table, wherever it runs, even if the worker that asked is gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Engine, select
+
+from bot.authorize import Approvers
+from chatops.buttons import Action, BadButton, ButtonValue
+from chatops.inbox import request_stop
+from chatops.schema import ApprovalState, InboxMessage, Session
+from chatops.store import ApprovalRow, approvals_of, decide_approval, get_approval, set_yolo
+from workers.approval_message import approval_blocks, when
+
+log = logging.getLogger("mm.bot.approvals")
+
+NOT_OURS = "This button does not belong to a call of this thread, so nothing was changed."
+NOT_FOUND = "This call is no longer known (its session was removed), so nothing was changed."
+DECIDED = "This call was already {state} by <@{by}> {at}: your click changed nothing."
+EXPIRED = "This call is no longer waiting (it expired, or the turn was stopped) {at}: your click changed nothing."
+ALL_APPROVED = (
+    "✅ <@{user}> approved all calls in this thread: until the session ends I run commands and edits without "
+    "asking. `@mm yolo off` asks again."
+)
+NOTHING_TO_STOP = "Nothing is running in this thread."
+MAY_NOT_STOP = "Only the people in this conversation and the channel's approvers may stop it."
+
+
+@dataclass(frozen=True)
+class Click:
+    """What a block_actions payload says, read once."""
+
+    action: Action
+    value: ButtonValue
+    user: str
+    channel: str | None  # None for a click in App Home
+    thread_ts: str | None
+    message_ts: str | None
+
+    @classmethod
+    def of(cls, action: dict[str, Any], body: dict[str, Any]) -> Click:
+        value = ButtonValue.decode(action.get("value"))
+        try:
+            kind = Action(action.get("action_id"))
+        except ValueError:
+            raise BadButton("the button is not one of ours") from None
+        container = body.get("container") or {}
+        in_view = container.get("type") == "view"
+        message = body.get("message") or {}
+        return cls(
+            kind,
+            value,
+            (body.get("user") or {}).get("id") or "",
+            None if in_view else container.get("channel_id") or (body.get("channel") or {}).get("id"),
+            None if in_view else container.get("thread_ts") or message.get("thread_ts"),
+            None if in_view else container.get("message_ts"),
+        )
+
+
+@dataclass(frozen=True)
+class _Session:
+    id: str
+    channel_id: str | None
+    thread_ts: str | None
+
+
+class ClickHandler:
+    """The bot process's click handling: its engine, config, approvers cache and the Web API client."""
+
+    def __init__(self, engine: Engine, approvers: Approvers, secrets: list[str], enqueue: Any) -> None:
+        self.engine, self.approvers, self.secrets, self.enqueue = engine, approvers, secrets, enqueue
+
+    async def handle(self, client: Any, click: Click) -> str | None:
+        """Carry out a click; the sentence for the clicker when it changed nothing (None when it did)."""
+        session = await asyncio.to_thread(self._session, click.value.session_id)
+        if session is None:
+            return NOT_FOUND
+        if click.channel is not None and (click.channel != session.channel_id or click.thread_ts != session.thread_ts):
+            return NOT_OURS
+        if click.action == Action.STOP:
+            return await self._stop(client, click, session)
+        row = await asyncio.to_thread(get_approval, self.engine, click.value.call_id or "")
+        if row is None or row.session_id != session.id:
+            return NOT_OURS
+        if click.message_ts is not None and row.message_ts is not None and click.message_ts != row.message_ts:
+            return NOT_OURS
+        if row.state != ApprovalState.PENDING:
+            return _already(row)
+        channel = session.channel_id or ""
+        approve = click.action != Action.REJECT
+        check = self.approvers.may_approve if approve else self.approvers.may_reject
+        refusal = await check(client, channel, click.user, row.requested_by)
+        if refusal is not None:
+            return refusal
+        everything = click.action == Action.APPROVE_ALL
+        won = await asyncio.to_thread(
+            decide_approval, self.engine, row.call_id, approve, click.user, approve_all=everything
+        )
+        if not won:
+            row = await asyncio.to_thread(get_approval, self.engine, row.call_id)
+            return _already(row) if row is not None else NOT_FOUND
+        decided = [row.call_id]
+        if everything:
+            decided += await asyncio.to_thread(self._approve_the_rest, session.id, click.user)
+        for call_id in decided:
+            await self._show(client, channel, call_id)
+        if everything:
+            await _say(client, channel, session.thread_ts, ALL_APPROVED.format(user=click.user))
+        if not await asyncio.to_thread(self._still_waiting, session.id):
+            await self._enqueue(session.id)
+        return None
+
+    # -- the steps ------------------------------------------------------------------------------------------
+
+    def _session(self, session_id: str) -> _Session | None:
+        with self.engine.connect() as conn:
+            row = conn.execute(
+                select(Session.id, Session.channel_id, Session.thread_ts).where(Session.id == session_id)
+            ).first()
+        return _Session(row.id, row.channel_id, row.thread_ts) if row else None
+
+    def _approve_the_rest(self, session_id: str, user: str) -> list[str]:
+        """Approve all: the session runs without asking from now on, and its other waiting calls are approved."""
+        set_yolo(self.engine, session_id, True)
+        return [
+            row.call_id
+            for row in approvals_of(self.engine, session_id)
+            if row.state == ApprovalState.PENDING and decide_approval(self.engine, row.call_id, True, user)
+        ]
+
+    def _still_waiting(self, session_id: str) -> bool:
+        return any(r.state == ApprovalState.PENDING for r in approvals_of(self.engine, session_id))
+
+    async def _show(self, client: Any, channel: str, call_id: str) -> None:
+        """The call's message as it now stands: the decision, who and when, no buttons."""
+        row = await asyncio.to_thread(get_approval, self.engine, call_id)
+        if row is None or row.message_ts is None:
+            return
+        blocks, text = approval_blocks(row, channel, self.secrets)
+        try:
+            await client.chat_update(channel=channel, ts=row.message_ts, text=text, blocks=blocks)
+        except Exception as e:  # noqa: BLE001 - the decision stands; the message is only its display
+            log.warning("could not show the decision on %s: %s", call_id, e)
+
+    async def _stop(self, client: Any, click: Click, session: _Session) -> str | None:
+        channel = session.channel_id or ""
+        writers = await asyncio.to_thread(self._writers, session.id)
+        if click.user not in writers and not (await self.approvers.is_approver(client, channel, click.user))[0]:
+            return MAY_NOT_STOP
+        if not await asyncio.to_thread(request_stop, self.engine, session.id):
+            return NOTHING_TO_STOP
+        await self._enqueue(session.id)  # a turn that waits for a decision has no worker to tell
+        return None
+
+    def _writers(self, session_id: str) -> set[str]:
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(InboxMessage.user_id).where(InboxMessage.session_id == session_id).distinct())
+            return {u for u in rows.scalars() if u}
+
+    async def _enqueue(self, session_id: str) -> None:
+        try:
+            await self.enqueue(session_id)
+        except Exception as e:  # noqa: BLE001 - the decision is recorded: housekeeping enqueues it later
+            log.warning("could not enqueue session %s (%s); housekeeping will", session_id, e)
+
+
+def _already(row: ApprovalRow) -> str:
+    at = when(row.decided_at) if row.decided_at else ""
+    if row.state == ApprovalState.EXPIRED or row.decided_by is None:
+        return EXPIRED.format(at=at).replace("  ", " ")
+    return DECIDED.format(state=row.state, by=row.decided_by, at=at)
+
+
+async def _say(client: Any, channel: str, thread_ts: str | None, text: str) -> None:
+    try:
+        await client.chat_postMessage(channel=channel, thread_ts=thread_ts, text=text)
+    except Exception as e:  # noqa: BLE001 - a courtesy: the setting is recorded
+        log.warning("could not tell %s/%s: %s", channel, thread_ts, e)

@@ -1,0 +1,102 @@
+"""Who may decide what: checked by the bot, on the server, from the config and Slack's own user groups.
+
+A click carries the clicker's id, signed by Slack; everything else in it (the button's value, the message) is
+only a claim, checked against the database by the caller (bot.approvals). The rules:
+
+- **Approve** (and "Approve all", and `yolo on|off`): a channel's approvers, listed by user id or user group
+  id under `channels.<id>.approvers` (else `channels.default`). The person whose message started the turn
+  may approve its calls only with `approvals.requester_can_approve: true`, approver or not: that is how an
+  operator makes a channel self-service. Without it, a second person always looks at a call.
+- **Reject**: the approvers, and the person who asked: anyone may withdraw their own request.
+- **Stop**: the approvers, and whoever wrote to the session.
+
+User groups are resolved through `usergroups.users.list` and kept for GROUP_TTL seconds, so that a burst of
+clicks costs one call per group and a person removed from a group loses the right within a minute. When
+Slack cannot answer, the group grants nothing (and the refusal says why): failing closed.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from chatops.config import ServiceConfig
+
+log = logging.getLogger("mm.bot.authorize")
+
+GROUP_TTL = 60.0
+NOT_AN_APPROVER = "Only this channel's approvers may {what} ({who}). Nothing was changed."
+NO_APPROVERS = (
+    "Nobody may {what} in this channel: whoever runs the bot lists approvers (user or group ids) under "
+    "`channels.{channel}.approvers` in its config file. Nothing was changed."
+)
+OWN_REQUEST = (
+    "You asked for this call, and another approver must decide on it "
+    "(`approvals.requester_can_approve` is off). Nothing was changed."
+)
+GROUP_UNKNOWN = " (the user group {group} could not be checked: {error})"
+
+
+class Approvers:
+    """The approver checks of one bot process, with its cache of user groups."""
+
+    def __init__(self, service: ServiceConfig, ttl: float = GROUP_TTL) -> None:
+        self.service, self.ttl = service, ttl
+        self._groups: dict[str, tuple[float, frozenset[str]]] = {}
+
+    async def is_approver(self, client: Any, channel: str, user: str) -> tuple[bool, str]:
+        """Whether `user` is one of the channel's approvers; and, when a group could not be checked, why."""
+        approvers = self.service.channel(channel).approvers
+        if user in approvers:
+            return True, ""
+        problems = ""
+        for group in (a for a in approvers if a.startswith("S")):
+            try:
+                if user in await self._members(client, group):
+                    return True, ""
+            except Exception as e:  # noqa: BLE001 - Slack's answer decides; without one the group grants nothing
+                log.warning("user group %s could not be resolved: %s", group, e)
+                problems += GROUP_UNKNOWN.format(group=group, error=_error(e))
+        return False, problems
+
+    async def may_approve(self, client: Any, channel: str, user: str, requested_by: str | None) -> str | None:
+        """None when `user` may approve a call of `channel` asked by `requested_by`; else the sentence why not."""
+        own = requested_by is not None and user == requested_by
+        if own and self.service.approvals.requester_can_approve:
+            return None
+        approver, problems = await self.is_approver(client, channel, user)
+        if approver:
+            return OWN_REQUEST if own else None
+        return self.refusal(channel, "approve calls", problems)
+
+    async def may_reject(self, client: Any, channel: str, user: str, requested_by: str | None) -> str | None:
+        if requested_by is not None and user == requested_by:
+            return None
+        approver, problems = await self.is_approver(client, channel, user)
+        return None if approver else self.refusal(channel, "reject calls", problems)
+
+    def refusal(self, channel: str, what: str, problems: str = "") -> str:
+        approvers = self.service.channel(channel).approvers
+        if not approvers:
+            return NO_APPROVERS.format(what=what, channel=channel)
+        who = ", ".join(f"<!subteam^{a}>" if a.startswith("S") else f"<@{a}>" for a in approvers)
+        return NOT_AN_APPROVER.format(what=what, who=who) + problems
+
+    async def _members(self, client: Any, group: str) -> frozenset[str]:
+        now = time.monotonic()
+        cached = self._groups.get(group)
+        if cached is not None and cached[0] > now:
+            return cached[1]
+        response = await client.usergroups_users_list(usergroup=group)
+        members = frozenset(u for u in response.get("users") or [] if isinstance(u, str))
+        self._groups[group] = (now + self.ttl, members)
+        return members
+
+
+def _error(e: Exception) -> str:
+    response = getattr(e, "response", None)
+    data = getattr(response, "data", None)
+    if isinstance(data, dict) and data.get("error"):
+        return str(data["error"])
+    return type(e).__name__

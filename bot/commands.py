@@ -1,0 +1,271 @@
+"""Thread commands: exact keywords in a message addressed to the bot, and the `/mm` slash command.
+
+Slack offers no slash commands in thread replies, so in a thread the commands are words: `@mm stop`. Only the
+whole message counts (`@mm help me read this` is a request, not `help`), and only when it is addressed to the
+bot (it mentions the bot first, or it is a direct message): in a channel thread, "stop" said to a colleague
+is talk. In channels, `/mm <command>` works on the person's latest session there.
+
+Commands that change the conversation (`new`, `compact`, `ask`, and the log record of `yolo`) are inbox rows:
+the worker carries them out in order with the messages (chatops.schema.InboxCommand). The others act at once:
+`stop` asks the running turn to stop, `status` and `help` answer, `repo` sets the thread's repository before
+its first turn, `yolo` sets the session's own setting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Engine
+
+from bot.authorize import Approvers
+from chatops.config import Config
+from chatops.inbox import has_messages, record_message, request_stop, session_of
+from chatops.queries import latest_session, log_length, pending_approvals, session_summary, tokens_used
+from chatops.repos import RepoRefused, check_repo
+from chatops.schema import InboxCommand, SessionStatus
+from chatops.store import ensure_session, set_repo, set_yolo
+from workers.workspaces import public_url
+
+log = logging.getLogger("mm.bot.commands")
+
+HELP = """Say these in a thread, after mentioning me (in a direct message, without): \
+`new` (a fresh conversation; the workspace stays), `compact` (summarise the earlier conversation), \
+`stop` (stop the running turn), `status` (this session's state), `ask AGENT PROMPT` (ask one of the \
+configured agents: {agents}), `yolo on` / `yolo off` (approvers: run calls without asking, or ask again), \
+`repo URL [BRANCH]` (before the first turn: the repository this thread works on), `help`. In a channel, \
+`/mm COMMAND` does the same for your latest session there, and `/mm PROMPT` starts a new thread."""
+NO_SESSION = "There is no session here yet: mention me with a request to start one."
+STOP_ASKED = "⏹ <@{user}> asked me to stop."
+NOTHING_RUNS = "Nothing is running here."
+YOLO_ON = "⚡ <@{user}> switched this thread to yolo: I run commands and edits without asking. `yolo off` asks again."
+YOLO_OFF = "🔐 <@{user}> switched yolo off: I ask before commands and edits again."
+REPO_SET = "📦 This thread works on {url}{branch}."
+REPO_LATE = (
+    "The repository is chosen before the first turn; this thread has started. Start a new thread for another one."
+)
+UNKNOWN_AGENT = "There is no agent named `{name}`; the agents are: {agents}."
+NO_AGENTS = "No agents are configured to ask (mmConfigs in the config)."
+ASK_USAGE = "Say `ask AGENT PROMPT`, for example `ask reviewer look at the last commit`."
+QUEUED_COMMAND = "`{command}` is queued: I do it after the current turn."
+STARTED = "<@{user}> asked: {prompt}"
+
+_KEYWORD = re.compile(r"^(new|compact|stop|status|help)$", re.IGNORECASE)
+_YOLO = re.compile(r"^yolo\s+(on|off)$", re.IGNORECASE)
+_ASK = re.compile(r"^ask(?:\s+(\S+)(?:\s+(.+))?)?$", re.IGNORECASE | re.DOTALL)
+_REPO = re.compile(r"^repo(?:\s+(\S+)(?:\s+(\S+))?)?$", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class Command:
+    name: str  # new, compact, stop, status, help, yolo, ask, repo
+    args: tuple[str, ...] = ()
+
+
+def parse(text: str) -> Command | None:
+    """The command the whole text is, or None for a request to the agent."""
+    text = text.strip()
+    if m := _KEYWORD.match(text):
+        return Command(m.group(1).lower())
+    if m := _YOLO.match(text):
+        return Command("yolo", (m.group(1).lower(),))
+    if m := _ASK.match(text):
+        return Command("ask", tuple(g.strip() for g in m.groups() if g))
+    if m := _REPO.match(text):
+        return Command("repo", tuple(g for g in m.groups() if g))
+    return None
+
+
+@dataclass(frozen=True)
+class Where:
+    """The message or command a command came with: its thread (None for `/mm` outside one), who, and the ts."""
+
+    channel: str
+    thread_ts: str | None
+    message_ts: str
+    user: str
+    team: str | None = None
+    assistant_thread: bool = False
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What to answer: `public` goes to the thread for everyone, `private` to the person alone; `enqueue` the
+    session to hand to the workers."""
+
+    public: str | None = None
+    private: str | None = None
+    enqueue: str | None = None
+
+
+class Commands:
+    def __init__(self, engine: Engine, config: Config, approvers: Approvers, enqueue: Any) -> None:
+        self.engine, self.config, self.approvers, self.enqueue = engine, config, approvers, enqueue
+
+    def agents(self) -> str:
+        return ", ".join(f"`{n}`" for n in self.config.agent.mmConfigs) or "none configured"
+
+    async def run(self, client: Any, command: Command, where: Where) -> Outcome:
+        """Carry out a command given in a thread (where.thread_ts is the thread)."""
+        assert where.thread_ts is not None
+        session = await asyncio.to_thread(session_of, self.engine, where.channel, where.thread_ts)
+        name = command.name
+        if name == "help":
+            return Outcome(private=HELP.format(agents=self.agents()))
+        if name == "repo":
+            return await asyncio.to_thread(self._repo, command, where, session)
+        if name == "ask":
+            refusal = self._ask_refusal(command)
+            if refusal:
+                return Outcome(private=refusal)
+            agent, prompt = command.args
+            return await self._record(where, InboxCommand.ASK, json.dumps({"agent": agent, "prompt": prompt}))
+        if session is None:
+            return Outcome(private=NO_SESSION)
+        if name == "stop":
+            if not await asyncio.to_thread(request_stop, self.engine, session):
+                return Outcome(private=NOTHING_RUNS)
+            return Outcome(public=STOP_ASKED.format(user=where.user), enqueue=session)
+        if name == "status":
+            return Outcome(private=await asyncio.to_thread(self.status, session))
+        if name == "yolo":
+            refusal = await self.approvers.may_approve(client, where.channel, where.user, None)
+            if refusal:
+                return Outcome(private=refusal.replace("approve calls", "switch yolo"))
+            on = command.args[0] == "on"
+            await asyncio.to_thread(set_yolo, self.engine, session, on)
+            recorded = await self._record(where, InboxCommand.YOLO, "on" if on else "off")
+            return Outcome(public=(YOLO_ON if on else YOLO_OFF).format(user=where.user), enqueue=recorded.enqueue)
+        return await self._record(where, InboxCommand(name), "")
+
+    def _ask_refusal(self, command: Command) -> str | None:
+        if len(command.args) < 2:
+            return ASK_USAGE
+        if not self.config.agent.mmConfigs:
+            return NO_AGENTS
+        if command.args[0] not in self.config.agent.mmConfigs:
+            return UNKNOWN_AGENT.format(name=command.args[0][:100], agents=self.agents())
+        return None
+
+    async def _record(self, where: Where, command: InboxCommand, argument: str) -> Outcome:
+        assert where.thread_ts is not None
+        recorded = await asyncio.to_thread(
+            record_message,
+            self.engine,
+            channel_id=where.channel,
+            thread_ts=where.thread_ts,
+            message_ts=where.message_ts,
+            user_id=where.user,
+            text=argument,
+            team_id=where.team,
+            assistant_thread=where.assistant_thread,
+            command=command,
+        )
+        if not recorded.new:
+            return Outcome()
+        busy = QUEUED_COMMAND.format(command=command.value) if recorded.busy and command != InboxCommand.YOLO else None
+        return Outcome(private=busy, enqueue=recorded.session_id)
+
+    def _repo(self, command: Command, where: Where, session: str | None) -> Outcome:
+        assert where.thread_ts is not None
+        if not command.args:
+            return Outcome(private="Say `repo URL [BRANCH]`, with an https URL the channel allows.")
+        if session is not None and (log_length(self.engine, session) or has_messages(self.engine, session)):
+            return Outcome(private=REPO_LATE)
+        allowed = self.config.service.channel(where.channel).repos
+        try:
+            choice = check_repo(command.args[0], command.args[1] if len(command.args) > 1 else None, allowed)
+        except RepoRefused as e:
+            return Outcome(private=f"I can't work on that repository: {e}")
+        ensure = ensure_session(
+            self.engine,
+            channel_id=where.channel,
+            thread_ts=where.thread_ts,
+            team_id=where.team,
+            requester=where.user,
+            assistant_thread=where.assistant_thread,
+        )
+        set_repo(self.engine, ensure, choice.url, choice.branch)
+        branch = f" (branch `{choice.branch}`)" if choice.branch else ""
+        return Outcome(public=REPO_SET.format(url=public_url(choice.url), branch=branch))
+
+    def status(self, session_id: str) -> str:
+        summary = session_summary(self.engine, session_id)
+        if summary is None:
+            return NO_SESSION
+        prompt, completion = tokens_used(self.engine, session_id)
+        waiting = pending_approvals(self.engine, session_id=session_id)
+        state = {
+            SessionStatus.IDLE: "idle",
+            SessionStatus.QUEUED: "queued for a worker",
+            SessionStatus.RUNNING: "running a turn",
+            SessionStatus.AWAITING_APPROVAL: "waiting for a decision",
+        }.get(SessionStatus(summary.status), summary.status)
+        channel = self.config.service.channel(summary.channel_id or "")
+        repo = summary.repo or channel.repo
+        yolo = summary.yolo if summary.yolo is not None else channel.yolo
+        lines = [
+            f"*Status:* {state}",
+            f"*Repository:* {public_url(repo) if repo else 'none (an empty workspace)'}"
+            + (f" (branch `{summary.branch or channel.branch}`)" if summary.branch or channel.branch else ""),
+            f"*Asks before commands and edits:* {'no (yolo)' if yolo else 'yes'}",
+            f"*Tokens:* {prompt + completion:,} ({prompt:,} prompt, {completion:,} completion)",
+        ]
+        if waiting:
+            lines.append(f"*Waiting for a decision:* {', '.join(p.row.title or p.row.tool for p in waiting)[:1000]}")
+        return "\n".join(lines)
+
+    # -- /mm ----------------------------------------------------------------------------------------------------
+
+    async def slash(self, client: Any, text: str, channel: str, user: str, team: str | None, trigger: str) -> Outcome:
+        """`/mm …` in a channel: a command for the person's latest session there, or a prompt for a new thread."""
+        command = parse(text)
+        if command is not None and command.name == "help":
+            return Outcome(private=HELP.format(agents=self.agents()))
+        if command is None or command.name in ("ask", "repo") or (command.name == "new" and not command.args):
+            if command is None and not text.strip():
+                return Outcome(private=HELP.format(agents=self.agents()))
+            if command is not None and command.name == "ask" and (refusal := self._ask_refusal(command)):
+                return Outcome(private=refusal)
+            if command is not None and command.name == "new":
+                return Outcome(private="Say `/mm PROMPT` to start a new thread, or `@mm new` in a thread.")
+            return await self._new_thread(client, command, text.strip(), channel, user, team)
+        latest = await asyncio.to_thread(latest_session, self.engine, channel, user)
+        if latest is None or latest.thread_ts is None:
+            return Outcome(private=NO_SESSION)
+        # The command's inbox row needs an id of its own: the invocation's trigger id is one.
+        where = Where(channel, latest.thread_ts, f"slash:{trigger}"[:32], user, team)
+        return await self.run(client, command, where)
+
+    async def _new_thread(
+        self, client: Any, command: Command | None, text: str, channel: str, user: str, team: str | None
+    ) -> Outcome:
+        """A new thread for a prompt, an `ask`, or a `repo` (then the person continues in the thread)."""
+        if command is not None and command.name == "repo":
+            head = f"<@{user}> started a thread for a repository."
+        else:
+            head = STARTED.format(user=user, prompt=text[:2800])
+        root = await client.chat_postMessage(channel=channel, text=head)
+        thread_ts = root["ts"]
+        where = Where(channel, thread_ts, thread_ts, user, team)
+        if command is not None:
+            outcome = await self.run(client, command, where)
+        else:
+            recorded = await asyncio.to_thread(
+                record_message,
+                self.engine,
+                channel_id=channel,
+                thread_ts=thread_ts,
+                message_ts=thread_ts,
+                user_id=user,
+                text=text,
+                team_id=team,
+            )
+            outcome = Outcome(enqueue=recorded.session_id)
+        if outcome.public or outcome.private:
+            await client.chat_postMessage(channel=channel, thread_ts=thread_ts, text=outcome.public or outcome.private)
+        return Outcome(enqueue=outcome.enqueue)

@@ -1,0 +1,105 @@
+"""App Home: a person's recent sessions, with their status and a link to each thread, and the calls waiting
+for a decision that this person may give, with the same buttons and the same checks as in the thread.
+
+Published when the person opens the tab (`app_home_opened`) and again after each of their clicks in it. The
+page is built from the database on each publish: it is a view, never a source of truth.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from sqlalchemy import Engine
+
+from bot.authorize import Approvers
+from chatops.config import Config
+from chatops.queries import PendingApproval, SessionSummary, pending_approvals, recent_sessions
+from workers.approval_message import approval_blocks, when
+
+log = logging.getLogger("mm.bot.home")
+
+SESSIONS = 10
+APPROVALS = 8  # a view holds 100 blocks; an approval takes up to seven
+STATUS = {
+    "idle": "💤 idle",
+    "queued": "⏳ queued",
+    "running": "🏃 running",
+    "awaiting_approval": "⏸ waiting for a decision",
+}
+NO_SESSIONS = "No sessions yet: mention me in a channel, or write to me here, and I work on it in a thread."
+NO_APPROVALS = "Nothing waits for your decision."
+
+
+class Home:
+    def __init__(self, engine: Engine, config: Config, approvers: Approvers, secrets: list[str]) -> None:
+        self.engine, self.config, self.approvers, self.secrets = engine, config, approvers, secrets
+        self._links: dict[tuple[str, str], str] = {}  # a thread's permalink never changes
+
+    async def publish(self, client: Any, user: str, notice: str | None = None) -> None:
+        try:
+            view = await self.view(client, user, notice)
+            await client.views_publish(user_id=user, view=view)
+        except Exception as e:  # noqa: BLE001 - the page is a courtesy; the thread has everything
+            log.warning("could not publish App Home for %s: %s", user, e)
+
+    async def view(self, client: Any, user: str, notice: str | None = None) -> dict[str, Any]:
+        sessions = await asyncio.to_thread(recent_sessions, self.engine, user, SESSIONS)
+        waiting = await asyncio.to_thread(pending_approvals, self.engine)
+        blocks: list[dict[str, Any]] = []
+        if notice:
+            blocks.append(_context(f"⚠️ {notice}"))
+        blocks += [_header("Your sessions")]
+        for session in sessions:
+            blocks.append(_section(await self._session_line(client, session)))
+        if not sessions:
+            blocks.append(_context(NO_SESSIONS))
+        blocks += [{"type": "divider"}, _header("Waiting for your decision")]
+        shown = 0
+        for pending in waiting:
+            if shown == APPROVALS:
+                break
+            if await self.approvers.may_approve(client, pending.channel_id, user, pending.row.requested_by) is None:
+                blocks += await self._approval(client, pending)
+                shown += 1
+        if not shown:
+            blocks.append(_context(NO_APPROVALS))
+        return {"type": "home", "blocks": blocks[:100]}
+
+    async def _session_line(self, client: Any, session: SessionSummary) -> str:
+        link = await self._link(client, session.channel_id, session.thread_ts)
+        where = f"<{link}|thread in <#{session.channel_id}>>" if link else f"thread in <#{session.channel_id}>"
+        status = STATUS.get(session.status, session.status)
+        return f"{where} · {status} · last active {when(session.updated_at)}"
+
+    async def _approval(self, client: Any, pending: PendingApproval) -> list[dict[str, Any]]:
+        blocks, _text = approval_blocks(pending.row, pending.channel_id, self.secrets)
+        link = await self._link(client, pending.channel_id, pending.thread_ts)
+        where = f"<{link}|In a thread of <#{pending.channel_id}>>" if link else f"In <#{pending.channel_id}>"
+        return [_context(where), *blocks]
+
+    async def _link(self, client: Any, channel: str | None, ts: str | None) -> str | None:
+        if not channel or not ts:
+            return None
+        key = (channel, ts)
+        if key not in self._links:
+            try:
+                response = await client.chat_getPermalink(channel=channel, message_ts=ts)
+            except Exception as e:  # noqa: BLE001 - the line goes without its link
+                log.info("no permalink for %s/%s: %s", channel, ts, e)
+                return None
+            self._links[key] = str(response.get("permalink") or "")
+        return self._links[key] or None
+
+
+def _header(text: str) -> dict[str, Any]:
+    return {"type": "header", "text": {"type": "plain_text", "text": text}}
+
+
+def _section(text: str) -> dict[str, Any]:
+    return {"type": "section", "text": {"type": "mrkdwn", "text": text}}
+
+
+def _context(text: str) -> dict[str, Any]:
+    return {"type": "context", "elements": [{"type": "mrkdwn", "text": text[:2900]}]}

@@ -1,0 +1,33 @@
+"""Approvals from Slack and thread commands: an approval's display line and its "approve all", and inbox rows
+that carry a thread command (new, compact, ask, yolo) in order with the messages.
+
+Revision ID: 0003
+Revises: 0002
+Create Date: 2026-12-01
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from alembic import op
+
+revision = "0003"
+down_revision = "0002"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    with op.batch_alter_table("approvals") as batch:
+        batch.add_column(sa.Column("title", sa.Text()))
+        batch.add_column(sa.Column("approve_all", sa.Boolean(), nullable=False, server_default=sa.false()))
+    with op.batch_alter_table("inbox") as batch:
+        batch.add_column(sa.Column("command", sa.String(16)))
+
+
+def downgrade() -> None:
+    with op.batch_alter_table("inbox") as batch:
+        batch.drop_column("command")
+    with op.batch_alter_table("approvals") as batch:
+        batch.drop_column("approve_all")
+        batch.drop_column("title")

@@ -1,0 +1,255 @@
+"""Approvals from Slack, end to end: real `celery worker` and `mm-bot serve` processes, PostgreSQL, Redis, the
+Slack emulator, signed clicks, the scripted model. Who may click what is checked by the bot, on the server."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import select, update
+
+from chatops.buttons import ButtonValue
+from chatops.schema import Approval, ToolCall
+from mm_testkit.model_server import Reply
+from mm_testkit.model_server import ToolCall as ModelCall
+from mm_testkit.slack_client import SlackEventSender
+from threads_support import CHANNEL, SECRET, OwnRedis, Stack, config, policy, stack
+
+APPROVER, LEAD, ALICE, EVE = "U0BOB", "U0CAROL", "U0ALICE", "U0EVE"
+GATED = config(
+    "{yolo: false, approvers: [U0BOB, S0LEADS]}",
+    "approvals: {requester_can_approve: false, timeout: 10m}",
+)
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[OwnRedis]:
+    server = OwnRedis(tmp_path / "redis")
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def gated(tmp_path: Path, fresh_pg_url: str, own_redis: OwnRedis) -> Iterator[tuple[Stack, SlackEventSender]]:
+    with stack(tmp_path, fresh_pg_url, own_redis.url, config=GATED) as threads:
+        for user, name in ((APPROVER, "bob"), (LEAD, "carol"), (ALICE, "alice"), (EVE, "eve")):
+            threads.slack.add_user(user, name)
+        threads.slack.add_usergroup("S0LEADS", "leads", [LEAD])
+        threads.start_worker()
+        base = threads.start_bot()
+        with SlackEventSender(base, SECRET, response_url=threads.slack.response_url) as sender:
+            yield threads, sender
+
+
+def approval_messages(threads: Stack, thread_ts: str) -> list[dict[str, Any]]:
+    return [
+        m
+        for m in threads.slack.messages(CHANNEL, thread_ts)
+        if any(b.get("block_id", "").startswith("approval:") for b in m.get("blocks") or [])
+        or "🔐" in (m.get("text") or "")
+    ]
+
+
+def waiting_message(threads: Stack, thread_ts: str) -> dict[str, Any]:
+    def find() -> dict[str, Any] | None:
+        for m in approval_messages(threads, thread_ts):
+            if any(b["type"] == "actions" for b in m.get("blocks") or []):
+                return m
+        return None
+
+    return threads.wait(find, message="the approval message with its buttons")
+
+
+def buttons(message: dict[str, Any]) -> dict[str, str]:
+    actions = next(b for b in message["blocks"] if b["type"] == "actions")
+    return {e["action_id"]: e["value"] for e in actions["elements"]}
+
+
+def click(sender: SlackEventSender, message: dict[str, Any], action: str, user: str, thread_ts: str) -> None:
+    response = sender.block_action(
+        action, buttons(message)[action], user=user, channel=CHANNEL, message_ts=message["ts"], thread_ts=thread_ts
+    )
+    assert response.status_code == 200
+
+
+def ephemerals_to(threads: Stack, user: str) -> list[str]:
+    return [m.get("text") or "" for m in threads.slack.ephemerals if m.get("to_user") == user]
+
+
+def approval_state(threads: Stack, message: dict[str, Any]) -> tuple[str, str | None]:
+    call_id = ButtonValue.decode(buttons(message)["approve"]).call_id
+    with threads.engine.connect() as conn:
+        row = conn.execute(select(Approval.state, Approval.decided_by).where(Approval.call_id == call_id)).one()
+    return row.state, row.decided_by
+
+
+def idle(threads: Stack, session_id: str, turns: int = 1) -> Callable[[], bool]:
+    return lambda: threads.turns_ended(session_id) >= turns and threads.status(session_id) == "idle"
+
+
+def shown(threads: Stack, message: dict[str, Any]) -> str:
+    current = threads.slack.message(CHANNEL, message["ts"])
+    assert current is not None
+    return json.dumps(current["blocks"], ensure_ascii=False)
+
+
+def test_an_approver_approves_a_command_which_then_runs_and_the_message_says_who(gated) -> None:
+    threads, sender = gated
+    posted = threads.post("run: echo approved-output", user=ALICE)
+    message = waiting_message(threads, posted.thread_ts)
+    assert threads.status(posted.session_id) == "awaiting_approval"
+    text = shown(threads, message)
+    assert "bash: echo approved-output" in text and f"asked by <@{ALICE}>" in text and "expires <!date^" in text
+    assert list(buttons(message)) == ["approve", "reject", "approve_all"]
+
+    click(sender, message, "approve", APPROVER, posted.thread_ts)
+    threads.wait(idle(threads, posted.session_id), message="the approved turn")
+    assert [m["content"] for m in threads.model.messages() if m["role"] == "tool"] == ["approved-output\n"]
+    updated = shown(threads, message)
+    assert f"Approved by <@{APPROVER}>" in updated and '"actions"' not in updated
+    assert "done: approved-output" in threads.thread_text(posted.thread_ts)
+    with threads.engine.connect() as conn:
+        audit = conn.execute(select(ToolCall.tool, ToolCall.decision, ToolCall.decided_by)).all()
+    assert audit == [("bash", "approved", APPROVER)]
+
+
+def test_a_rejection_tells_the_model_in_the_reference_s_words(gated) -> None:
+    threads, sender = gated
+    posted = threads.post("run: touch rejected-file", user=ALICE)
+    message = waiting_message(threads, posted.thread_ts)
+    click(sender, message, "reject", ALICE, posted.thread_ts)  # the requester may withdraw their own request
+    threads.wait(idle(threads, posted.session_id), message="the rejected turn")
+    assert [m["content"] for m in threads.model.messages() if m["role"] == "tool"] == ["[command rejected by the user]"]
+    assert not (threads.workspace(posted.session_id) / "rejected-file").exists()
+    assert f"Rejected by <@{ALICE}>" in shown(threads, message)
+
+
+def test_an_edit_shows_its_diff_and_writes_only_once_approved(gated) -> None:
+    threads, sender = gated
+
+    def edits(request: dict[str, Any]) -> Reply:
+        last = request["messages"][-1]
+        if last["role"] == "user" and "write it" in (last["content"] or ""):
+            return Reply(tool_calls=[ModelCall("write_file", {"path": "notes.txt", "content": "first line\n"})])
+        return policy(request)
+
+    threads.model.always(edits)
+    posted = threads.post("write it", user=ALICE)
+    message = waiting_message(threads, posted.thread_ts)
+    assert "+first line" in shown(threads, message) or "first line" in shown(threads, message)
+    target = threads.workspace(posted.session_id) / "notes.txt"
+    assert not target.exists()
+    click(sender, message, "approve", LEAD, posted.thread_ts)  # an approver through the user group
+    threads.wait(idle(threads, posted.session_id), message="the approved edit")
+    assert target.read_text() == "first line\n"
+
+
+def test_refused_clicks_change_nothing_and_say_why_to_the_clicker_alone(gated) -> None:
+    threads, sender = gated
+    posted = threads.post("run: echo guarded", user=APPROVER)
+    message = waiting_message(threads, posted.thread_ts)
+
+    click(sender, message, "approve", EVE, posted.thread_ts)  # not an approver
+    threads.wait(lambda: ephemerals_to(threads, EVE), message="the refusal to eve")
+    assert "Only this channel's approvers" in ephemerals_to(threads, EVE)[0]
+
+    click(sender, message, "approve", APPROVER, posted.thread_ts)  # an approver, but it is their own request
+    threads.wait(lambda: ephemerals_to(threads, APPROVER), message="the refusal of a self-approval")
+    assert "You asked for this call" in ephemerals_to(threads, APPROVER)[0]
+
+    # A click with a forged value: another session's call, or a thread it does not belong to.
+    forged = ButtonValue(
+        "00000000-0000-0000-0000-000000000000", ButtonValue.decode(buttons(message)["approve"]).call_id
+    )
+    sender.block_action(
+        "approve", forged.encode(), user=LEAD, channel=CHANNEL, message_ts=message["ts"], thread_ts=posted.thread_ts
+    )
+    sender.block_action(
+        "approve", buttons(message)["approve"], user=LEAD, channel=CHANNEL, message_ts=message["ts"], thread_ts="1.2"
+    )
+    threads.wait(lambda: len(ephemerals_to(threads, LEAD)) == 2, message="two refusals to carol")
+    time.sleep(1)
+    assert approval_state(threads, message) == ("pending", None)
+    assert threads.status(posted.session_id) == "awaiting_approval"
+    assert '"actions"' in shown(threads, message)
+
+
+def test_ten_concurrent_clicks_make_one_decision(gated) -> None:
+    threads, sender = gated
+    posted = threads.post("run: echo once", user=ALICE)
+    message = waiting_message(threads, posted.thread_ts)
+    clickers = [APPROVER, LEAD] * 5
+    with concurrent.futures.ThreadPoolExecutor(10) as pool:
+        actions = ["approve", "reject"] * 5
+        list(pool.map(lambda i: click(sender, message, actions[i], clickers[i], posted.thread_ts), range(10)))
+    threads.wait(idle(threads, posted.session_id), message="the decided turn")
+    with threads.engine.connect() as conn:
+        decisions = conn.execute(select(ToolCall.decision, ToolCall.decided_by)).all()
+    assert len(decisions) == 1
+    threads.wait(lambda: len(ephemerals_to(threads, APPROVER) + ephemerals_to(threads, LEAD)) == 9, message="9 told")
+    told = ephemerals_to(threads, APPROVER) + ephemerals_to(threads, LEAD)
+    assert all("already" in t for t in told)
+
+
+def test_a_click_after_the_expiry_is_refused(gated) -> None:
+    threads, sender = gated
+    posted = threads.post("run: echo late", user=ALICE)
+    message = waiting_message(threads, posted.thread_ts)
+    with threads.engine.begin() as conn:  # the clock moved on: the approval's time is past
+        conn.execute(update(Approval).values(expires_at=Approval.created_at))
+    click(sender, message, "approve", APPROVER, posted.thread_ts)
+    threads.wait(lambda: ephemerals_to(threads, APPROVER), message="the refusal")
+    assert "no longer waiting" in ephemerals_to(threads, APPROVER)[0]
+    threads.wait(idle(threads, posted.session_id), message="the expired call answered by housekeeping")
+    assert [m["content"] for m in threads.model.messages() if m["role"] == "tool"] == ["[command rejected by the user]"]
+
+
+def test_approve_all_runs_this_call_and_the_next_without_asking(gated) -> None:
+    threads, sender = gated
+    posted = threads.post("run: echo first", user=ALICE)
+    message = waiting_message(threads, posted.thread_ts)
+    click(sender, message, "approve_all", LEAD, posted.thread_ts)
+    threads.wait(idle(threads, posted.session_id), message="the first turn")
+    assert "approved all calls in this thread" in threads.thread_text(posted.thread_ts)
+    threads.post("run: echo second", thread_ts=posted.thread_ts, user=ALICE)
+    threads.wait(idle(threads, posted.session_id, turns=2), message="the second turn, without asking")
+    assert [m["content"] for m in threads.model.messages() if m["role"] == "tool"][-1] == "second\n"
+    assert len(approval_messages(threads, posted.thread_ts)) == 1
+    assert "yolo" in threads.log_kinds(posted.session_id) or "approval" in threads.log_kinds(posted.session_id)
+
+
+def test_a_channel_without_approvers_says_who_can_configure_them_instead_of_waiting(
+    tmp_path: Path, fresh_pg_url: str, own_redis: OwnRedis
+) -> None:
+    with stack(tmp_path, fresh_pg_url, own_redis.url, config=config("{yolo: false}")) as threads:
+        threads.start_worker()
+        posted = threads.post("run: echo nobody")
+        threads.wait(idle(threads, posted.session_id), message="the turn, not waiting")
+        text = threads.thread_text(posted.thread_ts)
+        assert "nobody may approve calls in this channel" in text and "channels.default.approvers" not in text
+        assert f"channels.{CHANNEL}.approvers" in text
+        assert [m["content"] for m in threads.model.messages() if m["role"] == "tool"] == [
+            "[command rejected by the user]"
+        ]
+
+
+def test_a_worker_killed_while_waiting_and_the_bot_restarted_still_resume_on_a_click(gated) -> None:
+    threads, _ = gated
+    posted = threads.post("run: echo survived", user=ALICE)
+    message = waiting_message(threads, posted.thread_ts)
+    threads.kill_worker("w1")
+    assert threads.bot is not None
+    threads.bot.kill()
+    threads.bot.wait()
+    base = threads.start_bot()
+    threads.start_worker("w2")
+    with SlackEventSender(base, SECRET, response_url=threads.slack.response_url) as again:
+        click(again, message, "approve", APPROVER, posted.thread_ts)
+    threads.wait(idle(threads, posted.session_id), message="the turn resumed on w2")
+    assert [m["content"] for m in threads.model.messages() if m["role"] == "tool"] == ["survived\n"]
