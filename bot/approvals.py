@@ -27,7 +27,8 @@ from sqlalchemy import Engine, select
 from bot.authorize import Approvers
 from chatops.buttons import Action, BadButton, ButtonValue
 from chatops.inbox import request_stop
-from chatops.schema import ApprovalState, InboxMessage, Session
+from chatops.queries import writers
+from chatops.schema import ApprovalState, Session
 from chatops.store import ApprovalRow, approvals_of, decide_approval, get_approval, set_yolo
 from workers.approval_message import approval_blocks, when
 
@@ -162,25 +163,25 @@ class ClickHandler:
             log.warning("could not show the decision on %s: %s", call_id, e)
 
     async def _stop(self, client: Any, click: Click, session: _Session) -> str | None:
-        channel = session.channel_id or ""
-        writers = await asyncio.to_thread(self._writers, session.id)
-        if click.user not in writers and not (await self.approvers.is_approver(client, channel, click.user))[0]:
+        if not await may_stop(self.engine, self.approvers, client, session.channel_id or "", session.id, click.user):
             return MAY_NOT_STOP
         if not await asyncio.to_thread(request_stop, self.engine, session.id):
             return NOTHING_TO_STOP
         await self._enqueue(session.id)  # a turn that waits for a decision has no worker to tell
         return None
 
-    def _writers(self, session_id: str) -> set[str]:
-        with self.engine.connect() as conn:
-            rows = conn.execute(select(InboxMessage.user_id).where(InboxMessage.session_id == session_id).distinct())
-            return {u for u in rows.scalars() if u}
-
     async def _enqueue(self, session_id: str) -> None:
         try:
             await self.enqueue(session_id)
         except Exception as e:  # noqa: BLE001 - the decision is recorded: housekeeping enqueues it later
             log.warning("could not enqueue session %s (%s); housekeeping will", session_id, e)
+
+
+async def may_stop(engine: Engine, approvers: Approvers, client: Any, channel: str, session_id: str, user: str) -> bool:
+    """The people in the conversation and the channel's approvers may stop it (the button and `stop` alike)."""
+    if user in await asyncio.to_thread(writers, engine, session_id):
+        return True
+    return (await approvers.is_approver(client, channel, user))[0]
 
 
 def _already(row: ApprovalRow) -> str:

@@ -22,6 +22,7 @@ from typing import Any
 
 from sqlalchemy import Engine
 
+from bot.approvals import MAY_NOT_STOP, may_stop
 from bot.authorize import Approvers
 from chatops.config import Config
 from chatops.inbox import has_messages, record_message, request_stop, session_of
@@ -127,6 +128,8 @@ class Commands:
         if session is None:
             return Outcome(private=NO_SESSION)
         if name == "stop":
+            if not await may_stop(self.engine, self.approvers, client, where.channel, session, where.user):
+                return Outcome(private=MAY_NOT_STOP)
             if not await asyncio.to_thread(request_stop, self.engine, session):
                 return Outcome(private=NOTHING_RUNS)
             return Outcome(public=STOP_ASKED.format(user=where.user), enqueue=session)

@@ -116,6 +116,13 @@ def tokens_used(engine: Engine, session_id: str) -> tuple[int, int]:
     return prompt, completion
 
 
+def writers(engine: Engine, session_id: str) -> set[str]:
+    """Everyone who wrote to the session: the people in the conversation."""
+    with engine.connect() as conn:
+        rows = conn.execute(select(InboxMessage.user_id).where(InboxMessage.session_id == session_id).distinct())
+        return {u for u in rows.scalars() if u}
+
+
 def log_length(engine: Engine, session_id: str) -> int:
     with engine.connect() as conn:
         return conn.execute(

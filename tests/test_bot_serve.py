@@ -179,31 +179,6 @@ def test_serve_with_the_database_down_still_answers_healthz_and_says_so(tmp_path
     assert health["ok"] is True and health["database"] is False
 
 
-def test_the_slack_manifest_points_every_request_at_the_bots_endpoint() -> None:
-    import yaml
-
-    from bot.handlers import SLASH_COMMAND
-    from bot.server import EVENTS_PATH
-
-    manifest = yaml.safe_load((Path(__file__).resolve().parent.parent / "docs" / "slack-app-manifest.yaml").read_text())
-    settings, features = manifest["settings"], manifest["features"]
-    urls = [settings["event_subscriptions"]["request_url"], settings["interactivity"]["request_url"]]
-    urls += [command["url"] for command in features["slash_commands"]]
-    assert all(url == f"https://YOUR-HOST{EVENTS_PATH}" for url in urls), urls
-    assert [command["command"] for command in features["slash_commands"]] == [SLASH_COMMAND]
-    assert set(settings["event_subscriptions"]["bot_events"]) == {
-        "app_mention",
-        "message.channels",
-        "message.groups",
-        "message.im",
-        "assistant_thread_started",
-        "assistant_thread_context_changed",
-    }
-    assert settings["interactivity"]["is_enabled"] is True
-    # assistant:write is only granted to apps with the assistant view.
-    assert "assistant:write" in manifest["oauth_config"]["scopes"]["bot"] and "assistant_view" in features
-
-
 def test_serve_with_a_database_url_it_cannot_use_says_so_without_a_traceback(tmp_path: Path) -> None:
     """Down is not broken: a server that does not answer is served around (above), a URL that can never work is
     refused at start-up, in one sentence."""
