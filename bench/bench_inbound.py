@@ -41,7 +41,6 @@ import logging
 import math
 import os
 import resource
-import secrets
 import shutil
 import signal
 import statistics
@@ -55,6 +54,7 @@ from pathlib import Path
 
 import aiohttp
 import httpx
+from support import bench_database, machine_jiffies, named
 
 from chatops.config import ENVIRONMENT
 from mm_testkit.slack_client import SlackEventSender, signed_headers
@@ -68,7 +68,6 @@ HEALTH_PATH = "/healthz"
 JSON = "application/json"
 TURNS_QUEUE = "turns"  # workers.celery_app.TURNS_QUEUE: where the bot enqueues a session
 MM_BOT = str(Path(sys.executable).parent / "mm-bot")
-DEFAULT_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/14"
 # What the configuration reads from the environment (and the model key the example config names): the servers
 # start from none of this process's.
@@ -126,22 +125,6 @@ def process_cpu(pid: int, *, system: bool = False) -> float:
     return (int(fields[12]) + (0 if system else int(fields[11]))) / TICK
 
 
-def named(comm: str) -> list[int]:
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError):
-                if (entry / "comm").read_text().strip() == comm:
-                    pids.append(int(entry.name))
-    return pids
-
-
-def machine_jiffies() -> tuple[int, int]:
-    """(busy, all) jiffies of all cores since boot."""
-    values = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
-    return sum(values) - values[3] - values[4], sum(values)
-
-
 def self_cpu() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
@@ -179,27 +162,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-@contextlib.contextmanager
-def bench_database() -> Iterator[str]:
-    import psycopg
-    from psycopg import sql
-    from sqlalchemy.engine import make_url
-
-    from chatops import db
-
-    admin = os.environ.get("MM_BENCH_POSTGRES_URL") or DEFAULT_ADMIN_URL
-    name = f"bench_{secrets.token_hex(4)}"
-    with psycopg.connect(admin, autocommit=True, connect_timeout=5) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    url = make_url(admin).set(drivername="postgresql+psycopg", database=name).render_as_string(hide_password=False)
-    try:
-        db.migrate(url)
-        yield url
-    finally:
-        with psycopg.connect(admin, autocommit=True, connect_timeout=5) as conn:
-            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
 @contextlib.contextmanager

@@ -42,7 +42,6 @@ import contextlib
 import math
 import os
 import resource
-import secrets
 import signal
 import statistics
 import subprocess
@@ -50,17 +49,15 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
-import psycopg
 from prometheus_client.parser import text_string_to_metric_families
-from psycopg import sql
 from sqlalchemy import Engine, text
-from sqlalchemy.engine import make_url
+from support import bench_database, machine_jiffies, named
 
 from chatops import db
 from chatops.config import ENVIRONMENT, load_config
@@ -81,7 +78,6 @@ FILE = "notes.txt"
 PROMPT = f"<@U0BOT> read {FILE}, a few times"
 ANSWER = "Read it. The notes say the bench works."
 MM_BOT = str(Path(sys.executable).parent / "mm-bot")
-DEFAULT_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 # What the configuration reads from the environment, and the worker's metrics endpoint: the workers start from
 # none of this process's.
 CONFIG_ENV = (*ENVIRONMENT, "MODEL_API_KEY", "MM_METRICS_PORT", "MM_METRICS_HOST")
@@ -176,22 +172,6 @@ def status_field(pid: int, name: str) -> int:
     return 0
 
 
-def named(comm: str) -> list[int]:
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError):
-                if (entry / "comm").read_text().strip() == comm:
-                    pids.append(int(entry.name))
-    return pids
-
-
-def machine_jiffies() -> tuple[int, int]:
-    """(busy, all) jiffies of all cores since boot."""
-    values = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
-    return sum(values) - values[3] - values[4], sum(values)
-
-
 def thread_cpu(thread: threading.Thread) -> float:
     """The CPU time of one thread of this process."""
     fields = Path(f"/proc/self/task/{thread.native_id}/stat").read_text().rsplit(")", 1)[1].split()
@@ -277,21 +257,6 @@ def exact(values: list[float], q: float) -> float:
 
 
 # --- the services ---------------------------------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def bench_database() -> Iterator[str]:
-    admin = os.environ.get("MM_BENCH_POSTGRES_URL") or DEFAULT_ADMIN_URL
-    name = f"bench_{secrets.token_hex(4)}"
-    with psycopg.connect(admin, autocommit=True, connect_timeout=5) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    url = make_url(admin).set(drivername="postgresql+psycopg", database=name).render_as_string(hide_password=False)
-    try:
-        db.migrate(url)
-        yield url
-    finally:
-        with psycopg.connect(admin, autocommit=True, connect_timeout=5) as conn:
-            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
 @dataclass

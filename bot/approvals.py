@@ -30,7 +30,7 @@ from chatops.inbox import request_stop
 from chatops.queries import writers
 from chatops.schema import ApprovalState, Session
 from chatops.store import ApprovalRow, approvals_of, decide_approval, get_approval, set_yolo
-from workers.approval_message import approval_blocks, when
+from workers.approval_message import NO_APPROVERS, approval_blocks, when
 
 log = logging.getLogger("mm.bot.approvals")
 
@@ -186,6 +186,8 @@ async def may_stop(engine: Engine, approvers: Approvers, client: Any, channel: s
 
 def _already(row: ApprovalRow) -> str:
     at = when(row.decided_at) if row.decided_at else ""
+    if row.decided_by == NO_APPROVERS:
+        return "This call was not run: nobody may approve calls in this channel, so your click changed nothing."
     if row.state == ApprovalState.EXPIRED or row.decided_by is None:
         return EXPIRED.format(at=at).replace("  ", " ")
     return DECIDED.format(state=row.state, by=row.decided_by, at=at)

@@ -54,6 +54,7 @@ NO_AGENTS = "No agents are configured to ask (mmConfigs in the config)."
 ASK_USAGE = "Say `ask AGENT PROMPT`, for example `ask reviewer look at the last commit`."
 QUEUED_COMMAND = "`{command}` is queued: I do it after the current turn."
 STARTED = "<@{user}> asked: {prompt}"
+SLASH_NEW = "Say `/mm PROMPT` to start a new thread, or `@mm new` in a thread to start its conversation again."
 
 _KEYWORD = re.compile(r"^(new|compact|stop|status|help)$", re.IGNORECASE)
 _YOLO = re.compile(r"^yolo\s+(on|off)$", re.IGNORECASE)
@@ -227,15 +228,13 @@ class Commands:
     async def slash(self, client: Any, text: str, channel: str, user: str, team: str | None, trigger: str) -> Outcome:
         """`/mm …` in a channel: a command for the person's latest session there, or a prompt for a new thread."""
         command = parse(text)
-        if command is not None and command.name == "help":
+        if not text.strip() or (command is not None and command.name == "help"):
             return Outcome(private=HELP.format(agents=self.agents()))
-        if command is None or command.name in ("ask", "repo") or (command.name == "new" and not command.args):
-            if command is None and not text.strip():
-                return Outcome(private=HELP.format(agents=self.agents()))
-            if command is not None and command.name == "ask" and (refusal := self._ask_refusal(command)):
-                return Outcome(private=refusal)
-            if command is not None and command.name == "new":
-                return Outcome(private="Say `/mm PROMPT` to start a new thread, or `@mm new` in a thread.")
+        if command is not None and command.name == "new":
+            return Outcome(private=SLASH_NEW)
+        if command is not None and command.name == "ask" and (refusal := self._ask_refusal(command)):
+            return Outcome(private=refusal)
+        if command is None or command.name in ("ask", "repo"):
             return await self._new_thread(client, command, text.strip(), channel, user, team)
         latest = await asyncio.to_thread(latest_session, self.engine, channel, user)
         if latest is None or latest.thread_ts is None:

@@ -12,12 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import Engine, and_, exists, insert, or_, select, update
+from sqlalchemy import Engine, and_, bindparam, exists, insert, or_, select, update
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.sql.expression import Exists
 
 from chatops.schema import Approval, ApprovalState, InboxCommand, InboxMessage, Session, SessionStatus, utcnow
-from chatops.store import ensure_session
 
 
 @dataclass(frozen=True)
@@ -42,36 +42,61 @@ def record_message(
     command: InboxCommand | None = None,
 ) -> Recorded:
     """Keep a message for the thread's agent (creating the thread's session) and mark the session queued. With
-    `command`, the row is a thread command (new, compact, ask, yolo) that the worker carries out in its turn."""
-    session_id = ensure_session(
-        engine,
-        channel_id=channel_id,
-        thread_ts=thread_ts,
-        team_id=team_id,
-        requester=user_id,
-        assistant_thread=assistant_thread,
-    )
-    try:
-        with engine.begin() as conn:
-            conn.execute(
-                insert(InboxMessage).values(
-                    session_id=session_id,
-                    message_ts=message_ts,
-                    user_id=user_id,
-                    text=text,
-                    command=command,
-                    created_at=utcnow(),
-                )
-            )
-    except IntegrityError:
-        return Recorded(session_id, new=False, busy=False)
-    with engine.begin() as conn:
-        queued = conn.execute(
-            update(Session)
-            .where(Session.id == session_id, Session.status == SessionStatus.IDLE)
-            .values(status=SessionStatus.QUEUED, updated_at=utcnow())
-        ).rowcount
-    return Recorded(session_id, new=True, busy=not queued and _busy(engine, session_id))
+    `command`, the row is a thread command (new, compact, ask, yolo) that the worker carries out in its turn.
+
+    One transaction, and the fewest statements that do it (the bot runs this before every ack): find the
+    session, or create it already queued; insert the message unless it is there (a redelivery, a mention's
+    twin); queue an idle session."""
+    insert_of = postgresql.insert if engine.dialect.name == "postgresql" else sqlite.insert
+    for _ in range(2):
+        try:
+            with engine.begin() as conn:
+                found = conn.execute(_FIND, {"p_channel": channel_id, "p_thread": thread_ts}).first()
+                if found is None:
+                    session_id = conn.execute(
+                        insert(Session)
+                        .values(
+                            channel_id=channel_id,
+                            thread_ts=thread_ts,
+                            team_id=team_id,
+                            requester=user_id,
+                            assistant_thread=assistant_thread,
+                            status=SessionStatus.QUEUED,
+                        )
+                        .returning(Session.id)
+                    ).scalar_one()
+                else:
+                    session_id = found.id
+                message = {
+                    "session_id": session_id,
+                    "message_ts": message_ts,
+                    "user_id": user_id,
+                    "text": text,
+                    "command": command,
+                    "created_at": utcnow(),
+                }
+                inserted = conn.execute(
+                    insert_of(InboxMessage).values(message).on_conflict_do_nothing().returning(InboxMessage.id)
+                ).first()
+                if inserted is None:
+                    return Recorded(session_id, new=False, busy=False)
+                if found is not None and found.status == SessionStatus.IDLE:
+                    conn.execute(_QUEUE, {"p_id": session_id, "p_now": utcnow()})
+                busy = found is not None and found.status in (SessionStatus.RUNNING, SessionStatus.AWAITING_APPROVAL)
+                return Recorded(session_id, new=True, busy=busy)
+        except IntegrityError:
+            continue  # another bot created the session between our read and our insert: read it again
+    raise RuntimeError(f"could not record a message of {channel_id}/{thread_ts}")
+
+
+_FIND = select(Session.id, Session.status).where(
+    Session.channel_id == bindparam("p_channel"), Session.thread_ts == bindparam("p_thread")
+)
+_QUEUE = (
+    update(Session)
+    .where(Session.id == bindparam("p_id"), Session.status == SessionStatus.IDLE)
+    .values(status=SessionStatus.QUEUED, updated_at=bindparam("p_now"))
+)
 
 
 def session_of(engine: Engine, channel_id: str, thread_ts: str) -> str | None:
@@ -87,12 +112,6 @@ def has_messages(engine: Engine, session_id: str) -> bool:
     with engine.connect() as conn:
         found = conn.execute(select(InboxMessage.id).where(InboxMessage.session_id == session_id).limit(1)).first()
         return found is not None
-
-
-def _busy(engine: Engine, session_id: str) -> bool:
-    with engine.connect() as conn:
-        status = conn.execute(select(Session.status).where(Session.id == session_id)).scalar_one()
-    return status in (SessionStatus.RUNNING, SessionStatus.AWAITING_APPROVAL)
 
 
 def has_untaken(engine: Engine, session_id: str) -> bool:

@@ -9,6 +9,7 @@ with the fix in its message, never a skip: a green run must mean the tests ran.
 - `fresh_pg_url`: a new empty database for one test (for migrations that go up and down).
 - `redis_url` and `redis_prefix`: the server and this run's key prefix.
 - `sqlite_url`: an SQLite file in the test's tmp_path.
+- `own_redis`: a Redis server of the test's own (mm_testkit.redis_server), to flush, stop and start again.
 - `engine`: a migrated engine for the test module, parametrized over SQLite and PostgreSQL.
 
 `MM_TEST_POSTGRES_URL` and `MM_TEST_REDIS_URL` point them at other servers (loopback defaults).
@@ -27,6 +28,8 @@ import redis
 from psycopg import sql
 from sqlalchemy import Engine
 from sqlalchemy.engine import make_url
+
+from mm_testkit.redis_server import OwnRedis
 
 DEFAULT_POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -133,6 +136,14 @@ def engine(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     engine = db.engine_for(url)
     yield engine
     engine.dispose()
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[OwnRedis]:
+    server = OwnRedis(tmp_path / "redis")
+    server.start()
+    yield server
+    server.stop()
 
 
 @pytest.fixture

@@ -18,21 +18,13 @@ from chatops.schema import Approval, ToolCall
 from mm_testkit.model_server import Reply
 from mm_testkit.model_server import ToolCall as ModelCall
 from mm_testkit.slack_client import SlackEventSender
-from threads_support import CHANNEL, SECRET, OwnRedis, Stack, config, policy, stack
+from threads_support import CHANNEL, SECRET, OwnRedis, Stack, config, stack
 
 APPROVER, LEAD, ALICE, EVE = "U0BOB", "U0CAROL", "U0ALICE", "U0EVE"
 GATED = config(
     "{yolo: false, approvers: [U0BOB, S0LEADS]}",
     "approvals: {requester_can_approve: false, timeout: 10m}",
 )
-
-
-@pytest.fixture
-def own_redis(tmp_path: Path) -> Iterator[OwnRedis]:
-    server = OwnRedis(tmp_path / "redis")
-    server.start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture
@@ -134,20 +126,32 @@ def test_an_edit_shows_its_diff_and_writes_only_once_approved(gated) -> None:
     threads, sender = gated
 
     def edits(request: dict[str, Any]) -> Reply:
-        last = request["messages"][-1]
-        if last["role"] == "user" and "write it" in (last["content"] or ""):
-            return Reply(tool_calls=[ModelCall("write_file", {"path": "notes.txt", "content": "first line\n"})])
-        return policy(request)
+        done = [m for m in request["messages"] if m["role"] == "tool"]
+        if len(done) == 0:
+            return Reply(tool_calls=[ModelCall("write_file", {"path": "notes.txt", "content": "hello wrold\n"})])
+        if len(done) == 1:
+            edit = {"path": "notes.txt", "edits": [{"old": "wrold", "new": "world"}]}
+            return Reply(tool_calls=[ModelCall("edit_file", edit)])
+        return Reply(text="fixed")
 
     threads.model.always(edits)
-    posted = threads.post("write it", user=ALICE)
-    message = waiting_message(threads, posted.thread_ts)
-    assert "+first line" in shown(threads, message) or "first line" in shown(threads, message)
+    posted = threads.post("write it, then fix it", user=ALICE)
     target = threads.workspace(posted.session_id) / "notes.txt"
-    assert not target.exists()
-    click(sender, message, "approve", LEAD, posted.thread_ts)  # an approver through the user group
+    write = waiting_message(threads, posted.thread_ts)
+    assert "write_file notes.txt" in shown(threads, write) and not target.exists()
+    click(sender, write, "approve", LEAD, posted.thread_ts)  # an approver through the user group
+
+    def the_edit() -> dict[str, Any] | None:
+        message = waiting_message(threads, posted.thread_ts)
+        return message if message["ts"] != write["ts"] else None
+
+    edit = threads.wait(the_edit, message="the edit's approval")
+    diff = shown(threads, edit)
+    assert "edit_file notes.txt" in diff and "hello wrold" in diff and "hello world" in diff
+    assert target.read_text() == "hello wrold\n"  # the diff was computed without writing
+    click(sender, edit, "approve", APPROVER, posted.thread_ts)
     threads.wait(idle(threads, posted.session_id), message="the approved edit")
-    assert target.read_text() == "first line\n"
+    assert target.read_text() == "hello world\n"
 
 
 def test_refused_clicks_change_nothing_and_say_why_to_the_clicker_alone(gated) -> None:
@@ -253,3 +257,18 @@ def test_a_worker_killed_while_waiting_and_the_bot_restarted_still_resume_on_a_c
         click(again, message, "approve", APPROVER, posted.thread_ts)
     threads.wait(idle(threads, posted.session_id), message="the turn resumed on w2")
     assert [m["content"] for m in threads.model.messages() if m["role"] == "tool"] == ["survived\n"]
+
+
+def test_stop_during_an_approval_wait_ends_the_turn_and_takes_the_buttons_away(gated) -> None:
+    threads, sender = gated
+    posted = threads.post("run: echo never-run", user=ALICE)
+    message = waiting_message(threads, posted.thread_ts)
+    stop = sender.app_mention("<@U0BOT> stop", channel=CHANNEL, user=ALICE, thread_ts=posted.thread_ts)
+    assert stop.status_code == 200
+    threads.wait(lambda: "⏹ Stopped." in threads.thread_text(posted.thread_ts), timeout=15, message="the stop")
+    threads.wait(idle(threads, posted.session_id), message="idle")
+    assert '"actions"' not in shown(threads, message) and "Not decided" in shown(threads, message)
+    click(sender, message, "approve", APPROVER, posted.thread_ts)
+    threads.wait(lambda: ephemerals_to(threads, APPROVER), message="the late click refused")
+    assert "no longer waiting" in ephemerals_to(threads, APPROVER)[0]
+    assert not [m for m in threads.model.messages() if m["role"] == "tool"]

@@ -10,8 +10,10 @@ from typing import Any
 
 import httpx
 import pytest
+from sqlalchemy import select
 
 from chatops import db
+from chatops.schema import Session
 from mm_testkit.slack_client import SlackEventSender, stale_timestamp
 from mm_testkit.slack_emulator import SlackEmulator
 from mmbot_helpers import MM_BOT, clean_env, free_port, mm_bot, stop, wait_healthy
@@ -23,8 +25,8 @@ NOWHERE = "memory://"
 
 
 class Bot:
-    def __init__(self, base: str, slack: SlackEmulator, process: subprocess.Popen) -> None:
-        self.base, self.slack, self.process = base, slack, process
+    def __init__(self, base: str, slack: SlackEmulator, process: subprocess.Popen, database_url: str = "") -> None:
+        self.base, self.slack, self.process, self.database_url = base, slack, process, database_url
 
     def sender(self, **kwargs: Any) -> SlackEventSender:
         s = self.slack
@@ -69,7 +71,7 @@ def running_bot(tmp: Path) -> Iterator[Bot]:
         base = f"http://127.0.0.1:{port}"
         try:
             wait_healthy(base, process)
-            yield Bot(base, slack, process)
+            yield Bot(base, slack, process, database_url)
         finally:
             stop(process)
 
@@ -128,10 +130,21 @@ def test_slash_command_and_thread_message_are_acked(bot: Bot) -> None:
     ],
     ids=["wrong-secret", "stale-timestamp", "tampered-body", "no-signature", "no-timestamp"],
 )
-def test_forged_requests_are_refused_with_401(bot: Bot, forgery: dict) -> None:
+def test_forged_requests_are_refused_with_401_and_record_nothing(bot: Bot, forgery: dict) -> None:
     with bot.sender() as sender:
-        assert sender.app_mention("<@U0BOT> rm -rf /", channel="C0TEST", user="U0EVE", **forgery).status_code == 401
+        assert sender.app_mention("<@U0BOT> rm -rf /", channel="C0FORGED", user="U0EVE", **forgery).status_code == 401
         assert sender.url_verification("c", **forgery).status_code == 401
+        value = '{"s":"00000000-0000-0000-0000-000000000000","c":"call_1"}'
+        click = sender.block_action("approve", value, user="U0EVE", channel="C0FORGED", message_ts="1.1", **forgery)
+        assert click.status_code == 401
+        assert sender.slash_command("/mm", "yolo on", user="U0EVE", channel="C0FORGED", **forgery).status_code == 401
+    engine = db.engine_for(bot.database_url)
+    try:
+        with engine.connect() as conn:
+            assert conn.execute(select(Session.id).where(Session.channel_id == "C0FORGED")).first() is None
+    finally:
+        engine.dispose()
+    assert not [m for m in bot.slack.ephemerals if m["channel"] == "C0FORGED"]
 
 
 @pytest.mark.parametrize(

@@ -21,14 +21,6 @@ APPROVER, ALICE, EVE = "U0BOB", "U0ALICE", "U0EVE"
 
 
 @pytest.fixture
-def own_redis(tmp_path: Path) -> Iterator[OwnRedis]:
-    server = OwnRedis(tmp_path / "redis")
-    server.start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
 def bot(tmp_path: Path, fresh_pg_url: str, own_redis: OwnRedis) -> Iterator[tuple[Stack, SlackEventSender]]:
     reviewer = tmp_path / "reviewer.yaml"
     text = config(

@@ -27,14 +27,6 @@ pytestmark = pytest.mark.timeout(240)
 
 
 @pytest.fixture
-def own_redis(tmp_path: Path) -> Iterator[OwnRedis]:
-    server = OwnRedis(tmp_path / "redis")
-    server.start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
 def threads(tmp_path: Path, fresh_pg_url: str, own_redis: OwnRedis) -> Iterator[Stack]:
     with stack(tmp_path, fresh_pg_url, own_redis.url) as s:
         yield s

@@ -77,9 +77,10 @@ def settings() -> dict[str, Any]:
         "task_time_limit": worker.turnTimeLimit + 60,
         "task_queues": [Queue(TURNS_QUEUE), Queue(HOUSEKEEPING_QUEUE)],
         "task_default_queue": TURNS_QUEUE,
-        # Flower and `celery events` watch the workers through these.
+        # Flower and `celery events` watch the workers through these. Not the "sent" event: publishing it
+        # doubled the cost of the bot's one hand-off, which runs beside every ack (bench/bench_inbound.py).
         "worker_send_task_events": True,
-        "task_send_sent_event": True,
+        "task_send_sent_event": False,
         # Results live in the database; only tasks that say so (ping) keep a Celery result.
         "task_ignore_result": True,
         "broker_connection_retry_on_startup": True,
