@@ -17,7 +17,17 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.sql.expression import Exists
 
-from chatops.schema import Approval, ApprovalState, InboxCommand, InboxMessage, Session, SessionStatus, utcnow
+from chatops.schema import (
+    Approval,
+    ApprovalState,
+    InboxCommand,
+    InboxMessage,
+    Session,
+    SessionKind,
+    SessionStatus,
+    new_id,
+    utcnow,
+)
 
 
 @dataclass(frozen=True)
@@ -47,41 +57,31 @@ def record_message(
     One transaction, and the fewest statements that do it (the bot runs this before every ack): find the
     session, or create it already queued; insert the message unless it is there (a redelivery, a mention's
     twin); queue an idle session."""
-    insert_of = postgresql.insert if engine.dialect.name == "postgresql" else sqlite.insert
+    keep = _KEEP_PG if engine.dialect.name == "postgresql" else _KEEP_SQLITE
+    values = {
+        "p_channel": channel_id,
+        "p_thread": thread_ts,
+        "p_team": team_id,
+        "p_user": user_id,
+        "p_assistant": assistant_thread,
+        "p_message_ts": message_ts,
+        "p_text": text,
+        "p_command": command,
+    }
     for _ in range(2):
         try:
             with engine.begin() as conn:
-                found = conn.execute(_FIND, {"p_channel": channel_id, "p_thread": thread_ts}).first()
+                now = utcnow()
+                found = conn.execute(_FIND, values).first()
                 if found is None:
-                    session_id = conn.execute(
-                        insert(Session)
-                        .values(
-                            channel_id=channel_id,
-                            thread_ts=thread_ts,
-                            team_id=team_id,
-                            requester=user_id,
-                            assistant_thread=assistant_thread,
-                            status=SessionStatus.QUEUED,
-                        )
-                        .returning(Session.id)
-                    ).scalar_one()
+                    session_id = conn.execute(_CREATE, values | {"p_id": new_id(), "p_now": now}).scalar_one()
                 else:
                     session_id = found.id
-                message = {
-                    "session_id": session_id,
-                    "message_ts": message_ts,
-                    "user_id": user_id,
-                    "text": text,
-                    "command": command,
-                    "created_at": utcnow(),
-                }
-                inserted = conn.execute(
-                    insert_of(InboxMessage).values(message).on_conflict_do_nothing().returning(InboxMessage.id)
-                ).first()
+                inserted = conn.execute(keep, values | {"p_session": session_id, "p_now": now}).first()
                 if inserted is None:
                     return Recorded(session_id, new=False, busy=False)
                 if found is not None and found.status == SessionStatus.IDLE:
-                    conn.execute(_QUEUE, {"p_id": session_id, "p_now": utcnow()})
+                    conn.execute(_QUEUE, {"p_id": session_id, "p_now": now})
                 busy = found is not None and found.status in (SessionStatus.RUNNING, SessionStatus.AWAITING_APPROVAL)
                 return Recorded(session_id, new=True, busy=busy)
         except IntegrityError:
@@ -89,8 +89,39 @@ def record_message(
     raise RuntimeError(f"could not record a message of {channel_id}/{thread_ts}")
 
 
+# Built once (the bot runs them before every ack): executing them finds their compiled form in SQLAlchemy's
+# cache without building a statement and its cache key each time.
 _FIND = select(Session.id, Session.status).where(
     Session.channel_id == bindparam("p_channel"), Session.thread_ts == bindparam("p_thread")
+)
+_CREATE = (
+    insert(Session)
+    .values(
+        id=bindparam("p_id"),
+        kind=SessionKind.THREAD,
+        channel_id=bindparam("p_channel"),
+        thread_ts=bindparam("p_thread"),
+        team_id=bindparam("p_team"),
+        requester=bindparam("p_user"),
+        assistant_thread=bindparam("p_assistant"),
+        status=SessionStatus.QUEUED,
+        created_at=bindparam("p_now"),
+        updated_at=bindparam("p_now"),
+    )
+    .returning(Session.id)
+)
+_MESSAGE = {
+    "session_id": bindparam("p_session"),
+    "message_ts": bindparam("p_message_ts"),
+    "user_id": bindparam("p_user"),
+    "text": bindparam("p_text"),
+    "command": bindparam("p_command"),
+    "created_at": bindparam("p_now"),
+}
+# Unless it is there already (a redelivery, a mention's twin): then nothing is returned.
+_KEEP_PG, _KEEP_SQLITE = (
+    dialect.insert(InboxMessage).values(_MESSAGE).on_conflict_do_nothing().returning(InboxMessage.id)
+    for dialect in (postgresql, sqlite)
 )
 _QUEUE = (
     update(Session)
