@@ -72,7 +72,7 @@ def register(app: AsyncApp, engine: Engine, config: Config) -> None:
     secrets = secrets_of(config)
     clicks = ClickHandler(engine, approvers, secrets, handlers.enqueue)
     home = Home(engine, config, approvers, secrets)
-    commands = Commands(engine, config, approvers, handlers.enqueue)
+    commands = Commands(engine, config, approvers, handlers.enqueue, secrets)
 
     async def attach_engine(context: AsyncBoltContext, next: Callable[[], Awaitable[None]]) -> None:
         context[handlers.ENGINE] = engine

@@ -26,6 +26,7 @@ from chatops.config import ServiceConfig
 log = logging.getLogger("mm.bot.authorize")
 
 GROUP_TTL = 60.0
+FAILED_TTL = 10.0
 NOT_AN_APPROVER = "Only this channel's approvers may {what} ({who}). Nothing was changed."
 NO_APPROVERS = (
     "Nobody may {what} in this channel: whoever runs the bot lists approvers (user or group ids) under "
@@ -62,7 +63,7 @@ class Approvers:
 
     async def may_approve(self, client: Any, channel: str, user: str, requested_by: str | None) -> str | None:
         """None when `user` may approve a call of `channel` asked by `requested_by`; else the sentence why not."""
-        own = requested_by is not None and user == requested_by
+        own = _asked(user, requested_by)
         if own and self.service.approvals.requester_can_approve:
             return None
         approver, problems = await self.is_approver(client, channel, user)
@@ -71,7 +72,7 @@ class Approvers:
         return self.refusal(channel, "approve calls", problems)
 
     async def may_reject(self, client: Any, channel: str, user: str, requested_by: str | None) -> str | None:
-        if requested_by is not None and user == requested_by:
+        if _asked(user, requested_by):
             return None
         approver, problems = await self.is_approver(client, channel, user)
         return None if approver else self.refusal(channel, "reject calls", problems)
@@ -88,10 +89,21 @@ class Approvers:
         cached = self._groups.get(group)
         if cached is not None and cached[0] > now:
             return cached[1]
-        response = await client.usergroups_users_list(usergroup=group)
+        try:
+            response = await client.usergroups_users_list(usergroup=group)
+        except Exception:
+            # Slack could not say: the group grants nothing for a while, rather than a call per click.
+            self._groups[group] = (now + FAILED_TTL, frozenset())
+            raise
         members = frozenset(u for u in response.get("users") or [] if isinstance(u, str))
         self._groups[group] = (now + self.ttl, members)
         return members
+
+
+def _asked(user: str, requested_by: str | None) -> bool:
+    """Whether `user` is one of the people whose messages started the turn (comma-separated when several
+    wrote while the last turn ran)."""
+    return requested_by is not None and user in requested_by.split(",")
 
 
 def _error(e: Exception) -> str:

@@ -14,6 +14,7 @@ its first turn, `yolo` sets the session's own setting.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import re
@@ -30,6 +31,7 @@ from chatops.queries import latest_session, log_length, pending_approvals, sessi
 from chatops.repos import RepoRefused, check_repo
 from chatops.schema import InboxCommand, SessionStatus
 from chatops.store import ensure_session, set_repo, set_yolo
+from workers.blocks import mrkdwn_of, neutralise
 from workers.workspaces import public_url
 
 log = logging.getLogger("mm.bot.commands")
@@ -43,8 +45,11 @@ configured agents: {agents}), `yolo on` / `yolo off` (approvers: run calls witho
 NO_SESSION = "There is no session here yet: mention me with a request to start one."
 STOP_ASKED = "⏹ <@{user}> asked me to stop."
 NOTHING_RUNS = "Nothing is running here."
-YOLO_ON = "⚡ <@{user}> switched this thread to yolo: I run commands and edits without asking. `yolo off` asks again."
-YOLO_OFF = "🔐 <@{user}> switched yolo off: I ask before commands and edits again."
+YOLO_ON = (
+    "⚡ <@{user}> switched this thread to yolo: from the next turn on, I run commands and edits without asking. "
+    "`yolo off` asks again."
+)
+YOLO_OFF = "🔐 <@{user}> switched yolo off: from the next turn on, I ask before commands and edits again."
 REPO_SET = "📦 This thread works on {url}{branch}."
 REPO_LATE = (
     "The repository is chosen before the first turn; this thread has started. Start a new thread for another one."
@@ -105,8 +110,9 @@ class Outcome:
 
 
 class Commands:
-    def __init__(self, engine: Engine, config: Config, approvers: Approvers, enqueue: Any) -> None:
+    def __init__(self, engine: Engine, config: Config, approvers: Approvers, enqueue: Any, secrets: list[str]) -> None:
         self.engine, self.config, self.approvers, self.enqueue = engine, config, approvers, enqueue
+        self.secrets = secrets
 
     def agents(self) -> str:
         return ", ".join(f"`{n}`" for n in self.config.agent.mmConfigs) or "none configured"
@@ -182,7 +188,8 @@ class Commands:
             return Outcome(private=REPO_LATE)
         allowed = self.config.service.channel(where.channel).repos
         try:
-            choice = check_repo(command.args[0], command.args[1] if len(command.args) > 1 else None, allowed)
+            url, *rest = command.args
+            choice = check_repo(url, rest[0] if rest else None, allowed, channel=where.channel)
         except RepoRefused as e:
             return Outcome(private=f"I can't work on that repository: {e}")
         ensure = ensure_session(
@@ -220,7 +227,8 @@ class Commands:
             f"*Tokens:* {prompt + completion:,} ({prompt:,} prompt, {completion:,} completion)",
         ]
         if waiting:
-            lines.append(f"*Waiting for a decision:* {', '.join(p.row.title or p.row.tool for p in waiting)[:1000]}")
+            titles = ", ".join(mrkdwn_of(p.row.title or p.row.tool, self.secrets) for p in waiting)
+            lines.append(f"*Waiting for a decision:* {titles[:1000]}")
         return "\n".join(lines)
 
     # -- /mm ----------------------------------------------------------------------------------------------------
@@ -240,7 +248,7 @@ class Commands:
         if latest is None or latest.thread_ts is None:
             return Outcome(private=NO_SESSION)
         # The command's inbox row needs an id of its own: the invocation's trigger id is one.
-        where = Where(channel, latest.thread_ts, f"slash:{trigger}"[:32], user, team)
+        where = Where(channel, latest.thread_ts, "slash:" + hashlib.sha1(trigger.encode()).hexdigest()[:24], user, team)
         return await self.run(client, command, where)
 
     async def _new_thread(
@@ -250,7 +258,7 @@ class Commands:
         if command is not None and command.name == "repo":
             head = f"<@{user}> started a thread for a repository."
         else:
-            head = STARTED.format(user=user, prompt=text[:2800])
+            head = STARTED.format(user=user, prompt=neutralise(text[:2800]))
         root = await client.chat_postMessage(channel=channel, text=head)
         thread_ts = root["ts"]
         where = Where(channel, thread_ts, thread_ts, user, team)

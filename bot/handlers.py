@@ -282,7 +282,11 @@ async def _take(
     text = without_mention(event.get("text") or "", context.bot_user_id)
     command = parse(text) if addressed else None
     if command is not None:
+        # A mention arrives twice (app_mention and its message twin): the command runs for the first only.
+        first = await asyncio.to_thread(record_slack_event, _engine(context), f"command:{channel}:{event['ts']}")
         await ack()
+        if not first:
+            return
         where = Where(
             channel,
             thread_ts,

@@ -21,6 +21,8 @@ from workers.approval_message import approval_blocks, when
 log = logging.getLogger("mm.bot.home")
 
 SESSIONS = 10
+# Pending approvals read a publish, oldest first, before keeping those this person may decide.
+PENDING_READ = 200
 APPROVALS = 8  # a view holds 100 blocks; an approval takes up to seven
 STATUS = {
     "idle": "💤 idle",
@@ -46,7 +48,7 @@ class Home:
 
     async def view(self, client: Any, user: str, notice: str | None = None) -> dict[str, Any]:
         sessions = await asyncio.to_thread(recent_sessions, self.engine, user, SESSIONS)
-        waiting = await asyncio.to_thread(pending_approvals, self.engine)
+        waiting = await asyncio.to_thread(pending_approvals, self.engine, PENDING_READ)
         blocks: list[dict[str, Any]] = []
         if notice:
             blocks.append(_context(f"⚠️ {notice}"))

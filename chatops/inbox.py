@@ -163,7 +163,10 @@ def request_stop(engine: Engine, session_id: str) -> bool:
         return bool(
             conn.execute(
                 update(Session)
-                .where(Session.id == session_id, Session.status != SessionStatus.IDLE)
+                .where(
+                    Session.id == session_id,
+                    Session.status.in_([SessionStatus.RUNNING, SessionStatus.AWAITING_APPROVAL]),
+                )
                 .values(stop_requested_at=utcnow())
             ).rowcount
         )

@@ -96,7 +96,9 @@ _SECRET_PARAM = re.compile(r"pass|secret|token|key|auth|sig", re.IGNORECASE)
 _LABEL = r"[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?"
 _DNS_NAME = re.compile(rf"(?=[^:]{{1,253}}$){_LABEL}(?:\.{_LABEL})*\.?")
 _NUMERIC_LABEL = re.compile(r"0x[0-9a-f]*|[0-9]+")
-_ENCODED_SEPARATOR = re.compile(r"%(2f|5c|2e|00)", re.IGNORECASE)
+# Separators that would change the path once decoded, and control characters (a newline in a URL is how
+# git's credential helpers were fooled: CVE-2020-5260, CVE-2024-52006).
+_ENCODED_SEPARATOR = re.compile(r"%(2f|5c|2e|[01][0-9a-f]|7f)", re.IGNORECASE)
 _BAD_PERCENT = re.compile(r"%(?![0-9A-Fa-f]{2})")
 
 Resolve = Callable[[str], list[str]]

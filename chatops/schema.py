@@ -175,6 +175,8 @@ class InboxMessage(Base):
 
     __tablename__ = "inbox"
     __table_args__ = (
+        # A person's sessions (App Home, `/mm` in a channel) are found by what they wrote.
+        Index(None, "user_id"),
         # One row per Slack message: an app_mention and the message event of the same post, a retried
         # delivery, a Socket Mode redelivery all land on it.
         UniqueConstraint("session_id", "message_ts"),
@@ -246,7 +248,8 @@ class Approval(Base):
     title: Mapped[str | None] = mapped_column(Text)
     arguments: Mapped[str | None] = mapped_column(Text)
     preview: Mapped[str | None] = mapped_column(Text)
-    requested_by: Mapped[str | None] = mapped_column(String(64))
+    # Who asked: the author of the turn's message, or the authors (comma-separated) of the messages it took.
+    requested_by: Mapped[str | None] = mapped_column(Text)
     state: Mapped[str] = mapped_column(String(16), default=ApprovalState.PENDING)
     # "Approve all in this thread": the session runs its calls without asking from this decision on.
     approve_all: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())

@@ -82,11 +82,14 @@ def test_stop_during_a_bash_call_ends_the_turn_within_seconds(bot) -> None:
     session = session_of(threads, root)
     threads.wait(lambda: "bash: sleep 60" in threads.thread_text(root), message="the bash call")
     asked = time.monotonic()
-    mention(sender, "stop", thread_ts=root)
+    ts = mention(sender, "stop", thread_ts=root)
+    # Slack's message twin of the mention: the same command, which must not run twice.
+    twin = sender.message("<@U0BOT> stop", channel=CHANNEL, user=ALICE, ts=ts, thread_ts=root)
+    assert twin.status_code == 200
     threads.wait(lambda: "⏹ Stopped." in threads.thread_text(root), timeout=15, message="the stop")
     assert time.monotonic() - asked < 10
     threads.wait(idle(threads, session), message="idle after the stop")
-    assert f"<@{ALICE}> asked me to stop" in threads.thread_text(root)
+    assert threads.thread_text(root).count(f"<@{ALICE}> asked me to stop") == 1
 
 
 def test_stop_during_generation_and_with_the_status_message_s_button(bot) -> None:

@@ -78,6 +78,8 @@ def test_a_stop_is_asked_only_of_a_session_with_a_turn(engine: Engine) -> None:
     session_id = record(engine, root, root, "hello").session_id
     store.set_status(engine, session_id, SessionStatus.IDLE)
     assert not inbox.request_stop(engine, session_id)
+    store.set_status(engine, session_id, SessionStatus.QUEUED)
+    assert not inbox.request_stop(engine, session_id)  # nothing runs yet: its messages are not stopped
     store.set_status(engine, session_id, SessionStatus.RUNNING)
     assert store.acquire_lease(engine, session_id, "worker-7", ttl_s=30)
     assert inbox.request_stop(engine, session_id)

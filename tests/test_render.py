@@ -353,6 +353,7 @@ def test_a_bash_approval_shows_the_command_once_and_secrets_nowhere(slack: Slack
     run(thread.play(ApprovalAsked((row,), CHANNEL)))
     [message] = thread.replies()
     assert SECRET not in json.dumps(message) and not NOTIFYING.search(shown(message))
+    assert not NOTIFYING.search(message["text"])  # the notification text too
     assert shown(message).splitlines()[0].startswith("🔐 🛠️ bash: curl -H")
 
 

@@ -198,6 +198,10 @@ REFUSED = [
     ("https://github.com/acme/%2e%2e/evil", ["https://github.com/acme/**"], repos.BAD_PATH),
     ("https://github.com/acme/..%2Fevil%2Fapp", GITHUB, repos.BAD_PATH),
     ("https://github.com/acme/a%5Cb", GITHUB, repos.BAD_PATH),
+    # Encoded control characters: a newline in a URL is how git's credential helpers were fooled.
+    ("https://github.com/acme/app%0a.git", GITHUB, repos.BAD_PATH),
+    ("https://github.com/acme/app%0Dhost=evil.example", GITHUB, repos.BAD_PATH),
+    ("https://github.com/acme/app%7f", GITHUB, repos.BAD_PATH),
     ("https://github.com/acme//app", ["https://github.com/acme/**"], repos.BAD_PATH),
     ("https://github.com/acme/a%zz", GITHUB, repos.BAD_PERCENT),
     # Hosts.

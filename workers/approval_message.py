@@ -16,7 +16,6 @@ from typing import Any
 
 from chatops.buttons import Action, ButtonValue, element
 from chatops.schema import ApprovalState
-from chatops.secrets import scrub
 from chatops.store import ApprovalRow
 from mm_core import display
 from workers.blocks import code_sections, context_block, mrkdwn_of, section_block
@@ -69,14 +68,15 @@ def approval_blocks(row: ApprovalRow, channel: str, secrets: Sequence[str] = ())
                 "elements": [element(a, value) for a in (Action.APPROVE, Action.REJECT, Action.APPROVE_ALL)],
             }
         )
-    fallback = f"{display.PROMPT_ICON} {scrub(title, list(secrets))}: {_fallback_state(row)}"
+    fallback = f"{display.PROMPT_ICON} {mrkdwn(title)}: {_fallback_state(row)}"
     return blocks, fallback[:3000]
 
 
 def _state_line(row: ApprovalRow, channel: str) -> str:
     at = f" {when(row.decided_at)}" if row.decided_at else ""
     if row.state == ApprovalState.PENDING:
-        asked = f" · asked by <@{row.requested_by}>" if row.requested_by else ""
+        authors = ", ".join(f"<@{a}>" for a in row.requested_by.split(",")) if row.requested_by else ""
+        asked = f" · asked by {authors}" if authors else ""
         expires = f" · expires {when(row.expires_at)}" if row.expires_at else ""
         return f"{WAITING}{asked}{expires}"
     if row.decided_by == NO_APPROVERS:

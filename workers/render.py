@@ -503,6 +503,10 @@ class ThreadRenderer:
         """One message per waiting call: its line, what a person judges it by, who asked, until when, and the
         buttons. Details too long for the message go up as a file after it."""
         for row in asked.rows:
+            if row.message_ts is not None:
+                # Asked again (a turn resumed after its worker died): the message is there, keep it current.
+                await self.update_approval(row, asked.channel)
+                continue
             blocks, fallback = approval_blocks(row, asked.channel, self.secrets)
             ts = await self._post_blocks(blocks, fallback)
             if ts is not None and self.on_approval_posted is not None:

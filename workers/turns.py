@@ -196,6 +196,8 @@ class SessionTurns:
                 await renderer.notice(STOPPED)
             self.ending = SessionStatus.IDLE
             return True  # the inbox may hold more
+        if self.row.status == SessionStatus.AWAITING_APPROVAL and _undecided(engine, session_id):
+            return False  # a stray delivery (a message to a waiting thread): the turn waits for people still
         try:
             workspace = await self._workspace(renderer)
         except WorkspaceError as e:
@@ -246,7 +248,7 @@ class SessionTurns:
         if finished is not None and finished.outcome == Outcome.SUSPENDED:
             self.ending = SessionStatus.AWAITING_APPROVAL
             # Calls nobody may approve were rejected at once (_ask): then the turn goes on without waiting.
-            return not any(r.state == ApprovalState.PENDING for r in approvals_of(engine, session_id))
+            return not _undecided(engine, session_id)
         self.ending = SessionStatus.IDLE
         return True
 
@@ -289,6 +291,7 @@ class SessionTurns:
             try:
                 self.store.append(self.session_id, ErrorRecord(reason, "worker"))
                 await agent.stop()
+                await self._expire(renderer)
             except Exception:  # noqa: BLE001 - the database itself may be what failed: keep the record at least
                 record_error(self.proc.engine, "worker", reason, session_id=self.session_id)
             await renderer.notice(WORKER_FAILED.format(reason=scrub(reason, list(self.proc.secrets))))
@@ -318,6 +321,7 @@ class SessionTurns:
             agent = Agent(self.config.agent, self.store, session_id, self.config.workspaces_root / session_id)
             await agent.stop()
             await agent.aclose()
+            await self._expire(renderer)
             record_error(engine, "workspace", text, session_id=session_id)
         elif self.store.take_inbox(session_id, "") is not None:
             self.store.append(session_id, ErrorRecord(text, "workspace"))
@@ -360,8 +364,8 @@ class SessionTurns:
         timeout = service.approvals.timeout
         start = state.turn_start()
         message = state.entries[start] if start is not None else None
+        # Everyone whose message started the turn asked for its calls (none of them may approve them alone).
         author = getattr(message, "author", None) or self.row.requester
-        author = author.split(",")[0] if author else None
         channel = service.channel(self.row.channel_id or "")
         nobody = not channel.approvers and not service.approvals.requester_can_approve
         rows = []
@@ -469,6 +473,10 @@ def _session_row(engine: Engine, session_id: str) -> _Row:
         has_log is not None,
         first,
     )
+
+
+def _undecided(engine: Engine, session_id: str) -> bool:
+    return any(row.state == ApprovalState.PENDING for row in approvals_of(engine, session_id))
 
 
 def _title(tool: str, arguments: str | None) -> str:
