@@ -51,6 +51,8 @@ YOLO_ON = (
 )
 YOLO_OFF = "🔐 <@{user}> switched yolo off: from the next turn on, I ask before commands and edits again."
 REPO_SET = "📦 This thread works on {url}{branch}."
+REPO_USAGE = "Say `repo URL [BRANCH]`, with an https URL the channel allows."
+REPO_REFUSED = "I can't work on that repository: {reason}"
 REPO_LATE = (
     "The repository is chosen before the first turn; this thread has started. Start a new thread for another one."
 )
@@ -180,10 +182,21 @@ class Commands:
         busy = QUEUED_COMMAND.format(command=command.value) if recorded.busy and command != InboxCommand.YOLO else None
         return Outcome(private=busy, enqueue=recorded.session_id)
 
+    async def _repo_refusal(self, command: Command, channel: str) -> str | None:
+        if not command.args:
+            return REPO_USAGE
+        url, *rest = command.args
+        allowed = self.config.service.channel(channel).repos
+        try:
+            await asyncio.to_thread(check_repo, url, rest[0] if rest else None, allowed, channel=channel)
+        except RepoRefused as e:
+            return REPO_REFUSED.format(reason=e)
+        return None
+
     def _repo(self, command: Command, where: Where, session: str | None) -> Outcome:
         assert where.thread_ts is not None
         if not command.args:
-            return Outcome(private="Say `repo URL [BRANCH]`, with an https URL the channel allows.")
+            return Outcome(private=REPO_USAGE)
         if session is not None and (log_length(self.engine, session) or has_messages(self.engine, session)):
             return Outcome(private=REPO_LATE)
         allowed = self.config.service.channel(where.channel).repos
@@ -191,7 +204,7 @@ class Commands:
             url, *rest = command.args
             choice = check_repo(url, rest[0] if rest else None, allowed, channel=where.channel)
         except RepoRefused as e:
-            return Outcome(private=f"I can't work on that repository: {e}")
+            return Outcome(private=REPO_REFUSED.format(reason=e))
         ensure = ensure_session(
             self.engine,
             channel_id=where.channel,
@@ -242,6 +255,8 @@ class Commands:
             return Outcome(private=SLASH_NEW)
         if command is not None and command.name == "ask" and (refusal := self._ask_refusal(command)):
             return Outcome(private=refusal)
+        if command is not None and command.name == "repo" and (refusal := await self._repo_refusal(command, channel)):
+            return Outcome(private=refusal)  # before a thread is started for it
         if command is None or command.name in ("ask", "repo"):
             return await self._new_thread(client, command, text.strip(), channel, user, team)
         latest = await asyncio.to_thread(latest_session, self.engine, channel, user)

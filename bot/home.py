@@ -21,6 +21,7 @@ from workers.approval_message import approval_blocks, when
 log = logging.getLogger("mm.bot.home")
 
 SESSIONS = 10
+LINKS_KEPT = 5000  # permalinks remembered, at most (a thread's never changes)
 # Pending approvals read a publish, oldest first, before keeping those this person may decide.
 PENDING_READ = 200
 APPROVALS = 8  # a view holds 100 blocks; an approval takes up to seven
@@ -85,6 +86,8 @@ class Home:
         if not channel or not ts:
             return None
         key = (channel, ts)
+        if len(self._links) > LINKS_KEPT:
+            self._links.clear()
         if key not in self._links:
             try:
                 response = await client.chat_getPermalink(channel=channel, message_ts=ts)

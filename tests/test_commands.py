@@ -222,6 +222,11 @@ def test_the_slash_command_answers_privately_and_starts_threads(bot) -> None:
     sender.slash_command("/mm", "status", user=ALICE, channel=CHANNEL)
     threads.wait(lambda: len(threads.slack.responses) == 2, message="the status")
     assert "*Status:* idle" in threads.slack.responses[1]["body"]["text"]
+    roots = len(threads.slack.messages(CHANNEL))
+    sender.slash_command("/mm", "repo file:///etc/passwd", user=ALICE, channel=CHANNEL)
+    threads.wait(lambda: len(threads.slack.responses) == 3, message="the refusal")
+    assert "I can't work on that repository" in threads.slack.responses[2]["body"]["text"]
+    assert len(threads.slack.messages(CHANNEL)) == roots  # no thread was started for it
 
 
 def test_app_home_shows_the_user_s_sessions_and_the_approvals_they_may_decide(bot) -> None:
