@@ -95,7 +95,8 @@ def test_an_approver_approves_a_command_which_then_runs_and_the_message_says_who
     threads, sender = gated
     posted = threads.post("run: echo approved-output", user=ALICE)
     message = waiting_message(threads, posted.thread_ts)
-    assert threads.status(posted.session_id) == "awaiting_approval"
+    # The session says it waits once the thread shows everything the turn wrote (the message comes first).
+    threads.wait(lambda: threads.status(posted.session_id) == "awaiting_approval", message="the waiting status")
     text = shown(threads, message)
     assert "bash: echo approved-output" in text and f"asked by <@{ALICE}>" in text and "expires <!date^" in text
     assert list(buttons(message)) == ["approve", "reject", "approve_all"]
@@ -180,7 +181,7 @@ def test_refused_clicks_change_nothing_and_say_why_to_the_clicker_alone(gated) -
     threads.wait(lambda: len(ephemerals_to(threads, LEAD)) == 2, message="two refusals to carol")
     time.sleep(1)
     assert approval_state(threads, message) == ("pending", None)
-    assert threads.status(posted.session_id) == "awaiting_approval"
+    threads.wait(lambda: threads.status(posted.session_id) == "awaiting_approval", message="still waiting")
     assert '"actions"' in shown(threads, message)
 
 
