@@ -71,7 +71,7 @@ def register(app: AsyncApp, engine: Engine, config: Config) -> None:
     approvers = Approvers(config.service)
     secrets = secrets_of(config)
     clicks = ClickHandler(engine, approvers, secrets, handlers.enqueue)
-    home = Home(engine, config, approvers, secrets)
+    home = Home(engine, approvers, secrets)
     commands = Commands(engine, config, approvers, handlers.enqueue, secrets)
 
     async def attach_engine(context: AsyncBoltContext, next: Callable[[], Awaitable[None]]) -> None:

@@ -26,7 +26,7 @@ from sqlalchemy import Engine
 from bot.approvals import MAY_NOT_STOP, may_stop
 from bot.authorize import Approvers
 from chatops.config import Config
-from chatops.inbox import has_messages, record_message, request_stop, session_of
+from chatops.inbox import Recorded, has_messages, record_message, request_stop, session_of
 from chatops.queries import latest_session, log_length, pending_approvals, session_summary, tokens_used
 from chatops.repos import RepoRefused, check_repo
 from chatops.schema import InboxCommand, SessionStatus
@@ -164,23 +164,27 @@ class Commands:
         return None
 
     async def _record(self, where: Where, command: InboxCommand, argument: str) -> Outcome:
+        recorded = await self._keep(where, argument, command)
+        if not recorded.new:
+            return Outcome()
+        busy = QUEUED_COMMAND.format(command=command.value) if recorded.busy and command != InboxCommand.YOLO else None
+        return Outcome(private=busy, enqueue=recorded.session_id)
+
+    async def _keep(self, where: Where, text: str, command: InboxCommand | None = None) -> Recorded:
+        """The inbox row of a command, or of a prompt given to `/mm`."""
         assert where.thread_ts is not None
-        recorded = await asyncio.to_thread(
+        return await asyncio.to_thread(
             record_message,
             self.engine,
             channel_id=where.channel,
             thread_ts=where.thread_ts,
             message_ts=where.message_ts,
             user_id=where.user,
-            text=argument,
+            text=text,
             team_id=where.team,
             assistant_thread=where.assistant_thread,
             command=command,
         )
-        if not recorded.new:
-            return Outcome()
-        busy = QUEUED_COMMAND.format(command=command.value) if recorded.busy and command != InboxCommand.YOLO else None
-        return Outcome(private=busy, enqueue=recorded.session_id)
 
     async def _repo_refusal(self, command: Command, channel: str) -> str | None:
         if not command.args:
@@ -280,16 +284,7 @@ class Commands:
         if command is not None:
             outcome = await self.run(client, command, where)
         else:
-            recorded = await asyncio.to_thread(
-                record_message,
-                self.engine,
-                channel_id=channel,
-                thread_ts=thread_ts,
-                message_ts=thread_ts,
-                user_id=user,
-                text=text,
-                team_id=team,
-            )
+            recorded = await self._keep(where, text)
             outcome = Outcome(enqueue=recorded.session_id)
         if outcome.public or outcome.private:
             await client.chat_postMessage(channel=channel, thread_ts=thread_ts, text=outcome.public or outcome.private)

@@ -14,7 +14,6 @@ from typing import Any
 from sqlalchemy import Engine
 
 from bot.authorize import Approvers
-from chatops.config import Config
 from chatops.queries import PendingApproval, SessionSummary, pending_approvals, recent_sessions
 from workers.approval_message import approval_blocks, when
 
@@ -36,8 +35,8 @@ NO_APPROVALS = "Nothing waits for your decision."
 
 
 class Home:
-    def __init__(self, engine: Engine, config: Config, approvers: Approvers, secrets: list[str]) -> None:
-        self.engine, self.config, self.approvers, self.secrets = engine, config, approvers, secrets
+    def __init__(self, engine: Engine, approvers: Approvers, secrets: list[str]) -> None:
+        self.engine, self.approvers, self.secrets = engine, approvers, secrets
         self._links: dict[tuple[str, str], str] = {}  # a thread's permalink never changes
 
     async def publish(self, client: Any, user: str, notice: str | None = None) -> None:
