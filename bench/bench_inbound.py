@@ -57,8 +57,8 @@ import httpx
 from support import bench_database, machine_jiffies, named
 
 from chatops.config import ENVIRONMENT
-from mm_testkit.slack_client import SlackEventSender, signed_headers
-from mm_testkit.slack_emulator import SlackEmulator
+from playground.signed import SlackEventSender, signed_headers
+from playground.slack_api import SlackEmulator
 
 SECRET = "bench-inbound-signing-secret"
 CHANNEL = "C0BENCHIN"

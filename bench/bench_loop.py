@@ -43,7 +43,7 @@ from mm_core.log import (
     UserMessage,
 )
 from mm_core.state import SessionState
-from mm_testkit.model_server import ModelServer, Reply, ToolCall
+from playground.model_server import ModelServer, Reply, ToolCall
 
 HISTORIES = (10, 200)  # messages in the first request of the measured turn
 TURN_STEPS = 10  # model calls per measured turn

@@ -67,9 +67,9 @@ from mm_core import Agent
 from mm_core.events import Error, Event, ModelCalled
 from mm_core.log import MemoryStore, Store
 from mm_core.model import ModelClient
-from mm_testkit.model_server import ModelServer, Reply, ToolCall
 from mm_testkit.redis_server import OwnRedis, free_port
-from mm_testkit.slack_emulator import SlackEmulator
+from playground.model_server import ModelServer, Reply, ToolCall
+from playground.slack_api import SlackEmulator
 
 CHANNEL = "C0BENCH"
 WARM_CHANNEL = "C0BENCHWARM"

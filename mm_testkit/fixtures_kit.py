@@ -30,9 +30,9 @@ from typing import Any
 
 import pytest
 
-from mm_testkit.model_server import ModelServer
-from mm_testkit.slack_client import SlackEventSender
-from mm_testkit.slack_emulator import SlackEmulator
+from playground.model_server import ModelServer
+from playground.signed import SlackEventSender
+from playground.slack_api import SlackEmulator
 
 REQUIRE_SYSTEM = "MM_TEST_REQUIRE_SYSTEM"
 

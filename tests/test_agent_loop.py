@@ -25,7 +25,7 @@ from mm_core.log import (
 )
 from mm_core.loopdetect import LOOP_DETECTED
 from mm_testkit.fixtures_kit import needs_bwrap_when_root
-from mm_testkit.model_server import Reply, ToolCall, endless
+from playground.model_server import Reply, ToolCall, endless
 
 pytestmark = needs_bwrap_when_root
 
@@ -393,7 +393,7 @@ def test_user_message_author_is_kept(model_server, tmp_path):
 
 
 def test_unknown_model_and_unreachable_endpoint_are_clear_errors(tmp_path):
-    from mm_testkit.model_server import ModelServer
+    from playground.model_server import ModelServer
 
     with ModelServer(known_models=["ai/gemma3"]) as server:
         events: list = []
@@ -415,7 +415,7 @@ def test_unknown_model_and_unreachable_endpoint_are_clear_errors(tmp_path):
 
 
 def test_a_failing_model_answer_leaves_the_session_usable(model_server, tmp_path):
-    from mm_testkit.model_server import Fail
+    from playground.model_server import Fail
 
     model_server.script(Fail(503, "overloaded"), Reply(text="back"))
     store = MemoryStore()

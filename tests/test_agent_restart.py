@@ -16,7 +16,7 @@ import pytest
 from agent_support import call_ids
 from mm_core.log import CallStatus, FileStore, Outcome, ToolResult, ToolStarted
 from mm_testkit.fixtures_kit import needs_bwrap_when_root
-from mm_testkit.model_server import Reply, ToolCall
+from playground.model_server import Reply, ToolCall
 
 pytestmark = needs_bwrap_when_root
 

@@ -15,9 +15,9 @@ from sqlalchemy import select, update
 
 from chatops.buttons import ButtonValue
 from chatops.schema import Approval, ToolCall
-from mm_testkit.model_server import Reply
-from mm_testkit.model_server import ToolCall as ModelCall
-from mm_testkit.slack_client import SlackEventSender
+from playground.model_server import Reply
+from playground.model_server import ToolCall as ModelCall
+from playground.signed import SlackEventSender
 from threads_support import CHANNEL, SECRET, OwnRedis, Stack, config, stack
 
 APPROVER, LEAD, ALICE, EVE = "U0BOB", "U0CAROL", "U0ALICE", "U0EVE"

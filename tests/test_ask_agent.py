@@ -11,7 +11,7 @@ from mm_core.display import call_line
 from mm_core.events import PermissionRequested, TextDelta, ToolCallFinished, ToolCallStarted
 from mm_core.log import MemoryStore, ToolResult
 from mm_testkit.fixtures_kit import needs_bwrap_when_root
-from mm_testkit.model_server import Reply, ToolCall
+from playground.model_server import Reply, ToolCall
 
 pytestmark = needs_bwrap_when_root
 

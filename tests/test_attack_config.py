@@ -19,8 +19,8 @@ from agent_support import agent_config, make_agent
 from chatops.config import ConfigError, load_config
 from mm_core.config import MAX_YAML_DEPTH
 from mm_core.log import MemoryStore, ToolResult
-from mm_testkit.model_server import Reply, ToolCall
 from mmbot_helpers import MM_BOT, clean_env
+from playground.model_server import Reply, ToolCall
 
 # 450 bytes: nine levels of nine aliases each, 9**9 (387 million) strings once expanded.
 ALIAS_BOMB = "".join(

@@ -20,8 +20,8 @@ import pytest
 
 from fetch_site import encoding_bomb
 from mm_testkit.fixtures_kit import needs_bwrap
-from mm_testkit.model_server import ModelServer, Reply, ToolCall
 from mmbot_helpers import MM_BOT, clean_env
+from playground.model_server import ModelServer, Reply, ToolCall
 
 MARKER = "Secret7d1eMarker"
 TOKEN = "xoxb-worker-secret-4242"

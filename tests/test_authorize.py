@@ -10,7 +10,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from bot.authorize import Approvers
 from chatops.config import ServiceConfig
-from mm_testkit.slack_emulator import SlackEmulator
+from playground.slack_api import SlackEmulator
 
 CHANNEL = "C0TEAM"
 

@@ -24,9 +24,9 @@ from bot.handlers import HELLO, QUEUED, SUGGESTED_PROMPTS
 from chatops import db
 from chatops.schema import InboxMessage, Session, SessionStatus
 from chatops.store import set_status
-from mm_testkit.slack_client import SlackEventSender
-from mm_testkit.slack_emulator import SlackEmulator
 from mmbot_helpers import MM_BOT, clean_env, free_port, stop, wait_healthy
+from playground.signed import SlackEventSender
+from playground.slack_api import SlackEmulator
 from test_bot_serve import SIGNING_SECRET, Bot
 from test_bot_socket import socket_env
 

@@ -14,9 +14,9 @@ from sqlalchemy import select
 
 from chatops import db
 from chatops.schema import Session
-from mm_testkit.slack_client import SlackEventSender, stale_timestamp
-from mm_testkit.slack_emulator import SlackEmulator
 from mmbot_helpers import MM_BOT, clean_env, free_port, mm_bot, stop, wait_healthy
+from playground.signed import SlackEventSender, stale_timestamp
+from playground.slack_api import SlackEmulator
 
 SIGNING_SECRET = "test-signing-secret-8f3a"
 # Where these bots enqueue turns: kombu's in-process broker, which no worker reads (test_bot_inbound reads a

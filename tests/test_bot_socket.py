@@ -10,8 +10,8 @@ import httpx
 import pytest
 
 from chatops import db
-from mm_testkit.slack_emulator import SlackEmulator
 from mmbot_helpers import MM_BOT, clean_env, free_port, mm_bot, stop, wait_healthy
+from playground.slack_api import SlackEmulator
 from test_bot_serve import NOWHERE
 
 

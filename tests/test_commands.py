@@ -13,8 +13,8 @@ from urllib.parse import urlencode
 import pytest
 
 from bot.commands import Command, parse
-from mm_testkit.model_server import Reply
-from mm_testkit.slack_client import FORM, SlackEventSender
+from playground.model_server import Reply
+from playground.signed import FORM, SlackEventSender
 from threads_support import CHANNEL, SECRET, OwnRedis, Stack, config, policy, stack
 
 APPROVER, ALICE, EVE = "U0BOB", "U0ALICE", "U0EVE"

@@ -12,9 +12,9 @@ from chatops import db
 from chatops.secrets import mask_url
 from commands.doctor import main as doctor
 from mm_testkit.fixtures_kit import path_without
-from mm_testkit.model_server import ModelServer
-from mm_testkit.slack_emulator import SlackEmulator
 from mmbot_helpers import CONFIG_ENV, clean_env, free_port, mm_bot
+from playground.model_server import ModelServer
+from playground.slack_api import SlackEmulator
 
 SIGNING_SECRET = "signing-secret-never-printed"
 MODEL_KEY = "sk-model-key-never-printed"

@@ -16,8 +16,8 @@ import pytest
 
 from commands.dev import answers_as
 from mm_testkit.fixtures_kit import REQUIRE_SYSTEM, needs_bwrap, path_without
-from mm_testkit.model_server import ModelServer, Reply, ToolCall
 from mmbot_helpers import MM_BOT, clean_env, free_port, mm_bot, stop, wait_healthy
+from playground.model_server import ModelServer, Reply, ToolCall
 
 # --- the test kit's marker of system programs --------------------------------------------------------------
 

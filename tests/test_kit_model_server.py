@@ -15,7 +15,7 @@ from openai.types import CompletionUsage
 from openai.types.chat import ChatCompletionMessage, ChatCompletionMessageFunctionToolCall, ChatCompletionMessageParam
 from openai.types.chat.chat_completion_chunk import ChoiceDeltaToolCall, ChoiceDeltaToolCallFunction
 
-from mm_testkit.model_server import Fail, ModelServer, Reply, ToolCall, endless
+from playground.model_server import Fail, ModelServer, Reply, ToolCall, endless
 
 USER: list[ChatCompletionMessageParam] = [{"role": "user", "content": "list the files"}]
 

@@ -25,9 +25,9 @@ from slack_sdk.socket_mode.response import SocketModeResponse
 from slack_sdk.web.async_client import AsyncWebClient
 from slack_sdk.web.slack_response import SlackResponse
 
-from mm_testkit.server_thread import ThreadedAiohttpServer
-from mm_testkit.slack_client import SlackEventSender, stale_timestamp
-from mm_testkit.slack_emulator import SlackEmulator
+from playground.server_thread import ThreadedAiohttpServer
+from playground.signed import SlackEventSender, stale_timestamp
+from playground.slack_api import SlackEmulator
 
 SECRET = "8f742231b10e8888abcd99yyyzzz85a5"
 TS = re.compile(r"^\d{10}\.\d{6}$")
@@ -69,6 +69,8 @@ def test_thread_posts_come_back_from_conversations_replies(client: WebClient, sl
     # A reply's ts finds its whole thread too, as in Slack.
     assert len(body(client.conversations_replies(channel="C0TEST", ts=first["ts"]))["messages"]) == 3
     assert [m["text"] for m in slack.messages("C0TEST")] == ["<@U0BOT> fix the build"]
+    client.chat_delete(channel="C0TEST", ts=first["ts"])  # a deleted reply no longer counts
+    assert slack.messages("C0TEST")[0]["reply_count"] == 1
 
 
 def test_update_and_delete_change_the_stored_message(client: WebClient, slack: SlackEmulator) -> None:

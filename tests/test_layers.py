@@ -1,7 +1,7 @@
 """The shape of the house, checked on the source rather than by eye.
 
-- Imports run one way: commands → bot → workers → migrations → chatops (the foundation) → mm_core. The agent
-  core never knows the service, the foundation never knows Slack's or Celery's side, and nothing in the
+- Imports run one way: commands → playground → bot → workers → migrations → chatops (the foundation) → mm_core.
+  The agent core never knows the service, the foundation never knows Slack's or Celery's side, and nothing in the
   product imports the test kit.
 - No import cycle between modules, counting imports made inside functions (a lazy import is still an arrow).
 - No module reaches into another's private names (`from x import _y`, `x._y`).
@@ -20,7 +20,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 # A package may import packages of its own rank or lower, never higher; equal ranks may not import each other.
-RANK = {"mm_core": 0, "chatops": 1, "migrations": 2, "workers": 3, "bot": 4, "commands": 5}
+# The playground (a local stand-in for Slack and a model) is a front end: it may use everything below it.
+RANK = {"mm_core": 0, "chatops": 1, "migrations": 2, "workers": 3, "bot": 4, "playground": 5, "commands": 6}
 PRODUCT = tuple(RANK)
 # The test kit stands beside the product: it may import the product, the product may never import it.
 KIT = "mm_testkit"
@@ -254,11 +255,11 @@ def broken_tree(tmp_path: Path) -> Path:
         "commands/__init__.py": "",
         "commands/doctor.py": "from chatops.db import engine\n",
         "bot/__init__.py": "",
-        "bot/app.py": "import mm_testkit.slack_emulator\n",
+        "bot/app.py": "import mm_testkit.fixtures_kit\n",
         "workers/__init__.py": "",
         "workers/tasks.py": "from bot import app\n",
         "mm_testkit/__init__.py": "",
-        "mm_testkit/slack_emulator.py": "",
+        "mm_testkit/fixtures_kit.py": "",
         "migrations/__init__.py": "",
     }
     for rel, text in files.items():

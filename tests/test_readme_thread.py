@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from mm_testkit.model_server import Reply, ToolCall
 from mm_testkit.redis_server import OwnRedis
+from playground.model_server import Reply, ToolCall
 from threads_support import CHANNEL, config, stack
 
 README = Path(__file__).resolve().parent.parent / "README.md"

@@ -36,8 +36,8 @@ from mm_core import (
     Usage,
     display,
 )
-from mm_testkit.model_server import ModelServer, Reply, ToolCall
-from mm_testkit.slack_emulator import SlackEmulator
+from playground.model_server import ModelServer, Reply, ToolCall
+from playground.slack_api import SlackEmulator
 from workers.approval_message import WAITING, ApprovalAsked
 from workers.blocks import ZWSP
 from workers.render import MARKDOWN_CHARS, ThreadRenderer

@@ -43,7 +43,7 @@ from mm_core.log import (
 )
 from mm_core.loopdetect import LOOP_DETECTED, LoopDetector
 from mm_core.state import SUMMARY_PREFIX, SessionState
-from mm_testkit.model_server import ModelServer, Reply, ToolCall
+from playground.model_server import ModelServer, Reply, ToolCall
 
 COUNTER_OF: dict[str, str | None] = {"bash": "commands", "read_file": "file_ops", "read_skill": "skills", "fetch": None}
 

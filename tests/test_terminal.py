@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from mm_testkit.fixtures_kit import needs_bwrap_when_root
-from mm_testkit.model_server import Reply, ToolCall
+from playground.model_server import Reply, ToolCall
 
 pytestmark = needs_bwrap_when_root
 
@@ -100,7 +100,7 @@ def test_end_of_input_at_the_permission_prompt_rejects_and_exits(model_server, t
 
 
 def test_a_failing_compact_is_a_message_and_the_session_goes_on(model_server, tmp_path):
-    from mm_testkit.model_server import Fail
+    from playground.model_server import Fail
 
     model_server.script(Reply(text="one"), Reply(text="two"), Fail(503, "overloaded"), Reply(text="three"))
     done = mm_run(tmp_path, model_server.url, [], stdin="a\nb\n/compact\nc\n/quit\n")

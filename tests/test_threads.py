@@ -18,8 +18,8 @@ from sqlalchemy import select
 from chatops.inbox import record_message
 from chatops.schema import Error as ErrorRow
 from chatops.schema import ToolCall as ToolCallRow
-from mm_testkit.model_server import Reply
 from mmbot_helpers import free_port
+from playground.model_server import Reply
 from threads_support import CHANNEL, OwnRedis, Stack, config, policy, rabbitmq_vhost, stack
 from workers.tasks import stop_session
 

@@ -13,7 +13,7 @@ from sqlalchemy import select
 
 from chatops.schema import Session
 from mm_testkit.redis_server import OwnRedis
-from mm_testkit.slack_client import SlackEventSender
+from playground.signed import SlackEventSender
 from threads_support import CHANNEL, SECRET, Stack, stack
 
 pytestmark = pytest.mark.timeout(240)

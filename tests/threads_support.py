@@ -26,10 +26,10 @@ from sqlalchemy import Engine, select
 from chatops import db
 from chatops.inbox import Recorded, record_message
 from chatops.schema import Session, SessionEvent
-from mm_testkit.model_server import ModelServer, Reply, ToolCall
 from mm_testkit.redis_server import OwnRedis as OwnRedis  # moved there (bench/ uses it); re-exported
-from mm_testkit.slack_emulator import SlackEmulator
 from mmbot_helpers import MM_BOT, clean_env, free_port, stop, wait_healthy
+from playground.model_server import ModelServer, Reply, ToolCall
+from playground.slack_api import SlackEmulator
 
 CHANNEL = "C0THREADS"
 SECRET = "threads-signing-secret"

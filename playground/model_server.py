@@ -32,7 +32,7 @@ from typing import Any
 
 from aiohttp import web
 
-from mm_testkit.server_thread import ThreadedAiohttpServer
+from playground.server_thread import ThreadedAiohttpServer
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""An aiohttp application served on 127.0.0.1 from a thread of its own, so sync tests can use it."""
+"""An aiohttp application served from a thread of its own (on 127.0.0.1 unless told otherwise), so synchronous
+code (tests, the playground's supervisor) can use it."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ class ThreadedAiohttpServer:
     `self.stopping` so that `stop()` never hangs on them.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.host, self._wanted_port = host, port
         self.port: int = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -32,7 +34,8 @@ class ThreadedAiohttpServer:
         """`http://127.0.0.1:<port>` (no trailing slash)."""
         if not self.port:
             raise RuntimeError(f"{type(self).__name__} is not started")
-        return f"http://127.0.0.1:{self.port}"
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
+        return f"http://{host if ':' not in host else f'[{host}]'}:{self.port}"
 
     def start(self) -> Self:
         if self._thread is not None:
@@ -48,7 +51,7 @@ class ThreadedAiohttpServer:
                 self.make_app(), handler_cancellation=True, access_log=None, shutdown_timeout=1.0
             )
             await self._runner.setup()
-            site = web.TCPSite(self._runner, "127.0.0.1", 0)
+            site = web.TCPSite(self._runner, self.host, self._wanted_port)
             await site.start()
             self.port = self._runner.addresses[0][1]
 

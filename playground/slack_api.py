@@ -1,4 +1,5 @@
-"""A Slack Web API emulator on 127.0.0.1, with state, for tests of the bot and the workers.
+"""A Slack Web API emulator on 127.0.0.1, with state: behind the playground's page, and in the tests of the bot
+and the workers.
 
     with SlackEmulator() as slack:
         client = slack_sdk.WebClient(token=slack.bot_token, base_url=slack.url)
@@ -8,7 +9,8 @@
 Methods live at `/api/<method>` and answer Slack's shapes (`{"ok": true, ...}` or `{"ok": false, "error": ...}`,
 HTTP 200 either way). Form-encoded, multipart and JSON bodies are accepted; the token comes from
 `Authorization: Bearer ...` or a `token` parameter. Every call is recorded (`calls`, `calls_to(method)`).
-`fail()` and `rate_limit()` make a method misbehave a number of times.
+`fail()` and `rate_limit()` make a method misbehave a number of times. `on_change(listener)` calls the listener
+(from the server's thread) after every call that changed what a person would see; `version` counts them.
 
 Messages are held to Slack's limits: more than 50 blocks, or a section's text over 3,000 characters, is
 `invalid_blocks` (with Slack's `[ERROR] …` lines); `markdown_text` with `text` or `blocks` is
@@ -41,8 +43,8 @@ from typing import Any
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
-from mm_testkit.server_thread import ThreadedAiohttpServer
-from mm_testkit.slack_client import SlackEventSender
+from playground.server_thread import ThreadedAiohttpServer
+from playground.signed import SlackEventSender
 
 Params = dict[str, Any]
 # Parameters that form-encoded callers send as JSON text; decoded so state holds one shape.
@@ -52,6 +54,21 @@ SOCKET_PATH = "/socket"
 MAX_BLOCKS = 50
 MAX_SECTION_TEXT = 3000
 MAX_UPDATE_TEXT = 4000  # chat.update's msg_too_long ("The text field cannot exceed 4,000 characters")
+# Methods that only read: a call to one of them changes nothing a person sees.
+READ_ONLY = frozenset(
+    {
+        "auth.test",
+        "chat.getPermalink",
+        "conversations.replies",
+        "conversations.history",
+        "conversations.info",
+        "users.info",
+        "usergroups.users.list",
+        "files.info",
+        "files.getUploadURLExternal",
+        "apps.connections.open",
+    }
+)
 # The one method an app-level token may call, and the one a bot token may not (Slack: not_allowed_token_type).
 CONNECTIONS_OPEN = "apps.connections.open"
 
@@ -111,6 +128,8 @@ class SlackEmulator(ThreadedAiohttpServer):
         self.tokens = {bot_token}
         self.app_token = app_token
         self._lock = threading.RLock()
+        self.version = 0
+        self._listeners: list[Callable[[int], None]] = []
         self._changed = threading.Condition(self._lock)  # a socket connected or closed, an ack arrived
         self._sockets: list[web.WebSocketResponse] = []  # live Socket Mode connections, oldest first
         # Socket Mode payloads are the HTTP bodies, so the signed-request client builds them (never sending).
@@ -171,6 +190,7 @@ class SlackEmulator(ThreadedAiohttpServer):
             self.uploads: dict[str, bytes] = {}
             self.files: dict[str, dict[str, Any]] = {}
             self.responses: list[dict[str, Any]] = []
+            self._answering: dict[str, tuple[str, str]] = {}  # response_url → (person, channel)
             self._injected: dict[str, list[_Injected]] = {}
             self._last_ts_us = 0
             self._ids = itertools.count(1)
@@ -249,7 +269,21 @@ class SlackEmulator(ThreadedAiohttpServer):
             "client_msg_id": f"00000000-0000-4000-8000-{next(self._ids):012d}",
         }
         with self._lock:
-            return self._store(channel, message, thread_ts)
+            stored = self._store(channel, message, thread_ts)
+        self._touch()
+        return stored
+
+    def on_change(self, listener: Callable[[int], None]) -> None:
+        """Call `listener(version)` after each change; it runs on the server's thread, so it must be quick."""
+        with self._lock:
+            self._listeners.append(listener)
+
+    def _touch(self) -> None:
+        with self._lock:
+            self.version += 1
+            version, listeners = self.version, list(self._listeners)
+        for listener in listeners:
+            listener(version)
 
     def messages(self, channel: str, thread_ts: str | None = None) -> list[dict[str, Any]]:
         """A thread's messages, parent first (thread_ts given), or the channel's top-level messages, oldest first."""
@@ -280,9 +314,30 @@ class SlackEmulator(ThreadedAiohttpServer):
         with self._lock:
             self._injected.setdefault(method, []).append(_Injected(times, retry_after=retry_after))
 
-    def response_url(self) -> str:
-        """A response_url on this emulator; what the bot POSTs there lands in `responses`."""
-        return f"{self.base}/response-url/{self.team_id}/{next(self._ids)}"
+    def response_url(self, user: str | None = None, channel: str | None = None) -> str:
+        """A response_url on this emulator; what the bot POSTs there lands in `responses`. Given the person and
+        the channel it answers (as Slack knows them), an answer is also shown as Slack shows it: an ephemeral
+        for that person, or with `"response_type": "in_channel"` a message in the channel."""
+        url = f"{self.base}/response-url/{self.team_id}/{next(self._ids)}"
+        if user is not None and channel is not None:
+            with self._lock:
+                self._answering[url] = (user, channel)
+        return url
+
+    def snapshot(self, channel: str, user: str) -> dict[str, Any]:
+        """What `user` sees of `channel`, read at once (copies): `version`, `messages` (thread replies included,
+        oldest first), `ephemerals` sent to them there, `statuses` (each thread's latest assistant status) and
+        `home` (the App Home view last published for them, or None)."""
+        with self._lock:
+            homes = [v for v in self.views if v.get("type") == "home" and v.get("user_id") == user]
+            seen = {
+                "version": self.version,
+                "messages": self._messages.get(channel, []),
+                "ephemerals": [e for e in self.ephemerals if e.get("to_user") == user and e.get("channel") == channel],
+                "statuses": {thread: said[-1] for (where, thread), said in self.statuses.items() if where == channel},
+                "home": homes[-1] if homes else None,
+            }
+            return json.loads(json.dumps(seen))
 
     # -- HTTP -----------------------------------------------------------------------------------------------
 
@@ -308,6 +363,8 @@ class SlackEmulator(ThreadedAiohttpServer):
                 call.status, call.response, headers = 200, {"ok": False, "error": "invalid_json"}, {}
             else:
                 call.status, call.response, headers = self._answer(method, params, request.headers)
+        if call.response.get("ok") and method not in READ_ONLY:
+            self._touch()
         return web.json_response(call.response, status=call.status, headers=headers)
 
     def _answer(self, method: str, params: Params, headers: Any) -> tuple[int, dict[str, Any], dict[str, str]]:
@@ -345,8 +402,18 @@ class SlackEmulator(ThreadedAiohttpServer):
         return web.Response(text=f"OK - {len(data)}")
 
     async def _response_url_post(self, request: web.Request) -> web.Response:
+        body = await request.json()
         with self._lock:
-            self.responses.append({"url": str(request.url), "body": await request.json()})
+            self.responses.append({"url": str(request.url), "body": body})
+            answering = self._answering.get(str(request.url))
+            if answering is not None and isinstance(body, dict):
+                user, channel = answering
+                shown = self._bot_message(body)
+                if body.get("response_type") == "in_channel":
+                    self._store(channel, shown, None)
+                else:
+                    self.ephemerals.append(shown | {"channel": channel, "to_user": user, "ts": self._new_ts()})
+        self._touch()
         return web.Response(text="ok")
 
     # -- Socket Mode ----------------------------------------------------------------------------------------
@@ -638,6 +705,10 @@ class SlackEmulator(ThreadedAiohttpServer):
         if message.get("user") != self.bot_user_id:
             raise SlackError("cant_delete_message")
         self._messages[channel].remove(message)
+        thread_ts = message.get("thread_ts")
+        parent = self._find(channel, thread_ts) if thread_ts and thread_ts != ts else None
+        if parent is not None:  # Slack counts the replies that are still there
+            parent["reply_count"] = max(0, parent.get("reply_count", 1) - 1)
         return {"channel": channel, "ts": ts}
 
     def _permalink(self, params: Params) -> dict[str, Any]:

@@ -255,13 +255,48 @@ class SlackEventSender:
         **options: Any,
     ) -> httpx.Response:
         """A `block_actions` payload for a button click on the message `message_ts`."""
-        name = user_name or user.lower()
         container = {"type": "message", "message_ts": message_ts, "channel_id": channel, "is_ephemeral": False}
         shown = message or {"type": "message", "user": self.bot_user_id, "ts": message_ts, "text": text}
         if thread_ts:
             container["thread_ts"] = thread_ts
             shown = {"thread_ts": thread_ts} | shown
-        payload = {
+        where = {"channel": {"id": channel, "name": channel.lower()}, "message": shown}
+        payload = self._click(action_id, value, user, user_name, block_id, text, container, where, trigger_id)
+        payload["response_url"] = response_url or self.new_response_url()
+        return self._form({"payload": json.dumps(payload)}, payload, **options)
+
+    def view_action(
+        self,
+        action_id: str,
+        value: str,
+        *,
+        user: str,
+        view: dict[str, Any],
+        block_id: str = "actions",
+        text: str = "Button",
+        user_name: str | None = None,
+        trigger_id: str | None = None,
+        **options: Any,
+    ) -> httpx.Response:
+        """A `block_actions` payload for a button click in a view (the App Home): no channel, no message."""
+        container = {"type": "view", "view_id": view.get("id", "")}
+        payload = self._click(action_id, value, user, user_name, block_id, text, container, {"view": view}, trigger_id)
+        return self._form({"payload": json.dumps(payload)}, payload, **options)
+
+    def _click(
+        self,
+        action_id: str,
+        value: str,
+        user: str,
+        user_name: str | None,
+        block_id: str,
+        text: str,
+        container: dict[str, Any],
+        where: dict[str, Any],
+        trigger_id: str | None,
+    ) -> dict[str, Any]:
+        name = user_name or user.lower()
+        return {
             "type": "block_actions",
             "user": {"id": user, "username": name, "name": name, "team_id": self.team_id},
             "api_app_id": self.api_app_id,
@@ -271,10 +306,8 @@ class SlackEventSender:
             "team": {"id": self.team_id, "domain": self.team_domain},
             "enterprise": None,
             "is_enterprise_install": False,
-            "channel": {"id": channel, "name": channel.lower()},
-            "message": shown,
+            **where,
             "state": {"values": {}},
-            "response_url": response_url or self.new_response_url(),
             "actions": [
                 {
                     "action_id": action_id,
@@ -286,7 +319,13 @@ class SlackEventSender:
                 }
             ],
         }
-        return self._form({"payload": json.dumps(payload)}, payload, **options)
+
+    def app_home_opened(self, *, user: str, view: dict[str, Any] | None = None, **options: Any) -> httpx.Response:
+        """`app_home_opened` on the Home tab (with the view last published for that person, when there is one)."""
+        event: dict[str, Any] = {"type": "app_home_opened", "user": user, "channel": f"D{user[1:]}", "tab": "home"}
+        if view is not None:
+            event["view"] = view
+        return self.event(event, **options)
 
     def slash_command(
         self,
