@@ -43,6 +43,7 @@ ENVIRONMENT = (
     "MM_MODEL_URL",
     "MM_MODEL",
     "MM_WORKSPACES",
+    "MM_CONFIG_OVERLAY",
 )
 # Where a person setting up the Slack app is sent by every message about a missing or refused secret.
 SLACK_DOCS = "docs/slack-app.md"
@@ -229,13 +230,14 @@ def load_config(path: str | os.PathLike[str] | None = None, environ: Mapping[str
     env = os.environ if environ is None else environ
     explicit = path if path is not None else _env(env, "MM_CONFIG")
     file = Path(explicit if explicit is not None else DEFAULT_CONFIG_FILE)
+    overlay = _overlay(env)
     if not file.exists():
         if explicit is not None:
             source = "MM_CONFIG" if path is None else "the config path"
             raise ConfigError([f"{file}: no such file ({source} names it; `mm-bot init` writes an example)"])
-        file_config, source_path = FileConfig(), None
+        file_config, source_path = _validated(overlay or {}, None, env, _env(env, "MM_CONFIG_OVERLAY") or ""), None
     else:
-        file_config, source_path = _load_file(file, env), file
+        file_config, source_path = _load_file(file, env, overlay), file
 
     agent = AgentConfig.model_validate(file_config.model_dump(include=set(AgentConfig.model_fields)))
     if source_path is not None:
@@ -270,7 +272,47 @@ def _env(env: Mapping[str, str], name: str) -> str | None:
 # --- reading the file, with line numbers --------------------------------------------------------------------
 
 
-def _load_file(file: Path, env: Mapping[str, str]) -> FileConfig:
+def _overlay(env: Mapping[str, str]) -> dict[str, Any] | None:
+    """The file MM_CONFIG_OVERLAY names: keys laid over the config file's (the playground adds its people and
+    its channel this way, leaving the person's own file untouched)."""
+    name = _env(env, "MM_CONFIG_OVERLAY")
+    if name is None:
+        return None
+    try:
+        data = yaml.safe_load(Path(name).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        raise ConfigError([f"{name}: cannot read the overlay (MM_CONFIG_OVERLAY): {e}"]) from None
+    if data is not None and not isinstance(data, dict):
+        raise ConfigError([f"{name}: the overlay (MM_CONFIG_OVERLAY) must be a mapping of keys"])
+    return data
+
+
+def laid_over(base: dict[str, Any], overlay: Mapping[str, Any]) -> dict[str, Any]:
+    """`overlay` laid over `base`: mappings merge key by key, anything else is replaced."""
+    merged = dict(base)
+    for key, value in overlay.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), dict):
+            merged[key] = laid_over(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _validated(data: dict[str, Any], root: yaml.Node | None, env: Mapping[str, str], where: str) -> FileConfig:
+    problems = [(_line(root, loc), _render(loc, msg)) for loc, msg in _duplicate_keys(root)]
+    problems += [(_line(root, loc), _render(loc, msg)) for loc, msg in _cross_checks(data, env)]
+    config: FileConfig | None = None
+    try:
+        config = FileConfig.model_validate(data, strict=True)
+    except ValidationError as e:
+        problems += [(_line(root, loc), _render(loc, msg)) for loc, msg in _pydantic_problems(e)]
+    if problems or config is None:
+        ordered = sorted(dict.fromkeys(problems), key=lambda p: p[0])  # one line per problem, in file order
+        raise ConfigError([f"{where}:{line}: {message}" for line, message in ordered])
+    return config
+
+
+def _load_file(file: Path, env: Mapping[str, str], overlay: dict[str, Any] | None = None) -> FileConfig:
     try:
         text = file.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
@@ -282,21 +324,11 @@ def _load_file(file: Path, env: Mapping[str, str]) -> FileConfig:
         raise ConfigError([f"{file}:{e.line}: {e.problem}" if e.line else f"{file}: {e.problem}"]) from None
 
     if data is None:
-        return FileConfig()
+        data = {}
     if not isinstance(data, dict):
         raise ConfigError([f"{file}:1: expected a mapping of keys at the top level, got {_describe(data)}"])
-
-    problems = [(_line(root, loc), _render(loc, msg)) for loc, msg in _duplicate_keys(root)]
-    problems += [(_line(root, loc), _render(loc, msg)) for loc, msg in _cross_checks(data, env)]
-    config: FileConfig | None = None
-    try:
-        config = FileConfig.model_validate(data, strict=True)
-    except ValidationError as e:
-        problems += [(_line(root, loc), _render(loc, msg)) for loc, msg in _pydantic_problems(e)]
-    if problems or config is None:
-        ordered = sorted(dict.fromkeys(problems), key=lambda p: p[0])  # one line per problem, in file order
-        raise ConfigError([f"{file}:{line}: {message}" for line, message in ordered])
-    return config
+    # A problem in a key the overlay brought is reported at the line of the file's nearest key.
+    return _validated(laid_over(data, overlay) if overlay else data, root, env, str(file))
 
 
 Loc = tuple[str | int, ...]

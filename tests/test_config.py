@@ -275,3 +275,39 @@ def test_hostile_yaml_and_undecodable_file(tmp_path: Path) -> None:
     expected = rf"^{re.escape(str(path))}: cannot read the file: 'utf-8' codec can't decode"
     with pytest.raises(ConfigError, match=expected):
         load_config(path, {})
+
+
+# --- MM_CONFIG_OVERLAY ----------------------------------------------------------------------------------------
+
+
+def test_an_overlay_is_laid_over_the_file_key_by_key(tmp_path: Path) -> None:
+    file = tmp_path / "mm.yaml"
+    file.write_text("yolo: true\nchannels:\n  default: {repo: https://git.example.com/a.git, branch: main}\n")
+    overlay = tmp_path / "overlay.yaml"
+    overlay.write_text("channels:\n  C0PLAY: {approvers: [U0GRACE], yolo: false}\n  default: {branch: dev}\n")
+    config = load_config(file, {"MM_CONFIG_OVERLAY": str(overlay)})
+    assert config.agent.yolo is True  # untouched by the overlay
+    assert config.service.channels["default"].repo == "https://git.example.com/a.git"
+    assert config.service.channels["default"].branch == "dev"  # a mapping merges; a value is replaced
+    assert config.service.channels["C0PLAY"].approvers == ["U0GRACE"]
+    assert config.service.channels["C0PLAY"].yolo is False
+    # With no file at all, the overlay is the config.
+    alone = load_config(None, {"MM_CONFIG_OVERLAY": str(overlay), "MM_CONFIG": ""})
+    assert alone.service.channels["C0PLAY"].approvers == ["U0GRACE"]
+
+
+def test_a_bad_overlay_stops_start_up_with_its_name(tmp_path: Path) -> None:
+    file = tmp_path / "mm.yaml"
+    file.write_text("channels:\n  default: {branch: main}\n")
+    overlay = tmp_path / "overlay.yaml"
+    for text, problem in (
+        ("- a list\n", "must be a mapping of keys"),
+        ("channels: {C0PLAY: {approvers: [nobody]}}\n", "expected a list of user or group ids"),
+        ("channels: [\n", "cannot read the overlay"),
+    ):
+        overlay.write_text(text)
+        with pytest.raises(ConfigError) as raised:
+            load_config(file, {"MM_CONFIG_OVERLAY": str(overlay)})
+        assert problem in str(raised.value), text
+    with pytest.raises(ConfigError, match="cannot read the overlay"):
+        load_config(file, {"MM_CONFIG_OVERLAY": str(tmp_path / "missing.yaml")})
