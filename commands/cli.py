@@ -1,4 +1,4 @@
-"""`mm-bot`: the one command of the service (serve, worker, beat, migrate, dev, run, doctor, init).
+"""`mm-bot`: the one command of the service (serve, worker, beat, migrate, dev, playground, run, doctor, init).
 
 A bad configuration is printed as the config module words it (`file:line: key: expected …`), without a
 traceback, and exits 2.
@@ -96,6 +96,14 @@ def _dev(args: argparse.Namespace) -> int:
     return run_dev(args.config, host=args.host, port=args.port)
 
 
+def _playground(args: argparse.Namespace) -> int:
+    from commands.playground import run_playground
+
+    return run_playground(
+        args.config, args.host, args.port, expose=args.expose, demo=args.demo, browser=not args.no_browser
+    )
+
+
 def _run(args: argparse.Namespace) -> int:
     try:
         terminal = importlib.import_module("commands.terminal")
@@ -180,8 +188,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("passthrough", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     p = command("migrate", _migrate, "upgrade the database schema (DATABASE_URL)")
     p.add_argument("--revision", default="head", help="target revision (default head)")
-    p = command("dev", _dev, "everything one machine needs: migrations, the bot, a worker and the scheduler")
+    p = command(
+        "dev",
+        _dev,
+        "everything one machine needs: migrations, the bot, a worker and the scheduler (the playground when there "
+        "is no SLACK_BOT_TOKEN)",
+    )
     listen_options(p)
+    p = command("playground", _playground, "the bot in a Slack-like page of your browser, with no Slack workspace")
+    listen_options(p)
+    p.add_argument(
+        "--expose",
+        action="store_true",
+        help="allow a --host other than loopback: unsafe, the page has no login and approves commands on this machine",
+    )
+    p.add_argument("--demo", action="store_true", help="use the scripted demo model even when a model answers")
+    p.add_argument("--no-browser", action="store_true", help="do not open a browser")
     # Its options (--help included) belong to the terminal front end.
     p = command(
         "run", _run, "the agent in the terminal, in the current directory (-p PROMPT: one shot)", add_help=False
@@ -229,7 +251,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 # Errors whose str() is the whole sentence, with the fix: (module, class).
-WORDED_ERRORS = (("chatops.db", "DatabaseUnavailable"), ("bot.server", "CannotListen"))
+WORDED_ERRORS = (
+    ("chatops.db", "DatabaseUnavailable"),
+    ("bot.server", "CannotListen"),
+    ("commands.playground", "Refused"),
+)
 
 
 def _worded(exc: Exception) -> bool:

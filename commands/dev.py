@@ -1,175 +1,57 @@
 """`mm-bot dev`: everything one machine needs, in one command, on the embedded defaults.
 
-It migrates the database, picks a broker (Redis on localhost, else an SQLite file that needs no server),
-starts the bot and a worker as child processes, prints where the bot listens and what is still missing, and
-stops them all on Ctrl-C (or SIGTERM). A child that dies takes the others down with it: a half-running dev
-setup is harder to understand than a stopped one.
+It migrates the database, picks a broker, starts the bot and a worker (commands/services.py), prints where the
+bot listens and what is still missing, and stops them all on Ctrl-C. Without a Slack token there is nothing for
+the bot to talk to, so it starts the playground instead (commands/playground.py): the bot in a browser.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
-import subprocess
-import sys
-import time
-from dataclasses import dataclass
-from pathlib import Path
-
-import httpx
 
 from bot.server import check_port
-from chatops import db
-from chatops.config import SLACK_DOCS, Config, load_config
+from chatops.config import SLACK_DOCS, load_config
 from chatops.secrets import mask_url, scrub, secrets_of
-from commands.doctor import broker_reachable, check_model, sandbox_note
+from commands.doctor import check_model
+from commands.playground import run_playground
+from commands.services import Child, prepare, run_services
 
-EMBEDDED_BROKER_FILE = Path("var") / "broker.sqlite3"
-READY_TIMEOUT = 60.0
-STOP_TIMEOUT = 15.0
-
-MISSING = {
-    "SLACK_BOT_TOKEN": f"no SLACK_BOT_TOKEN: Slack calls are disabled until you set it; see {SLACK_DOCS}",
-    "SLACK_SIGNING_SECRET": (
-        f"no SLACK_SIGNING_SECRET: Slack's requests are refused (they cannot be verified) until you set it; "
-        f"see {SLACK_DOCS}"
-    ),
-}
+NO_SIGNING_SECRET = (
+    "no SLACK_SIGNING_SECRET: Slack's requests are refused (they cannot be verified) until you set it; "
+    f"see {SLACK_DOCS}"
+)
+# What `make run` says when there is no Slack token, with the one line that switches to real Slack.
+PLAYGROUND_INSTEAD = (
+    "no SLACK_BOT_TOKEN: starting the playground, the bot in a Slack-like page of your browser; for real Slack: "
+    f"SLACK_BOT_TOKEN=xoxb-… SLACK_SIGNING_SECRET=… make run (see {SLACK_DOCS})"
+)
 
 
 def say(message: str) -> None:
     print(f"mm-bot dev: {message}", flush=True)
 
 
-def dev_broker(config: Config, environ: dict[str, str] | os._Environ[str]) -> tuple[str, str | None]:
-    """The broker for `dev`, and a note when it is not the configured one.
-
-    A CELERY_BROKER_URL the user set is used as is (a wrong one should fail loudly, not be replaced); the
-    default Redis is used when it answers, else kombu's SQLAlchemy transport on an SQLite file.
-    """
-    if environ.get("CELERY_BROKER_URL"):
-        return config.broker_url, None
-    reachable, reason = broker_reachable(config.broker_url, timeout=1.0)
-    if reachable:
-        return config.broker_url, None
-    EMBEDDED_BROKER_FILE.parent.mkdir(parents=True, exist_ok=True)
-    url = f"sqla+sqlite:///{EMBEDDED_BROKER_FILE.absolute()}"
-    return url, f"no Redis at {mask_url(config.broker_url)} ({reason}): using the embedded broker {url}"
-
-
-@dataclass
-class Child:
-    name: str
-    process: subprocess.Popen[bytes]
-
-    def alive(self) -> bool:
-        return self.process.poll() is None
-
-
-def _start(name: str, argv: list[str], env: dict[str, str], stdout: int | None = None) -> Child:
-    # Each child leads its own process group, so stopping it can reach its own children (Celery's pool),
-    # and a terminal's Ctrl-C reaches only us: we stop the children in order, once.
-    process = subprocess.Popen([sys.executable, "-m", "commands.cli", *argv], env=env, process_group=0, stdout=stdout)
-    return Child(name, process)
-
-
-def _stop(children: list[Child]) -> None:
-    for child in children:
-        if child.alive():
-            child.process.send_signal(signal.SIGTERM)  # warm shutdown: Celery finishes or gives back its task
-    deadline = time.monotonic() + STOP_TIMEOUT
-    for child in children:
-        try:
-            child.process.wait(max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            say(f"{child.name} did not stop within {STOP_TIMEOUT:g}s; killing it")
-        # Whatever is left in its group (a pool process that outlived its parent) goes too.
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(child.process.pid, signal.SIGKILL)
-        child.process.wait()
-
-
-def _wait_healthy(url: str, bot: Child) -> bool:
-    deadline = time.monotonic() + READY_TIMEOUT
-    while time.monotonic() < deadline and bot.alive():
-        if answers_as(url, bot.process.pid):
-            return True
-        time.sleep(0.2)
-    return False
-
-
-def answers_as(url: str, pid: int) -> bool:
-    """Whether the bot with that pid answers the health check at `url`: another process that took the port
-    after check_port looked may answer it too, and then our bot is not listening."""
-    try:
-        response = httpx.get(url, timeout=1.0)
-        return response.status_code == 200 and response.json().get("pid") == pid
-    except (httpx.HTTPError, ValueError, AttributeError):  # not answering yet, or not a bot's JSON
-        return False
-
-
-def _interrupt(_signum: int, _frame: object) -> None:
-    raise KeyboardInterrupt
-
-
 def run_dev(config_path: str | None, host: str, port: int) -> int:
     """Raises CannotListen, before anything starts, when host:port is taken."""
     check_port(host, port)
     config = load_config(config_path)
-    before = db.current_revision(config.database_url)
-    db.migrate(config.database_url)
-    after = db.current_revision(config.database_url)
-    change = f"migrated from {before or 'an empty database'} to {after}" if before != after else f"at {after}"
-    say(f"database {mask_url(config.database_url)} ({change})")
-
-    broker, note = dev_broker(config, os.environ)
-    say(note or f"broker {mask_url(broker)}")
-    # Where a worker would refuse to start, dev says it once and starts its worker anyway (`worker --dev`).
-    if (sandbox := sandbox_note(config.agent)) is not None:
-        say(f"sandbox: {sandbox}")
-
+    if not config.slack_bot_token:
+        # Nothing to talk to: show the product in the browser instead of a bot waiting for a token.
+        say(PLAYGROUND_INSTEAD)
+        return run_playground(config_path, host, port, speaker=say)
+    broker = prepare(config, os.environ, say)
     env = dict(os.environ, CELERY_BROKER_URL=broker)
-    common = ["--config", str(Path(config_path).absolute())] if config_path else []
-    children: list[Child] = []
-    # Explicitly: a shell's background job starts with SIGINT ignored, and Python then leaves it ignored.
-    signal.signal(signal.SIGINT, _interrupt)
-    signal.signal(signal.SIGTERM, _interrupt)
-    try:
-        children.append(_start("bot", [*common, "serve", "--host", host, "--port", str(port), "--dev"], env))
-        # A quiet worker's stdout holds only Celery's notices of its own shutdown ("worker: Warm shutdown"), which
-        # dev says in its own words; its log, and what tasks print, go to stderr.
-        # The worker also runs the scheduler (-B) for housekeeping: one process fewer on a laptop. Fewer turns at
-        # once than a production worker, since the embedded database is SQLite (one writer at a time).
-        EMBEDDED_BROKER_FILE.parent.mkdir(parents=True, exist_ok=True)
-        schedule = str(EMBEDDED_BROKER_FILE.parent / "celerybeat-schedule")
-        worker = [*common, "worker", "--dev", "--", "--concurrency", "8", "-B", "--schedule", schedule]
-        children.append(_start("worker", worker, env, stdout=subprocess.DEVNULL))
+
+    def ready(children: list[Child]) -> None:
         base = f"http://{host}:{port}"
-        if not _wait_healthy(f"{base}/healthz", children[0]):
-            say(f"the bot did not answer on {base}/healthz; stopping")
-            return 1
         say(f"bot listening on {base}: Slack's requests to {base}/slack/events, health at {base}/healthz")
         say(f"worker started (pid {children[1].process.pid}) on {mask_url(broker)}")
         say("scheduler: housekeeping runs in the worker (scheduled jobs are not available yet)")
-        for name in config.missing_slack_secrets(socket_mode=False):
-            say(MISSING[name])
+        if not config.slack_signing_secret:
+            say(NO_SIGNING_SECRET)
         model = check_model(config)
         if not model.ok:
             say(f"model: {scrub(model.detail, secrets_of(config))}")
         say("ready; Ctrl-C stops everything")
-        while True:
-            for child in children:
-                if not child.alive():
-                    say(f"{child.name} exited with code {child.process.returncode}; stopping the others")
-                    return 1
-            time.sleep(0.3)
-    except KeyboardInterrupt:
-        say("stopping")
-        return 0
-    finally:
-        # A second Ctrl-C must not abandon the children half-stopped; STOP_TIMEOUT bounds the wait.
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        _stop(children)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+    return run_services(config_path, env, host, port, ready, say)

@@ -18,7 +18,7 @@ import redis
 
 from chatops import db
 from chatops.config import load_config
-from commands.dev import dev_broker
+from commands.services import dev_broker
 from mm_testkit.fixtures_kit import path_without
 from mmbot_helpers import MM_BOT, clean_env, free_port, mm_bot, session_processes, stop, wait_healthy
 
@@ -109,6 +109,15 @@ def test_an_unreachable_or_unusable_database_is_a_sentence_not_a_traceback(tmp_p
         assert "set DATABASE_URL" in result.stderr
 
 
+def test_the_playground_listens_beyond_this_machine_only_when_told_that_it_is_unsafe(tmp_path: Path) -> None:
+    result = mm_bot("playground", "--host", "0.0.0.0", "--port", str(free_port()), env=clean_env(), cwd=tmp_path)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert "0.0.0.0 is not this machine's loopback address" in result.stderr
+    assert "anyone who can reach 0.0.0.0 can post as any of its people" in result.stderr
+    assert "pass --expose as well" in result.stderr
+    assert not (tmp_path / "var").exists()  # refused before anything started
+
+
 def test_unknown_command_is_a_usage_error(tmp_path: Path) -> None:
     result = mm_bot("sevre", env=clean_env(), cwd=tmp_path)
     assert result.returncode == 2
@@ -129,10 +138,13 @@ def test_dev_prints_only_its_own_lines_each_once_and_ctrl_c_stops_every_child(tm
     # An embedded broker file of the test's own: a worker on the shared Redis could take other runs' messages.
     # And a machine without bubblewrap, as many laptops are: dev warns and starts its worker all the same.
     broker = f"sqla+sqlite:///{tmp_path / 'broker.sqlite3'}"
+    # A bot token without its signing secret: dev starts the bot for Slack (without a token it would start the
+    # playground, tests/test_playground.py) and says what is still missing.
     env = clean_env(
         CELERY_BROKER_URL=broker,
         MM_MODEL_URL=f"http://mm:model-pw-never-printed@127.0.0.1:{model_port}/v1",
         PATH=path_without("bwrap", tmp_path),
+        SLACK_BOT_TOKEN="xoxb-dev-test",
     )
     process = subprocess.Popen(
         [MM_BOT, "dev", "--port", str(port)],
@@ -186,7 +198,6 @@ def test_dev_prints_only_its_own_lines_each_once_and_ctrl_c_stops_every_child(tm
         f"mm-bot dev: bot listening on {base}: Slack's requests to {base}/slack/events, health at {base}/healthz",
         f"mm-bot dev: worker started (pid N) on {broker}",
         "mm-bot dev: scheduler: housekeeping runs in the worker (scheduled jobs are not available yet)",
-        "mm-bot dev: no SLACK_BOT_TOKEN: Slack calls are disabled until you set it; see docs/slack-app.md",
         "mm-bot dev: no SLACK_SIGNING_SECRET: Slack's requests are refused (they cannot be verified) until you set "
         "it; see docs/slack-app.md",
         f"mm-bot dev: model: http://mm:***@127.0.0.1:{model_port}/v1 unreachable: connection refused — start your "

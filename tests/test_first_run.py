@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from commands.dev import answers_as
+from commands.services import answers_as
 from mm_testkit.fixtures_kit import REQUIRE_SYSTEM, needs_bwrap, path_without
 from mmbot_helpers import MM_BOT, clean_env, free_port, mm_bot, stop, wait_healthy
 from playground.model_server import ModelServer, Reply, ToolCall

@@ -1,0 +1,191 @@
+"""`mm-bot playground`: the whole bot in a browser, with no Slack workspace (what `make run` starts without a token).
+
+It runs what `mm-bot dev` runs (migrations, the bot, a worker) with three parts of its own in this process: the
+Slack Web API emulator the bot and the worker talk to (playground/slack_api.py), the page that shows the
+emulator's channel and turns clicks into signed requests to the bot (playground/server.py), and, when no model
+answers, the demo model that plays a scripted session (playground/demo_model.py).
+
+The config is the person's own, with an overlay (var/playground/overlay.yaml, shown on the page) that adds the
+playground's channel: its repository, yolo off so calls ask, and one of the page's people as its approver.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import secrets
+import socket
+import sys
+import webbrowser
+from collections.abc import Callable
+from pathlib import Path
+
+import yaml
+
+from bot.server import check_port
+from chatops.config import Config, load_config
+from chatops.secrets import mask_url
+from commands.doctor import check_model
+from commands.services import Child, prepare, run_services
+from playground.demo_model import DEMO_MODEL_NAME, demo_repository, start_demo_model
+from playground.server import ModelInfo, Person, PlaygroundPage
+from playground.slack_api import SlackEmulator
+
+PLAYGROUND_DIR = Path("var") / "playground"
+CHANNEL_ID, CHANNEL_NAME = "C0PLAYGROUND", "playground"
+TEAM = "mm playground"
+PEOPLE = [
+    Person("U0PGADA", "ada", "Ada", "requester", "asks the bot for work"),
+    Person("U0PGGRACE", "grace", "Grace", "approver", "may approve tool calls"),
+    Person("U0PGLINUS", "linus", "Linus", "member", "may not approve"),
+]
+APPROVER = PEOPLE[1].id
+START_A_MODEL = (
+    "Start one, then set MM_MODEL_URL (and MM_MODEL, the model's name) and run `make run` again:\n"
+    "  Ollama: `ollama serve`, `ollama pull gemma3:12b`; MM_MODEL_URL=http://localhost:11434/v1 MM_MODEL=gemma3:12b\n"
+    "  llama.cpp: `llama-server -m model.gguf --port 8080`; MM_MODEL_URL=http://localhost:8080/v1\n"
+    "  vLLM: `vllm serve <model>`; MM_MODEL_URL=http://localhost:8000/v1 MM_MODEL=<model>\n"
+    "  Docker Model Runner: `docker model pull ai/gemma3`; MM_MODEL_URL=http://localhost:12434/engines/v1\n"
+    "Until then the demo model plays a scripted session: mention @mm with any request, approve as Grace, and it "
+    "runs greet.py, fixes its typo and answers."
+)
+EXPOSED = (
+    "the page has no login: anyone who can reach {address} can post as any of its people, approve the commands "
+    "the agent runs on this machine, and read what they print"
+)
+
+
+class Refused(Exception):
+    """The playground will not start as asked: str() says why and what to do."""
+
+
+def run_playground(
+    config_path: str | None,
+    host: str,
+    port: int,
+    *,
+    expose: bool = False,
+    demo: bool = False,
+    browser: bool = True,
+    speaker: Callable[[str], None] | None = None,
+) -> int:
+    say = speaker or _say
+    if not _loopback(host) and not expose:
+        raise Refused(
+            f"{host} is not this machine's loopback address, and {EXPOSED.format(address=host)}; "
+            "pass --expose as well if that is what you want"
+        )
+    check_port(host, port)
+    if expose and not _loopback(host):
+        say(f"warning: listening on {host}: {EXPOSED.format(address=host)}")
+    config = load_config(config_path)
+    broker = prepare(config, os.environ, say)
+    PLAYGROUND_DIR.mkdir(parents=True, exist_ok=True)
+
+    slack = SlackEmulator(
+        bot_token=f"xoxb-playground-{secrets.token_hex(12)}", team_name=TEAM, team_id="T0PLAYGROUND"
+    ).start()
+    model_server = None
+    page: PlaygroundPage | None = None
+    try:
+        for person in PEOPLE:
+            slack.add_user(person.id, person.name, real_name=person.real_name)
+        slack.add_channel(CHANNEL_ID, CHANNEL_NAME)
+        model, use_demo = _model(config, demo)
+        env = dict(os.environ, CELERY_BROKER_URL=broker, SLACK_API_URL=slack.url, SLACK_BOT_TOKEN=slack.bot_token)
+        env["SLACK_SIGNING_SECRET"] = signing_secret = secrets.token_hex(16)
+        env.pop("SLACK_APP_TOKEN", None)  # the playground speaks HTTP to its bot
+        if use_demo:
+            model_server = start_demo_model()
+            model = ModelInfo(True, DEMO_MODEL_NAME, model_server.url, model.note)
+            env |= {"MM_MODEL_URL": model_server.url, "MM_MODEL": DEMO_MODEL_NAME}
+        overlay = _overlay(config, use_demo)
+        overlay_file = PLAYGROUND_DIR / "overlay.yaml"
+        overlay_file.write_text(overlay, encoding="utf-8")
+        env["MM_CONFIG_OVERLAY"] = str(overlay_file.absolute())
+        load_config(config_path, env)  # the overlay must leave a config the bot and the worker accept
+
+        bot_port = _free_port()
+        page = PlaygroundPage(
+            slack,
+            bot_url=f"http://127.0.0.1:{bot_port}",
+            signing_secret=signing_secret,
+            people=PEOPLE,
+            channel_id=CHANNEL_ID,
+            channel_name=CHANNEL_NAME,
+            model=model,
+            overlay=overlay,
+            config_path=str(config.path) if config.path else None,
+            host=host,
+            port=port,
+            exposed=expose,
+        )
+
+        def ready(children: list[Child]) -> None:
+            assert page is not None
+            page.start()
+            say(f"bot on 127.0.0.1:{bot_port}, worker (pid {children[1].process.pid}), Slack's Web API emulated")
+            if use_demo:
+                say(f"model: the demo model (scripted), since {model.note.splitlines()[0]}")
+            else:
+                say(f"model: {model.name} at {model.url}")
+            say(f"open {page.base} in your browser; Ctrl-C stops everything")
+            if browser and _has_a_screen():
+                webbrowser.open(page.base)
+
+        return run_services(config_path, env, "127.0.0.1", bot_port, ready, say)
+    finally:
+        if page is not None:
+            page.stop()
+        if model_server is not None:
+            model_server.stop()
+        slack.stop()
+
+
+def _model(config: Config, demo: bool) -> tuple[ModelInfo, bool]:
+    """The configured model when it answers (and the demo was not asked for), else the demo's note."""
+    url = mask_url(config.agent.model.url)
+    if demo:
+        return ModelInfo(True, DEMO_MODEL_NAME, "", f"you asked for it (--demo).\n{START_A_MODEL}"), True
+    check = check_model(config)
+    if check.ok:
+        return ModelInfo(False, config.agent.model.name, url, ""), False
+    return ModelInfo(True, DEMO_MODEL_NAME, "", f"no model answered: {check.detail}.\n{START_A_MODEL}"), True
+
+
+def _overlay(config: Config, demo: bool) -> str:
+    # The demo model's script is written for its own repository; a real model works on the person's.
+    own = config.service.channel(CHANNEL_ID)
+    channel: dict[str, object] = {"approvers": [APPROVER], "yolo": False}
+    if demo or not own.repo:
+        channel["repo"] = str(demo_repository(PLAYGROUND_DIR / "demo-repo").absolute())
+        channel["branch"] = "main"
+    header = (
+        "# Laid over your config by the playground (MM_CONFIG_OVERLAY): its channel asks before every command\n"
+        "# and edit, and Grace approves.\n"
+    )
+    return header + yaml.safe_dump({"channels": {CHANNEL_ID: channel}}, sort_keys=False)
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _has_a_screen() -> bool:
+    # On a server, webbrowser would start a text browser in this terminal: open one only where a desktop is.
+    return sys.platform == "darwin" or bool(os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"))
+
+
+def _say(message: str) -> None:
+    print(f"mm-bot playground: {message}", flush=True)

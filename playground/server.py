@@ -1,0 +1,357 @@
+"""The playground's page: a Slack channel in a browser, backed by the Slack Web API emulator.
+
+What a person does on the page becomes what Slack would send the bot: a signed Events API callback for a
+message (an `app_mention` and its `message` twin for a mention), a signed `block_actions` payload for a click, a
+signed slash command, an `app_home_opened` event. The worker answers through the real Web API client into the
+emulator, and the page draws the emulator's state, so what the page shows is what Slack would have received.
+
+    GET  /                     the page (static/index.html)
+    GET  /api/state?user=U     the channel, the person's ephemerals and App Home, the model and the overlay
+    GET  /api/events           server-sent events: `change` whenever the emulator's state changed
+    POST /api/messages         {user, text, thread_ts?}
+    POST /api/commands         {user, text}: `/mm <text>`
+    POST /api/actions          {user, message_ts | view, action_id, block_id, value, text}
+    POST /api/home             {user}
+
+The page has no login: whoever reaches it may act as any of its people. So it listens on localhost unless told
+otherwise, and it takes only JSON from its own origin (a page of another site cannot post a form to it, nor
+reach it through a DNS name rebound to 127.0.0.1).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import threading
+from dataclasses import asdict, dataclass
+from importlib import resources
+from typing import Any
+
+import httpx
+from aiohttp import web
+
+from playground.server_thread import ThreadedAiohttpServer
+from playground.signed import SlackEventSender
+from playground.slack_api import SlackEmulator
+
+MAX_TEXT = 40_000  # Slack's limit on a message's text
+# "@mm" as a person types it; Slack's client sends it as the bot's mention.
+_TYPED_MENTION = r"(?<![\w<@])@{name}\b"
+_LOOPBACK_HOSTS = {"127.0.0.1", "localhost", "[::1]"}
+SSE_KEEPALIVE = 15.0  # seconds: a comment line keeps proxies and the browser from closing an idle stream
+
+
+@dataclass(frozen=True)
+class Person:
+    id: str
+    name: str
+    real_name: str
+    role: str  # requester, approver or member
+    note: str
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    demo: bool
+    name: str
+    url: str
+    note: str
+
+
+class PageError(Exception):
+    """A request the page should not have sent: answered 400 with the sentence."""
+
+
+class PlaygroundPage(ThreadedAiohttpServer):
+    def __init__(
+        self,
+        slack: SlackEmulator,
+        *,
+        bot_url: str,
+        signing_secret: str,
+        people: list[Person],
+        channel_id: str,
+        channel_name: str,
+        model: ModelInfo,
+        overlay: str,
+        config_path: str | None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        exposed: bool = False,
+    ) -> None:
+        super().__init__(host, port)
+        self.slack, self.people, self.model = slack, people, model
+        self.channel_id, self.channel_name = channel_id, channel_name
+        self.overlay, self.config_path, self.exposed = overlay, config_path, exposed
+        self._sender = SlackEventSender(
+            bot_url,
+            signing_secret,
+            team_id=slack.team_id,
+            team_domain=slack.team_name.lower().replace(" ", ""),
+            api_app_id=slack.app_id,
+            bot_user_id=slack.bot_user_id,
+            timeout=10.0,
+        )
+        self._sending = threading.Lock()  # the sender keeps its last payload: one send at a time
+        self._mention = re.compile(_TYPED_MENTION.format(name=re.escape(slack.bot_name)))
+        self._wakers: set[asyncio.Event] = set()
+        slack.on_change(self._changed)
+
+    def stop(self) -> None:
+        super().stop()
+        self._sender.close()
+
+    # -- HTTP ---------------------------------------------------------------------------------------------
+
+    def make_app(self) -> web.Application:
+        app = web.Application(middlewares=[self._guard], client_max_size=256 * 1024)
+        app.router.add_get("/", self._index)
+        app.router.add_get("/static/{name}", self._static)
+        app.router.add_get("/api/state", self._state)
+        app.router.add_get("/api/events", self._events)
+        app.router.add_post("/api/messages", self._post_message)
+        app.router.add_post("/api/commands", self._post_command)
+        app.router.add_post("/api/actions", self._post_action)
+        app.router.add_post("/api/home", self._open_home)
+        return app
+
+    @web.middleware
+    async def _guard(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        # A DNS name rebound to 127.0.0.1 brings its own Host; another site's page brings its Origin.
+        host = request.host.rsplit(":", 1)[0] if not request.host.endswith("]") else request.host
+        if not self.exposed and host not in _LOOPBACK_HOSTS:
+            return _refuse(403, f"this playground answers only to localhost, not to {request.host!r}")
+        if request.method == "POST":
+            origin = request.headers.get("Origin")
+            if origin is not None and origin != f"{request.scheme}://{request.host}":
+                return _refuse(403, "requests from another site's page are refused")
+            if request.content_type != "application/json":
+                return _refuse(415, "send JSON (Content-Type: application/json)")
+        try:
+            return await handler(request)
+        except PageError as exc:
+            return _refuse(400, str(exc))
+
+    async def _index(self, _request: web.Request) -> web.Response:
+        return web.Response(text=_static_text("index.html"), content_type="text/html", headers=_NO_CACHE)
+
+    async def _static(self, request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        kinds = {".js": "text/javascript", ".css": "text/css", ".json": "application/json", ".png": "image/png"}
+        kind = next((k for suffix, k in kinds.items() if name.endswith(suffix)), None)
+        if kind is None or "/" in name or name.startswith("."):
+            raise web.HTTPNotFound()
+        try:
+            return web.Response(text=_static_text(name), content_type=kind, headers=_NO_CACHE)
+        except FileNotFoundError:
+            raise web.HTTPNotFound() from None
+
+    async def _state(self, request: web.Request) -> web.Response:
+        # A browser's first visit knows nobody yet: it sees the page as the first person.
+        person = self._person(request.query.get("user") or self.people[0].id)
+        slack = self.slack
+        state = slack.snapshot(self.channel_id, person.id) | {
+            "me": person.id,
+            "users": [asdict(p) for p in self.people],
+            "bot": {"id": slack.bot_user_id, "name": slack.bot_name},
+            "team": slack.team_name,
+            "channel": {"id": self.channel_id, "name": self.channel_name},
+            "model": asdict(self.model),
+            "overlay": self.overlay,
+            "config_path": self.config_path,
+            "mention": f"<@{slack.bot_user_id}>",
+        }
+        return web.json_response(state, headers=_NO_CACHE)
+
+    async def _events(self, request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", **_NO_CACHE})
+        await response.prepare(request)
+        woken = asyncio.Event()
+        self._wakers.add(woken)
+        try:
+            await response.write(_sse("change", {"version": self.slack.version}))
+            while True:
+                try:
+                    await asyncio.wait_for(woken.wait(), SSE_KEEPALIVE)
+                except TimeoutError:
+                    await response.write(b": keep-alive\n\n")
+                    continue
+                woken.clear()
+                await response.write(_sse("change", {"version": self.slack.version}))
+        finally:
+            self._wakers.discard(woken)
+
+    def _changed(self, _version: int) -> None:
+        # Called on the emulator's thread: wake this server's streams on this server's loop.
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        for woken in list(self._wakers):
+            loop.call_soon_threadsafe(woken.set)
+
+    async def _post_message(self, request: web.Request) -> web.Response:
+        body = await _body(request)
+        person = self._person(body.get("user"))
+        text = _text(body.get("text"))
+        thread_ts = self._existing_thread(body.get("thread_ts"))
+        text = self._mention.sub(f"<@{self.slack.bot_user_id}>", text)
+        message = self.slack.add_message(self.channel_id, text, person.id, thread_ts=thread_ts)
+        ts = message["ts"]
+
+        def deliver() -> None:
+            # Slack delivers a mention twice (app_mention, and the message.channels twin); the bot keeps one.
+            if f"<@{self.slack.bot_user_id}>" in text:
+                self._check(
+                    self._sender.app_mention(text, channel=self.channel_id, user=person.id, ts=ts, thread_ts=thread_ts)
+                )
+            self._check(self._sender.message(text, channel=self.channel_id, user=person.id, ts=ts, thread_ts=thread_ts))
+
+        await self._send(deliver)
+        return web.json_response({"ok": True, "ts": ts})
+
+    async def _post_command(self, request: web.Request) -> web.Response:
+        body = await _body(request)
+        person = self._person(body.get("user"))
+        text = _text(body.get("text"), empty_ok=True)
+        url = self.slack.response_url(person.id, self.channel_id)
+
+        def deliver() -> None:
+            self._check(
+                self._sender.slash_command(
+                    "/mm",
+                    text,
+                    user=person.id,
+                    channel=self.channel_id,
+                    user_name=person.name,
+                    channel_name=self.channel_name,
+                    response_url=url,
+                )
+            )
+
+        await self._send(deliver)
+        return web.json_response({"ok": True})
+
+    async def _post_action(self, request: web.Request) -> web.Response:
+        body = await _body(request)
+        person = self._person(body.get("user"))
+        action_id, block_id, value, label = (_field(body, k) for k in ("action_id", "block_id", "value", "text"))
+        if body.get("view"):
+            view = self.slack.snapshot(self.channel_id, person.id)["home"]
+            if view is None:
+                raise PageError("there is no App Home view to click in")
+
+            def click_view() -> None:
+                self._check(
+                    self._sender.view_action(
+                        action_id,
+                        value,
+                        user=person.id,
+                        view=view,
+                        block_id=block_id,
+                        text=label,
+                        user_name=person.name,
+                    )
+                )
+
+            await self._send(click_view)
+            return web.json_response({"ok": True})
+        ts = _field(body, "message_ts")
+        message = self.slack.message(self.channel_id, ts)
+        if message is None:
+            raise PageError(f"there is no message {ts} in #{self.channel_name}")
+        url = self.slack.response_url(person.id, self.channel_id)
+
+        def click() -> None:
+            self._check(
+                self._sender.block_action(
+                    action_id,
+                    value,
+                    user=person.id,
+                    channel=self.channel_id,
+                    message_ts=ts,
+                    thread_ts=message.get("thread_ts"),
+                    message=message,
+                    block_id=block_id,
+                    text=label,
+                    user_name=person.name,
+                    response_url=url,
+                )
+            )
+
+        await self._send(click)
+        return web.json_response({"ok": True})
+
+    async def _open_home(self, request: web.Request) -> web.Response:
+        person = self._person((await _body(request)).get("user"))
+        await self._send(lambda: self._check(self._sender.app_home_opened(user=person.id)))
+        return web.json_response({"ok": True})
+
+    # -- helpers ------------------------------------------------------------------------------------------
+
+    def _person(self, user: object) -> Person:
+        found = next((p for p in self.people if p.id == user), None)
+        if found is None:
+            raise PageError(f"unknown user {user!r}: pick one of {', '.join(p.id for p in self.people)}")
+        return found
+
+    def _existing_thread(self, thread_ts: object) -> str | None:
+        if thread_ts in (None, ""):
+            return None
+        parent = self.slack.message(self.channel_id, str(thread_ts))
+        if parent is None or parent.get("thread_ts", parent["ts"]) != parent["ts"]:
+            raise PageError(f"there is no thread {thread_ts} in #{self.channel_name}")
+        return str(thread_ts)
+
+    async def _send(self, deliver: Any) -> None:
+        def locked() -> None:
+            with self._sending:
+                deliver()
+
+        await asyncio.to_thread(locked)
+
+    @staticmethod
+    def _check(response: httpx.Response) -> None:
+        if response.status_code != 200:
+            raise PageError(f"the bot answered HTTP {response.status_code}: {response.text[:300]}")
+
+
+_NO_CACHE = {"Cache-Control": "no-store"}
+
+
+def _static_text(name: str) -> str:
+    return resources.files("playground").joinpath("static", name).read_text(encoding="utf-8")
+
+
+def _refuse(status: int, sentence: str) -> web.Response:
+    return web.json_response({"ok": False, "error": sentence}, status=status)
+
+
+def _sse(event: str, data: Any) -> bytes:
+    return f"event: {event}\ndata: {json.dumps(data)}\n\n".encode()
+
+
+async def _body(request: web.Request) -> dict[str, Any]:
+    try:
+        body = await request.json()
+    except ValueError:
+        raise PageError("the body is not JSON") from None
+    if not isinstance(body, dict):
+        raise PageError("the body must be a JSON object")
+    return body
+
+
+def _text(value: object, empty_ok: bool = False) -> str:
+    if not isinstance(value, str) or (not value.strip() and not empty_ok):
+        raise PageError("the message has no text")
+    if len(value) > MAX_TEXT:
+        raise PageError(f"the message is longer than Slack allows ({len(value)} > {MAX_TEXT} characters)")
+    # Slack's clients escape these three in what they send; the bot reads them back the same way.
+    return value.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def _field(body: dict[str, Any], name: str) -> str:
+    value = body.get(name)
+    if not isinstance(value, str) or len(value) > 2000:
+        raise PageError(f"{name} must be a string (at most 2,000 characters)")
+    return value

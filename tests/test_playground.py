@@ -1,0 +1,382 @@
+"""The playground end to end, in headless Chromium (Debian's, driven by Playwright): the real `mm-bot`
+process with its bot, its Celery worker and the Slack Web API emulator behind the page, and a model (the
+project's scripted one on its OpenAI-compatible wire, or the demo model when none answers).
+
+What a person does here is what they would do in Slack: pick who they are, type `@mm …` in the channel, reply in
+the thread, click the buttons. Everything is read off the page, as they would read it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from playwright.sync_api import Browser, Locator, Page, expect, sync_playwright
+
+from chatops.buttons import LABELS, Action
+from commands.dev import PLAYGROUND_INSTEAD
+from commands.playground import PEOPLE
+from mm_testkit.fixtures_kit import needs_bwrap_when_root, needs_system
+from mm_testkit.redis_server import OwnRedis
+from mmbot_helpers import MM_BOT, clean_env, free_port, session_processes
+from playground.demo_model import LABEL
+from playground.model_server import ModelServer, Reply, ToolCall
+from workers.turns import STOPPED
+
+pytestmark = [needs_system("chromium", "chromium"), needs_bwrap_when_root]
+
+ROOT = Path(__file__).resolve().parent.parent
+SCREENSHOT = ROOT / "docs" / "playground.png"
+# Set to write the screenshot the README shows into docs/ (a test run otherwise leaves the tree alone).
+UPDATE_SCREENSHOT = "MM_UPDATE_SCREENSHOT"
+# Chromium as root, with nothing reaching out of this machine (its background services would try).
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+ADA, GRACE, LINUS = (p.id for p in PEOPLE)
+WAIT = 60_000  # ms: a worker's first turn imports the agent core and clones the repository
+
+
+class Playground:
+    """`mm-bot <command>` (playground, or dev without a Slack token) in a directory of its own."""
+
+    def __init__(self, command: str, env: dict[str, str]) -> None:
+        # Where the sandbox's user can reach the workspaces (var/workspaces): pytest's tmp_path is root's alone,
+        # and a root worker refuses a workspaces directory its commands could not reach.
+        self.directory = directory = Path(tempfile.mkdtemp(prefix="mm-playground-"))
+        os.chmod(directory, 0o711)
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.log = directory / "playground.log"
+        with self.log.open("w") as log:
+            self.process = subprocess.Popen(
+                [MM_BOT, command, "--port", str(self.port), *(["--no-browser"] if command == "playground" else [])],
+                env=env,
+                cwd=directory,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise AssertionError(f"mm-bot {command} exited early:\n{self.output()}")
+            try:
+                if httpx.get(f"{self.base}/api/state", params={"user": ADA}, timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        self.stop()
+        raise AssertionError(f"the playground did not answer within 90s:\n{self.output()}")
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGINT)  # a terminal's Ctrl-C
+            try:
+                self.process.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+        assert session_processes(self.process.pid) == [], "the playground left processes behind"
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    with sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=shutil.which("chromium"), args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture(scope="module")
+def model() -> Iterator[ModelServer]:
+    with ModelServer(models=("test-model",)) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    # A Redis of the module's own: a worker on the shared one could take other tests' turns.
+    server = OwnRedis(tmp_path_factory.mktemp("redis"))
+    server.start()
+    yield server.url
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def playground(tmp_path_factory: pytest.TempPathFactory, model: ModelServer, broker: str) -> Iterator[Playground]:
+    env = clean_env(CELERY_BROKER_URL=broker, MM_MODEL_URL=model.url, MM_MODEL="test-model")
+    running = Playground("playground", env)
+    yield running
+    running.stop()
+
+
+@pytest.fixture
+def page(browser: Browser, playground: Playground, model: ModelServer) -> Iterator[Page]:
+    model.reset()
+    context = browser.new_context(viewport={"width": 1280, "height": 800})
+    opened = context.new_page()
+    opened.goto(playground.base)
+    yield opened
+    context.close()
+    assert model.errors == [], model.errors
+
+
+# --- what a person does ------------------------------------------------------------------------------------
+
+
+def be(page: Page, user: str) -> None:
+    page.select_option("#user", user)
+
+
+def mention(page: Page, text: str) -> Locator:
+    """Post `@mm text` in the channel as the current person; the page opens its thread, which is returned."""
+    page.fill("#composer", f"@mm {text}")
+    page.press("#composer", "Enter")
+    thread = page.locator("#thread")
+    expect(thread).to_be_visible()
+    expect(thread.locator(".message").first).to_contain_text(text)
+    return thread
+
+
+def reply(page: Page, text: str) -> None:
+    page.fill("#thread-composer", text)
+    page.press("#thread-composer", "Enter")
+
+
+def click(thread: Locator, label: str, within: Locator | None = None) -> None:
+    (within or thread).get_by_role("button", name=label, exact=True).last.click()
+
+
+def approval(thread: Locator, waiting_for: str) -> Locator:
+    """The approval message in the thread that shows `waiting_for` (a command, a path), found by its buttons and
+    then held by its ts, since a decision takes the buttons away."""
+    buttons = thread.page.get_by_role("button", name=LABELS[Action.APPROVE], exact=True)
+    message = thread.locator(".message", has=buttons).filter(has_text=waiting_for)
+    expect(message).to_have_count(1, timeout=WAIT)
+    return thread.locator(f'.message[data-ts="{message.get_attribute("data-ts")}"]')
+
+
+# --- the scripted model ------------------------------------------------------------------------------------
+
+
+def test_a_mention_streams_its_answer_and_a_reply_without_mention_continues_the_thread(
+    page: Page, model: ModelServer
+) -> None:
+    words = [f"word{i:02d}" for i in range(40)]
+    answer = " ".join(words)
+    # Four characters every 0.2 s: about ten seconds of streaming, far more than the worker's pace of updates.
+    model.script(
+        Reply(text=answer, chunk_size=4, interval=0.2),
+        lambda request: Reply(text=f"You asked {_last_user_text(request)!r}; before, I said {words[-1]}."),
+    )
+    be(page, ADA)
+    thread = mention(page, "what is in this repository?")
+    expect(thread).to_contain_text(words[0], timeout=WAIT)
+    assert words[-1] not in thread.inner_text()  # the first words are shown while the rest is still coming
+    expect(thread).to_contain_text(answer, timeout=WAIT)
+
+    reply(page, "and the tests?")
+    expect(thread).to_contain_text(f"before, I said {words[-1]}", timeout=WAIT)
+    second = model.messages(-1)
+    assert [m["content"] for m in second if m["role"] == "assistant"] == [answer]
+    assert "and the tests?" in _last_user_text({"messages": second})
+
+
+def test_a_non_approver_is_refused_and_an_approver_approves_a_command_whose_output_shows(
+    page: Page, model: ModelServer
+) -> None:
+    model.script(
+        Reply(tool_calls=[ToolCall("bash", {"command": "echo approved-output-$((6 * 7))"})]),
+        Reply(text="The command printed its line."),
+    )
+    be(page, ADA)
+    thread = mention(page, "run the echo")
+    prompt = approval(thread, "echo approved-output")
+
+    be(page, LINUS)
+    click(thread, "Approve", within=prompt)
+    refusal = thread.locator(".ephemeral").filter(has_text="Only this channel's approvers may")
+    expect(refusal).to_be_visible(timeout=WAIT)
+    expect(refusal).to_contain_text("Only visible to you")
+    be(page, ADA)  # an ephemeral is for its person only
+    expect(thread.locator(".ephemeral").filter(has_text="Only this channel's approvers may")).to_have_count(0)
+    expect(prompt.get_by_role("button", name="Approve", exact=True)).to_be_visible()  # nothing was decided
+
+    be(page, GRACE)
+    click(thread, "Approve", within=prompt)
+    expect(thread).to_contain_text("approved-output-42", timeout=WAIT)
+    expect(prompt).to_contain_text("Approved by @grace")
+    expect(thread).to_contain_text("The command printed its line.", timeout=WAIT)
+
+
+def test_the_stop_button_stops_a_running_turn(page: Page, model: ModelServer) -> None:
+    model.script(Reply(text="I am thinking about it at length", chunk_size=4, stall_after=3, stall_for=120))
+    be(page, ADA)
+    thread = mention(page, "think hard")
+    expect(thread).to_contain_text("Thinking", timeout=WAIT)  # the status message, which carries the button
+    stop = thread.get_by_role("button", name="Stop", exact=True)
+    expect(stop).to_be_visible(timeout=WAIT)
+    stop.click()
+    expect(thread).to_contain_text(STOPPED, timeout=WAIT)
+    expect(thread.get_by_role("button", name="Stop", exact=True)).to_have_count(0, timeout=WAIT)
+
+
+def test_thread_commands_and_the_slash_command_answer_on_the_page(page: Page, model: ModelServer) -> None:
+    model.script(Reply(text="Hello from the model."))
+    be(page, ADA)
+    thread = mention(page, "say hello")
+    expect(thread).to_contain_text("Hello from the model.", timeout=WAIT)
+    reply(page, "@mm status")
+    expect(thread).to_contain_text("idle", timeout=WAIT)
+    page.fill("#composer", "/mm help")
+    page.press("#composer", "Enter")
+    help_text = page.locator("#channel .ephemeral").filter(has_text="/mm")
+    expect(help_text).to_be_visible(timeout=WAIT)
+
+
+def test_the_app_home_shows_the_approver_what_waits_and_its_buttons_work(page: Page, model: ModelServer) -> None:
+    model.script(
+        Reply(tool_calls=[ToolCall("bash", {"command": "echo from-the-home-tab"})]),
+        Reply(text="Approved from the App Home."),
+    )
+    be(page, ADA)
+    thread = mention(page, "run it from home")
+    approval(thread, "echo from-the-home-tab")
+    be(page, GRACE)
+    page.locator("#nav-home").click()
+    home = page.locator("#home")
+    expect(home).to_contain_text("In a thread of #playground", timeout=WAIT)
+    expect(home).to_contain_text("echo from-the-home-tab")
+    home.get_by_role("link", name="In a thread of #playground").click()  # the permalink opens the thread here
+    expect(page.locator("#thread")).to_contain_text("run it from home")
+    page.locator("#nav-home").click()
+    home.get_by_role("button", name="Approve", exact=True).click()
+    expect(home).not_to_contain_text("echo from-the-home-tab", timeout=WAIT)  # nothing waits any more
+    page.locator("#nav-channel").click()
+    expect(thread).to_contain_text("Approved from the App Home.", timeout=WAIT)
+    expect(thread).to_contain_text("from-the-home-tab")
+
+
+def test_what_people_and_the_model_write_is_shown_as_text_never_run(page: Page, model: ModelServer) -> None:
+    model.script(
+        Reply(text="<javascript:window.pwned=2|a link> [another](javascript:window.pwned=3) <b>bold?</b> *real bold*")
+    )
+    be(page, ADA)
+    thread = mention(page, '<img src=x onerror="window.pwned=1"> hello')
+    expect(thread.locator(".message").first).to_contain_text('<img src=x onerror="window.pwned=1">')
+    expect(thread).to_contain_text("real bold", timeout=WAIT)
+    answer = thread.locator(".message").filter(has_text="real bold")
+    expect(answer).to_contain_text("<b>bold?</b>")
+    assert answer.locator("a[href^='javascript']").count() == 0
+    assert page.evaluate("window.pwned") is None
+    assert page.locator("img[src='x']").count() == 0
+
+
+def test_the_page_refuses_requests_from_other_sites_and_bad_input(playground: Playground) -> None:
+    base = playground.base
+    forged = httpx.post(
+        f"{base}/api/messages",
+        content='{"user": "U0PGADA", "text": "@mm rm -rf"}',
+        headers={"Content-Type": "application/json", "Origin": "https://evil.example"},
+    )
+    assert forged.status_code == 403 and "another site" in forged.json()["error"]
+    form = httpx.post(f"{base}/api/messages", data={"user": ADA, "text": "@mm hi"})
+    assert form.status_code == 415
+    rebound = httpx.get(f"{base}/api/state", params={"user": ADA}, headers={"Host": "attacker.example:80"})
+    assert rebound.status_code == 403 and "only to localhost" in rebound.json()["error"]
+    for body, error in (
+        ({"user": "U0NOBODY", "text": "hi"}, "unknown user"),
+        ({"user": ADA, "text": ""}, "no text"),
+        ({"user": ADA, "text": "x" * 40_001}, "longer than Slack allows"),
+        ({"user": ADA, "text": "hi", "thread_ts": "1.000001"}, "no thread"),
+        ([1, 2], "JSON object"),
+    ):
+        answer = httpx.post(f"{base}/api/messages", json=body)
+        assert answer.status_code == 400 and error in answer.json()["error"], (body, answer.text)
+    not_json = httpx.post(f"{base}/api/actions", content="{", headers={"Content-Type": "application/json"})
+    assert not_json.status_code == 400 and "not JSON" in not_json.json()["error"]
+    assert httpx.get(f"{base}/static/..%2Fserver.py").status_code == 404
+
+
+# --- the demo, as `make run` shows it on a fresh clone --------------------------------------------------------
+
+
+def test_make_run_without_slack_or_model_plays_the_demo_to_its_end_in_the_browser(
+    tmp_path: Path, browser: Browser
+) -> None:
+    nothing = free_port()  # no model answers there
+    redis = OwnRedis(tmp_path / "redis")  # not the module's: its playground's worker would take these turns
+    redis.start()
+    env = clean_env(CELERY_BROKER_URL=redis.url, MM_MODEL_URL=f"http://127.0.0.1:{nothing}/v1")
+    running = Playground("dev", env)  # what `make run` runs
+    try:
+        assert PLAYGROUND_INSTEAD in running.output()
+        context = browser.new_context(viewport={"width": 1280, "height": 800})
+        page = context.new_page()
+        page.goto(running.base)
+        expect(page.locator("#model-banner")).to_contain_text("Demo model")
+        expect(page.locator("#model-banner")).to_contain_text("MM_MODEL_URL")
+        expect(page.locator("#overlay")).to_contain_text(GRACE)
+
+        be(page, ADA)
+        thread = mention(page, "fix the greeting")
+        prompt = approval(thread, "python3 greet.py")
+        be(page, GRACE)
+        click(thread, "Approve", within=prompt)
+        expect(thread).to_contain_text("hello, wrold", timeout=WAIT)
+
+        edit = approval(thread, "greet.py")
+        expect(edit).to_contain_text('print("hello, world")')  # the diff, before anyone decides
+        # The picture once the thread has settled: the text before the edit streamed whole, the status gone.
+        expect(thread.locator(".streaming")).to_have_count(0, timeout=WAIT)
+        expect(thread.get_by_role("button", name="Stop", exact=True)).to_have_count(0, timeout=WAIT)
+        _screenshot(page, tmp_path)
+        click(thread, "Approve", within=edit)
+        answer = thread.locator(".message").filter(has_text="it now says")
+        expect(answer).to_contain_text(_plain(LABEL), timeout=WAIT)
+        expect(thread).to_contain_text("command(s)", timeout=WAIT)  # the recap ends the turn
+        for said in thread.locator(".message").filter(has_text="Demo model").all():
+            assert _plain(LABEL) in said.inner_text()
+        context.close()
+    finally:
+        running.stop()
+        redis.stop()
+
+
+def _screenshot(page: Page, tmp_path: Path) -> None:
+    """The README's picture: a thread with an approval message, as the suite sees it."""
+    target = SCREENSHOT if os.environ.get(UPDATE_SCREENSHOT) else tmp_path / "playground.png"
+    page.screenshot(path=str(target))
+    assert target.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _plain(mrkdwn: str) -> str:
+    return re.sub(r"[*_~]", "", mrkdwn)
+
+
+def _last_user_text(request: dict[str, Any]) -> str:
+    user = [m for m in request["messages"] if m["role"] == "user"]
+    content = user[-1]["content"] if user else ""
+    return content if isinstance(content, str) else " ".join(part.get("text", "") for part in content)
