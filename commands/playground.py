@@ -11,9 +11,9 @@ playground's channel: its repository, yolo off so calls ask, and one of the page
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import secrets
+import shutil
 import socket
 import sys
 import webbrowser
@@ -28,7 +28,7 @@ from chatops.secrets import mask_url
 from commands.doctor import check_model
 from commands.services import Child, prepare, run_services
 from playground.demo_model import DEMO_MODEL_NAME, demo_repository, start_demo_model
-from playground.server import ModelInfo, Person, PlaygroundPage
+from playground.server import ModelInfo, Person, PlaygroundPage, is_loopback
 from playground.slack_api import SlackEmulator
 
 PLAYGROUND_DIR = Path("var") / "playground"
@@ -70,20 +70,22 @@ def run_playground(
     speaker: Callable[[str], None] | None = None,
 ) -> int:
     say = speaker or _say
-    if not _loopback(host) and not expose:
+    if not is_loopback(host) and not expose:
         raise Refused(
             f"{host} is not this machine's loopback address, and {EXPOSED.format(address=host)}; "
             "pass --expose as well if that is what you want"
         )
     check_port(host, port)
-    if expose and not _loopback(host):
+    exposed = expose and not is_loopback(host)
+    if exposed:
         say(f"warning: listening on {host}: {EXPOSED.format(address=host)}")
-    config = load_config(config_path)
-    broker = prepare(config, os.environ, say)
-    PLAYGROUND_DIR.mkdir(parents=True, exist_ok=True)
+    load_config(config_path)  # a bad config is reported before anything is started or removed
+    environ = _own_state(dict(os.environ))
+    config = load_config(config_path, environ)
+    broker = prepare(config, environ, say)
 
     slack = SlackEmulator(
-        bot_token=f"xoxb-playground-{secrets.token_hex(12)}", team_name=TEAM, team_id="T0PLAYGROUND"
+        bot_token=f"xoxb-playground-{secrets.token_hex(12)}", team_name=TEAM, team_id="T0PLAYGROUND", history=1000
     ).start()
     model_server = None
     page: PlaygroundPage | None = None
@@ -92,7 +94,7 @@ def run_playground(
             slack.add_user(person.id, person.name, real_name=person.real_name)
         slack.add_channel(CHANNEL_ID, CHANNEL_NAME)
         model, use_demo = _model(config, demo)
-        env = dict(os.environ, CELERY_BROKER_URL=broker, SLACK_API_URL=slack.url, SLACK_BOT_TOKEN=slack.bot_token)
+        env = dict(environ, CELERY_BROKER_URL=broker, SLACK_API_URL=slack.url, SLACK_BOT_TOKEN=slack.bot_token)
         env["SLACK_SIGNING_SECRET"] = signing_secret = secrets.token_hex(16)
         env.pop("SLACK_APP_TOKEN", None)  # the playground speaks HTTP to its bot
         if use_demo:
@@ -118,12 +120,11 @@ def run_playground(
             config_path=str(config.path) if config.path else None,
             host=host,
             port=port,
-            exposed=expose,
-        )
+            exposed=exposed,
+        ).start()  # now: the port check above was a while ago, and the page says when the bot is not up yet
 
         def ready(children: list[Child]) -> None:
             assert page is not None
-            page.start()
             say(f"bot on 127.0.0.1:{bot_port}, worker (pid {children[1].process.pid}), Slack's Web API emulated")
             if use_demo:
                 say(f"model: the demo model (scripted), since {model.note.splitlines()[0]}")
@@ -167,13 +168,20 @@ def _overlay(config: Config, demo: bool) -> str:
     return header + yaml.safe_dump({"channels": {CHANNEL_ID: channel}}, sort_keys=False)
 
 
-def _loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+def _own_state(environ: dict[str, str]) -> dict[str, str]:
+    """The environment with the playground's own database and workspaces, fresh each run, where the person
+    named none: its Slack lives in memory, so sessions kept from an earlier run would name threads that no
+    longer exist (and a later `make run` with real Slack must not resume them)."""
+    if not environ.get("DATABASE_URL"):
+        database = PLAYGROUND_DIR / "mm.sqlite3"
+        database.unlink(missing_ok=True)
+        environ["DATABASE_URL"] = f"sqlite:///{database.absolute()}"
+    if not environ.get("MM_WORKSPACES"):
+        workspaces = PLAYGROUND_DIR / "workspaces"
+        shutil.rmtree(workspaces, ignore_errors=True)
+        environ["MM_WORKSPACES"] = str(workspaces.absolute())
+    PLAYGROUND_DIR.mkdir(parents=True, exist_ok=True)
+    return environ
 
 
 def _free_port() -> int:

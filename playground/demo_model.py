@@ -138,7 +138,7 @@ def demo_repository(path: Path) -> Path:
 
 def start_demo_model() -> ModelServer:
     """The demo model, started on 127.0.0.1 (its `url` ends in /v1); `stop()` it, or use it in a `with`."""
-    server = ModelServer(models=(DEMO_MODEL_NAME,))
+    server = ModelServer(models=(DEMO_MODEL_NAME,), history=100)
     server.always(answer)
     return server.start()
 

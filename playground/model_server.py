@@ -131,12 +131,16 @@ class ModelServer(ThreadedAiohttpServer):
         models: Sequence[str] = ("test-model",),
         known_models: Sequence[str] | None = None,
         api_key: str | None = None,
+        history: int | None = None,
     ) -> None:
         super().__init__()
+        # Requests recorded, at most (the newest): the demo model serves for as long as the playground runs.
+        self.history = history
         self.models = list(models)
         self.known_models = list(known_models) if known_models is not None else None
         self.api_key = api_key
         self.requests: list[RecordedRequest] = []
+        self._numbers = itertools.count(1)  # the chat requests served, kept apart from the (trimmed) record
         self.errors: list[str] = []  # the script-ran-out messages, for a test to assert on
         self._script: deque[ScriptItem] = deque()
         self._always: ScriptItem | None = None
@@ -177,6 +181,7 @@ class ModelServer(ThreadedAiohttpServer):
             self._always = None
             self._scripted = 0
             self.requests.clear()
+            self._numbers = itertools.count(1)
             self.errors.clear()
 
     def messages(self, n: int = -1) -> list[dict[str, Any]]:
@@ -188,7 +193,7 @@ class ModelServer(ThreadedAiohttpServer):
             item = self._script.popleft() if self._script else self._always
         if item is None:
             message = (
-                f"mm_testkit ModelServer: the script ran out: chat request #{number} has no scripted answer "
+                f"ModelServer: the script ran out: chat request #{number} has no scripted answer "
                 f"(the test scripted {self._scripted})"
             )
             self.errors.append(message)
@@ -213,7 +218,7 @@ class ModelServer(ThreadedAiohttpServer):
         if (denied := self._auth_failure(request)) is not None:
             return denied
         names = self.known_models if self.known_models is not None else self.models
-        data = [{"id": name, "object": "model", "created": 1700000000, "owned_by": "mm_testkit"} for name in names]
+        data = [{"id": name, "object": "model", "created": 1700000000, "owned_by": "mm-playground"} for name in names]
         return web.json_response({"object": "list", "data": data})
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
@@ -223,7 +228,9 @@ class ModelServer(ThreadedAiohttpServer):
         except ValueError:
             body = None
         self.requests.append(RecordedRequest(request.method, request.path, dict(request.headers), body, time.time()))
-        number = len(self.requests)
+        if self.history is not None and len(self.requests) > 2 * self.history:
+            del self.requests[: -self.history]  # trimmed in halves: appending stays cheap
+        number = next(self._numbers)
         if (denied := self._auth_failure(request)) is not None:
             return denied
         if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
@@ -287,7 +294,7 @@ class _Completion:
 
     def __init__(self, reply: Reply, body: dict[str, Any], number: int) -> None:
         self.reply = reply
-        self.id = f"chatcmpl-mmtestkit{number:06d}"
+        self.id = f"chatcmpl-mm{number:06d}"
         self.created = int(time.time())
         self.model = str(body.get("model", ""))
         self.prompt_chars = len(json.dumps(body.get("messages", []), ensure_ascii=False))

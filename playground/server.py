@@ -21,6 +21,8 @@ reach it through a DNS name rebound to 127.0.0.1).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import ipaddress
 import json
 import re
 import threading
@@ -36,9 +38,44 @@ from playground.signed import SlackEventSender
 from playground.slack_api import SlackEmulator
 
 MAX_TEXT = 40_000  # Slack's limit on a message's text
-# "@mm" as a person types it; Slack's client sends it as the bot's mention.
-_TYPED_MENTION = r"(?<![\w<@])@{name}\b"
-_LOOPBACK_HOSTS = {"127.0.0.1", "localhost", "[::1]"}
+# "@mm" as a person types it (any case, not "@mm-bot"); Slack's client sends it as the bot's mention.
+_TYPED_MENTION = r"(?<![\w<@])@{name}(?![\w-])"
+# What every response says to the browser: never inside another site's frame (a click there would be ours),
+# and nothing loaded from elsewhere (an image block names any URL).
+_SECURITY_HEADERS = {
+    "X-Frame-Options": "DENY",
+    "Content-Security-Policy": (
+        "default-src 'self'; img-src 'self' data:; style-src 'self' 'unsafe-inline'; frame-ancestors 'none'"
+    ),
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+}
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` (a name or an address, IPv6 with or without brackets) is this machine's loopback."""
+    host = host.strip("[]").lower()
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def host_allowed(host_header: str, exposed: bool) -> bool:
+    """A request's Host: loopback always; when exposed, also an address typed as such. A name other than
+    localhost is refused either way: a DNS name can be rebound to this machine by another site's page."""
+    host = host_header.rsplit(":", 1)[0] if not host_header.endswith("]") else host_header
+    if is_loopback(host):
+        return True
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return False
+    return exposed
+
+
 SSE_KEEPALIVE = 15.0  # seconds: a comment line keeps proxies and the browser from closing an idle stream
 
 
@@ -61,6 +98,10 @@ class ModelInfo:
 
 class PageError(Exception):
     """A request the page should not have sent: answered 400 with the sentence."""
+
+
+class BotUnreachable(Exception):
+    """The bot did not take what the page sent (not started yet, stopped, too slow): answered 502."""
 
 
 class PlaygroundPage(ThreadedAiohttpServer):
@@ -88,13 +129,13 @@ class PlaygroundPage(ThreadedAiohttpServer):
             bot_url,
             signing_secret,
             team_id=slack.team_id,
-            team_domain=slack.team_name.lower().replace(" ", ""),
+            team_domain=slack.domain,
             api_app_id=slack.app_id,
             bot_user_id=slack.bot_user_id,
             timeout=10.0,
         )
         self._sending = threading.Lock()  # the sender keeps its last payload: one send at a time
-        self._mention = re.compile(_TYPED_MENTION.format(name=re.escape(slack.bot_name)))
+        self._mention = re.compile(_TYPED_MENTION.format(name=re.escape(slack.bot_name)), re.IGNORECASE)
         self._wakers: set[asyncio.Event] = set()
         slack.on_change(self._changed)
 
@@ -118,20 +159,29 @@ class PlaygroundPage(ThreadedAiohttpServer):
 
     @web.middleware
     async def _guard(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        response = self._refusal(request)
+        if response is None:
+            try:
+                response = await handler(request)
+            except PageError as exc:
+                response = _refuse(400, str(exc))
+            except BotUnreachable as exc:
+                response = _refuse(502, str(exc))
+        response.headers.update(_SECURITY_HEADERS)
+        return response
+
+    def _refusal(self, request: web.Request) -> web.Response | None:
         # A DNS name rebound to 127.0.0.1 brings its own Host; another site's page brings its Origin.
-        host = request.host.rsplit(":", 1)[0] if not request.host.endswith("]") else request.host
-        if not self.exposed and host not in _LOOPBACK_HOSTS:
-            return _refuse(403, f"this playground answers only to localhost, not to {request.host!r}")
+        if not host_allowed(request.host, self.exposed):
+            allowed = "its address" if self.exposed else "localhost"
+            return _refuse(403, f"this playground answers only to {allowed}, not to {request.host!r}")
         if request.method == "POST":
             origin = request.headers.get("Origin")
             if origin is not None and origin != f"{request.scheme}://{request.host}":
                 return _refuse(403, "requests from another site's page are refused")
             if request.content_type != "application/json":
                 return _refuse(415, "send JSON (Content-Type: application/json)")
-        try:
-            return await handler(request)
-        except PageError as exc:
-            return _refuse(400, str(exc))
+        return None
 
     async def _index(self, _request: web.Request) -> web.Response:
         return web.Response(text=_static_text("index.html"), content_type="text/html", headers=_NO_CACHE)
@@ -185,10 +235,11 @@ class PlaygroundPage(ThreadedAiohttpServer):
     def _changed(self, _version: int) -> None:
         # Called on the emulator's thread: wake this server's streams on this server's loop.
         loop = self._loop
-        if loop is None or loop.is_closed():
+        if loop is None:
             return
         for woken in list(self._wakers):
-            loop.call_soon_threadsafe(woken.set)
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: the page is stopping
+                loop.call_soon_threadsafe(woken.set)
 
     async def _post_message(self, request: web.Request) -> web.Response:
         body = await _body(request)
@@ -207,7 +258,11 @@ class PlaygroundPage(ThreadedAiohttpServer):
                 )
             self._check(self._sender.message(text, channel=self.channel_id, user=person.id, ts=ts, thread_ts=thread_ts))
 
-        await self._send(deliver)
+        try:
+            await self._send(deliver)
+        except BotUnreachable:
+            self.slack.remove_message(self.channel_id, ts)  # the page must not show what the bot never received
+            raise
         return web.json_response({"ok": True, "ts": ts})
 
     async def _post_command(self, request: web.Request) -> web.Response:
@@ -284,7 +339,9 @@ class PlaygroundPage(ThreadedAiohttpServer):
 
     async def _open_home(self, request: web.Request) -> web.Response:
         person = self._person((await _body(request)).get("user"))
-        await self._send(lambda: self._check(self._sender.app_home_opened(user=person.id)))
+        # Slack sends the view it last showed that person along with the event.
+        shown = self.slack.snapshot(self.channel_id, person.id)["home"]
+        await self._send(lambda: self._check(self._sender.app_home_opened(user=person.id, view=shown)))
         return web.json_response({"ok": True})
 
     # -- helpers ------------------------------------------------------------------------------------------
@@ -306,14 +363,20 @@ class PlaygroundPage(ThreadedAiohttpServer):
     async def _send(self, deliver: Any) -> None:
         def locked() -> None:
             with self._sending:
-                deliver()
+                try:
+                    deliver()
+                except httpx.HTTPError as exc:
+                    raise BotUnreachable(
+                        f"the bot did not take it ({type(exc).__name__}: {exc}); is `mm-bot` still starting, or did "
+                        "it stop? Its terminal says."
+                    ) from None
 
         await asyncio.to_thread(locked)
 
     @staticmethod
     def _check(response: httpx.Response) -> None:
         if response.status_code != 200:
-            raise PageError(f"the bot answered HTTP {response.status_code}: {response.text[:300]}")
+            raise BotUnreachable(f"the bot answered HTTP {response.status_code}: {response.text[:300]}")
 
 
 _NO_CACHE = {"Cache-Control": "no-store"}

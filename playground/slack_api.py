@@ -33,6 +33,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import logging
 import mimetypes
 import threading
 import time
@@ -45,6 +46,8 @@ from aiohttp import WSCloseCode, WSMsgType, web
 
 from playground.server_thread import ThreadedAiohttpServer
 from playground.signed import SlackEventSender
+
+log = logging.getLogger("mm.playground.slack")
 
 Params = dict[str, Any]
 # Parameters that form-encoded callers send as JSON text; decoded so state holds one shape.
@@ -120,9 +123,12 @@ class SlackEmulator(ThreadedAiohttpServer):
         bot_name: str = "mm",
         app_token: str = "xapp-1-A0TESTAPP-1-test",
         strict_streaming: bool = False,
+        history: int | None = None,
     ) -> None:
         super().__init__()
         self.strict_streaming = strict_streaming
+        # Calls recorded, at most (the newest): a playground left open for days must not keep them all.
+        self.history = history
         self.bot_token, self.team_id, self.team_name = bot_token, team_id, team_name
         self.bot_user_id, self.bot_id, self.app_id, self.bot_name = bot_user_id, bot_id, app_id, bot_name
         self.tokens = {bot_token}
@@ -283,7 +289,26 @@ class SlackEmulator(ThreadedAiohttpServer):
             self.version += 1
             version, listeners = self.version, list(self._listeners)
         for listener in listeners:
-            listener(version)
+            try:
+                listener(version)
+            except Exception:  # a listener's trouble is not the caller's: the change is made
+                log.exception("a change listener of the Slack emulator failed")
+
+    def remove_message(self, channel: str, ts: str) -> None:
+        """Take a message away (a person's too), as if it had never been posted."""
+        with self._lock:
+            message = self._find(channel, ts)
+            if message is None:
+                return
+            self._messages[channel].remove(message)
+            self._uncount(channel, message)
+        self._touch()
+
+    def _uncount(self, channel: str, message: dict[str, Any]) -> None:
+        thread_ts = message.get("thread_ts")
+        parent = self._find(channel, thread_ts) if thread_ts and thread_ts != message["ts"] else None
+        if parent is not None:  # Slack counts the replies that are still there
+            parent["reply_count"] = max(0, parent.get("reply_count", 1) - 1)
 
     def messages(self, channel: str, thread_ts: str | None = None) -> list[dict[str, Any]]:
         """A thread's messages, parent first (thread_ts given), or the channel's top-level messages, oldest first."""
@@ -322,6 +347,9 @@ class SlackEmulator(ThreadedAiohttpServer):
         if user is not None and channel is not None:
             with self._lock:
                 self._answering[url] = (user, channel)
+                if self.history is not None and len(self._answering) > 2 * self.history:
+                    for old in list(self._answering)[: -self.history]:  # Slack's expire after 30 minutes
+                        del self._answering[old]
         return url
 
     def snapshot(self, channel: str, user: str) -> dict[str, Any]:
@@ -359,6 +387,8 @@ class SlackEmulator(ThreadedAiohttpServer):
         call = SlackCall(method, params or {}, dict(request.headers), time.time())
         with self._lock:
             self.calls.append(call)
+            if self.history is not None and len(self.calls) > 2 * self.history:
+                del self.calls[: -self.history]  # trimmed in halves: appending stays cheap
             if params is None:
                 call.status, call.response, headers = 200, {"ok": False, "error": "invalid_json"}, {}
             else:
@@ -402,7 +432,10 @@ class SlackEmulator(ThreadedAiohttpServer):
         return web.Response(text=f"OK - {len(data)}")
 
     async def _response_url_post(self, request: web.Request) -> web.Response:
-        body = await request.json()
+        try:
+            body = await request.json()
+        except ValueError:
+            return web.Response(status=400, text="invalid_payload")
         with self._lock:
             self.responses.append({"url": str(request.url), "body": body})
             answering = self._answering.get(str(request.url))
@@ -569,7 +602,9 @@ class SlackEmulator(ThreadedAiohttpServer):
 
     # -- state helpers --------------------------------------------------------------------------------------
 
-    def _domain(self) -> str:
+    @property
+    def domain(self) -> str:
+        """The team's domain (`<domain>.slack.com`), as its name makes it."""
         return self.team_name.lower().replace(" ", "")
 
     def _new_ts(self) -> str:
@@ -652,7 +687,7 @@ class SlackEmulator(ThreadedAiohttpServer):
 
     def _auth_test(self, params: Params) -> dict[str, Any]:
         return {
-            "url": f"https://{self._domain()}.slack.com/",
+            "url": f"https://{self.domain}.slack.com/",
             "team": self.team_name,
             "user": self.bot_name,
             "team_id": self.team_id,
@@ -705,16 +740,13 @@ class SlackEmulator(ThreadedAiohttpServer):
         if message.get("user") != self.bot_user_id:
             raise SlackError("cant_delete_message")
         self._messages[channel].remove(message)
-        thread_ts = message.get("thread_ts")
-        parent = self._find(channel, thread_ts) if thread_ts and thread_ts != ts else None
-        if parent is not None:  # Slack counts the replies that are still there
-            parent["reply_count"] = max(0, parent.get("reply_count", 1) - 1)
+        self._uncount(channel, message)
         return {"channel": channel, "ts": ts}
 
     def _permalink(self, params: Params) -> dict[str, Any]:
         channel, ts = self._require(params, "channel", "message_ts")
         message = self._existing(channel, ts)
-        link = f"https://{self._domain()}.slack.com/archives/{channel}/p{ts.replace('.', '')}"
+        link = f"https://{self.domain}.slack.com/archives/{channel}/p{ts.replace('.', '')}"
         if message.get("thread_ts", ts) != ts:
             link += f"?thread_ts={message['thread_ts']}&cid={channel}"
         return {"channel": channel, "permalink": link}
@@ -827,7 +859,10 @@ class SlackEmulator(ThreadedAiohttpServer):
         channel, thread_ts = self._require(params, "channel_id", "thread_ts")
         if "status" not in params:
             self._require(params, "status")
-        self.statuses.setdefault((channel, thread_ts), []).append(params["status"])
+        said = self.statuses.setdefault((channel, thread_ts), [])
+        said.append(params["status"])
+        if self.history is not None and len(said) > 2 * self.history:
+            del said[: -self.history]
         return {}
 
     def _store_view(self, view: Any, view_id: str | None = None, **where: Any) -> dict[str, Any]:
@@ -853,6 +888,11 @@ class SlackEmulator(ThreadedAiohttpServer):
         user, view = self._require(params, "user_id", "view")
         if user not in self.users:
             raise SlackError("user_not_found")
+        # A person has one Home tab: publishing replaces its view, which keeps its id.
+        old = next((v for v in self.views if v.get("type") == "home" and v.get("user_id") == user), None)
+        if old is not None and isinstance(view, dict) and view.get("type") == "home":
+            self.views.remove(old)
+            return self._store_view(view, old["id"], user_id=user)
         return self._store_view(view, user_id=user)
 
     def _views_open(self, params: Params) -> dict[str, Any]:
@@ -879,7 +919,7 @@ class SlackEmulator(ThreadedAiohttpServer):
             "created": int(time.time()),
             "mimetype": mimetypes.guess_type(filename)[0] or "text/plain",
             "filetype": filename.rpartition(".")[2] if "." in filename else "text",
-            "permalink": f"https://{self._domain()}.slack.com/files/{self.bot_user_id}/{file_id}/{filename}",
+            "permalink": f"https://{self.domain}.slack.com/files/{self.bot_user_id}/{file_id}/{filename}",
         }
         return {"upload_url": f"{self.base}/upload/v1/{file_id}", "file_id": file_id}
 

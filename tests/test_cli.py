@@ -21,6 +21,7 @@ from chatops.config import load_config
 from commands.services import dev_broker
 from mm_testkit.fixtures_kit import path_without
 from mmbot_helpers import MM_BOT, clean_env, free_port, mm_bot, session_processes, stop, wait_healthy
+from playground.server import host_allowed
 
 
 def test_init_writes_an_example_that_loads(tmp_path: Path) -> None:
@@ -116,6 +117,15 @@ def test_the_playground_listens_beyond_this_machine_only_when_told_that_it_is_un
     assert "anyone who can reach 0.0.0.0 can post as any of its people" in result.stderr
     assert "pass --expose as well" in result.stderr
     assert not (tmp_path / "var").exists()  # refused before anything started
+
+
+def test_the_page_answers_to_loopback_and_when_exposed_to_addresses_never_to_other_names() -> None:
+    for host in ("127.0.0.1:3000", "localhost:3000", "LOCALHOST:3000", "127.0.0.2:80", "[::1]:3000", "localhost"):
+        assert host_allowed(host, exposed=False) and host_allowed(host, exposed=True), host
+    for host in ("192.168.1.20:3000", "[fe80::1]:3000", "10.0.0.5"):
+        assert not host_allowed(host, exposed=False) and host_allowed(host, exposed=True), host
+    for host in ("evil.example:3000", "localhost.evil.example", "127.0.0.1.nip.io:3000", ""):
+        assert not host_allowed(host, exposed=False) and not host_allowed(host, exposed=True), host
 
 
 def test_unknown_command_is_a_usage_error(tmp_path: Path) -> None:

@@ -271,3 +271,14 @@ def test_malformed_requests_and_wrong_key_get_clear_errors() -> None:
                 model="m", messages=USER
             )
         assert server.requests[0].json is None  # recorded even when it was not JSON
+
+
+def test_a_long_lived_server_keeps_its_newest_requests_and_numbers_on() -> None:
+    with ModelServer(history=2) as server:
+        server.always(Reply(tool_calls=[ToolCall("bash", {"command": "ls"})]))
+        ids = []
+        for _ in range(7):
+            answer = httpx.post(f"{server.url}/chat/completions", json={"messages": [{"role": "user", "content": "x"}]})
+            ids.append(answer.json()["choices"][0]["message"]["tool_calls"][0]["id"])
+        assert 2 <= len(server.requests) <= 4
+        assert len(set(ids)) == 7  # call ids stay unique after the record is trimmed

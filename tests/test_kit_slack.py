@@ -73,6 +73,20 @@ def test_thread_posts_come_back_from_conversations_replies(client: WebClient, sl
     assert slack.messages("C0TEST")[0]["reply_count"] == 1
 
 
+def test_a_long_lived_emulator_keeps_its_newest_calls_and_one_home_view_a_person() -> None:
+    with SlackEmulator(history=3) as slack:
+        client = WebClient(token=slack.bot_token, base_url=slack.url)
+        for i in range(10):
+            client.chat_postMessage(channel="C0TEST", text=f"m{i}")
+        assert 3 <= len(slack.calls) <= 6 and slack.calls[-1].params["text"] == "m9"
+        assert len(slack.messages("C0TEST")) == 10  # the channel itself keeps everything, as Slack does
+        slack.add_user("U0ALICE", "alice")
+        first = body(client.views_publish(user_id="U0ALICE", view={"type": "home", "blocks": []}))["view"]
+        second = body(client.views_publish(user_id="U0ALICE", view={"type": "home", "blocks": [{"type": "divider"}]}))
+        assert second["view"]["id"] == first["id"] and len(slack.views) == 1
+        assert slack.snapshot("C0TEST", "U0ALICE")["home"]["blocks"] == [{"type": "divider"}]
+
+
 def test_update_and_delete_change_the_stored_message(client: WebClient, slack: SlackEmulator) -> None:
     posted = body(client.chat_postMessage(channel="C0TEST", text="Thinking…"))
     updated = body(

@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 import pytest
 from playwright.sync_api import Browser, Locator, Page, expect, sync_playwright
+from slack_sdk import WebClient
 
 from chatops.buttons import LABELS, Action
 from commands.dev import PLAYGROUND_INSTEAD
@@ -31,6 +32,8 @@ from mm_testkit.redis_server import OwnRedis
 from mmbot_helpers import MM_BOT, clean_env, free_port, session_processes
 from playground.demo_model import LABEL
 from playground.model_server import ModelServer, Reply, ToolCall
+from playground.server import ModelInfo, PlaygroundPage
+from playground.slack_api import SlackEmulator
 from workers.turns import STOPPED
 
 pytestmark = [needs_system("chromium", "chromium"), needs_bwrap_when_root]
@@ -77,11 +80,10 @@ class Playground:
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise AssertionError(f"mm-bot {command} exited early:\n{self.output()}")
-            try:
-                if httpx.get(f"{self.base}/api/state", params={"user": ADA}, timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
+            # The page is up first; this line says the bot behind it answers too.
+            if f"open {self.base} in your browser" in self.output():
+                assert httpx.get(f"{self.base}/api/state", params={"user": ADA}, timeout=5).status_code == 200
+                return
             time.sleep(0.2)
         self.stop()
         raise AssertionError(f"the playground did not answer within 90s:\n{self.output()}")
@@ -248,8 +250,10 @@ def test_thread_commands_and_the_slash_command_answer_on_the_page(page: Page, mo
     be(page, ADA)
     thread = mention(page, "say hello")
     expect(thread).to_contain_text("Hello from the model.", timeout=WAIT)
-    reply(page, "@mm status")
-    expect(thread).to_contain_text("idle", timeout=WAIT)
+    reply(page, "@MM status")  # typed in any case, as Slack's client takes it
+    status = thread.locator(".ephemeral").filter(has_text="Status:")
+    expect(status).to_contain_text("Status: idle", timeout=WAIT)
+    expect(status).to_contain_text("Asks before commands and edits: yes")  # the overlay's yolo off
     page.fill("#composer", "/mm help")
     page.press("#composer", "Enter")
     help_text = page.locator("#channel .ephemeral").filter(has_text="/mm")
@@ -294,6 +298,46 @@ def test_what_people_and_the_model_write_is_shown_as_text_never_run(page: Page, 
     assert page.locator("img[src='x']").count() == 0
 
 
+def test_a_block_the_page_cannot_draw_is_shown_as_its_json(browser: Browser) -> None:
+    # The page and the emulator alone, in this process: what a bot posts is what the page must show.
+    with SlackEmulator() as slack:
+        page_server = PlaygroundPage(
+            slack,
+            bot_url="http://127.0.0.1:9",
+            signing_secret="unused",
+            people=PEOPLE,
+            channel_id="C0PLAYGROUND",
+            channel_name="playground",
+            model=ModelInfo(False, "test-model", "http://127.0.0.1:9/v1", ""),
+            overlay="channels: {}\n",
+            config_path=None,
+        ).start()
+        try:
+            client = WebClient(token=slack.bot_token, base_url=slack.url)
+            blocks = [
+                {"type": "section", "text": {"type": "mrkdwn", "text": "a *known* block"}},
+                {"type": "input", "label": {"type": "plain_text", "text": "Your name"}, "element": {"type": "x"}},
+            ]
+            client.chat_postMessage(channel="C0PLAYGROUND", text="fallback", blocks=blocks)
+            # No bot listens here: a message is refused with a sentence, and the channel does not keep it.
+            lost = httpx.post(f"{page_server.base}/api/messages", json={"user": PEOPLE[0].id, "text": "@mm hello"})
+            assert lost.status_code == 502 and "the bot did not take it" in lost.json()["error"]
+            assert [m["text"] for m in slack.messages("C0PLAYGROUND")] == ["fallback"]
+            context = browser.new_context()
+            page = context.new_page()
+            page.goto(page_server.base)
+            message = page.locator("#channel .message").filter(has_text="known")
+            expect(message).to_contain_text("Block input — shown as JSON")
+            expect(message.locator(".unknown-block")).to_contain_text('"label"')
+            # Live: a later edit reaches the open page without a reload.
+            ts = slack.messages("C0PLAYGROUND")[0]["ts"]
+            client.chat_update(channel="C0PLAYGROUND", ts=ts, text="edited", blocks=[*blocks[:1], {"type": "divider"}])
+            expect(message.locator(".unknown-block")).to_have_count(0)
+            context.close()
+        finally:
+            page_server.stop()
+
+
 def test_the_page_refuses_requests_from_other_sites_and_bad_input(playground: Playground) -> None:
     base = playground.base
     forged = httpx.post(
@@ -317,7 +361,14 @@ def test_the_page_refuses_requests_from_other_sites_and_bad_input(playground: Pl
         assert answer.status_code == 400 and error in answer.json()["error"], (body, answer.text)
     not_json = httpx.post(f"{base}/api/actions", content="{", headers={"Content-Type": "application/json"})
     assert not_json.status_code == 400 and "not JSON" in not_json.json()["error"]
-    assert httpx.get(f"{base}/static/..%2Fserver.py").status_code == 404
+    for escape in ("..%2F..%2Fpyproject.json", "..%2Fserver.js", "%2E%2E%2Fstatic%2Fapp.js"):
+        assert httpx.get(f"{base}/static/{escape}").status_code == 404, escape
+    page = httpx.get(base)
+    assert (
+        page.headers["X-Frame-Options"] == "DENY"
+        and "frame-ancestors 'none'" in page.headers["Content-Security-Policy"]
+    )
+    assert forged.headers["X-Frame-Options"] == "DENY"  # on refusals too
 
 
 # --- the demo, as `make run` shows it on a fresh clone --------------------------------------------------------
@@ -357,6 +408,9 @@ def test_make_run_without_slack_or_model_plays_the_demo_to_its_end_in_the_browse
         answer = thread.locator(".message").filter(has_text="it now says")
         expect(answer).to_contain_text(_plain(LABEL), timeout=WAIT)
         expect(thread).to_contain_text("command(s)", timeout=WAIT)  # the recap ends the turn
+        # The channel counts the replies the thread shows (the status messages a turn deletes are not counted).
+        counted = page.locator("#channel .replies").first.inner_text()
+        expect(thread.locator(".thread-divider")).to_contain_text(counted)
         for said in thread.locator(".message").filter(has_text="Demo model").all():
             assert _plain(LABEL) in said.inner_text()
         context.close()
