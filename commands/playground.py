@@ -11,13 +11,15 @@ playground's channel: its repository, yolo off so calls ask, and one of the page
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import secrets
 import shutil
 import socket
 import sys
 import webbrowser
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import yaml
@@ -80,6 +82,13 @@ def run_playground(
     if exposed:
         say(f"warning: listening on {host}: {EXPOSED.format(address=host)}")
     load_config(config_path)  # a bad config is reported before anything is started or removed
+    with _only_one_here():
+        return _serve(config_path, host, port, exposed, demo, browser, say)
+
+
+def _serve(
+    config_path: str | None, host: str, port: int, exposed: bool, demo: bool, browser: bool, say: Callable[[str], None]
+) -> int:
     environ = _own_state(dict(os.environ))
     config = load_config(config_path, environ)
     broker = prepare(config, environ, say)
@@ -166,6 +175,21 @@ def _overlay(config: Config, demo: bool) -> str:
         "# and edit, and Grace approves.\n"
     )
     return header + yaml.safe_dump({"channels": {CHANNEL_ID: channel}}, sort_keys=False)
+
+
+@contextlib.contextmanager
+def _only_one_here() -> Iterator[None]:
+    """One playground a directory: a second would wipe the first's database and workspaces (_own_state)."""
+    PLAYGROUND_DIR.mkdir(parents=True, exist_ok=True)
+    with (PLAYGROUND_DIR / "lock").open("a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise Refused(
+                f"another playground runs from this directory ({PLAYGROUND_DIR}): open it, stop it, or start this "
+                "one from another directory"
+            ) from None
+        yield  # the lock goes with the file's closing, also when the process dies
 
 
 def _own_state(environ: dict[str, str]) -> dict[str, str]:

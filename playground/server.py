@@ -63,11 +63,14 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def host_allowed(host_header: str, exposed: bool) -> bool:
-    """A request's Host: loopback always; when exposed, also an address typed as such. A name other than
-    localhost is refused either way: a DNS name can be rebound to this machine by another site's page."""
+def host_allowed(host_header: str, exposed: bool, bound: str = "") -> bool:
+    """A request's Host: loopback always; when exposed, also an address typed as such, or the very name the
+    page was told to listen on. Any other name is refused: a DNS name can be rebound to this machine by another
+    site's page, but not the name its operator chose."""
     host = host_header.rsplit(":", 1)[0] if not host_header.endswith("]") else host_header
     if is_loopback(host):
+        return True
+    if exposed and bound and host.lower() == bound.lower():
         return True
     try:
         ipaddress.ip_address(host.strip("[]"))
@@ -101,7 +104,13 @@ class PageError(Exception):
 
 
 class BotUnreachable(Exception):
-    """The bot did not take what the page sent (not started yet, stopped, too slow): answered 502."""
+    """The bot did not take what the page sent: answered 502. `reached` is False when the request never left
+    (nothing listens: the bot is starting or stopped), True when the bot may have recorded it (too slow, an
+    error after recording)."""
+
+    def __init__(self, sentence: str, reached: bool) -> None:
+        super().__init__(sentence)
+        self.reached = reached
 
 
 class PlaygroundPage(ThreadedAiohttpServer):
@@ -147,6 +156,8 @@ class PlaygroundPage(ThreadedAiohttpServer):
 
     def make_app(self) -> web.Application:
         app = web.Application(middlewares=[self._guard], client_max_size=256 * 1024)
+        # Before any response's headers leave: the event stream's and aiohttp's own error pages' too.
+        app.on_response_prepare.append(_secure)
         app.router.add_get("/", self._index)
         app.router.add_get("/static/{name}", self._static)
         app.router.add_get("/api/state", self._state)
@@ -167,12 +178,11 @@ class PlaygroundPage(ThreadedAiohttpServer):
                 response = _refuse(400, str(exc))
             except BotUnreachable as exc:
                 response = _refuse(502, str(exc))
-        response.headers.update(_SECURITY_HEADERS)
         return response
 
     def _refusal(self, request: web.Request) -> web.Response | None:
         # A DNS name rebound to 127.0.0.1 brings its own Host; another site's page brings its Origin.
-        if not host_allowed(request.host, self.exposed):
+        if not host_allowed(request.host, self.exposed, self.host):
             allowed = "its address" if self.exposed else "localhost"
             return _refuse(403, f"this playground answers only to {allowed}, not to {request.host!r}")
         if request.method == "POST":
@@ -251,17 +261,21 @@ class PlaygroundPage(ThreadedAiohttpServer):
         ts = message["ts"]
 
         def deliver() -> None:
-            # Slack delivers a mention twice (app_mention, and the message.channels twin); the bot keeps one.
-            if f"<@{self.slack.bot_user_id}>" in text:
-                self._check(
-                    self._sender.app_mention(text, channel=self.channel_id, user=person.id, ts=ts, thread_ts=thread_ts)
-                )
-            self._check(self._sender.message(text, channel=self.channel_id, user=person.id, ts=ts, thread_ts=thread_ts))
+            where = {"channel": self.channel_id, "user": person.id, "ts": ts, "thread_ts": thread_ts}
+            if f"<@{self.slack.bot_user_id}>" not in text:
+                self._check(self._sender.message(text, **where))
+                return
+            # Slack delivers a mention twice (app_mention, and the message.channels twin); the bot keeps one, so
+            # once the mention is taken the twin's fate changes nothing.
+            self._check(self._sender.app_mention(text, **where))
+            with contextlib.suppress(BotUnreachable, httpx.HTTPError):
+                self._check(self._sender.message(text, **where))
 
         try:
             await self._send(deliver)
-        except BotUnreachable:
-            self.slack.remove_message(self.channel_id, ts)  # the page must not show what the bot never received
+        except BotUnreachable as exc:
+            if not exc.reached:  # the page must not show what the bot never received
+                self.slack.remove_message(self.channel_id, ts)
             raise
         return web.json_response({"ok": True, "ts": ts})
 
@@ -365,10 +379,17 @@ class PlaygroundPage(ThreadedAiohttpServer):
             with self._sending:
                 try:
                     deliver()
-                except httpx.HTTPError as exc:
+                except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
                     raise BotUnreachable(
                         f"the bot did not take it ({type(exc).__name__}: {exc}); is `mm-bot` still starting, or did "
-                        "it stop? Its terminal says."
+                        "it stop? Its terminal says.",
+                        reached=False,
+                    ) from None
+                except httpx.HTTPError as exc:
+                    raise BotUnreachable(
+                        f"the bot did not answer in time ({type(exc).__name__}); it may still take it: watch the "
+                        "thread before sending it again.",
+                        reached=True,
                     ) from None
 
         await asyncio.to_thread(locked)
@@ -376,7 +397,7 @@ class PlaygroundPage(ThreadedAiohttpServer):
     @staticmethod
     def _check(response: httpx.Response) -> None:
         if response.status_code != 200:
-            raise BotUnreachable(f"the bot answered HTTP {response.status_code}: {response.text[:300]}")
+            raise BotUnreachable(f"the bot answered HTTP {response.status_code}: {response.text[:300]}", reached=True)
 
 
 _NO_CACHE = {"Cache-Control": "no-store"}
@@ -384,6 +405,10 @@ _NO_CACHE = {"Cache-Control": "no-store"}
 
 def _static_text(name: str) -> str:
     return resources.files("playground").joinpath("static", name).read_text(encoding="utf-8")
+
+
+async def _secure(_request: web.Request, response: web.StreamResponse) -> None:
+    response.headers.update(_SECURITY_HEADERS)
 
 
 def _refuse(status: int, sentence: str) -> web.Response:

@@ -438,6 +438,8 @@ class SlackEmulator(ThreadedAiohttpServer):
             return web.Response(status=400, text="invalid_payload")
         with self._lock:
             self.responses.append({"url": str(request.url), "body": body})
+            if self.history is not None and len(self.responses) > 2 * self.history:
+                del self.responses[: -self.history]
             answering = self._answering.get(str(request.url))
             if answering is not None and isinstance(body, dict):
                 user, channel = answering

@@ -126,6 +126,10 @@ def test_the_page_answers_to_loopback_and_when_exposed_to_addresses_never_to_oth
         assert not host_allowed(host, exposed=False) and host_allowed(host, exposed=True), host
     for host in ("evil.example:3000", "localhost.evil.example", "127.0.0.1.nip.io:3000", ""):
         assert not host_allowed(host, exposed=False) and not host_allowed(host, exposed=True), host
+    # The name the operator gave --host is theirs, not a rebound one; it counts only when exposed.
+    assert host_allowed("MyBox:3000", exposed=True, bound="mybox")
+    assert not host_allowed("mybox:3000", exposed=False, bound="mybox")
+    assert not host_allowed("evil.example:3000", exposed=True, bound="mybox")
 
 
 def test_unknown_command_is_a_usage_error(tmp_path: Path) -> None:

@@ -363,6 +363,20 @@ def test_the_page_refuses_requests_from_other_sites_and_bad_input(playground: Pl
     assert not_json.status_code == 400 and "not JSON" in not_json.json()["error"]
     for escape in ("..%2F..%2Fpyproject.json", "..%2Fserver.js", "%2E%2E%2Fstatic%2Fapp.js"):
         assert httpx.get(f"{base}/static/{escape}").status_code == 404, escape
+    for response in (httpx.get(f"{base}/no-such-page"), httpx.put(f"{base}/api/messages")):
+        assert response.status_code in (404, 405) and response.headers["X-Frame-Options"] == "DENY"
+    with httpx.stream("GET", f"{base}/api/events") as events:
+        assert events.headers["X-Frame-Options"] == "DENY" and events.headers["Content-Type"] == "text/event-stream"
+    # One playground a directory: a second would wipe the first's database and workspaces.
+    second = subprocess.run(
+        [MM_BOT, "playground", "--port", str(free_port()), "--no-browser"],
+        cwd=playground.directory,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert second.returncode == 1 and "another playground runs from this directory" in second.stderr
     page = httpx.get(base)
     assert (
         page.headers["X-Frame-Options"] == "DENY"
