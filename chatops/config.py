@@ -52,6 +52,7 @@ SLACK_DOCS = "docs/slack-app.md"
 _CHANNEL_ID = re.compile(r"^[CGD][A-Z0-9]{2,}$")
 _APPROVER_ID = re.compile(r"^[UWS][A-Z0-9]{2,}$")
 _JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
+_BRANCH = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,199}$")
 
 
 class ConfigError(Exception):
@@ -110,15 +111,61 @@ class ApprovalsConfig(Strict):
     timeout: Duration = 1800.0
 
 
+class JobPushConfig(Strict):
+    # Where the run's branch goes: a remote URL (credentials come from the environment, never from here), or
+    # none for the job's own repository.
+    remote: str | None = None
+    # The branch's name; {job} and {date} (the run's scheduled day, YYYY-MM-DD) are filled in.
+    branch: str = "mm/{job}/{date}"
+
+    @field_validator("remote")
+    @classmethod
+    def _no_credentials(cls, value: str | None) -> str | None:
+        if value is not None and "://" in value and "@" in value.split("://", 1)[1].split("/", 1)[0]:
+            raise ValueError("credentials do not go in the remote's URL: they come from the environment")
+        return value
+
+    @field_validator("branch")
+    @classmethod
+    def _branch(cls, value: str) -> str:
+        probe = value.replace("{job}", "job").replace("{date}", "2026-01-01")
+        if not _BRANCH.match(probe) or ".." in probe or probe.endswith((".lock", "/", ".")) or "//" in probe:
+            raise ValueError(f"expected a git branch name (with {{job}} and {{date}} if wanted), got {value!r}")
+        return value
+
+
 class JobConfig(Strict):
     name: str
     schedule: str
     timezone: str = "UTC"
     channel: str
-    prompt: str
+    # What the agent is asked; with `skill`, what follows the instruction to read and follow that skill.
+    prompt: str | None = None
+    skill: str | None = None
     repo: str | None = None
     branch: str | None = None
+    # An `mmConfigs` entry whose agent runs the job (None: the config's own agent).
+    agent: str | None = None
+    # true: nobody is asked (yolo); false: the channel's approvers decide in the run's thread; unset: the channel's.
     yolo: bool | None = None
+    # A run taking longer is stopped, and counts as failed.
+    timeLimit: Duration = 1800.0
+    enabled: bool = True
+    # After this many failed runs in a row the job pauses itself (and says so in its channel).
+    maxFailures: int = Field(default=3, ge=1, le=1000)
+    # Push the run's changes to a branch: true for the defaults, or where and how (None: no push).
+    push: JobPushConfig | None = None
+
+    @field_validator("push", mode="before")
+    @classmethod
+    def _push(cls, value: Any) -> Any:
+        if value is True:
+            return {}
+        if value is False or value is None:
+            return None
+        if not isinstance(value, dict):
+            raise ValueError(f"expected true, false or a mapping of remote and branch, got {_describe(value)}")
+        return value
 
     @field_validator("name")
     @classmethod
@@ -170,10 +217,17 @@ class WorkerConfig(Strict):
     housekeepingSeconds: Duration = 30.0
 
 
+class SchedulerConfig(Strict):
+    # A job's tick missed while no scheduler ran is run once at start if it is at most this old, else recorded
+    # as missed.
+    missedGrace: Duration = 3600.0
+
+
 class ServiceConfig(Strict):
     channels: dict[str, ChannelConfig] = Field(default_factory=dict)
     approvals: ApprovalsConfig = Field(default_factory=ApprovalsConfig)
     jobs: list[JobConfig] = Field(default_factory=list)
+    scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
     workspaces: WorkspacesConfig = Field(default_factory=WorkspacesConfig)
     worker: WorkerConfig = Field(default_factory=WorkerConfig)
 
@@ -485,6 +539,14 @@ def _cross_checks(data: dict[str, Any], env: Mapping[str, str]) -> list[tuple[Lo
         if isinstance(name, str) and name in names:
             problems.append((("jobs", i, "name"), f"another job is already named {name!r}"))
         names.add(name)
+        if isinstance(job, dict) and not _get(job, "prompt") and not _get(job, "skill"):
+            problems.append((("jobs", i), "a job needs a prompt, or a skill to follow (or both)"))
+        agent = _get(job, "agent")
+        if isinstance(agent, str) and agent not in dict(_items(data.get("mmConfigs"))):
+            known = ", ".join(str(k) for k, _ in _items(data.get("mmConfigs"))) or "none is configured"
+            problems.append((("jobs", i, "agent"), f"no mmConfigs entry is named {agent!r} ({known})"))
+        if isinstance(_get(job, "skill"), str) and not data.get("skillsDir"):
+            problems.append((("jobs", i, "skill"), "a skill needs `skillsDir`, where the skills are"))
     key_env = _get(data, "model", "apiKeyEnv")
     if isinstance(key_env, str) and key_env and not _env(env, key_env):
         problems.append((("model", "apiKeyEnv"), f"the environment variable {key_env} is not set"))

@@ -126,7 +126,29 @@ def test_nested_wrong_type_in_a_list_and_a_mapping(tmp_path: Path) -> None:
 
 def test_missing_required_key_in_a_job(tmp_path: Path) -> None:
     problems = _problems(tmp_path, "jobs:\n  - name: nightly\n    schedule: '0 3 * * *'\n    channel: C0123ABCD\n")
-    assert problems == ["2: jobs[0].prompt: required key is missing"]
+    assert problems == ["2: jobs[0]: a job needs a prompt, or a skill to follow (or both)"]
+
+
+def test_a_jobs_agent_skill_and_push_are_checked(tmp_path: Path) -> None:
+    job = "jobs:\n  - name: nightly\n    schedule: '0 3 * * *'\n    channel: C0123ABCD\n"
+    assert _problems(tmp_path, job + "    skill: deps\n    agent: reviewer\n    maxFailures: 0\n") == [
+        "5: jobs[0].skill: a skill needs `skillsDir`, where the skills are",
+        "6: jobs[0].agent: no mmConfigs entry is named 'reviewer' (none is configured)",
+        "7: jobs[0].maxFailures: expected a number >= 1, got 0",
+    ]
+    pushes = (
+        ("    push: {remote: 'https://bot:s3cret@git.example.com/a.git'}\n", "credentials do not go in the remote"),
+        ("    push: {branch: 'mm/{job}/../x'}\n", "expected a git branch name"),
+        ("    push: {branch: 'a b'}\n", "expected a git branch name"),
+        ("    push: yes please\n", "expected true, false or a mapping of remote and branch"),
+    )
+    for text, problem in pushes:
+        [found] = _problems(tmp_path, job + "    prompt: bump deps\n" + text)
+        assert problem in found and "s3cret" not in found, found
+    good = job + "    prompt: bump deps\n    timezone: Europe/Paris\n    timeLimit: 10m\n    push: true\n"
+    [config] = load_config(_write(tmp_path, good)).service.jobs
+    assert (config.timeLimit, config.enabled, config.maxFailures) == (600.0, True, 3)
+    assert config.push is not None and (config.push.remote, config.push.branch) == (None, "mm/{job}/{date}")
 
 
 def test_missing_secret_env_var(tmp_path: Path) -> None:
