@@ -84,6 +84,13 @@ class JobRunStatus(StrEnum):
     RUNNING = "running"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
+    SKIPPED = "skipped"  # the job's previous run still ran
+    MISSED = "missed"  # no scheduler ran at its time, and it was too old to run late
+
+
+class JobTrigger(StrEnum):
+    SCHEDULE = "schedule"
+    MANUAL = "manual"  # `/mm job run`
 
 
 # SQLite only auto-increments an INTEGER PRIMARY KEY; PostgreSQL gets the 64 bits.
@@ -289,6 +296,9 @@ class JobRun(Base):
     __table_args__ = (
         UniqueConstraint("job_name", "scheduled_for"),
         CheckConstraint(_one_of("status", JobRunStatus), name="status"),
+        CheckConstraint(_one_of("trigger", JobTrigger), name="trigger"),
+        # The job's latest runs (status, skip-if-running, the failures in a row) are read by job and time.
+        Index(None, "job_name", "status"),
     )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
@@ -299,3 +309,34 @@ class JobRun(Base):
     finished_at: Mapped[datetime | None]
     status: Mapped[str] = mapped_column(String(16), default=JobRunStatus.SCHEDULED)
     summary: Mapped[str | None] = mapped_column(Text)
+    trigger: Mapped[str] = mapped_column(String(16), default=JobTrigger.SCHEDULE, server_default=JobTrigger.SCHEDULE)
+    requested_by: Mapped[str | None] = mapped_column(String(32))
+    # The run's thread: its root message in the job's channel.
+    channel_id: Mapped[str | None] = mapped_column(String(32))
+    root_ts: Mapped[str | None] = mapped_column(String(32))
+    error: Mapped[str | None] = mapped_column(Text)
+    pushed_branch: Mapped[str | None] = mapped_column(String(255))
+
+
+class JobState(Base):
+    """What a job remembers between runs: paused or not (by whom, why), and its failures in a row."""
+
+    __tablename__ = "job_states"
+
+    job_name: Mapped[str] = mapped_column(String(100), primary_key=True)
+    paused: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    paused_by: Mapped[str | None] = mapped_column(String(32))  # a person, or None when the failures paused it
+    paused_reason: Mapped[str | None] = mapped_column(Text)
+    consecutive_failures: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+
+
+class SchedulerLease(Base):
+    """Who fires the jobs: one scheduler at a time holds the row's lease and renews it; another takes it over
+    once it expires. The job runs' uniqueness stays the last guard against a run fired twice."""
+
+    __tablename__ = "scheduler_leases"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    owner: Mapped[str] = mapped_column(String(200))
+    expires_at: Mapped[datetime]

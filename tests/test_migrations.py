@@ -12,8 +12,11 @@ from sqlalchemy import CheckConstraint, Column, Integer, MetaData, inspect
 from chatops import db
 from chatops.schema import Base
 
-TABLES = {"sessions", "session_events", "inbox", "tool_calls", "approvals", "errors", "slack_events", "job_runs"}
-HEAD = "0003"
+TABLES = {
+    *("sessions", "session_events", "inbox", "tool_calls", "approvals", "errors", "slack_events"),
+    *("job_runs", "job_states", "scheduler_leases"),
+}
+HEAD = "0004"
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -142,7 +145,7 @@ def test_check_constraints_agree_with_the_models(sqlite_url: str) -> None:
     one-line change, by design) would pass it and fail in production. SQLite keeps the text as written."""
     db.migrate(sqlite_url)
     assert _database_checks(sqlite_url) == _model_checks(Base.metadata)
-    assert len(_model_checks(Base.metadata)) == 5  # the states of sessions, calls, approvals, job runs
+    assert len(_model_checks(Base.metadata)) == 6  # the states of sessions, calls, approvals, job runs (+ trigger)
 
     drifted = MetaData(naming_convention=Base.metadata.naming_convention)
     for table in Base.metadata.sorted_tables:

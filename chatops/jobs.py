@@ -1,0 +1,137 @@
+"""Firing scheduled jobs, in the database: who fires (one scheduler at a time), and which runs are due.
+
+A scheduler calls `fire_due` on each tick while it holds the leadership lease (`take_leadership`); each run is a
+`job_runs` row whose unique (job, scheduled time) is the last guard, so two schedulers that both believe they
+lead still start a run once. The row is the run's source of truth; the broker only carries "run R is due".
+
+Catching up, per job: the scheduler remembers up to when it looked (`Cursor`). At its start (or when it takes
+over) it starts from the job's latest scheduled run, or from its last pause or resume, or from now for a job that
+never ran. Of the times missed since, the latest runs once if it is at most `grace` old; the others are recorded
+as missed, so the history says what did not happen and why.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from sqlalchemy import Engine, func, insert, select, update
+from sqlalchemy.exc import IntegrityError
+
+from chatops.config import JobConfig
+from chatops.schedule import fires
+from chatops.schema import JobRun, JobRunStatus, JobState, JobTrigger, SchedulerLease
+
+LEADERSHIP = "jobs"
+_LONG_AGO = datetime(2000, 1, 1, tzinfo=UTC)
+# Times recorded as missed for one job after an outage, at most (the newest): a minutely job down for a month
+# should not write forty thousand rows.
+MAX_MISSED = 100
+
+
+@dataclass(frozen=True)
+class FiredRun:
+    run_id: int
+    job: str
+    scheduled_for: datetime
+    status: JobRunStatus  # SCHEDULED (to dispatch) or MISSED
+
+
+def take_leadership(engine: Engine, owner: str, ttl_s: float, now: datetime) -> bool:
+    """Hold (or renew) the scheduler's lease for `ttl_s`; False while another owner's lease runs."""
+    expires = now + timedelta(seconds=ttl_s)
+    with engine.begin() as conn:
+        taken = conn.execute(
+            update(SchedulerLease)
+            .where(
+                SchedulerLease.name == LEADERSHIP,
+                (SchedulerLease.owner == owner) | (SchedulerLease.expires_at <= now),
+            )
+            .values(owner=owner, expires_at=expires)
+        ).rowcount
+    if taken:
+        return True
+    try:
+        with engine.begin() as conn:
+            conn.execute(insert(SchedulerLease).values(name=LEADERSHIP, owner=owner, expires_at=expires))
+        return True
+    except IntegrityError:  # the row exists and another owner's lease runs
+        return False
+
+
+def give_up_leadership(engine: Engine, owner: str) -> None:
+    """Let another scheduler take over at once (a clean stop), rather than after the lease runs out."""
+    with engine.begin() as conn:
+        conn.execute(
+            update(SchedulerLease)
+            .where(SchedulerLease.name == LEADERSHIP, SchedulerLease.owner == owner)
+            .values(expires_at=_LONG_AGO)
+        )
+
+
+class Cursor:
+    """Up to when each job's times were looked at, by this scheduler."""
+
+    def __init__(self) -> None:
+        self._until: dict[str, datetime] = {}
+
+    def reset(self) -> None:
+        """Forget: the next tick starts again from the database (after leadership was lost and retaken)."""
+        self._until.clear()
+
+    def since(self, engine: Engine, job: JobConfig, now: datetime) -> datetime:
+        if job.name not in self._until:
+            self._until[job.name] = _resume_point(engine, job.name) or now
+        return self._until[job.name]
+
+    def advance(self, job: str, until: datetime) -> None:
+        self._until[job] = until
+
+
+def fire_due(
+    engine: Engine, jobs: Iterable[JobConfig], cursor: Cursor, now: datetime, grace_s: float
+) -> list[FiredRun]:
+    """Record the runs due up to `now` (a new row each, or nothing when another scheduler recorded it first);
+    a paused or disabled job fires nothing, and its times pass."""
+    paused = _paused(engine)
+    fired: list[FiredRun] = []
+    for job in jobs:
+        since = cursor.since(engine, job, now)
+        cursor.advance(job.name, now)
+        if not job.enabled or job.name in paused:
+            continue
+        due = list(fires(job.schedule, job.timezone, since, now))[-MAX_MISSED:]
+        for i, at in enumerate(due):
+            on_time = i == len(due) - 1 and now - at <= timedelta(seconds=grace_s)
+            run = _record(engine, job.name, at, JobRunStatus.SCHEDULED if on_time else JobRunStatus.MISSED, now)
+            if run is not None:
+                fired.append(run)
+    return fired
+
+
+def _record(engine: Engine, job: str, at: datetime, status: JobRunStatus, now: datetime) -> FiredRun | None:
+    values = {"job_name": job, "scheduled_for": at, "status": status, "trigger": JobTrigger.SCHEDULE}
+    if status == JobRunStatus.MISSED:
+        values |= {"finished_at": now, "error": "no scheduler ran at its time, and it was too late to run it"}
+    try:
+        with engine.begin() as conn:
+            run_id = conn.execute(insert(JobRun).values(values).returning(JobRun.id)).scalar_one()
+    except IntegrityError:  # another scheduler recorded this time first
+        return None
+    return FiredRun(run_id, job, at, status)
+
+
+def _resume_point(engine: Engine, job: str) -> datetime | None:
+    with engine.connect() as conn:
+        latest = conn.execute(
+            select(func.max(JobRun.scheduled_for)).where(JobRun.job_name == job, JobRun.trigger == JobTrigger.SCHEDULE)
+        ).scalar_one_or_none()
+        changed = conn.execute(select(JobState.updated_at).where(JobState.job_name == job)).scalar_one_or_none()
+    points = [p for p in (latest, changed) if p is not None]
+    return max(points) if points else None
+
+
+def _paused(engine: Engine) -> set[str]:
+    with engine.connect() as conn:
+        return set(conn.execute(select(JobState.job_name).where(JobState.paused.is_(True))).scalars())

@@ -1,0 +1,105 @@
+"""Firing scheduled jobs in the database, on a clock the tests drive: one leader at a time, one run a tick even
+with two schedulers, a restart across a tick runs it once, an outage's older ticks are recorded as missed."""
+
+from __future__ import annotations
+
+import itertools
+from datetime import UTC, datetime, timedelta
+
+from sqlalchemy import Engine, insert, select, update
+
+from chatops.config import JobConfig
+from chatops.jobs import MAX_MISSED, Cursor, fire_due, give_up_leadership, take_leadership
+from chatops.schema import JobRun, JobRunStatus, JobState
+
+_names = itertools.count(1)
+
+
+def at(hhmm: str, seconds: int = 0) -> datetime:
+    hours, minutes = hhmm.split(":")
+    return datetime(2026, 12, 1, int(hours), int(minutes), seconds, tzinfo=UTC)
+
+
+def job(schedule: str = "*/5 * * * *", **values: object) -> JobConfig:
+    # The engine is the module's: each test's jobs have names of their own.
+    fields = {"name": f"job-{next(_names)}", "schedule": schedule, "channel": "C0JOBS", "prompt": "tidy up"}
+    return JobConfig.model_validate(fields | values)
+
+
+def runs(engine: Engine, name: str) -> list[tuple[str, str]]:
+    with engine.connect() as conn:
+        rows = conn.execute(
+            select(JobRun.scheduled_for, JobRun.status).where(JobRun.job_name == name).order_by(JobRun.scheduled_for)
+        ).all()
+    return [(f"{when:%H:%M}", status) for when, status in rows]
+
+
+def test_one_leader_at_a_time_and_a_clean_stop_hands_over_at_once(engine: Engine) -> None:
+    give_up_leadership(engine, "nobody")  # a row may be left by another test of this module: harmless
+    now = at("10:00") + timedelta(days=365 * 10)  # later than any lease this module's other tests took
+    assert take_leadership(engine, "a", 30, now)
+    assert not take_leadership(engine, "b", 30, now + timedelta(seconds=10))
+    assert take_leadership(engine, "a", 30, now + timedelta(seconds=20))  # renewed: runs to +50 s
+    assert not take_leadership(engine, "b", 30, now + timedelta(seconds=45))
+    assert take_leadership(engine, "b", 30, now + timedelta(seconds=51))  # a stopped renewing: b takes over
+    assert not take_leadership(engine, "a", 30, now + timedelta(seconds=52))
+    give_up_leadership(engine, "b")
+    assert take_leadership(engine, "a", 30, now + timedelta(seconds=53))
+
+
+def test_each_tick_runs_once_even_with_two_schedulers(engine: Engine) -> None:
+    chore = job()
+    first, second = Cursor(), Cursor()
+    # A job that never ran starts from now: deploying it does not run it at once.
+    assert fire_due(engine, [chore], first, at("10:02"), 600) == []
+    assert fire_due(engine, [chore], second, at("10:02", 30), 600) == []
+    for now in (at("10:05", 1), at("10:05", 2), at("10:07"), at("10:10", 0)):
+        fire_due(engine, [chore], first, now, 600)
+        fire_due(engine, [chore], second, now, 600)
+    assert runs(engine, chore.name) == [("10:05", "scheduled"), ("10:10", "scheduled")]
+
+
+def test_a_scheduler_restarted_across_a_tick_runs_it_once_and_an_outage_is_recorded(engine: Engine) -> None:
+    chore = job()
+    cursor = Cursor()
+    fire_due(engine, [chore], cursor, at("10:04"), 600)
+    [fired] = fire_due(engine, [chore], cursor, at("10:05", 1), 600)
+    assert fired.status == JobRunStatus.SCHEDULED and fired.scheduled_for == at("10:05")
+    # The scheduler stops at 10:09 and another starts at 10:31: 10:30 is 1 minute late (within the grace) and
+    # runs once; the ticks before it are recorded as missed.
+    restarted = Cursor()
+    fired_late = fire_due(engine, [chore], restarted, at("10:31"), 600)
+    assert [(f.scheduled_for, f.status) for f in fired_late][-1] == (at("10:30"), JobRunStatus.SCHEDULED)
+    assert runs(engine, chore.name) == [
+        ("10:05", "scheduled"),
+        *((f"10:{m}", "missed") for m in (10, 15, 20, 25)),
+        ("10:30", "scheduled"),
+    ]
+    # Beyond the grace, even the latest is missed.
+    assert [f.status for f in fire_due(engine, [chore], Cursor(), at("10:52"), 60)] == [JobRunStatus.MISSED] * 4
+
+
+def test_paused_and_disabled_jobs_fire_nothing_and_resume_from_their_resumption(engine: Engine) -> None:
+    paused, disabled = job(), job(enabled=False)
+    cursor = Cursor()
+    fire_due(engine, [paused, disabled], cursor, at("11:00", 1), 3600)
+    with engine.begin() as conn:
+        conn.execute(insert(JobState).values(job_name=paused.name, paused=True, updated_at=at("11:01")))
+    assert fire_due(engine, [paused, disabled], cursor, at("11:30", 1), 3600) == []
+    with engine.begin() as conn:
+        conn.execute(
+            update(JobState).where(JobState.job_name == paused.name).values(paused=False, updated_at=at("11:32"))
+        )
+    # A scheduler starting now resumes from the resumption: the paused half-hour is neither run nor missed.
+    fired = fire_due(engine, [paused, disabled], Cursor(), at("11:35", 1), 3600)
+    assert [(f.job, f.scheduled_for) for f in fired] == [(paused.name, at("11:35"))]
+    assert runs(engine, disabled.name) == []
+
+
+def test_a_long_outage_records_a_bounded_number_of_missed_ticks(engine: Engine) -> None:
+    chore = job("* * * * *")
+    cursor = Cursor()
+    fire_due(engine, [chore], cursor, at("00:00", 30), 60)
+    fire_due(engine, [chore], cursor, at("00:01", 1), 60)
+    fired = fire_due(engine, [chore], Cursor(), at("09:00", 1), 60)
+    assert len(fired) == MAX_MISSED and fired[-1].status == JobRunStatus.SCHEDULED
