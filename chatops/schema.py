@@ -27,6 +27,7 @@ from sqlalchemy import (
     TypeDecorator,
     UniqueConstraint,
     false,
+    text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeEngine
@@ -297,8 +298,16 @@ class JobRun(Base):
         UniqueConstraint("job_name", "scheduled_for"),
         CheckConstraint(_one_of("status", JobRunStatus), name="status"),
         CheckConstraint(_one_of("trigger", JobTrigger), name="trigger"),
-        # The job's latest runs (status, skip-if-running, the failures in a row) are read by job and time.
+        # The job's latest runs (status, the failures in a row) are read by job and status.
         Index(None, "job_name", "status"),
+        # One running run a job: a run that starts while another runs is skipped, whichever worker starts it.
+        Index(
+            "uq_job_runs_one_running",
+            "job_name",
+            unique=True,
+            postgresql_where=text("status = 'running'"),
+            sqlite_where=text("status = 'running'"),
+        ),
     )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)

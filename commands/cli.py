@@ -60,8 +60,8 @@ def _beat(args: argparse.Namespace) -> int:
     _export_config_path(args.config)
     from workers.celery_app import app
 
-    # Housekeeping's schedule (workers/celery_app.py); the scheduled jobs join it with their issue. The schedule
-    # file goes under ./var, beside the embedded database, not into the current directory.
+    # Housekeeping's schedule and the config's jobs (workers/scheduler.py: one scheduler fires at a time). The
+    # schedule file goes under ./var, beside the embedded database, not into the current directory.
     Path("var").mkdir(exist_ok=True)
     app.start(["beat", "--loglevel=INFO", "--schedule", str(Path("var") / "celerybeat-schedule"), *args.passthrough])
     return 0
@@ -184,7 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("worker", _worker, "run a Celery worker (extra arguments go to celery worker)")
     p.add_argument("--dev", action="store_true", help=argparse.SUPPRESS)  # started by `dev`: see _worker
     p.add_argument("passthrough", nargs=argparse.REMAINDER, help="e.g. --concurrency 4 -Q mm")
-    p = command("beat", _beat, "run the scheduler: housekeeping now, the scheduled jobs later")
+    p = command("beat", _beat, "run the scheduler: housekeeping and the config's jobs (one scheduler fires at a time)")
     p.add_argument("passthrough", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     p = command("migrate", _migrate, "upgrade the database schema (DATABASE_URL)")
     p.add_argument("--revision", default="head", help="target revision (default head)")

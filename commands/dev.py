@@ -46,7 +46,8 @@ def run_dev(config_path: str | None, host: str, port: int) -> int:
         base = f"http://{host}:{port}"
         say(f"bot listening on {base}: Slack's requests to {base}/slack/events, health at {base}/healthz")
         say(f"worker started (pid {children[1].process.pid}) on {mask_url(broker)}")
-        say("scheduler: housekeeping runs in the worker (scheduled jobs are not available yet)")
+        jobs = len(config.service.jobs)
+        say(f"scheduler: housekeeping and the config's {jobs} job(s) run in the worker")
         if not config.slack_signing_secret:
             say(NO_SIGNING_SECRET)
         model = check_model(config)

@@ -211,7 +211,7 @@ def test_dev_prints_only_its_own_lines_each_once_and_ctrl_c_stops_every_child(tm
         "workspace, or set `sandbox: none` to say you mean it",
         f"mm-bot dev: bot listening on {base}: Slack's requests to {base}/slack/events, health at {base}/healthz",
         f"mm-bot dev: worker started (pid N) on {broker}",
-        "mm-bot dev: scheduler: housekeeping runs in the worker (scheduled jobs are not available yet)",
+        "mm-bot dev: scheduler: housekeeping and the config's 0 job(s) run in the worker",
         "mm-bot dev: no SLACK_SIGNING_SECRET: Slack's requests are refused (they cannot be verified) until you set "
         "it; see docs/slack-app.md",
         f"mm-bot dev: model: http://mm:***@127.0.0.1:{model_port}/v1 unreachable: connection refused — start your "

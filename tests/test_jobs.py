@@ -103,3 +103,29 @@ def test_a_long_outage_records_a_bounded_number_of_missed_ticks(engine: Engine) 
     fire_due(engine, [chore], cursor, at("00:01", 1), 60)
     fired = fire_due(engine, [chore], Cursor(), at("09:00", 1), 60)
     assert len(fired) == MAX_MISSED and fired[-1].status == JobRunStatus.SCHEDULED
+
+
+def test_a_run_whose_end_was_never_recorded_is_closed_so_the_job_runs_again(engine: Engine) -> None:
+    from chatops.schema import Session, SessionKind, SessionStatus
+    from workers.jobs import NO_END, STALE_S, close_stale_runs
+
+    now = at("12:00")
+    quiet, busy = job(), job()
+    ids = {}
+    with engine.begin() as conn:
+        for chore, status in ((quiet, SessionStatus.IDLE), (busy, SessionStatus.RUNNING)):
+            session = conn.execute(
+                insert(Session)
+                .values(kind=SessionKind.JOB, status=status, updated_at=now - timedelta(seconds=STALE_S + 1))
+                .returning(Session.id)
+            ).scalar_one()
+            ids[chore.name] = conn.execute(
+                insert(JobRun)
+                .values(job_name=chore.name, scheduled_for=now, status="running", session_id=session)
+                .returning(JobRun.id)
+            ).scalar_one()
+    assert close_stale_runs(engine, now) == [ids[quiet.name]]
+    assert runs(engine, quiet.name) == [("12:00", "failed")] and runs(engine, busy.name) == [("12:00", "running")]
+    with engine.connect() as conn:
+        assert conn.execute(select(JobRun.error).where(JobRun.id == ids[quiet.name])).scalar_one() == NO_END
+    assert close_stale_runs(engine, now) == []

@@ -70,3 +70,9 @@ def context_block(text: str) -> dict[str, Any]:
 
 def clip(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def duration(seconds: float) -> str:
+    """`12 s`, `3 min`, `3 min 5 s`: how long something took, for a person."""
+    minutes, secs = divmod(int(seconds), 60)
+    return f"{minutes} min" if minutes and not secs else f"{minutes} min {secs} s" if minutes else f"{secs} s"

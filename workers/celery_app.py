@@ -85,6 +85,8 @@ def settings() -> dict[str, Any]:
         "task_ignore_result": True,
         "broker_connection_retry_on_startup": True,
         "worker_hijack_root_logger": False,
+        # Beat fires housekeeping and the config's jobs, one scheduler at a time (workers/scheduler.py).
+        "beat_scheduler": "workers.scheduler:JobScheduler",
         "beat_schedule": {
             "housekeeping": {
                 "task": "mm.housekeeping",

@@ -24,6 +24,24 @@ def run_session(session_id: str) -> None:
         enqueue_session(session_id)
 
 
+@app.task(name="mm.run_job", queue=TURNS_QUEUE)
+def run_job(run_id: int) -> None:
+    """Start a job run the scheduler recorded: its thread in the job's channel, its session given the prompt."""
+    import asyncio
+
+    from workers.jobs import claim_run, start_run
+    from workers.slack_client import web_client
+    from workers.turns import process
+
+    proc = process()
+    start = claim_run(proc.engine, proc.config, run_id)
+    if start is None:
+        return
+    session_id = asyncio.run(start_run(proc.engine, proc.config, web_client(proc.config), start))
+    if session_id is not None:
+        enqueue_session(session_id)
+
+
 @app.task(name="mm.housekeeping", queue=HOUSEKEEPING_QUEUE)
 def housekeeping() -> None:
     """Re-enqueue sessions with work nobody does, release expired leases, expire approvals, sweep workspaces."""

@@ -37,7 +37,7 @@ from chatops.inbox import (
     sessions_with_work,
     stop_requested,
 )
-from chatops.schema import ApprovalState, InboxCommand, Session, SessionStatus
+from chatops.schema import ApprovalState, InboxCommand, Session, SessionKind, SessionStatus, utcnow
 from chatops.secrets import describe_error, scrub, secrets_of
 from chatops.store import (
     ApprovalRow,
@@ -55,11 +55,14 @@ from chatops.store import (
     set_status,
 )
 from mm_core import Agent, display
-from mm_core.events import Event, ModelCalled, PermissionRequested
+from mm_core.events import Event, ModelCalled, PermissionRequested, TurnFinished
 from mm_core.log import Decision, ErrorRecord, Fenced, Outcome, TurnEnded
 from mm_core.state import SessionState
+from mm_core.tools.ask_agent import load_agent_file
 from workers import metrics
 from workers.approval_message import NO_APPROVERS, ApprovalAsked
+from workers.blocks import duration
+from workers.jobs import close_stale_runs, finish_run, job_of_session
 from workers.leases import Cancelled, LeaseKeeper
 from workers.render import ThreadRenderer
 from workers.slack_client import TIMEOUT, web_client
@@ -150,6 +153,10 @@ class SessionTurns:
         self.store = DbStore(proc.engine, lease_token=token)
         self.row = _session_row(proc.engine, session_id)
         self.ending: SessionStatus | None = None  # the status the session takes once the thread shows the turn
+        # A job run's turn: how it finished, or why it did not (its summary says so).
+        self.finished: TurnFinished | None = None
+        self.failure: str | None = None
+        self.workspace: Path | None = None
 
     async def next(self) -> bool:
         """Run what the session needs now; False when there is nothing more (idle, or waiting for a person)."""
@@ -171,8 +178,12 @@ class SessionTurns:
             session_id=session_id,
             on_approval_posted=lambda call_id, ts: set_approval_message(engine, call_id, ts),
         )
+        self.finished = self.failure = None
         try:
-            return await self._next(renderer, client)
+            more = await self._next(renderer, client)
+            if self.row.kind == SessionKind.JOB and self.ending == SessionStatus.IDLE:
+                await self._finish_job(renderer, client)
+            return more
         finally:
             await renderer.aclose()
             session = getattr(client, "session", None)
@@ -199,15 +210,18 @@ class SessionTurns:
         if self.row.status == SessionStatus.AWAITING_APPROVAL and _undecided(engine, session_id):
             return False  # a stray delivery (a message to a waiting thread): the turn waits for people still
         try:
-            workspace = await self._workspace(renderer)
+            workspace = self.workspace = await self._workspace(renderer)
         except WorkspaceError as e:
+            self.failure = e.text
             await self._refuse(renderer, e.text)
             return False
         step = metrics.StepClock()
 
         def emit(event: Event) -> None:
             renderer.emit(event)
-            if isinstance(event, ModelCalled):
+            if isinstance(event, TurnFinished):
+                self.finished = event
+            elif isinstance(event, ModelCalled):
                 step.model_called(event)
             elif isinstance(event, PermissionRequested):
                 # Recorded before the message is posted: a click always finds its row.
@@ -254,7 +268,10 @@ class SessionTurns:
 
     async def _run(self, agent: Agent, run: Any, renderer: ThreadRenderer) -> Any:
         """The turn, within its time limit; a stop or the limit ends it through the loop's own cancellation."""
-        limit = self.config.service.worker.turnTimeLimit
+        job = (
+            job_of_session(self.proc.engine, self.config, self.session_id) if self.row.kind == SessionKind.JOB else None
+        )
+        limit = job[1].timeLimit if job is not None else self.config.service.worker.turnTimeLimit
         task = asyncio.current_task()
         assert task is not None
         keeper = self.proc.keeper
@@ -266,7 +283,8 @@ class SessionTurns:
         except TimeoutError:
             if not deadline.expired():
                 raise
-            message = TIME_LIMIT.format(limit=_duration(limit))
+            message = TIME_LIMIT.format(limit=duration(limit))
+            self.failure = f"it ran for longer than its time limit ({duration(limit)})"
             record_error(self.proc.engine, "turn", message, session_id=self.session_id)
             await renderer.notice(message)
             return None
@@ -278,6 +296,7 @@ class SessionTurns:
             if reason == Cancelled.LOST:
                 raise Fenced(f"session {self.session_id}: the lease was lost") from None
             clear_stop(self.proc.engine, self.session_id)
+            self.failure = "it was stopped"
             await self._expire(renderer)
             await renderer.notice(STOPPED)
             return None
@@ -295,6 +314,7 @@ class SessionTurns:
             except Exception:  # noqa: BLE001 - the database itself may be what failed: keep the record at least
                 record_error(self.proc.engine, "worker", reason, session_id=self.session_id)
             await renderer.notice(WORKER_FAILED.format(reason=scrub(reason, list(self.proc.secrets))))
+            self.failure = f"the worker failed: {reason}"
             return CRASHED
         finally:
             keeper.cancellable(self.session_id, False)
@@ -404,8 +424,39 @@ class SessionTurns:
                 await renderer.notice(f"⚠️ Could not compact: {scrub(describe_error(e), list(self.proc.secrets))}")
         return None
 
+    async def _finish_job(self, renderer: ThreadRenderer, client: Any) -> None:
+        """A job run's turn ended: its summary in the thread, and in the channel the job pausing itself."""
+
+        async def post(text: str, in_channel: bool = False) -> None:
+            if not in_channel:
+                await renderer.notice(text)
+                return
+            try:
+                await client.chat_postMessage(channel=self.row.channel_id, text=text)
+            except Exception as e:  # noqa: BLE001 - the pause holds; its announcement is a courtesy
+                record_error(self.proc.engine, "slack", f"chat.postMessage: {e}", session_id=self.session_id)
+
+        try:
+            await finish_run(
+                self.proc.engine,
+                self.config,
+                self.session_id,
+                self.finished,
+                self.failure,
+                self.workspace,
+                post,
+                list(self.proc.secrets),
+            )
+        except Exception as e:
+            log.exception("session %s: the job run's summary failed", self.session_id)
+            record_error(
+                self.proc.engine, "job", f"the run's summary failed: {describe_error(e)}", session_id=self.session_id
+            )
+
     def _agent_config(self) -> Any:
         agent = self.config.agent
+        if self.row.agent_name and self.row.agent_name in agent.mmConfigs:  # a job's own agent
+            agent = load_agent_file(agent.mmConfigs[self.row.agent_name])
         yolo = self.config.service.channel(self.row.channel_id or "").yolo
         if self.row.yolo is not None:  # the thread's own (approve-all, `yolo on|off`) over the channel's
             yolo = self.row.yolo
@@ -432,6 +483,8 @@ class SessionTurns:
 
 @dataclass(frozen=True)
 class _Row:
+    kind: str
+    agent_name: str | None
     channel_id: str | None
     thread_ts: str | None
     team_id: str | None
@@ -461,6 +514,8 @@ def _session_row(engine: Engine, session_id: str) -> _Row:
             .limit(1)
         ).scalar_one_or_none()
     return _Row(
+        s.kind,
+        s.agent_name,
         s.channel_id,
         s.thread_ts,
         s.team_id,
@@ -488,11 +543,6 @@ def _title(tool: str, arguments: str | None) -> str:
     return f"{tool}: {detail}" if detail else tool
 
 
-def _duration(seconds: float) -> str:
-    minutes, secs = divmod(int(seconds), 60)
-    return f"{minutes} min" if minutes and not secs else f"{minutes} min {secs} s" if minutes else f"{secs} s"
-
-
 # --- housekeeping -----------------------------------------------------------------------------------------------
 
 
@@ -502,6 +552,8 @@ def housekeep() -> list[str]:
     proc = process()
     engine, config = proc.engine, proc.config
     release_expired_leases(engine)
+    for run_id in close_stale_runs(engine, utcnow()):
+        record_error(engine, "housekeeping", f"job run {run_id}: closed as failed, its end was never recorded")
     expired = {row.session_id for row in expire_approvals(engine)}
     stranded = set(sessions_with_work(engine, quiet_s=config.service.worker.housekeepingSeconds))
     ws = config.service.workspaces

@@ -33,6 +33,10 @@ def upgrade() -> None:
         batch.create_check_constraint(op.f("ck_job_runs_status"), STATES)
         batch.create_check_constraint(op.f("ck_job_runs_trigger"), "trigger IN ('schedule', 'manual')")
     op.create_index(op.f("ix_job_runs_job_name_status"), "job_runs", ["job_name", "status"])
+    running = sa.text("status = 'running'")
+    op.create_index(
+        "uq_job_runs_one_running", "job_runs", ["job_name"], unique=True, postgresql_where=running, sqlite_where=running
+    )
     op.create_table(
         "job_states",
         sa.Column("job_name", sa.String(100), nullable=False),
@@ -55,6 +59,7 @@ def upgrade() -> None:
 def downgrade() -> None:
     op.drop_table("scheduler_leases")
     op.drop_table("job_states")
+    op.drop_index("uq_job_runs_one_running", table_name="job_runs")
     op.drop_index(op.f("ix_job_runs_job_name_status"), table_name="job_runs")
     op.execute("DELETE FROM job_runs WHERE status IN ('skipped', 'missed')")
     with op.batch_alter_table("job_runs") as batch:

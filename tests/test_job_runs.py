@@ -1,0 +1,157 @@
+"""A job run end to end, on a real `celery worker` (with its beat) against PostgreSQL, its own Redis, the Slack
+emulator and the scripted model: the root message and its thread, the summary, what changed, a clone that fails
+with git's words, the failures in a row that pause the job, a run skipped while the previous one runs, and the
+time limit."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kombu.connection import Connection
+from sqlalchemy import insert, select
+
+from chatops.schema import JobRun, JobState, JobTrigger, SchedulerLease
+from mm_testkit.redis_server import OwnRedis
+from mmbot_helpers import MM_BOT
+from playground.model_server import Reply
+from threads_support import CHANNEL, Stack, config, policy, stack
+
+JOBS = f"""jobs:
+  - {{name: tidy, schedule: "0 3 * * *", channel: {CHANNEL}, yolo: true, prompt: "run: echo hi > new.txt && echo done"}}
+  - {{name: broken, schedule: "0 4 * * *", channel: {CHANNEL}, yolo: true, prompt: "hello", repo: /nonexistent/repo,
+      maxFailures: 2}}
+  - {{name: slow, schedule: "0 5 * * *", channel: {CHANNEL}, yolo: true, prompt: "take your time", timeLimit: 2s}}"""
+
+
+@pytest.fixture
+def jobs(tmp_path: Path, fresh_pg_url: str, own_redis: OwnRedis) -> Iterator[Stack]:
+    origin = tmp_path / "origin"
+    origin.mkdir()
+    (origin / "README.md").write_text("a repository\n")
+    for args in (["init", "-q", "-b", "main"], ["add", "README.md"], ["commit", "-q", "-m", "start"]):
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@example.com", *args], cwd=origin, check=True)
+    with stack(tmp_path, fresh_pg_url, own_redis.url, config=config(f"{{repo: {origin}}}", JOBS)) as s:
+        s.model.always(policy)
+        s.start_worker()
+        yield s
+
+
+def run_now(s: Stack, job: str) -> int:
+    """What `/mm job run` does: a run recorded, then handed to a worker."""
+    with s.engine.begin() as conn:
+        run_id = conn.execute(
+            insert(JobRun)
+            .values(job_name=job, scheduled_for=datetime.now(UTC), trigger=JobTrigger.MANUAL, requested_by="U0ALICE")
+            .returning(JobRun.id)
+        ).scalar_one()
+    from workers.celery_app import app
+
+    with Connection(s.broker_url) as conn:
+        app.send_task("mm.run_job", args=[run_id], queue="turns", connection=conn)
+    return run_id
+
+
+def run_row(s: Stack, run_id: int) -> Any:
+    with s.engine.connect() as conn:
+        return conn.execute(select(JobRun.__table__).where(JobRun.id == run_id)).one()
+
+
+def finished(s: Stack, run_id: int) -> Any:
+    return s.wait(lambda: (r := run_row(s, run_id)).finished_at is not None and r, message=f"run {run_id} finished")
+
+
+def test_a_run_posts_its_thread_works_and_summarises_what_changed(jobs: Stack) -> None:
+    run = finished(jobs, run_now(jobs, "tidy"))
+    assert run.status == "succeeded" and run.error is None and run.session_id is not None
+    root = jobs.slack.message(CHANNEL, run.root_ts or "")
+    assert root is not None and root["text"] == "🔧 *tidy* started by <@U0ALICE> · `0 3 * * *` (UTC)"
+    thread = jobs.wait(lambda: "succeeded in" in (t := jobs.thread_text(run.root_ts or "")) and t)
+    assert "done: done" in thread  # the agent ran the prompt's command and answered
+    summary = jobs.slack.messages(CHANNEL, run.root_ts)[-1]["text"]
+    assert re.match(r"✅ \*tidy\* succeeded in \d+ s · ⚙ 1 command\(s\) · [\d,]+ tokens\n", summary), summary
+    assert "new.txt (new)" in summary  # what changed in the workspace
+    assert run.summary == summary
+
+
+def test_a_clone_that_fails_says_gits_words_and_failures_in_a_row_pause_the_job(jobs: Stack) -> None:
+    first = finished(jobs, run_now(jobs, "broken"))
+    assert first.status == "failed" and first.error is not None and "/nonexistent/repo" in first.error
+    thread = jobs.wait(lambda: "failed after" in (t := jobs.thread_text(first.root_ts or "")) and t)
+    assert "fatal: '/nonexistent/repo' does not appear to be a git repository" in thread  # git's own words
+    second = finished(jobs, run_now(jobs, "broken"))
+    assert second.status == "failed"
+    paused = "⏸ *broken* paused itself after 2 failed runs in a row"
+    jobs.wait(lambda: any(m["text"].startswith(paused) for m in jobs.slack.messages(CHANNEL)), message="the pause")
+    with jobs.engine.connect() as conn:
+        state = conn.execute(select(JobState.__table__).where(JobState.job_name == "broken")).one()
+    assert state.paused and state.paused_by is None and state.consecutive_failures == 2
+
+
+def test_a_run_due_while_the_previous_one_runs_is_skipped_and_the_time_limit_fails_a_run(jobs: Stack) -> None:
+    jobs.model.always(Reply(text="thinking", stall_after=1, stall_for=60))
+    slow = run_now(jobs, "slow")
+    jobs.wait(lambda: run_row(jobs, slow).status == "running", message="the slow run runs")
+    skipped = finished(jobs, run_now(jobs, "slow"))
+    assert skipped.status == "skipped" and skipped.error == "the job's previous run was still running"
+    run = finished(jobs, slow)
+    assert run.status == "failed" and run.error == "it ran for longer than its time limit (2 s)"
+    jobs.wait(lambda: "failed after" in jobs.thread_text(run.root_ts or ""), message="the summary")
+
+
+@pytest.mark.timeout(300)
+def test_two_real_schedulers_give_one_run_a_tick_and_the_survivor_takes_over(
+    tmp_path: Path, fresh_pg_url: str, own_redis: OwnRedis
+) -> None:
+    minutely = f'jobs:\n  - {{name: minutely, schedule: "* * * * *", channel: {CHANNEL}, yolo: true, prompt: "hello"}}'
+    with stack(tmp_path, fresh_pg_url, own_redis.url, config=config("{yolo: true}", minutely)) as s:
+        s.model.always(policy)
+        s.start_worker(beat=False)
+        beats = {name: start_beat(s, name) for name in ("b1", "b2")}
+        try:
+            first = s.wait(lambda: runs_of(s, "minutely"), timeout=90, message="the first tick's run")
+            # The scheduler that fired it goes away at once (kill -9: no hand-over); the other takes over within
+            # its lease and fires the next tick, late if need be, once.
+            with s.engine.connect() as conn:
+                owner = conn.execute(select(SchedulerLease.owner)).scalar_one()
+            leader = next(name for name, p in beats.items() if f":{p.pid}:" in owner)
+            os.killpg(beats[leader].pid, signal.SIGKILL)
+            beats[leader].wait()
+            s.wait(lambda: len(runs_of(s, "minutely")) >= 2, timeout=150, message="the next tick's run")
+            runs = runs_of(s, "minutely")
+            ticks = [r.scheduled_for for r in runs]
+            assert ticks[1] - ticks[0] == timedelta(minutes=1) and ticks[0] == first[0].scheduled_for
+            assert all(t.second == 0 and t.microsecond == 0 for t in ticks)
+            for run in runs[:2]:
+                finished(s, run.id)
+            roots = [m for m in s.slack.messages(CHANNEL) if m["text"].startswith("🔧 *minutely* started")]
+            assert len(roots) == len(runs)  # one thread a run: no tick fired twice
+            assert {r.status for r in runs[:2]} == {"succeeded"}
+        finally:
+            for process in beats.values():
+                if process.poll() is None:
+                    os.killpg(process.pid, signal.SIGKILL)
+                    process.wait()
+
+
+def start_beat(s: Stack, name: str) -> subprocess.Popen[bytes]:
+    log = open(s.tmp / f"{name}.log", "ab")  # noqa: SIM115 - the scheduler's own, closed with it
+    directory = s.tmp / name
+    directory.mkdir()
+    return subprocess.Popen(
+        [MM_BOT, "beat"], env=s.env, cwd=directory, stdout=log, stderr=subprocess.STDOUT, process_group=0
+    )
+
+
+def runs_of(s: Stack, job: str) -> list[Any]:
+    with s.engine.connect() as conn:
+        return list(
+            conn.execute(select(JobRun.__table__).where(JobRun.job_name == job).order_by(JobRun.scheduled_for)).all()
+        )

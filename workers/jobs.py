@@ -1,0 +1,265 @@
+"""A job run, from its start to its summary: the worker's side of scheduled jobs (chatops/jobs.py fires them).
+
+Starting (`start_run`, the `mm.run_job` task): the run's row goes from scheduled to running, by compare-and-set
+and under the one-running-run-a-job index, so a run delivered twice starts once and a run due while the job's
+previous one still runs is recorded as skipped. Its root message goes to the job's channel, and its thread is a
+session of kind `job` in a fresh workspace, given the job's prompt; from there it is a thread like any other:
+tool lines, approval buttons, the answer.
+
+Finishing (`finish_run`, when the session's turn has ended): the outcome, the duration, the counters and tokens,
+what changed in the workspace, posted as the thread's last message; the job's failures in a row are counted,
+and after `maxFailures` the job pauses itself and says so in its channel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, insert, select, update
+from sqlalchemy.exc import IntegrityError
+
+from chatops.config import Config, JobConfig
+from chatops.inbox import record_message
+from chatops.schema import ApprovalState, JobRun, JobRunStatus, JobState, Session, SessionKind, SessionStatus, utcnow
+from chatops.secrets import scrub
+from chatops.store import approvals_of, ensure_session, record_error
+from mm_core import display
+from mm_core.events import TurnFinished
+from mm_core.log import Outcome
+from workers import blocks, git
+
+log = logging.getLogger("mm.worker.jobs")
+
+STARTED = "🔧 *{job}* started{by} · `{schedule}` ({zone})"
+BY_HAND = " by <@{user}>"
+SUCCEEDED = "✅ *{job}* succeeded in {duration}"
+FAILED = "❌ *{job}* failed after {duration}: {reason}"
+PAUSED = (
+    "⏸ *{job}* paused itself after {failures} failed runs in a row. `/mm job resume {job}` starts it again once "
+    "the cause is fixed."
+)
+SKILL_PROMPT = "Read the skill `{skill}` with read_skill and follow it."
+REASONS = {
+    Outcome.CANCELLED: "it was stopped",
+    Outcome.FAILED: "the turn failed (its error is in the thread)",
+    Outcome.MAX_TURNS: "it reached maxTurns without a final answer",
+}
+EXPIRED = "a call waited for a decision until it expired"
+DIFF_LINES = 20  # of `git diff --stat` in the summary
+STALE_S = 600.0
+NO_END = "its end was not recorded (the worker stopped, or the summary failed): its thread says how far it went"
+
+
+@dataclass(frozen=True)
+class RunStart:
+    run_id: int
+    job: JobConfig
+    requested_by: str | None
+
+
+def prompt_of(job: JobConfig) -> str:
+    parts = [SKILL_PROMPT.format(skill=job.skill)] if job.skill else []
+    return "\n\n".join([*parts, *([job.prompt] if job.prompt else [])])
+
+
+def claim_run(engine: Engine, config: Config, run_id: int) -> RunStart | None:
+    """Move the run from scheduled to running; None when it is not to start (started already, gone from the
+    config, skipped because the job's previous run still runs: each recorded)."""
+    with engine.connect() as conn:
+        row = conn.execute(select(JobRun.__table__).where(JobRun.id == run_id)).first()
+    if row is None or row.status != JobRunStatus.SCHEDULED:
+        return None  # a second delivery of a run that started, or a run removed
+    job = next((j for j in config.service.jobs if j.name == row.job_name), None)
+    now = utcnow()
+    if job is None:
+        _close(engine, run_id, JobRunStatus.FAILED, now, error="the job is no longer in the config")
+        return None
+    try:
+        with engine.begin() as conn:
+            moved = conn.execute(
+                update(JobRun)
+                .where(JobRun.id == run_id, JobRun.status == JobRunStatus.SCHEDULED)
+                .values(status=JobRunStatus.RUNNING, started_at=now)
+            ).rowcount
+    except IntegrityError:  # the one-running-run-a-job index: the previous run still runs
+        _close(engine, run_id, JobRunStatus.SKIPPED, now, error="the job's previous run was still running")
+        return None
+    return RunStart(run_id, job, row.requested_by) if moved else None
+
+
+async def start_run(engine: Engine, config: Config, client: Any, start: RunStart) -> str | None:
+    """Post the run's root message and give its thread the prompt; the session's id (to enqueue), or None when
+    the run could not start (then it is recorded failed)."""
+    job = start.job
+    by = BY_HAND.format(user=start.requested_by) if start.requested_by else ""
+    text = STARTED.format(job=job.name, by=by, schedule=job.schedule, zone=job.timezone)
+    try:
+        posted = await client.chat_postMessage(channel=job.channel, text=text)
+    except Exception as e:  # noqa: BLE001 - the run fails, with Slack's words, and the job's failures count it
+        reason = f"its message could not be posted in <#{job.channel}>: {e}"
+        record_error(engine, "job", f"{job.name}: {reason}")
+        _close(engine, start.run_id, JobRunStatus.FAILED, utcnow(), error=reason)
+        _count(engine, job, failed=True)
+        return None
+    ts = str(posted["ts"])
+    session_id = ensure_session(
+        engine,
+        channel_id=job.channel,
+        thread_ts=ts,
+        kind=SessionKind.JOB,
+        requester=start.requested_by,
+        repo=job.repo,
+        branch=job.branch,
+        yolo=job.yolo,
+        agent_name=job.agent,
+    )
+    record_message(
+        engine, channel_id=job.channel, thread_ts=ts, message_ts=ts, user_id=start.requested_by, text=prompt_of(job)
+    )
+    with engine.begin() as conn:
+        conn.execute(
+            update(JobRun)
+            .where(JobRun.id == start.run_id)
+            .values(session_id=session_id, channel_id=job.channel, root_ts=ts)
+        )
+    return session_id
+
+
+def job_of_session(engine: Engine, config: Config, session_id: str) -> tuple[int, JobConfig, datetime] | None:
+    """The running run a session carries: its id, its job and when it started."""
+    with engine.connect() as conn:
+        row = conn.execute(
+            select(JobRun.id, JobRun.job_name, JobRun.started_at).where(
+                JobRun.session_id == session_id, JobRun.status == JobRunStatus.RUNNING
+            )
+        ).first()
+    if row is None:
+        return None
+    job = next((j for j in config.service.jobs if j.name == row.job_name), None)
+    return (row.id, job, row.started_at or utcnow()) if job is not None else None
+
+
+async def finish_run(
+    engine: Engine,
+    config: Config,
+    session_id: str,
+    finished: TurnFinished | None,
+    reason: str | None,
+    workspace: Path | None,
+    post: Any,
+    secrets: list[str],
+) -> None:
+    """Close the session's running run: its status, its summary posted with `post(text)` (into the thread) and,
+    when it pauses the job, in the channel as well."""
+    found = job_of_session(engine, config, session_id)
+    if found is None:
+        return
+    run_id, job, started = found
+    now = utcnow()
+    if reason is None and finished is not None and finished.outcome != Outcome.ANSWERED:
+        reason = REASONS.get(finished.outcome, str(finished.outcome))
+    if reason is None and any(a.state == ApprovalState.EXPIRED for a in approvals_of(engine, session_id)):
+        reason = EXPIRED
+    duration = blocks.duration((now - started).total_seconds())
+    outcome = (
+        SUCCEEDED.format(job=job.name, duration=duration)
+        if reason is None
+        else FAILED.format(job=job.name, duration=duration, reason=reason)
+    )
+    recap = display.recap(finished) if finished is not None else None
+    lines = [f"{outcome} · {recap}" if recap else outcome]
+    if workspace is not None and (changes := await asyncio.to_thread(_changes, workspace)):
+        lines.append(f"Changes:\n```\n{changes}\n```")
+    summary = scrub("\n".join(lines), secrets)
+    status = JobRunStatus.SUCCEEDED if reason is None else JobRunStatus.FAILED
+    if not _close(engine, run_id, status, now, error=reason, summary=summary, only_running=True):
+        return  # another worker closed it
+    await post(summary)
+    failures = _count(engine, job, failed=reason is not None)
+    if failures >= job.maxFailures and _pause(engine, job, failures):
+        await post(PAUSED.format(job=job.name, failures=failures), in_channel=True)
+
+
+def close_stale_runs(engine: Engine, now: datetime, quiet_s: float = STALE_S) -> list[int]:
+    """Runs still marked running whose session has been idle for `quiet_s`: their end was never recorded (the
+    worker stopped between the turn's end and the summary, or the summary failed). They are closed as failed,
+    or every later run of the job would be skipped as "still running". The ids closed."""
+    with engine.begin() as conn:
+        stale = (
+            conn.execute(
+                select(JobRun.id)
+                .join(Session, Session.id == JobRun.session_id)
+                .where(
+                    JobRun.status == JobRunStatus.RUNNING,
+                    Session.status == SessionStatus.IDLE,
+                    Session.updated_at < now - timedelta(seconds=quiet_s),
+                )
+            )
+            .scalars()
+            .all()
+        )
+    return [
+        run_id for run_id in stale if _close(engine, run_id, JobRunStatus.FAILED, now, error=NO_END, only_running=True)
+    ]
+
+
+def _changes(workspace: Path) -> str:
+    """What the run changed: `git diff --stat` against the commit it started from, and the new files (nothing
+    for a workspace that is no repository)."""
+    try:
+        stat = git.run_git(workspace, "diff", "--stat", "HEAD", check=False)
+        added = git.run_git(workspace, "ls-files", "--others", "--exclude-standard", check=False)
+    except git.GitError:
+        return ""
+    lines = stat.stdout.rstrip().splitlines() if stat.ok else []
+    lines += [f" {path} (new)" for path in added.stdout.splitlines()] if added.ok else []
+    if len(lines) > DIFF_LINES:
+        lines = [*lines[: DIFF_LINES - 1], f" … and {len(lines) - DIFF_LINES + 1} more"]
+    return "\n".join(lines)
+
+
+def _close(
+    engine: Engine,
+    run_id: int,
+    status: JobRunStatus,
+    now: datetime,
+    *,
+    error: str | None = None,
+    summary: str | None = None,
+    only_running: bool = False,
+) -> bool:
+    stmt = update(JobRun).where(JobRun.id == run_id)
+    if only_running:
+        stmt = stmt.where(JobRun.status == JobRunStatus.RUNNING)
+    with engine.begin() as conn:
+        return conn.execute(stmt.values(status=status, finished_at=now, error=error, summary=summary)).rowcount == 1
+
+
+def _count(engine: Engine, job: JobConfig, failed: bool) -> int:
+    """Count the run into the job's failures in a row (a success clears them); the count."""
+    with engine.begin() as conn:
+        state = conn.execute(select(JobState.__table__).where(JobState.job_name == job.name)).first()
+        if state is None:
+            conn.execute(insert(JobState).values(job_name=job.name, consecutive_failures=int(failed)))
+            return int(failed)
+        count = state.consecutive_failures + 1 if failed else 0
+        conn.execute(update(JobState).where(JobState.job_name == job.name).values(consecutive_failures=count))
+        return count
+
+
+def _pause(engine: Engine, job: JobConfig, failures: int) -> bool:
+    """Pause the job for its failures; False when it was paused already (then nothing is announced again)."""
+    with engine.begin() as conn:
+        return (
+            conn.execute(
+                update(JobState)
+                .where(JobState.job_name == job.name, JobState.paused.is_(False))
+                .values(paused=True, paused_by=None, paused_reason=f"{failures} failed runs in a row")
+            ).rowcount
+            == 1
+        )

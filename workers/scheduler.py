@@ -1,0 +1,96 @@
+"""Celery beat's scheduler for `mm-bot beat`: housekeeping's entries and the jobs of the config, fired by one
+scheduler at a time.
+
+Every scheduler started (one by mistake, or a second replica) ticks, but only the one holding the leadership
+lease in the database fires anything (chatops/jobs.py); another takes over within a lease when it stops, and
+the job runs' uniqueness stays the last guard. The jobs come from the config, read again on SIGHUP and when the
+file changes; a config that no longer loads is reported and the previous one kept.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import uuid
+from typing import Any
+
+from celery.beat import PersistentScheduler
+
+from chatops import db
+from chatops.config import Config, ConfigError, load_config
+from chatops.jobs import Cursor, fire_due, give_up_leadership, take_leadership
+from chatops.schedule import next_fire
+from chatops.schema import JobRunStatus, utcnow
+
+log = logging.getLogger("mm.scheduler")
+
+LEASE_S = 30.0  # a scheduler that stops renewing is replaced within this
+TICK_S = LEASE_S / 3
+RUN_JOB = "mm.run_job"
+
+
+class JobScheduler(PersistentScheduler):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.cursor = Cursor()
+        self.leading = False
+        self.config = load_config()
+        self._read = _stamp(self.config)
+        self._reload_asked = False
+        self.engine = db.engine_for(self.config.database_url)
+        super().__init__(*args, **kwargs)
+        if hasattr(signal, "SIGHUP"):
+            signal.signal(signal.SIGHUP, self._ask_reload)
+
+    def tick(self, *args: Any, **kwargs: Any) -> float:
+        now = utcnow()
+        self._reload()
+        leading = take_leadership(self.engine, self.owner, LEASE_S, now)
+        if leading != self.leading:
+            log.info("scheduler %s %s the jobs", self.owner, "now fires" if leading else "no longer fires")
+            self.cursor.reset()  # taking over: catch up from the database, not from what this one saw before
+            self.leading = leading
+        if not leading:
+            return TICK_S
+        jobs = self.config.service.jobs
+        for run in fire_due(self.engine, jobs, self.cursor, now, self.config.service.scheduler.missedGrace):
+            if run.status == JobRunStatus.SCHEDULED:
+                log.info("job %s: run %s for %s", run.job, run.run_id, run.scheduled_for.isoformat())
+                self.app.send_task(RUN_JOB, args=[run.run_id], queue="turns", ignore_result=True)
+            else:
+                log.warning("job %s: %s was missed (no scheduler ran then)", run.job, run.scheduled_for.isoformat())
+        housekeeping = super().tick(*args, **kwargs)
+        upcoming = [next_fire(j.schedule, j.timezone, now) for j in jobs if j.enabled]
+        until_next = min(((t - utcnow()).total_seconds() for t in upcoming), default=TICK_S)
+        return max(0.1, min(housekeeping, TICK_S, until_next + 0.05))
+
+    def close(self) -> None:
+        if self.leading:
+            give_up_leadership(self.engine, self.owner)  # the next scheduler need not wait for the lease
+        super().close()
+        self.engine.dispose()
+
+    def _ask_reload(self, _signum: int, _frame: object) -> None:
+        self._reload_asked = True
+
+    def _reload(self) -> None:
+        if not self._reload_asked and _stamp(self.config) == self._read:
+            return
+        self._reload_asked = False
+        try:
+            config = load_config(self.config.path)
+        except ConfigError as e:
+            log.error("the config no longer loads; the scheduler keeps the jobs it had:\n%s", e)
+            self._read = _stamp(self.config)
+            return
+        self.config, self._read = config, _stamp(config)
+        log.info("config reloaded: %d job(s)", len(config.service.jobs))
+
+
+def _stamp(config: Config) -> float | None:
+    try:
+        return config.path.stat().st_mtime if config.path is not None else None
+    except OSError:
+        return None
