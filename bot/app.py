@@ -22,6 +22,7 @@ from bot.approvals import ClickHandler
 from bot.authorize import Approvers
 from bot.commands import Commands
 from bot.home import Home
+from bot.jobs import JobCommands
 from chatops.buttons import ACTION_PATTERN
 from chatops.secrets import secrets_of
 
@@ -71,8 +72,9 @@ def register(app: AsyncApp, engine: Engine, config: Config) -> None:
     approvers = Approvers(config.service)
     secrets = secrets_of(config)
     clicks = ClickHandler(engine, approvers, secrets, handlers.enqueue)
-    home = Home(engine, approvers, secrets)
-    commands = Commands(engine, config, approvers, handlers.enqueue, secrets)
+    jobs = JobCommands(engine, config, approvers, handlers.enqueue_run)
+    home = Home(engine, approvers, secrets, jobs)
+    commands = Commands(engine, config, approvers, handlers.enqueue, secrets, jobs)
 
     async def attach_engine(context: AsyncBoltContext, next: Callable[[], Awaitable[None]]) -> None:
         context[handlers.ENGINE] = engine

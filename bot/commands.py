@@ -25,6 +25,7 @@ from sqlalchemy import Engine
 
 from bot.approvals import MAY_NOT_STOP, may_stop
 from bot.authorize import Approvers
+from bot.jobs import JobCommands, is_job_command
 from chatops.config import Config
 from chatops.inbox import Recorded, has_messages, record_message, request_stop, session_of
 from chatops.queries import latest_session, log_length, pending_approvals, session_summary, tokens_used
@@ -41,7 +42,8 @@ HELP = """Say these in a thread, after mentioning me (in a direct message, witho
 `stop` (stop the running turn), `status` (this session's state), `ask AGENT PROMPT` (ask one of the \
 configured agents: {agents}), `yolo on` / `yolo off` (approvers: run calls without asking, or ask again), \
 `repo URL [BRANCH]` (before the first turn: the repository this thread works on), `help`. In a channel, \
-`/mm COMMAND` does the same for your latest session there, and `/mm PROMPT` starts a new thread."""
+`/mm COMMAND` does the same for your latest session there, and `/mm PROMPT` starts a new thread. \
+`/mm jobs` lists the scheduled jobs; `/mm job run|pause|resume NAME` (approvers) steers one."""
 NO_SESSION = "There is no session here yet: mention me with a request to start one."
 STOP_ASKED = "⏹ <@{user}> asked me to stop."
 NOTHING_RUNS = "Nothing is running here."
@@ -112,9 +114,17 @@ class Outcome:
 
 
 class Commands:
-    def __init__(self, engine: Engine, config: Config, approvers: Approvers, enqueue: Any, secrets: list[str]) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        config: Config,
+        approvers: Approvers,
+        enqueue: Any,
+        secrets: list[str],
+        jobs: JobCommands | None = None,
+    ) -> None:
         self.engine, self.config, self.approvers, self.enqueue = engine, config, approvers, enqueue
-        self.secrets = secrets
+        self.secrets, self.jobs = secrets, jobs
 
     def agents(self) -> str:
         return ", ".join(f"`{n}`" for n in self.config.agent.mmConfigs) or "none configured"
@@ -251,7 +261,16 @@ class Commands:
     # -- /mm ----------------------------------------------------------------------------------------------------
 
     async def slash(self, client: Any, text: str, channel: str, user: str, team: str | None, trigger: str) -> Outcome:
-        """`/mm …` in a channel: a command for the person's latest session there, or a prompt for a new thread."""
+        """`/mm …` in a channel: a command for the person's latest session there, the jobs' commands, or a prompt
+        for a new thread."""
+        if self.jobs is not None and is_job_command(text):
+            private, public = await self.jobs.answer(client, text, user)
+            if public is not None:
+                try:
+                    await client.chat_postMessage(channel=public[0], text=public[1])
+                except Exception as e:  # noqa: BLE001 - the change holds; its announcement is a courtesy
+                    log.warning("could not announce a job's change in %s: %s", public[0], e)
+            return Outcome(private=private)
         command = parse(text)
         if not text.strip() or (command is not None and command.name == "help"):
             return Outcome(private=HELP.format(agents=self.agents()))

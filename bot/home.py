@@ -1,5 +1,6 @@
-"""App Home: a person's recent sessions, with their status and a link to each thread, and the calls waiting
-for a decision that this person may give, with the same buttons and the same checks as in the thread.
+"""App Home: a person's recent sessions, with their status and a link to each thread, the calls waiting for a
+decision that this person may give, with the same buttons and the same checks as in the thread, and the
+scheduled jobs (as `/mm jobs` lists them).
 
 Published when the person opens the tab (`app_home_opened`) and again after each of their clicks in it. The
 page is built from the database on each publish: it is a view, never a source of truth.
@@ -14,6 +15,7 @@ from typing import Any
 from sqlalchemy import Engine
 
 from bot.authorize import Approvers
+from bot.jobs import JobCommands
 from chatops.queries import PendingApproval, SessionSummary, pending_approvals, recent_sessions
 from workers.approval_message import approval_blocks, when
 
@@ -35,8 +37,10 @@ NO_APPROVALS = "Nothing waits for your decision."
 
 
 class Home:
-    def __init__(self, engine: Engine, approvers: Approvers, secrets: list[str]) -> None:
-        self.engine, self.approvers, self.secrets = engine, approvers, secrets
+    def __init__(
+        self, engine: Engine, approvers: Approvers, secrets: list[str], jobs: JobCommands | None = None
+    ) -> None:
+        self.engine, self.approvers, self.secrets, self.jobs = engine, approvers, secrets, jobs
         self._links: dict[tuple[str, str], str] = {}  # a thread's permalink never changes
 
     async def publish(self, client: Any, user: str, notice: str | None = None) -> None:
@@ -67,6 +71,9 @@ class Home:
                 shown += 1
         if not shown:
             blocks.append(_context(NO_APPROVALS))
+        if self.jobs is not None and self.jobs.config.service.jobs:
+            listing = await asyncio.to_thread(self.jobs.listing)
+            blocks += [{"type": "divider"}, _header("Scheduled jobs"), _section(listing[:2900])]
         return {"type": "home", "blocks": blocks[:100]}
 
     async def _session_line(self, client: Any, session: SessionSummary) -> str:

@@ -135,3 +135,75 @@ def _resume_point(engine: Engine, job: str) -> datetime | None:
 def _paused(engine: Engine) -> set[str]:
     with engine.connect() as conn:
         return set(conn.execute(select(JobState.job_name).where(JobState.paused.is_(True))).scalars())
+
+
+# --- control: /mm jobs, /mm job run|pause|resume -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class JobOverview:
+    paused: bool
+    paused_reason: str | None
+    failures: int
+    last_status: str | None  # of the latest run that ended (or is running)
+    last_at: datetime | None
+
+
+def record_manual_run(engine: Engine, job: str, user: str, now: datetime) -> int:
+    """A run asked for now (`/mm job run`), also for a paused or disabled job; its id, to dispatch."""
+    with engine.begin() as conn:
+        return conn.execute(
+            insert(JobRun)
+            .values(job_name=job, scheduled_for=now, trigger=JobTrigger.MANUAL, requested_by=user)
+            .returning(JobRun.id)
+        ).scalar_one()
+
+
+def set_paused(engine: Engine, job: str, paused: bool, user: str, now: datetime) -> bool:
+    """Pause or resume a job; False when it already was so. Resuming clears its failures in a row, and the time
+    it happens is where a scheduler starting later catches up from."""
+    values = {
+        "paused": paused,
+        "paused_by": user if paused else None,
+        "paused_reason": f"paused by <@{user}>" if paused else None,
+        "updated_at": now,
+        **({} if paused else {"consecutive_failures": 0}),
+    }
+    with engine.begin() as conn:
+        changed = conn.execute(
+            update(JobState).where(JobState.job_name == job, JobState.paused.is_(not paused)).values(values)
+        ).rowcount
+        if changed:
+            return True
+        if not paused or conn.execute(select(JobState.job_name).where(JobState.job_name == job)).first() is not None:
+            return False  # resuming a job never paused changes nothing
+        conn.execute(insert(JobState).values(job_name=job, **values))
+        return True
+
+
+def overview(engine: Engine, names: Iterable[str]) -> dict[str, JobOverview]:
+    """Each job's state and its latest run that started (skipped and missed ones say so too)."""
+    names = list(names)
+    with engine.connect() as conn:
+        states = {
+            s.job_name: s for s in conn.execute(select(JobState.__table__).where(JobState.job_name.in_(names))).all()
+        }
+        latest = {}
+        for name in names:
+            row = conn.execute(
+                select(JobRun.status, JobRun.scheduled_for)
+                .where(JobRun.job_name == name, JobRun.status != JobRunStatus.SCHEDULED)
+                .order_by(JobRun.scheduled_for.desc())
+                .limit(1)
+            ).first()
+            latest[name] = row
+    return {
+        name: JobOverview(
+            paused=bool(states[name].paused) if name in states else False,
+            paused_reason=states[name].paused_reason if name in states else None,
+            failures=states[name].consecutive_failures if name in states else 0,
+            last_status=latest[name].status if latest[name] is not None else None,
+            last_at=latest[name].scheduled_for if latest[name] is not None else None,
+        )
+        for name in names
+    }

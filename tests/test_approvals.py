@@ -18,7 +18,18 @@ from chatops.schema import Approval, ToolCall
 from playground.model_server import Reply
 from playground.model_server import ToolCall as ModelCall
 from playground.signed import SlackEventSender
-from threads_support import CHANNEL, SECRET, OwnRedis, Stack, config, stack
+from threads_support import (
+    CHANNEL,
+    SECRET,
+    OwnRedis,
+    Stack,
+    approval_messages,
+    buttons,
+    click,
+    config,
+    stack,
+    waiting_message,
+)
 
 APPROVER, LEAD, ALICE, EVE = "U0BOB", "U0CAROL", "U0ALICE", "U0EVE"
 GATED = config(
@@ -37,37 +48,6 @@ def gated(tmp_path: Path, fresh_pg_url: str, own_redis: OwnRedis) -> Iterator[tu
         base = threads.start_bot()
         with SlackEventSender(base, SECRET, response_url=threads.slack.response_url) as sender:
             yield threads, sender
-
-
-def approval_messages(threads: Stack, thread_ts: str) -> list[dict[str, Any]]:
-    return [
-        m
-        for m in threads.slack.messages(CHANNEL, thread_ts)
-        if any(b.get("block_id", "").startswith("approval:") for b in m.get("blocks") or [])
-        or "🔐" in (m.get("text") or "")
-    ]
-
-
-def waiting_message(threads: Stack, thread_ts: str) -> dict[str, Any]:
-    def find() -> dict[str, Any] | None:
-        for m in approval_messages(threads, thread_ts):
-            if any(b["type"] == "actions" for b in m.get("blocks") or []):
-                return m
-        return None
-
-    return threads.wait(find, message="the approval message with its buttons")
-
-
-def buttons(message: dict[str, Any]) -> dict[str, str]:
-    actions = next(b for b in message["blocks"] if b["type"] == "actions")
-    return {e["action_id"]: e["value"] for e in actions["elements"]}
-
-
-def click(sender: SlackEventSender, message: dict[str, Any], action: str, user: str, thread_ts: str) -> None:
-    response = sender.block_action(
-        action, buttons(message)[action], user=user, channel=CHANNEL, message_ts=message["ts"], thread_ts=thread_ts
-    )
-    assert response.status_code == 200
 
 
 def ephemerals_to(threads: Stack, user: str) -> list[str]:

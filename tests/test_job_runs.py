@@ -22,13 +22,16 @@ from chatops.schema import JobRun, JobState, JobTrigger, SchedulerLease
 from mm_testkit.redis_server import OwnRedis
 from mmbot_helpers import MM_BOT
 from playground.model_server import Reply
-from threads_support import CHANNEL, Stack, config, policy, stack
+from playground.signed import SlackEventSender
+from threads_support import CHANNEL, SECRET, Stack, approval_messages, click, config, policy, stack
 
+APPROVER, ALICE = "U0BOB", "U0ALICE"
 JOBS = f"""jobs:
   - {{name: tidy, schedule: "0 3 * * *", channel: {CHANNEL}, yolo: true, prompt: "run: echo hi > new.txt && echo done"}}
   - {{name: broken, schedule: "0 4 * * *", channel: {CHANNEL}, yolo: true, prompt: "hello", repo: /nonexistent/repo,
       maxFailures: 2}}
-  - {{name: slow, schedule: "0 5 * * *", channel: {CHANNEL}, yolo: true, prompt: "take your time", timeLimit: 2s}}"""
+  - {{name: slow, schedule: "0 5 * * *", channel: {CHANNEL}, yolo: true, prompt: "take your time", timeLimit: 2s}}
+  - {{name: gated, schedule: "0 6 * * *", channel: {CHANNEL}, yolo: false, prompt: "run: echo approved-in-a-job"}}"""
 
 
 @pytest.fixture
@@ -38,7 +41,8 @@ def jobs(tmp_path: Path, fresh_pg_url: str, own_redis: OwnRedis) -> Iterator[Sta
     (origin / "README.md").write_text("a repository\n")
     for args in (["init", "-q", "-b", "main"], ["add", "README.md"], ["commit", "-q", "-m", "start"]):
         subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@example.com", *args], cwd=origin, check=True)
-    with stack(tmp_path, fresh_pg_url, own_redis.url, config=config(f"{{repo: {origin}}}", JOBS)) as s:
+    channel = f"{{repo: {origin}, approvers: [{APPROVER}]}}"
+    with stack(tmp_path, fresh_pg_url, own_redis.url, config=config(channel, JOBS)) as s:
         s.model.always(policy)
         s.start_worker()
         yield s
@@ -131,6 +135,7 @@ def test_two_real_schedulers_give_one_run_a_tick_and_the_survivor_takes_over(
             assert all(t.second == 0 and t.microsecond == 0 for t in ticks)
             for run in runs[:2]:
                 finished(s, run.id)
+            runs = runs_of(s, "minutely")
             roots = [m for m in s.slack.messages(CHANNEL) if m["text"].startswith("🔧 *minutely* started")]
             assert len(roots) == len(runs)  # one thread a run: no tick fired twice
             assert {r.status for r in runs[:2]} == {"succeeded"}
@@ -155,3 +160,55 @@ def runs_of(s: Stack, job: str) -> list[Any]:
         return list(
             conn.execute(select(JobRun.__table__).where(JobRun.job_name == job).order_by(JobRun.scheduled_for)).all()
         )
+
+
+def test_jobs_are_listed_run_now_paused_and_resumed_from_slack(jobs: Stack) -> None:
+    base = jobs.start_bot()
+    with SlackEventSender(base, SECRET, response_url=jobs.slack.response_url) as sender:
+
+        def slash(text: str, user: str = APPROVER) -> str:
+            before = len(jobs.slack.responses)
+            assert sender.slash_command("/mm", text, user=user, channel=CHANNEL).status_code == 200
+            jobs.wait(lambda: len(jobs.slack.responses) > before, message=f"the answer to /mm {text}")
+            return jobs.slack.responses[before]["body"]["text"]
+
+        listing = slash("jobs", user=ALICE)
+        assert f"• *tidy* `0 3 * * *` (UTC) in <#{CHANNEL}> · next " in listing and "never run" in listing
+        assert "Only this channel's approvers may run jobs" in slash("job run tidy", user=ALICE)
+        assert "There is no job named `nope`" in slash("job run nope")
+        assert slash("job run tidy") == f"🔧 <@{APPROVER}> started *tidy* now; its thread follows in <#{CHANNEL}>."
+        jobs.wait(lambda: [r for r in runs_of(jobs, "tidy") if r.status == "succeeded"], message="the run")
+
+        paused = slash("job pause tidy")
+        assert paused.startswith(f"⏸ <@{APPROVER}> paused *tidy*")
+        jobs.wait(lambda: any(m["text"] == paused for m in jobs.slack.messages(CHANNEL)), message="said in the channel")
+        assert slash("job pause tidy") == "*tidy* is paused already."
+        listing = slash("jobs", user=ALICE)
+        assert f"⏸ paused (paused by <@{APPROVER}>)" in listing and "last ✅ succeeded" in listing
+        slash("job run tidy")  # a paused job still runs when asked
+        jobs.wait(lambda: len([r for r in runs_of(jobs, "tidy") if r.status == "succeeded"]) == 2, message="run 2")
+        assert slash("job resume tidy").startswith(f"▶️ <@{APPROVER}> resumed *tidy*: its next run is ")
+        assert "paused" not in slash("jobs", user=ALICE).split("\n")[0]
+        assert [r.trigger for r in runs_of(jobs, "tidy")] == ["manual", "manual"]
+        # App Home lists them as /mm jobs does.
+        jobs.slack.add_user(ALICE, "alice")
+        sender.app_home_opened(user=ALICE)
+        home = jobs.wait(
+            lambda: [v for v in jobs.slack.views if v.get("user_id") == ALICE and "Scheduled jobs" in str(v)],
+            message="the jobs in App Home",
+        )
+        assert f"• *tidy* `0 3 * * *` (UTC) in <#{CHANNEL}>" in str(home[-1]["blocks"])
+
+
+def test_a_gated_call_in_a_run_waits_for_an_approver_s_button(jobs: Stack) -> None:
+    base = jobs.start_bot()
+    run_id = run_now(jobs, "gated")
+    root = jobs.wait(lambda: run_row(jobs, run_id).root_ts, message="the run's thread")
+    prompt = jobs.wait(lambda: approval_messages(jobs, root), message="the approval message")[0]
+    assert run_row(jobs, run_id).status == "running"  # waiting for a person, without holding a worker
+    with SlackEventSender(base, SECRET, response_url=jobs.slack.response_url) as sender:
+        click(sender, prompt, "approve", APPROVER, root)
+    run = finished(jobs, run_id)
+    assert run.status == "succeeded"
+    thread = jobs.thread_text(root)
+    assert "approved-in-a-job" in thread and f"Approved by <@{APPROVER}>" in thread

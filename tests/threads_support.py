@@ -29,6 +29,7 @@ from chatops.schema import Session, SessionEvent
 from mm_testkit.redis_server import OwnRedis as OwnRedis  # moved there (bench/ uses it); re-exported
 from mmbot_helpers import MM_BOT, clean_env, free_port, stop, wait_healthy
 from playground.model_server import ModelServer, Reply, ToolCall
+from playground.signed import SlackEventSender
 from playground.slack_api import SlackEmulator
 
 CHANNEL = "C0THREADS"
@@ -219,6 +220,40 @@ class Stack:
             time.sleep(0.1)
         logs = "\n".join(f"--- {n}\n{self.log_of(n)[-3000:]}" for n in self.workers)
         raise AssertionError(f"timed out waiting: {message or what}\n{logs}")
+
+
+# --- approvals in a thread --------------------------------------------------------------------------------
+
+
+def approval_messages(threads: Stack, thread_ts: str) -> list[dict[str, Any]]:
+    return [
+        m
+        for m in threads.slack.messages(CHANNEL, thread_ts)
+        if any(b.get("block_id", "").startswith("approval:") for b in m.get("blocks") or [])
+        or "🔐" in (m.get("text") or "")
+    ]
+
+
+def waiting_message(threads: Stack, thread_ts: str) -> dict[str, Any]:
+    def find() -> dict[str, Any] | None:
+        for m in approval_messages(threads, thread_ts):
+            if any(b["type"] == "actions" for b in m.get("blocks") or []):
+                return m
+        return None
+
+    return threads.wait(find, message="the approval message with its buttons")
+
+
+def buttons(message: dict[str, Any]) -> dict[str, str]:
+    actions = next(b for b in message["blocks"] if b["type"] == "actions")
+    return {e["action_id"]: e["value"] for e in actions["elements"]}
+
+
+def click(sender: SlackEventSender, message: dict[str, Any], action: str, user: str, thread_ts: str) -> None:
+    response = sender.block_action(
+        action, buttons(message)[action], user=user, channel=CHANNEL, message_ts=message["ts"], thread_ts=thread_ts
+    )
+    assert response.status_code == 200
 
 
 def _readable(message: dict[str, Any]) -> str:

@@ -23,12 +23,12 @@ from chatops.config import Config, ConfigError, load_config
 from chatops.jobs import Cursor, fire_due, give_up_leadership, take_leadership
 from chatops.schedule import next_fire
 from chatops.schema import JobRunStatus, utcnow
+from workers.tasks import enqueue_job_run
 
 log = logging.getLogger("mm.scheduler")
 
 LEASE_S = 30.0  # a scheduler that stops renewing is replaced within this
 TICK_S = LEASE_S / 3
-RUN_JOB = "mm.run_job"
 
 
 class JobScheduler(PersistentScheduler):
@@ -58,7 +58,7 @@ class JobScheduler(PersistentScheduler):
         for run in fire_due(self.engine, jobs, self.cursor, now, self.config.service.scheduler.missedGrace):
             if run.status == JobRunStatus.SCHEDULED:
                 log.info("job %s: run %s for %s", run.job, run.run_id, run.scheduled_for.isoformat())
-                self.app.send_task(RUN_JOB, args=[run.run_id], queue="turns", ignore_result=True)
+                enqueue_job_run(run.run_id)
             else:
                 log.warning("job %s: %s was missed (no scheduler ran then)", run.job, run.scheduled_for.isoformat())
         housekeeping = super().tick(*args, **kwargs)

@@ -24,7 +24,10 @@ def run_session(session_id: str) -> None:
         enqueue_session(session_id)
 
 
-@app.task(name="mm.run_job", queue=TURNS_QUEUE)
+RUN_JOB = "mm.run_job"
+
+
+@app.task(name=RUN_JOB, queue=TURNS_QUEUE)
 def run_job(run_id: int) -> None:
     """Start a job run the scheduler recorded: its thread in the job's channel, its session given the prompt."""
     import asyncio
@@ -63,3 +66,8 @@ def stop_session(engine: Engine, session_id: str) -> bool:
 def enqueue_session(session_id: str) -> None:
     """Tell a worker that the session has work (the database says what): the bot's only hand-off."""
     app.send_task("mm.run_session", args=[session_id], queue=TURNS_QUEUE, ignore_result=True)
+
+
+def enqueue_job_run(run_id: int) -> None:
+    """Tell a worker that a job run is due (its row says what): the scheduler's and `/mm job run`'s hand-off."""
+    app.send_task(RUN_JOB, args=[run_id], queue=TURNS_QUEUE, ignore_result=True)

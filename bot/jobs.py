@@ -1,0 +1,96 @@
+"""`/mm jobs` and `/mm job run|pause|resume NAME`: the scheduled jobs seen and steered from Slack.
+
+Anyone in a channel may list the jobs; running one now, pausing and resuming are for the approvers of the job's
+channel (a run does work on the repository; a pause stops the team's chores). A run asked for here is recorded
+like a scheduled one (trigger `manual`), also for a paused or disabled job, and handed to the workers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from typing import Any
+from zoneinfo import ZoneInfo
+
+from sqlalchemy import Engine
+
+from bot.authorize import Approvers
+from chatops.config import Config, JobConfig
+from chatops.jobs import overview, record_manual_run, set_paused
+from chatops.schedule import next_fire
+from chatops.schema import utcnow
+
+_JOB = re.compile(r"^job(?:\s+(run|pause|resume)(?:\s+(\S+))?)?$", re.IGNORECASE)
+
+NO_JOBS = "No jobs are configured (`jobs` in the config)."
+JOB_USAGE = "Say `/mm jobs`, or `/mm job run NAME`, `/mm job pause NAME`, `/mm job resume NAME`."
+UNKNOWN_JOB = "There is no job named `{name}`; the jobs are: {jobs}."
+RUN_ASKED = "🔧 <@{user}> started *{job}* now; its thread follows in <#{channel}>."
+PAUSED = "⏸ <@{user}> paused *{job}*: it runs only when asked (`/mm job run {job}`) until `/mm job resume {job}`."
+RESUMED = "▶️ <@{user}> resumed *{job}*: its next run is {next}."
+ALREADY = "*{job}* is {state} already."
+OUTCOME = {"succeeded": "✅ succeeded", "failed": "❌ failed", "skipped": "⏭ skipped", "missed": "⌛ missed"}
+
+
+def is_job_command(text: str) -> bool:
+    text = text.strip().lower()
+    return text == "jobs" or bool(_JOB.match(text))
+
+
+class JobCommands:
+    def __init__(self, engine: Engine, config: Config, approvers: Approvers, enqueue_run: Any) -> None:
+        self.engine, self.config, self.approvers, self.enqueue_run = engine, config, approvers, enqueue_run
+
+    async def answer(self, client: Any, text: str, user: str) -> tuple[str, tuple[str, str] | None]:
+        """The private answer, and a public line for a channel (channel, text) when a job was steered."""
+        text = text.strip()
+        jobs = {j.name: j for j in self.config.service.jobs}
+        if text.lower() == "jobs":
+            return (await asyncio.to_thread(self.listing) if jobs else NO_JOBS), None
+        m = _JOB.match(text)
+        if m is None or not m.group(1) or not m.group(2):
+            return JOB_USAGE, None
+        action, name = m.group(1).lower(), m.group(2)
+        job = jobs.get(name)
+        if job is None:
+            listed = ", ".join(f"`{n}`" for n in jobs) or "none"
+            return UNKNOWN_JOB.format(name=name[:100], jobs=listed), None
+        refusal = await self.approvers.may_approve(client, job.channel, user, None)
+        if refusal:
+            return refusal.replace("approve calls", f"{action} jobs"), None
+        now = utcnow()
+        if action == "run":
+            run_id = await asyncio.to_thread(record_manual_run, self.engine, job.name, user, now)
+            await self.enqueue_run(run_id)
+            return RUN_ASKED.format(user=user, job=job.name, channel=job.channel), None
+        pause = action == "pause"
+        if not await asyncio.to_thread(set_paused, self.engine, job.name, pause, user, now):
+            return ALREADY.format(job=job.name, state="paused" if pause else "running"), None
+        said = PAUSED if pause else RESUMED
+        line = said.format(user=user, job=job.name, next=_next(job))
+        return line, (job.channel, line)
+
+    def listing(self) -> str:
+        jobs = self.config.service.jobs
+        states = overview(self.engine, [j.name for j in jobs])
+        lines = []
+        for job in jobs:
+            state = states[job.name]
+            if state.paused:
+                when = f"⏸ paused ({state.paused_reason or 'by a person'})"
+            elif not job.enabled:
+                when = "disabled in the config"
+            else:
+                when = f"next {_next(job)}"
+            last = (
+                f"last {OUTCOME.get(state.last_status, state.last_status)} ({state.last_at:%Y-%m-%d %H:%M} UTC)"
+                if state.last_status and state.last_at
+                else "never run"
+            )
+            lines.append(f"• *{job.name}* `{job.schedule}` ({job.timezone}) in <#{job.channel}> · {when} · {last}")
+        return "\n".join(lines)
+
+
+def _next(job: JobConfig) -> str:
+    at = next_fire(job.schedule, job.timezone, utcnow()).astimezone(ZoneInfo(job.timezone))
+    return f"{at:%a %Y-%m-%d %H:%M} {at.tzname()}"
