@@ -44,6 +44,8 @@ ENVIRONMENT = (
     "MM_MODEL",
     "MM_WORKSPACES",
     "MM_CONFIG_OVERLAY",
+    "MM_GIT_USERNAME",
+    "MM_GIT_TOKEN",
 )
 # Where a person setting up the Slack app is sent by every message about a missing or refused secret.
 SLACK_DOCS = "docs/slack-app.md"
@@ -115,8 +117,8 @@ class JobPushConfig(Strict):
     # Where the run's branch goes: a remote URL (credentials come from the environment, never from here), or
     # none for the job's own repository.
     remote: str | None = None
-    # The branch's name; {job} and {date} (the run's scheduled day, YYYY-MM-DD) are filled in.
-    branch: str = "mm/{job}/{date}"
+    # The branch's name; {job}, {date} (the run's scheduled day, YYYY-MM-DD) and {run} (its number) are filled in.
+    branch: str = "mm/{job}/{date}-{run}"
 
     @field_validator("remote")
     @classmethod
@@ -128,9 +130,9 @@ class JobPushConfig(Strict):
     @field_validator("branch")
     @classmethod
     def _branch(cls, value: str) -> str:
-        probe = value.replace("{job}", "job").replace("{date}", "2026-01-01")
+        probe = value.replace("{job}", "job").replace("{date}", "2026-01-01").replace("{run}", "1")
         if not _BRANCH.match(probe) or ".." in probe or probe.endswith((".lock", "/", ".")) or "//" in probe:
-            raise ValueError(f"expected a git branch name (with {{job}} and {{date}} if wanted), got {value!r}")
+            raise ValueError(f"expected a git branch name (with {{job}}, {{date}}, {{run}} if wanted), got {value!r}")
         return value
 
 
@@ -259,6 +261,9 @@ class Config:
     slack_signing_secret: str | None
     slack_app_token: str | None
     model_api_key: str | None
+    # What the worker's git pushes with over HTTPS (jobs' and threads' branches): from the environment only.
+    git_username: str | None = None
+    git_token: str | None = None
 
     def missing_slack_secrets(self, socket_mode: bool) -> list[str]:
         """The environment variables `serve` needs and does not have (HTTP: signing secret; Socket: app token)."""
@@ -315,6 +320,8 @@ def load_config(path: str | os.PathLike[str] | None = None, environ: Mapping[str
         slack_signing_secret=_env(env, "SLACK_SIGNING_SECRET"),
         slack_app_token=_env(env, "SLACK_APP_TOKEN"),
         model_api_key=_env(env, key_env) if key_env else None,
+        git_username=_env(env, "MM_GIT_USERNAME"),
+        git_token=_env(env, "MM_GIT_TOKEN"),
     )
 
 

@@ -40,7 +40,13 @@ def mask_url(url: str) -> str:
 
 
 def secrets_of(config: Config) -> list[str]:
-    values = [config.slack_bot_token, config.slack_signing_secret, config.slack_app_token, config.model_api_key]
+    values = [
+        config.slack_bot_token,
+        config.slack_signing_secret,
+        config.slack_app_token,
+        config.model_api_key,
+        config.git_token,
+    ]
     for url in (config.database_url, config.broker_url, config.agent.model.url, config.slack_api_url):
         with contextlib.suppress(ValueError):  # an unparsable URL has no password to hide
             values.append(urlsplit(url).password)

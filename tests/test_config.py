@@ -148,7 +148,7 @@ def test_a_jobs_agent_skill_and_push_are_checked(tmp_path: Path) -> None:
     good = job + "    prompt: bump deps\n    timezone: Europe/Paris\n    timeLimit: 10m\n    push: true\n"
     [config] = load_config(_write(tmp_path, good)).service.jobs
     assert (config.timeLimit, config.enabled, config.maxFailures) == (600.0, True, 3)
-    assert config.push is not None and (config.push.remote, config.push.branch) == (None, "mm/{job}/{date}")
+    assert config.push is not None and (config.push.remote, config.push.branch) == (None, "mm/{job}/{date}-{run}")
 
 
 def test_missing_secret_env_var(tmp_path: Path) -> None:

@@ -31,7 +31,11 @@ JOBS = f"""jobs:
   - {{name: broken, schedule: "0 4 * * *", channel: {CHANNEL}, yolo: true, prompt: "hello", repo: /nonexistent/repo,
       maxFailures: 2}}
   - {{name: slow, schedule: "0 5 * * *", channel: {CHANNEL}, yolo: true, prompt: "take your time", timeLimit: 2s}}
-  - {{name: gated, schedule: "0 6 * * *", channel: {CHANNEL}, yolo: false, prompt: "run: echo approved-in-a-job"}}"""
+  - {{name: gated, schedule: "0 6 * * *", channel: {CHANNEL}, yolo: false, prompt: "run: echo approved-in-a-job"}}
+  - {{name: pusher, schedule: "0 7 * * *", channel: {CHANNEL}, yolo: true, prompt: "run: echo pushed > pushed.txt",
+      repo: BARE, push: true}}
+  - {{name: lost, schedule: "0 8 * * *", channel: {CHANNEL}, yolo: true, prompt: "run: echo x > x.txt", repo: BARE,
+      push: {{remote: /nonexistent/remote.git, branch: "chores/{{job}}"}}}}"""
 
 
 @pytest.fixture
@@ -41,8 +45,10 @@ def jobs(tmp_path: Path, fresh_pg_url: str, own_redis: OwnRedis) -> Iterator[Sta
     (origin / "README.md").write_text("a repository\n")
     for args in (["init", "-q", "-b", "main"], ["add", "README.md"], ["commit", "-q", "-m", "start"]):
         subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@example.com", *args], cwd=origin, check=True)
+    bare = tmp_path / "origin.git"
+    subprocess.run(["git", "clone", "-q", "--bare", str(origin), str(bare)], check=True)
     channel = f"{{repo: {origin}, approvers: [{APPROVER}]}}"
-    with stack(tmp_path, fresh_pg_url, own_redis.url, config=config(channel, JOBS)) as s:
+    with stack(tmp_path, fresh_pg_url, own_redis.url, config=config(channel, JOBS.replace("BARE", str(bare)))) as s:
         s.model.always(policy)
         s.start_worker()
         yield s
@@ -212,3 +218,27 @@ def test_a_gated_call_in_a_run_waits_for_an_approver_s_button(jobs: Stack) -> No
     assert run.status == "succeeded"
     thread = jobs.thread_text(root)
     assert "approved-in-a-job" in thread and f"Approved by <@{APPROVER}>" in thread
+
+
+def test_a_run_s_changes_are_pushed_to_a_branch_and_a_failed_push_fails_the_run(jobs: Stack) -> None:
+    run = finished(jobs, run_now(jobs, "pusher"))
+    bare = jobs.tmp / "origin.git"
+    branch = f"mm/pusher/{run.scheduled_for:%Y-%m-%d}-{run.id}"
+    assert run.status == "succeeded" and run.pushed_branch == branch
+    assert f"⬆️ Pushed `{branch}` to {bare} (" in run.summary
+    shown = subprocess.run(
+        ["git", "--git-dir", str(bare), "show", f"{branch}:pushed.txt"], capture_output=True, text=True, check=True
+    )
+    assert shown.stdout == "pushed\n"
+    author = subprocess.run(
+        ["git", "--git-dir", str(bare), "log", "-1", "--format=%an <%ae>%n%s", branch], capture_output=True, text=True
+    ).stdout.splitlines()
+    assert author == ["mm <mm@localhost>", f"pusher: run {run.id} of {run.scheduled_for:%Y-%m-%d %H:%M} UTC"]
+
+    lost = finished(jobs, run_now(jobs, "lost"))
+    assert lost.status == "failed" and lost.pushed_branch is None
+    assert lost.error.startswith(
+        "the push of `chores/lost` failed: [git: git push --no-verify failed (exit 128): "
+        "fatal: '/nonexistent/remote.git' does not appear to be a git repository"
+    )
+    jobs.wait(lambda: "❌ *lost* failed after" in jobs.thread_text(lost.root_ts), message="the summary says so")

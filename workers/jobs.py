@@ -32,6 +32,7 @@ from mm_core import display
 from mm_core.events import TurnFinished
 from mm_core.log import Outcome
 from workers import blocks, git
+from workers.push import NothingToPush, credentials, push_workspace
 
 log = logging.getLogger("mm.worker.jobs")
 
@@ -51,6 +52,9 @@ REASONS = {
 }
 EXPIRED = "a call waited for a decision until it expired"
 DIFF_LINES = 20  # of `git diff --stat` in the summary
+PUSHED = "⬆️ Pushed `{branch}` to {remote} ({commit})."
+NOTHING_PUSHED = "Nothing to push: the run changed no file."
+NO_REMOTE = "there is nowhere to push: the job has no repository and no `push.remote`"
 STALE_S = 600.0
 NO_END = "its end was not recorded (the worker stopped, or the summary failed): its thread says how far it went"
 
@@ -130,18 +134,26 @@ async def start_run(engine: Engine, config: Config, client: Any, start: RunStart
     return session_id
 
 
-def job_of_session(engine: Engine, config: Config, session_id: str) -> tuple[int, JobConfig, datetime] | None:
-    """The running run a session carries: its id, its job and when it started."""
+@dataclass(frozen=True)
+class RunningJob:
+    run_id: int
+    job: JobConfig
+    scheduled_for: datetime
+    started_at: datetime
+
+
+def job_of_session(engine: Engine, config: Config, session_id: str) -> RunningJob | None:
+    """The running run a session carries."""
     with engine.connect() as conn:
         row = conn.execute(
-            select(JobRun.id, JobRun.job_name, JobRun.started_at).where(
+            select(JobRun.id, JobRun.job_name, JobRun.scheduled_for, JobRun.started_at).where(
                 JobRun.session_id == session_id, JobRun.status == JobRunStatus.RUNNING
             )
         ).first()
     if row is None:
         return None
     job = next((j for j in config.service.jobs if j.name == row.job_name), None)
-    return (row.id, job, row.started_at or utcnow()) if job is not None else None
+    return RunningJob(row.id, job, row.scheduled_for, row.started_at or utcnow()) if job is not None else None
 
 
 async def finish_run(
@@ -159,7 +171,7 @@ async def finish_run(
     found = job_of_session(engine, config, session_id)
     if found is None:
         return
-    run_id, job, started = found
+    run_id, job, started = found.run_id, found.job, found.started_at
     now = utcnow()
     if reason is None and finished is not None and finished.outcome != Outcome.ANSWERED:
         reason = REASONS.get(finished.outcome, str(finished.outcome))
@@ -175,9 +187,18 @@ async def finish_run(
     lines = [f"{outcome} · {recap}" if recap else outcome]
     if workspace is not None and (changes := await asyncio.to_thread(_changes, workspace)):
         lines.append(f"Changes:\n```\n{changes}\n```")
+    pushed_branch = None
+    if job.push is not None and reason is None and workspace is not None:
+        pushed_branch, said, reason = await _push(config, found, workspace)
+        lines.append(said)
+        if reason is not None:  # the outcome line changes: the run failed after all
+            lines[0] = FAILED.format(job=job.name, duration=duration, reason=reason) + (f" · {recap}" if recap else "")
     summary = scrub("\n".join(lines), secrets)
     status = JobRunStatus.SUCCEEDED if reason is None else JobRunStatus.FAILED
-    if not _close(engine, run_id, status, now, error=reason, summary=summary, only_running=True):
+    closed = _close(
+        engine, run_id, status, now, error=reason, summary=summary, only_running=True, pushed_branch=pushed_branch
+    )
+    if not closed:
         return  # another worker closed it
     await post(summary)
     failures = _count(engine, job, failed=reason is not None)
@@ -208,6 +229,26 @@ def close_stale_runs(engine: Engine, now: datetime, quiet_s: float = STALE_S) ->
     ]
 
 
+async def _push(config: Config, run: RunningJob, workspace: Path) -> tuple[str | None, str, str | None]:
+    """Push the run's changes as the job says: the branch pushed (or None), the summary's line, and the reason
+    the run failed when the push did."""
+    job = run.job
+    assert job.push is not None
+    remote = job.push.remote or job.repo or config.service.channel(job.channel).repo
+    if not remote:
+        return None, NO_REMOTE, NO_REMOTE
+    branch = job.push.branch.format(job=job.name, date=f"{run.scheduled_for:%Y-%m-%d}", run=run.run_id)
+    message = f"{job.name}: run {run.run_id} of {run.scheduled_for:%Y-%m-%d %H:%M} UTC\n\n{prompt_of(job)[:2000]}"
+    try:
+        pushed = await asyncio.to_thread(push_workspace, workspace, remote, branch, message, credentials(config))
+    except NothingToPush:
+        return None, NOTHING_PUSHED, None
+    except git.GitError as e:
+        reason = f"the push of `{branch}` failed: {e.text}"
+        return None, reason, reason
+    return branch, PUSHED.format(branch=branch, remote=pushed.remote, commit=pushed.commit[:10]), None
+
+
 def _changes(workspace: Path) -> str:
     """What the run changed: `git diff --stat` against the commit it started from, and the new files (nothing
     for a workspace that is no repository)."""
@@ -232,12 +273,14 @@ def _close(
     error: str | None = None,
     summary: str | None = None,
     only_running: bool = False,
+    pushed_branch: str | None = None,
 ) -> bool:
     stmt = update(JobRun).where(JobRun.id == run_id)
     if only_running:
         stmt = stmt.where(JobRun.status == JobRunStatus.RUNNING)
+    values = {"status": status, "finished_at": now, "error": error, "summary": summary, "pushed_branch": pushed_branch}
     with engine.begin() as conn:
-        return conn.execute(stmt.values(status=status, finished_at=now, error=error, summary=summary)).rowcount == 1
+        return conn.execute(stmt.values(values)).rowcount == 1
 
 
 def _count(engine: Engine, job: JobConfig, failed: bool) -> int:

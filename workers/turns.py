@@ -268,10 +268,9 @@ class SessionTurns:
 
     async def _run(self, agent: Agent, run: Any, renderer: ThreadRenderer) -> Any:
         """The turn, within its time limit; a stop or the limit ends it through the loop's own cancellation."""
-        job = (
-            job_of_session(self.proc.engine, self.config, self.session_id) if self.row.kind == SessionKind.JOB else None
-        )
-        limit = job[1].timeLimit if job is not None else self.config.service.worker.turnTimeLimit
+        limit = self.config.service.worker.turnTimeLimit
+        if self.row.kind == SessionKind.JOB and (job := job_of_session(self.proc.engine, self.config, self.session_id)):
+            limit = job.job.timeLimit
         task = asyncio.current_task()
         assert task is not None
         keeper = self.proc.keeper

@@ -1,0 +1,57 @@
+"""Changes leave the worker: a workspace's changes committed to a new branch and pushed to a remote.
+
+The worker's git does it (workers/git.py: the repository's hooks, filters and helpers never run), under the
+bot's own identity, to a remote the operator named (the job's `push.remote`, else its repository): never a
+remote of the workspace's config, which the model can write. Credentials come from the worker's environment
+(`MM_GIT_TOKEN`, and `MM_GIT_USERNAME`, default `x-access-token`), reach git through its askpass only, and are
+masked in every text git's words end up in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from chatops.config import Config
+from workers import git
+from workers.workspaces import public_url
+
+AUTHOR = ("mm", "mm@localhost")
+
+
+class NothingToPush(Exception):
+    """The workspace has no change to commit."""
+
+
+@dataclass(frozen=True)
+class Pushed:
+    branch: str
+    commit: str
+    remote: str  # as the thread may show it: without credentials
+    files: int
+
+
+def credentials(config: Config) -> git.Credentials | None:
+    """The HTTPS credentials of the worker's environment (`MM_GIT_TOKEN`, `MM_GIT_USERNAME`), if any."""
+    if not config.git_token:
+        return None
+    return git.Credentials(config.git_username or "x-access-token", config.git_token)
+
+
+def push_workspace(
+    workspace: Path, remote: str, branch: str, message: str, credentials: git.Credentials | None
+) -> Pushed:
+    """Commit everything the workspace changed onto `branch` and push it to `remote`; raises NothingToPush, or
+    git.GitError with git's own (masked) words."""
+    changed = [entry for entry in git.status(workspace).stdout.split("\0") if entry.strip()]
+    if not changed:
+        raise NothingToPush
+    name, email = AUTHOR
+    for key, value in (("user.name", name), ("user.email", email)):
+        git.run_git(workspace, "config", key, value)  # the workspace's own identity, if any, is the model's
+    git.run_git(workspace, "checkout", "-q", "-B", branch)
+    git.run_git(workspace, "add", "--all")
+    git.run_git(workspace, "commit", "-q", "--no-verify", "-m", message)
+    commit = git.run_git(workspace, "rev-parse", "HEAD").stdout.strip()
+    git.push(workspace, remote, f"HEAD:refs/heads/{branch}", credentials=credentials)
+    return Pushed(branch, commit, public_url(remote), len(changed))
