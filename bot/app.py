@@ -71,10 +71,10 @@ def register(app: AsyncApp, engine: Engine, config: Config) -> None:
     """The listeners, by kind: assistant threads, events, button clicks, the slash command, App Home."""
     approvers = Approvers(config.service)
     secrets = secrets_of(config)
-    clicks = ClickHandler(engine, approvers, secrets, handlers.enqueue)
+    clicks = ClickHandler(engine, approvers, secrets, handlers.enqueue, handlers.enqueue_thread_push)
     jobs = JobCommands(engine, config, approvers, handlers.enqueue_run)
     home = Home(engine, approvers, secrets, jobs)
-    commands = Commands(engine, config, approvers, handlers.enqueue, secrets, jobs)
+    commands = Commands(engine, config, approvers, handlers.enqueue, secrets, jobs, clicks)
 
     async def attach_engine(context: AsyncBoltContext, next: Callable[[], Awaitable[None]]) -> None:
         context[handlers.ENGINE] = engine

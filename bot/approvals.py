@@ -43,6 +43,7 @@ ALL_APPROVED = (
     "asking. `@mm yolo off` asks again."
 )
 NOTHING_TO_STOP = "Nothing is running in this thread."
+PUSH_UNAVAILABLE = "Pushing is not available here."
 MAY_NOT_STOP = "Only the people in this conversation and the channel's approvers may stop it."
 
 
@@ -87,8 +88,11 @@ class _Session:
 class ClickHandler:
     """The bot process's click handling: its engine, config, approvers cache and the Web API client."""
 
-    def __init__(self, engine: Engine, approvers: Approvers, secrets: list[str], enqueue: Any) -> None:
+    def __init__(
+        self, engine: Engine, approvers: Approvers, secrets: list[str], enqueue: Any, enqueue_push: Any = None
+    ) -> None:
         self.engine, self.approvers, self.secrets, self.enqueue = engine, approvers, secrets, enqueue
+        self.enqueue_push = enqueue_push
 
     async def handle(self, client: Any, click: Click) -> str | None:
         """Carry out a click; the sentence for the clicker when it changed nothing (None when it did)."""
@@ -99,6 +103,8 @@ class ClickHandler:
             return NOT_OURS
         if click.action == Action.STOP:
             return await self._stop(client, click, session)
+        if click.action == Action.PUSH:
+            return await self.push(client, session.id, session.channel_id or "", click.user, None)
         row = await asyncio.to_thread(get_approval, self.engine, click.value.call_id or "")
         if row is None or row.session_id != session.id:
             return NOT_OURS
@@ -161,6 +167,18 @@ class ClickHandler:
             await client.chat_update(channel=channel, ts=row.message_ts, text=text, blocks=blocks)
         except Exception as e:  # noqa: BLE001 - the decision stands; the message is only its display
             log.warning("could not show the decision on %s: %s", call_id, e)
+
+    async def push(self, client: Any, session_id: str, channel: str, user: str, branch: str | None) -> str | None:
+        """Push the thread's changes (the button, and `push [branch]`): for the channel's approvers, and, as for
+        an approval, not one of the thread's own writers unless the config allows it."""
+        authors = ",".join(sorted(await asyncio.to_thread(writers, self.engine, session_id)))
+        refusal = await self.approvers.may_approve(client, channel, user, authors or None)
+        if refusal is not None:
+            return refusal.replace("approve calls", "push a thread's changes")
+        if self.enqueue_push is None:
+            return PUSH_UNAVAILABLE
+        await self.enqueue_push(session_id, branch, user)
+        return None
 
     async def _stop(self, client: Any, click: Click, session: _Session) -> str | None:
         if not await may_stop(self.engine, self.approvers, client, session.channel_id or "", session.id, click.user):

@@ -23,10 +23,10 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from bot.approvals import MAY_NOT_STOP, may_stop
+from bot.approvals import MAY_NOT_STOP, PUSH_UNAVAILABLE, ClickHandler, may_stop
 from bot.authorize import Approvers
 from bot.jobs import JobCommands, is_job_command
-from chatops.config import Config
+from chatops.config import Config, is_branch_name
 from chatops.inbox import Recorded, has_messages, record_message, request_stop, session_of
 from chatops.queries import latest_session, log_length, pending_approvals, session_summary, tokens_used
 from chatops.repos import RepoRefused, check_repo
@@ -41,7 +41,8 @@ HELP = """Say these in a thread, after mentioning me (in a direct message, witho
 `new` (a fresh conversation; the workspace stays), `compact` (summarise the earlier conversation), \
 `stop` (stop the running turn), `status` (this session's state), `ask AGENT PROMPT` (ask one of the \
 configured agents: {agents}), `yolo on` / `yolo off` (approvers: run calls without asking, or ask again), \
-`repo URL [BRANCH]` (before the first turn: the repository this thread works on), `help`. In a channel, \
+`repo URL [BRANCH]` (before the first turn: the repository this thread works on), `push [BRANCH]` \
+(approvers: the workspace's changes to a branch of the repository), `help`. In a channel, \
 `/mm COMMAND` does the same for your latest session there, and `/mm PROMPT` starts a new thread. \
 `/mm jobs` lists the scheduled jobs; `/mm job run|pause|resume NAME` (approvers) steers one."""
 NO_SESSION = "There is no session here yet: mention me with a request to start one."
@@ -63,17 +64,19 @@ NO_AGENTS = "No agents are configured to ask (mmConfigs in the config)."
 ASK_USAGE = "Say `ask AGENT PROMPT`, for example `ask reviewer look at the last commit`."
 QUEUED_COMMAND = "`{command}` is queued: I do it after the current turn."
 STARTED = "<@{user}> asked: {prompt}"
+PUSH_BRANCH = "`{branch}` is not a branch name I can push to (letters, digits, `._/-`)."
 SLASH_NEW = "Say `/mm PROMPT` to start a new thread, or `@mm new` in a thread to start its conversation again."
 
 _KEYWORD = re.compile(r"^(new|compact|stop|status|help)$", re.IGNORECASE)
 _YOLO = re.compile(r"^yolo\s+(on|off)$", re.IGNORECASE)
 _ASK = re.compile(r"^ask(?:\s+(\S+)(?:\s+(.+))?)?$", re.IGNORECASE | re.DOTALL)
 _REPO = re.compile(r"^repo(?:\s+(\S+)(?:\s+(\S+))?)?$", re.IGNORECASE)
+_PUSH = re.compile(r"^push(?:\s+(\S+))?$", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
 class Command:
-    name: str  # new, compact, stop, status, help, yolo, ask, repo
+    name: str  # new, compact, stop, status, help, yolo, ask, repo, push
     args: tuple[str, ...] = ()
 
 
@@ -88,6 +91,8 @@ def parse(text: str) -> Command | None:
         return Command("ask", tuple(g.strip() for g in m.groups() if g))
     if m := _REPO.match(text):
         return Command("repo", tuple(g for g in m.groups() if g))
+    if m := _PUSH.match(text):
+        return Command("push", tuple(g for g in m.groups() if g))
     return None
 
 
@@ -122,9 +127,10 @@ class Commands:
         enqueue: Any,
         secrets: list[str],
         jobs: JobCommands | None = None,
+        clicks: ClickHandler | None = None,
     ) -> None:
         self.engine, self.config, self.approvers, self.enqueue = engine, config, approvers, enqueue
-        self.secrets, self.jobs = secrets, jobs
+        self.secrets, self.jobs, self.clicks = secrets, jobs, clicks
 
     def agents(self) -> str:
         return ", ".join(f"`{n}`" for n in self.config.agent.mmConfigs) or "none configured"
@@ -154,6 +160,8 @@ class Commands:
             return Outcome(public=STOP_ASKED.format(user=where.user), enqueue=session)
         if name == "status":
             return Outcome(private=await asyncio.to_thread(self.status, session))
+        if name == "push":
+            return await self._push(client, command, where, session)
         if name == "yolo":
             refusal = await self.approvers.may_approve(client, where.channel, where.user, None)
             if refusal:
@@ -163,6 +171,15 @@ class Commands:
             recorded = await self._record(where, InboxCommand.YOLO, "on" if on else "off")
             return Outcome(public=(YOLO_ON if on else YOLO_OFF).format(user=where.user), enqueue=recorded.enqueue)
         return await self._record(where, InboxCommand(name), "")
+
+    async def _push(self, client: Any, command: Command, where: Where, session: str) -> Outcome:
+        branch = command.args[0] if command.args else None
+        if branch is not None and not is_branch_name(branch):
+            return Outcome(private=PUSH_BRANCH.format(branch=neutralise(branch[:100])))
+        if self.clicks is None:
+            return Outcome(private=PUSH_UNAVAILABLE)
+        refusal = await self.clicks.push(client, session, where.channel, where.user, branch)
+        return Outcome(private=refusal) if refusal else Outcome()
 
     def _ask_refusal(self, command: Command) -> str | None:
         if len(command.args) < 2:

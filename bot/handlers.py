@@ -30,7 +30,7 @@ from bot.commands import Command, Outcome, Where, parse
 from chatops.buttons import BadButton
 from chatops.inbox import Recorded, record_message, session_of
 from chatops.store import record_slack_event
-from workers.tasks import enqueue_job_run, enqueue_session
+from workers.tasks import enqueue_job_run, enqueue_push, enqueue_session
 
 log = logging.getLogger("mm.bot")
 SLASH_COMMAND = "/mm"
@@ -153,6 +153,11 @@ async def tell(client: AsyncWebClient, user: str, channel: str | None, thread_ts
 async def enqueue(session_id: str) -> None:
     """Hand a session to the workers, on the threads kept for the broker."""
     await asyncio.get_running_loop().run_in_executor(_enqueuer, enqueue_session, session_id)
+
+
+async def enqueue_thread_push(session_id: str, branch: str | None, user: str) -> None:
+    """Hand a thread's push to the workers (its workspace is on a worker's disk)."""
+    await asyncio.get_running_loop().run_in_executor(_enqueuer, enqueue_push, session_id, branch, user)
 
 
 async def enqueue_run(run_id: int) -> None:

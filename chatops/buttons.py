@@ -24,6 +24,7 @@ class Action(StrEnum):
     REJECT = "reject"
     APPROVE_ALL = "approve_all"
     STOP = "stop"
+    PUSH = "push"  # the thread's changes to a branch (workers/thread_push.py)
 
 
 LABELS = {
@@ -31,6 +32,7 @@ LABELS = {
     Action.REJECT: "Reject",
     Action.APPROVE_ALL: "Approve all in this thread",
     Action.STOP: "Stop",
+    Action.PUSH: "Push branch",
 }
 STYLES = {Action.APPROVE: "primary", Action.REJECT: "danger", Action.STOP: "danger"}
 # What bolt's action listener matches: every button of ours, and nothing else.
@@ -43,7 +45,7 @@ class BadButton(ValueError):
 
 @dataclass(frozen=True)
 class ButtonValue:
-    """What a click names: the session, and the tool call it decides (None for Stop)."""
+    """What a click names: the session, and the tool call it decides (None for Stop and Push branch)."""
 
     session_id: str
     call_id: str | None = None

@@ -113,6 +113,12 @@ class ApprovalsConfig(Strict):
     timeout: Duration = 1800.0
 
 
+def is_branch_name(name: str) -> bool:
+    """A branch name the worker's git may push to: letters, digits, `._/-`, none of git's forbidden shapes."""
+    shapes = ".." in name or "//" in name or name.endswith((".lock", "/", "."))
+    return bool(_BRANCH.match(name)) and not shapes
+
+
 class JobPushConfig(Strict):
     # Where the run's branch goes: a remote URL (credentials come from the environment, never from here), or
     # none for the job's own repository.
@@ -131,7 +137,7 @@ class JobPushConfig(Strict):
     @classmethod
     def _branch(cls, value: str) -> str:
         probe = value.replace("{job}", "job").replace("{date}", "2026-01-01").replace("{run}", "1")
-        if not _BRANCH.match(probe) or ".." in probe or probe.endswith((".lock", "/", ".")) or "//" in probe:
+        if not is_branch_name(probe):
             raise ValueError(f"expected a git branch name (with {{job}}, {{date}}, {{run}} if wanted), got {value!r}")
         return value
 

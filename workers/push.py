@@ -14,7 +14,7 @@ from pathlib import Path
 
 from chatops.config import Config
 from workers import git
-from workers.workspaces import public_url
+from workers.workspaces import hand_over, public_url
 
 AUTHOR = ("mm", "mm@localhost")
 
@@ -38,20 +38,32 @@ def credentials(config: Config) -> git.Credentials | None:
     return git.Credentials(config.git_username or "x-access-token", config.git_token)
 
 
+def changed_files(workspace: Path) -> int:
+    """How many files the workspace changed (0 for one that is no repository)."""
+    try:
+        return len([entry for entry in git.status(workspace).stdout.split("\0") if entry.strip()])
+    except git.GitError:
+        return 0
+
+
 def push_workspace(
     workspace: Path, remote: str, branch: str, message: str, credentials: git.Credentials | None
 ) -> Pushed:
     """Commit everything the workspace changed onto `branch` and push it to `remote`; raises NothingToPush, or
     git.GitError with git's own (masked) words."""
-    changed = [entry for entry in git.status(workspace).stdout.split("\0") if entry.strip()]
+    changed = changed_files(workspace)
     if not changed:
         raise NothingToPush
     name, email = AUTHOR
     for key, value in (("user.name", name), ("user.email", email)):
         git.run_git(workspace, "config", key, value)  # the workspace's own identity, if any, is the model's
-    git.run_git(workspace, "checkout", "-q", "-B", branch)
-    git.run_git(workspace, "add", "--all")
-    git.run_git(workspace, "commit", "-q", "--no-verify", "-m", message)
-    commit = git.run_git(workspace, "rev-parse", "HEAD").stdout.strip()
-    git.push(workspace, remote, f"HEAD:refs/heads/{branch}", credentials=credentials)
-    return Pushed(branch, commit, public_url(remote), len(changed))
+    try:
+        git.run_git(workspace, "checkout", "-q", "-B", branch)
+        git.run_git(workspace, "add", "--all")
+        git.run_git(workspace, "commit", "-q", "--no-verify", "-m", message)
+        commit = git.run_git(workspace, "rev-parse", "HEAD").stdout.strip()
+        git.push(workspace, remote, f"HEAD:refs/heads/{branch}", credentials=credentials)
+    finally:
+        # A root worker's git wrote into .git: the workspace's later commands (its own user's) must still write there.
+        hand_over(workspace / ".git")
+    return Pushed(branch, commit, public_url(remote), changed)

@@ -45,6 +45,14 @@ def run_job(run_id: int) -> None:
         enqueue_session(session_id)
 
 
+@app.task(name="mm.push_thread", queue=TURNS_QUEUE)
+def push_thread(session_id: str, branch: str | None, user: str) -> None:
+    """Push a thread's changes to a branch, as an approver asked (the bot checked who)."""
+    from workers.thread_push import push_thread_work
+
+    push_thread_work(session_id, branch, user)
+
+
 @app.task(name="mm.housekeeping", queue=HOUSEKEEPING_QUEUE)
 def housekeeping() -> None:
     """Re-enqueue sessions with work nobody does, release expired leases, expire approvals, sweep workspaces."""
@@ -71,3 +79,8 @@ def enqueue_session(session_id: str) -> None:
 def enqueue_job_run(run_id: int) -> None:
     """Tell a worker that a job run is due (its row says what): the scheduler's and `/mm job run`'s hand-off."""
     app.send_task(RUN_JOB, args=[run_id], queue=TURNS_QUEUE, ignore_result=True)
+
+
+def enqueue_push(session_id: str, branch: str | None, user: str) -> None:
+    """Hand a thread's push to a worker: the workspace lives on a worker's disk."""
+    app.send_task("mm.push_thread", args=[session_id, branch, user], queue=TURNS_QUEUE, ignore_result=True)

@@ -29,6 +29,7 @@ import aiohttp
 from sqlalchemy import Engine, select
 
 from chatops import db
+from chatops.buttons import Action, ButtonValue, element
 from chatops.config import Config, load_config
 from chatops.inbox import (
     clear_stop,
@@ -64,6 +65,7 @@ from workers.approval_message import NO_APPROVERS, ApprovalAsked
 from workers.blocks import duration
 from workers.jobs import close_stale_runs, finish_run, job_of_session
 from workers.leases import Cancelled, LeaseKeeper
+from workers.push import changed_files
 from workers.render import ThreadRenderer
 from workers.slack_client import TIMEOUT, web_client
 from workers.workspaces import WorkspaceError, prepare, public_url, sweep
@@ -72,6 +74,7 @@ log = logging.getLogger("mm.worker")
 
 RESUMED = "↻ The worker running this turn stopped; another one resumed it."
 STOPPED = "⏹ Stopped."
+PUSH_OFFER = "📦 {files} changed file(s) in this thread's workspace: an approver can push them to a branch."
 NEW_CONVERSATION = "🆕 New conversation: I forget what was said before here. The workspace stays as it is."
 TIME_LIMIT = "⏱ The turn ran for longer than {limit} and was stopped."
 EXPIRED = "⌛ Nobody decided on `{title}` in time: it was not run."
@@ -186,6 +189,8 @@ class SessionTurns:
             return more
         finally:
             await renderer.aclose()
+            if self.row.kind != SessionKind.JOB and self.ending == SessionStatus.IDLE:
+                await self._offer_push(client)
             session = getattr(client, "session", None)
             if session is not None:
                 await session.close()
@@ -423,6 +428,30 @@ class SessionTurns:
                 await renderer.notice(f"⚠️ Could not compact: {scrub(describe_error(e), list(self.proc.secrets))}")
         return None
 
+    async def _offer_push(self, client: Any) -> None:
+        """After a turn that ran commands or edits, when the workspace differs from its repository: the button
+        that pushes it to a branch (for an approver; `push [branch]` does the same)."""
+        finished, workspace = self.finished, self.workspace
+        if finished is None or workspace is None or not (finished.counters.commands or finished.counters.file_ops):
+            return
+        if not (self.row.repo or self.config.service.channel(self.row.channel_id or "").repo):
+            return
+        changed = await asyncio.to_thread(changed_files, workspace)
+        if not changed:
+            return
+        text = PUSH_OFFER.format(files=changed)
+        value = ButtonValue(self.session_id)
+        blocks = [
+            {"type": "section", "text": {"type": "mrkdwn", "text": text}},
+            {"type": "actions", "block_id": "push", "elements": [element(Action.PUSH, value)]},
+        ]
+        try:
+            await client.chat_postMessage(
+                channel=self.row.channel_id, thread_ts=self.row.thread_ts, text=text, blocks=blocks
+            )
+        except Exception as e:  # noqa: BLE001 - a courtesy: `push` in the thread does the same
+            record_error(self.proc.engine, "slack", f"chat.postMessage: {e}", session_id=self.session_id)
+
     async def _finish_job(self, renderer: ThreadRenderer, client: Any) -> None:
         """A job run's turn ended: its summary in the thread, and in the channel the job pausing itself."""
 
@@ -527,6 +556,27 @@ def _session_row(engine: Engine, session_id: str) -> _Row:
         has_log is not None,
         first,
     )
+
+
+@dataclass(frozen=True)
+class SessionFacts:
+    """What work outside a turn needs of a session (a push): its thread, repository, status and requester."""
+
+    channel_id: str | None
+    thread_ts: str | None
+    repo: str | None
+    status: str
+    requester: str | None
+
+
+def session_facts(engine: Engine, session_id: str) -> SessionFacts | None:
+    with engine.connect() as conn:
+        s = conn.execute(
+            select(Session.channel_id, Session.thread_ts, Session.repo, Session.status, Session.requester).where(
+                Session.id == session_id
+            )
+        ).first()
+    return SessionFacts(s.channel_id, s.thread_ts, s.repo, s.status, s.requester) if s is not None else None
 
 
 def _undecided(engine: Engine, session_id: str) -> bool:

@@ -1,0 +1,83 @@
+"""A thread's changes pushed to a branch, when an approver asks (the "Push branch" button, or `push [branch]`).
+
+The bot checks who asks and hands the work over (task `mm.push_thread`): the workspace lives on a worker's
+disk. The push takes the session's lease, so it never runs beside a turn that is still changing the files;
+it goes to the thread's repository (or the channel's), never to a remote of the workspace's config
+(workers/push.py says how).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from chatops.schema import SessionStatus
+from chatops.secrets import scrub
+from chatops.store import acquire_lease, record_error, release_lease
+from workers import git
+from workers.push import NothingToPush, credentials, push_workspace
+from workers.slack_client import web_client
+from workers.turns import Process, SessionFacts, process, session_facts
+from workers.workspaces import public_url, workspace_path
+
+log = logging.getLogger("mm.worker.push")
+
+PUSHED = "⬆️ <@{user}> pushed `{branch}` to {remote} ({commit}): {files} file(s) changed."
+NOTHING = "There is nothing to push: this thread's workspace has no change."
+BUSY = "⏳ A turn is running in this thread: ask again to push once it has finished."
+NO_REPO = "There is nowhere to push: this thread works on no repository."
+FAILED = "The push of `{branch}` failed: {words}"
+OWNER = "push"
+LEASE_S = 120.0
+
+
+def default_branch(thread_ts: str) -> str:
+    return f"mm/thread-{thread_ts.replace('.', '-')}"
+
+
+def push_thread_work(session_id: str, branch: str | None, user: str) -> None:
+    proc = process()
+    engine = proc.engine
+    facts = session_facts(engine, session_id)
+    if facts is None:
+        return
+    branch = branch or default_branch(facts.thread_ts or session_id)
+    token = acquire_lease(engine, session_id, OWNER, LEASE_S)
+    if token is None or facts.status in (SessionStatus.RUNNING, SessionStatus.QUEUED):
+        if token is not None:
+            release_lease(engine, session_id, token)
+        said = BUSY
+    else:
+        try:
+            said = _push(proc, facts, session_id, branch, user)
+        finally:
+            release_lease(engine, session_id, token)
+    asyncio.run(_say(proc, facts, scrub(said, list(proc.secrets)), session_id))
+
+
+def _push(proc: Process, facts: SessionFacts, session_id: str, branch: str, user: str) -> str:
+    config = proc.config
+    remote = facts.repo or config.service.channel(facts.channel_id or "").repo
+    if not remote:
+        return NO_REPO
+    workspace = workspace_path(config.workspaces_root, session_id)
+    if not (workspace / ".git").exists():
+        return NOTHING
+    message = f"mm: the changes of a Slack thread, pushed by {user}"
+    try:
+        pushed = push_workspace(workspace, remote, branch, message, credentials(config))
+    except NothingToPush:
+        return NOTHING
+    except git.GitError as e:
+        return FAILED.format(branch=branch, words=e.text)
+    return PUSHED.format(
+        user=user, branch=branch, remote=public_url(pushed.remote), commit=pushed.commit[:10], files=pushed.files
+    )
+
+
+async def _say(proc: Process, facts: SessionFacts, text: str, session_id: str) -> None:
+    client = web_client(proc.config)
+    try:
+        await client.chat_postMessage(channel=facts.channel_id or "", thread_ts=facts.thread_ts, text=text)
+    except Exception as e:  # noqa: BLE001 - the push happened (or not); the errors table keeps the message
+        record_error(proc.engine, "slack", f"chat.postMessage: {e}", session_id=session_id)
