@@ -172,9 +172,14 @@ def _overlay(config: Config, demo: bool) -> str:
         channel["branch"] = "main"
     header = (
         "# Laid over your config by the playground (MM_CONFIG_OVERLAY): its channel asks before every command\n"
-        "# and edit, and Grace approves.\n"
+        "# and edit, and Grace approves; your jobs report in it.\n"
     )
-    return header + yaml.safe_dump({"channels": {CHANNEL_ID: channel}}, sort_keys=False)
+    overlay: dict[str, object] = {"channels": {CHANNEL_ID: channel}}
+    if config.service.jobs:
+        # The page shows one channel: the jobs' runs come there as threads.
+        jobs = [job.model_dump(mode="json", exclude_defaults=True) for job in config.service.jobs]
+        overlay["jobs"] = [job | {"channel": CHANNEL_ID} for job in jobs]
+    return header + yaml.safe_dump(overlay, sort_keys=False, allow_unicode=True)
 
 
 @contextlib.contextmanager

@@ -59,11 +59,13 @@ WAIT = 60_000  # ms: a worker's first turn imports the agent core and clones the
 class Playground:
     """`mm-bot <command>` (playground, or dev without a Slack token) in a directory of its own."""
 
-    def __init__(self, command: str, env: dict[str, str]) -> None:
+    def __init__(self, command: str, env: dict[str, str], config: str | None = None) -> None:
         # Where the sandbox's user can reach the workspaces (var/workspaces): pytest's tmp_path is root's alone,
         # and a root worker refuses a workspaces directory its commands could not reach.
         self.directory = directory = Path(tempfile.mkdtemp(prefix="mm-playground-"))
         os.chmod(directory, 0o711)
+        if config is not None:
+            (directory / "mm.yaml").write_text(config)
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.log = directory / "playground.log"
@@ -383,6 +385,39 @@ def test_the_page_refuses_requests_from_other_sites_and_bad_input(playground: Pl
         and "frame-ancestors 'none'" in page.headers["Content-Security-Policy"]
     )
     assert forged.headers["X-Frame-Options"] == "DENY"  # on refusals too
+
+
+def test_the_config_s_jobs_report_in_the_playground_channel_and_are_steered_there(
+    tmp_path: Path, browser: Browser, model: ModelServer
+) -> None:
+    model.reset()
+    model.always(Reply(text="The nightly chore is done."))
+    redis = OwnRedis(tmp_path / "redis")  # not the module's: its playground's worker would take these runs
+    redis.start()
+    job = 'jobs:\n  - {name: nightly, schedule: "0 3 * * *", channel: C0ELSEWHERE, prompt: "do the chore"}\n'
+    env = clean_env(CELERY_BROKER_URL=redis.url, MM_MODEL_URL=model.url, MM_MODEL="test-model")
+    running = Playground("playground", env, config=job)
+    try:
+        context = browser.new_context(viewport={"width": 1280, "height": 800})
+        page = context.new_page()
+        page.goto(running.base)
+        expect(page.locator("#overlay")).to_contain_text("C0PLAYGROUND")
+        be(page, GRACE)
+        page.fill("#composer", "/mm jobs")
+        page.press("#composer", "Enter")
+        expect(page.locator("#channel .ephemeral").filter(has_text="nightly")).to_contain_text("never run")
+        page.fill("#composer", "/mm job run nightly")
+        page.press("#composer", "Enter")
+        root = page.locator("#channel .message").filter(has_text="nightly started").first
+        expect(root).to_contain_text("🔧 nightly started by @grace", timeout=WAIT)
+        root.click()
+        thread = page.locator("#thread")
+        expect(thread).to_contain_text("The nightly chore is done.", timeout=WAIT)
+        expect(thread).to_contain_text("✅ nightly succeeded in", timeout=WAIT)
+        context.close()
+    finally:
+        running.stop()
+        redis.stop()
 
 
 # --- the demo, as `make run` shows it on a fresh clone --------------------------------------------------------
