@@ -242,3 +242,19 @@ def test_a_run_s_changes_are_pushed_to_a_branch_and_a_failed_push_fails_the_run(
         "fatal: '/nonexistent/remote.git' does not appear to be a git repository"
     )
     jobs.wait(lambda: "❌ *lost* failed after" in jobs.thread_text(lost.root_ts), message="the summary says so")
+
+
+def test_an_approval_nobody_answers_expires_and_fails_the_run(
+    tmp_path: Path, fresh_pg_url: str, own_redis: OwnRedis
+) -> None:
+    waiting = (
+        f'jobs:\n  - {{name: unattended, schedule: "0 3 * * *", channel: {CHANNEL}, yolo: false, '
+        'prompt: "run: echo nobody-approves"}\napprovals: {timeout: 2s}'
+    )
+    with stack(tmp_path, fresh_pg_url, own_redis.url, config=config(f"{{approvers: [{APPROVER}]}}", waiting)) as s:
+        s.model.always(policy)
+        s.start_worker()
+        run = finished(s, run_now(s, "unattended"))
+        assert run.status == "failed" and run.error == "a call waited for a decision until it expired"
+        thread = s.thread_text(run.root_ts)
+        assert "nobody-approves" in thread and "❌ *unattended* failed after" in thread
