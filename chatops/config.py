@@ -187,6 +187,10 @@ class JobConfig(Strict):
     def _cron(cls, value: str) -> str:
         if not croniter.is_valid(value) or len(value.split()) != 5:
             raise ValueError(f'expected a cron expression of 5 fields such as "0 3 * * 1-5", got "{value}"')
+        try:
+            croniter(value).get_next()
+        except Exception:  # noqa: BLE001 - croniter's own error when no date matches (30 February)
+            raise ValueError(f'"{value}" never fires (no date matches it)') from None
         return value
 
     @field_validator("timezone")

@@ -333,3 +333,8 @@ def test_a_bad_overlay_stops_start_up_with_its_name(tmp_path: Path) -> None:
         assert problem in str(raised.value), text
     with pytest.raises(ConfigError, match="cannot read the overlay"):
         load_config(file, {"MM_CONFIG_OVERLAY": str(tmp_path / "missing.yaml")})
+
+
+def test_a_schedule_that_never_fires_is_refused(tmp_path: Path) -> None:
+    job = "jobs:\n  - name: never\n    schedule: '0 0 30 2 *'\n    channel: C0123ABCD\n    prompt: tidy\n"
+    assert _problems(tmp_path, job) == ['3: jobs[0].schedule: "0 0 30 2 *" never fires (no date matches it)']

@@ -18,7 +18,7 @@ import pytest
 from kombu.connection import Connection
 from sqlalchemy import insert, select
 
-from chatops.schema import JobRun, JobState, JobTrigger, SchedulerLease
+from chatops.schema import JobRun, JobState, JobTrigger, SchedulerLease, Session
 from mm_testkit.redis_server import OwnRedis
 from mmbot_helpers import MM_BOT
 from playground.model_server import Reply
@@ -27,14 +27,15 @@ from threads_support import CHANNEL, SECRET, Stack, approval_messages, click, co
 
 APPROVER, ALICE = "U0BOB", "U0ALICE"
 JOBS = f"""jobs:
-  - {{name: tidy, schedule: "0 3 * * *", channel: {CHANNEL}, yolo: true, prompt: "run: echo hi > new.txt && echo done"}}
-  - {{name: broken, schedule: "0 4 * * *", channel: {CHANNEL}, yolo: true, prompt: "hello", repo: /nonexistent/repo,
+  - {{name: tidy, schedule: "0 3 29 2 *", channel: {CHANNEL}, yolo: true,
+      prompt: "run: echo hi > new.txt && echo done"}}
+  - {{name: broken, schedule: "0 4 29 2 *", channel: {CHANNEL}, yolo: true, prompt: "hello", repo: /nonexistent/repo,
       maxFailures: 2}}
-  - {{name: slow, schedule: "0 5 * * *", channel: {CHANNEL}, yolo: true, prompt: "take your time", timeLimit: 2s}}
-  - {{name: gated, schedule: "0 6 * * *", channel: {CHANNEL}, yolo: false, prompt: "run: echo approved-in-a-job"}}
-  - {{name: pusher, schedule: "0 7 * * *", channel: {CHANNEL}, yolo: true, prompt: "run: echo pushed > pushed.txt",
+  - {{name: slow, schedule: "0 5 29 2 *", channel: {CHANNEL}, yolo: true, prompt: "take your time", timeLimit: 2s}}
+  - {{name: gated, schedule: "0 6 29 2 *", channel: {CHANNEL}, yolo: false, prompt: "run: echo approved-in-a-job"}}
+  - {{name: pusher, schedule: "0 7 29 2 *", channel: {CHANNEL}, yolo: true, prompt: "run: echo pushed > pushed.txt",
       repo: BARE, push: true}}
-  - {{name: lost, schedule: "0 8 * * *", channel: {CHANNEL}, yolo: true, prompt: "run: echo x > x.txt", repo: BARE,
+  - {{name: lost, schedule: "0 8 29 2 *", channel: {CHANNEL}, yolo: true, prompt: "run: echo x > x.txt", repo: BARE,
       push: {{remote: /nonexistent/remote.git, branch: "chores/{{job}}"}}}}"""
 
 
@@ -82,13 +83,15 @@ def test_a_run_posts_its_thread_works_and_summarises_what_changed(jobs: Stack) -
     run = finished(jobs, run_now(jobs, "tidy"))
     assert run.status == "succeeded" and run.error is None and run.session_id is not None
     root = jobs.slack.message(CHANNEL, run.root_ts or "")
-    assert root is not None and root["text"] == "🔧 *tidy* started by <@U0ALICE> · `0 3 * * *` (UTC)"
+    assert root is not None and root["text"] == "🔧 *tidy* started by <@U0ALICE> · `0 3 29 2 *` (UTC)"
     thread = jobs.wait(lambda: "succeeded in" in (t := jobs.thread_text(run.root_ts or "")) and t)
     assert "done: done" in thread  # the agent ran the prompt's command and answered
     summary = jobs.slack.messages(CHANNEL, run.root_ts)[-1]["text"]
     assert re.match(r"✅ \*tidy\* succeeded in \d+ s · ⚙ 1 command\(s\) · [\d,]+ tokens\n", summary), summary
     assert "new.txt (new)" in summary  # what changed in the workspace
     assert run.summary == summary
+    with jobs.engine.connect() as conn:  # the job's yolo was the run's: the thread is the channel's again
+        assert conn.execute(select(Session.yolo).where(Session.id == run.session_id)).scalar_one() is None
 
 
 def test_a_clone_that_fails_says_gits_words_and_failures_in_a_row_pause_the_job(jobs: Stack) -> None:
@@ -142,8 +145,8 @@ def test_two_real_schedulers_give_one_run_a_tick_and_the_survivor_takes_over(
             for run in runs[:2]:
                 finished(s, run.id)
             runs = runs_of(s, "minutely")
-            roots = [m for m in s.slack.messages(CHANNEL) if m["text"].startswith("🔧 *minutely* started")]
-            assert len(roots) == len(runs)  # one thread a run: no tick fired twice
+            roots = [m["ts"] for m in s.slack.messages(CHANNEL) if m["text"].startswith("🔧 *minutely* started")]
+            assert sorted(roots)[:2] == [r.root_ts for r in runs[:2]]  # one thread a tick: none fired twice
             assert {r.status for r in runs[:2]} == {"succeeded"}
         finally:
             for process in beats.values():
@@ -179,7 +182,7 @@ def test_jobs_are_listed_run_now_paused_and_resumed_from_slack(jobs: Stack) -> N
             return jobs.slack.responses[before]["body"]["text"]
 
         listing = slash("jobs", user=ALICE)
-        assert f"• *tidy* `0 3 * * *` (UTC) in <#{CHANNEL}> · next " in listing and "never run" in listing
+        assert f"• *tidy* `0 3 29 2 *` (UTC) in <#{CHANNEL}> · next " in listing and "never run" in listing
         assert "Only this channel's approvers may run jobs" in slash("job run tidy", user=ALICE)
         assert "There is no job named `nope`" in slash("job run nope")
         assert slash("job run tidy") == f"🔧 <@{APPROVER}> started *tidy* now; its thread follows in <#{CHANNEL}>."
@@ -203,7 +206,7 @@ def test_jobs_are_listed_run_now_paused_and_resumed_from_slack(jobs: Stack) -> N
             lambda: [v for v in jobs.slack.views if v.get("user_id") == ALICE and "Scheduled jobs" in str(v)],
             message="the jobs in App Home",
         )
-        assert f"• *tidy* `0 3 * * *` (UTC) in <#{CHANNEL}>" in str(home[-1]["blocks"])
+        assert f"• *tidy* `0 3 29 2 *` (UTC) in <#{CHANNEL}>" in str(home[-1]["blocks"])
 
 
 def test_a_gated_call_in_a_run_waits_for_an_approver_s_button(jobs: Stack) -> None:
@@ -248,7 +251,7 @@ def test_an_approval_nobody_answers_expires_and_fails_the_run(
     tmp_path: Path, fresh_pg_url: str, own_redis: OwnRedis
 ) -> None:
     waiting = (
-        f'jobs:\n  - {{name: unattended, schedule: "0 3 * * *", channel: {CHANNEL}, yolo: false, '
+        f'jobs:\n  - {{name: unattended, schedule: "0 3 29 2 *", channel: {CHANNEL}, yolo: false, '
         'prompt: "run: echo nobody-approves"}\napprovals: {timeout: 2s}'
     )
     with stack(tmp_path, fresh_pg_url, own_redis.url, config=config(f"{{approvers: [{APPROVER}]}}", waiting)) as s:

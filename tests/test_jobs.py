@@ -124,8 +124,43 @@ def test_a_run_whose_end_was_never_recorded_is_closed_so_the_job_runs_again(engi
                 .values(job_name=chore.name, scheduled_for=now, status="running", session_id=session)
                 .returning(JobRun.id)
             ).scalar_one()
-    assert close_stale_runs(engine, now) == [ids[quiet.name]]
+    never_started = job()
+    with engine.begin() as conn:
+        ids[never_started.name] = conn.execute(
+            insert(JobRun)
+            .values(
+                job_name=never_started.name,
+                scheduled_for=now,
+                status="running",
+                started_at=now - timedelta(seconds=STALE_S + 1),
+            )
+            .returning(JobRun.id)
+        ).scalar_one()
+    assert sorted(close_stale_runs(engine, now)) == sorted([ids[quiet.name], ids[never_started.name]])
     assert runs(engine, quiet.name) == [("12:00", "failed")] and runs(engine, busy.name) == [("12:00", "running")]
     with engine.connect() as conn:
         assert conn.execute(select(JobRun.error).where(JobRun.id == ids[quiet.name])).scalar_one() == NO_END
     assert close_stale_runs(engine, now) == []
+
+
+def test_counting_a_run_leaves_the_resume_point_and_lost_hand_offs_are_found(engine: Engine) -> None:
+    from workers.jobs import NEVER, _count, undelivered_runs
+
+    chore = job()
+    cursor = Cursor()
+    fire_due(engine, [chore], cursor, at("13:04"), 600)
+    fire_due(engine, [chore], cursor, at("13:05", 1), 600)
+    _count(engine, chore, failed=True)  # the 13:05 run failed at 13:07 …
+    _count(engine, chore, failed=True)
+    with engine.connect() as conn:
+        state = conn.execute(select(JobState.__table__).where(JobState.job_name == chore.name)).one()
+    assert state.consecutive_failures == 2 and state.updated_at == NEVER
+    # … and a scheduler taking over at 13:16 still catches up from 13:05, not from the failure's time.
+    fired = fire_due(engine, [chore], Cursor(), at("13:16"), 600)
+    assert [(f.scheduled_for, f.status) for f in fired] == [
+        (at("13:10"), JobRunStatus.MISSED),
+        (at("13:15"), JobRunStatus.SCHEDULED),
+    ]
+    # The 13:15 run was recorded but never started: two minutes on, housekeeping sends it again.
+    assert fired[-1].run_id not in undelivered_runs(engine, at("13:16"))
+    assert fired[-1].run_id in undelivered_runs(engine, at("13:18"))

@@ -71,6 +71,9 @@ def test_an_approver_pushes_a_thread_s_changes_with_the_button_or_the_keyword(th
     s.wait(lambda: s.thread_text(root).count("changed file(s)") == 2, message="the second offer")
     sender.app_mention("<@U0BOT> push ../escape", channel=CHANNEL, user=APPROVER, thread_ts=root)
     s.wait(lambda: any("is not a branch name" in e["text"] for e in s.slack.ephemerals), message="bad branch")
+    sender.app_mention("<@U0BOT> push main", channel=CHANNEL, user=APPROVER, thread_ts=root)
+    s.wait(lambda: "`main` is the repository's own branch" in s.thread_text(root), message="main refused")
+    assert show(bare, "main:README.md") == "a repository\n" and "more.txt" not in show(bare, "main")
     sender.app_mention("<@U0BOT> push chores/notes", channel=CHANNEL, user=APPROVER, thread_ts=root)
     s.wait(lambda: "pushed `chores/notes`" in s.thread_text(root), message="the keyword's push")
     assert show(bare, "chores/notes:more.txt") == "second\n" and show(bare, "chores/notes:notes.txt") == "first\n"

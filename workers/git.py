@@ -115,6 +115,8 @@ case "$1" in
 esac
 """
 _URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"]+")
+# A remote's or a branch's name as git writes them for a clone: never a URL or a path.
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 
 
 @dataclass(frozen=True)
@@ -176,6 +178,10 @@ def git_dir(workspace: Path) -> Path:
 def _allowed(key: str) -> bool:
     section, _, rest = key.partition(".")
     subsection, _, name = rest.rpartition(".")
+    if subsection and not _PLAIN_NAME.fullmatch(subsection):
+        # git takes a URL given to push or fetch for the name of a remote when one is so named: a section
+        # `[remote "https://host/repo"]` would send the worker's push (and its token) to its own url.
+        return False
     pattern = f"{section}.*.{name}" if subsection else key
     return pattern.lower() in ALLOWED
 

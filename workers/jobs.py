@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -27,12 +27,12 @@ from chatops.config import Config, JobConfig
 from chatops.inbox import record_message
 from chatops.schema import ApprovalState, JobRun, JobRunStatus, JobState, Session, SessionKind, SessionStatus, utcnow
 from chatops.secrets import scrub
-from chatops.store import approvals_of, ensure_session, record_error
+from chatops.store import approvals_of, ensure_session, record_error, set_yolo
 from mm_core import display
 from mm_core.events import TurnFinished
 from mm_core.log import Outcome
 from workers import blocks, git
-from workers.push import NothingToPush, credentials, push_workspace
+from workers.push import BranchRefused, NothingToPush, credentials, push_workspace
 
 log = logging.getLogger("mm.worker.jobs")
 
@@ -56,6 +56,8 @@ PUSHED = "⬆️ Pushed `{branch}` to {remote} ({commit})."
 NOTHING_PUSHED = "Nothing to push: the run changed no file."
 NO_REMOTE = "there is nowhere to push: the job has no repository and no `push.remote`"
 STALE_S = 600.0
+REDELIVER_S = 120.0
+NEVER = datetime(2000, 1, 1, tzinfo=UTC)  # a job's state row made by its runs: never paused nor resumed
 NO_END = "its end was not recorded (the worker stopped, or the summary failed): its thread says how far it went"
 
 
@@ -200,6 +202,9 @@ async def finish_run(
     )
     if not closed:
         return  # another worker closed it
+    # The run's yolo was the job's: after it, the thread is the channel's like any other (a reply there must
+    # not run commands unasked because a job ran with yolo).
+    await asyncio.to_thread(set_yolo, engine, session_id, None)
     await post(summary)
     failures = _count(engine, job, failed=reason is not None)
     if failures >= job.maxFailures and _pause(engine, job, failures):
@@ -210,15 +215,17 @@ def close_stale_runs(engine: Engine, now: datetime, quiet_s: float = STALE_S) ->
     """Runs still marked running whose session has been idle for `quiet_s`: their end was never recorded (the
     worker stopped between the turn's end and the summary, or the summary failed). They are closed as failed,
     or every later run of the job would be skipped as "still running". The ids closed."""
+    before = now - timedelta(seconds=quiet_s)
     with engine.begin() as conn:
         stale = (
             conn.execute(
                 select(JobRun.id)
-                .join(Session, Session.id == JobRun.session_id)
+                .outerjoin(Session, Session.id == JobRun.session_id)
                 .where(
                     JobRun.status == JobRunStatus.RUNNING,
-                    Session.status == SessionStatus.IDLE,
-                    Session.updated_at < now - timedelta(seconds=quiet_s),
+                    # Idle since, or never given its thread (the worker stopped between the claim and the post).
+                    ((Session.status == SessionStatus.IDLE) & (Session.updated_at < before))
+                    | (JobRun.session_id.is_(None) & (JobRun.started_at < before)),
                 )
             )
             .scalars()
@@ -240,13 +247,29 @@ async def _push(config: Config, run: RunningJob, workspace: Path) -> tuple[str |
     branch = job.push.branch.format(job=job.name, date=f"{run.scheduled_for:%Y-%m-%d}", run=run.run_id)
     message = f"{job.name}: run {run.run_id} of {run.scheduled_for:%Y-%m-%d %H:%M} UTC\n\n{prompt_of(job)[:2000]}"
     try:
-        pushed = await asyncio.to_thread(push_workspace, workspace, remote, branch, message, credentials(config))
+        base = job.branch or config.service.channel(job.channel).branch
+        pushed = await asyncio.to_thread(push_workspace, workspace, remote, branch, message, credentials(config), base)
+    except BranchRefused as e:
+        return None, f"the push was refused: {e}", f"the push was refused: {e}"
     except NothingToPush:
         return None, NOTHING_PUSHED, None
     except git.GitError as e:
         reason = f"the push of `{branch}` failed: {e.text}"
         return None, reason, reason
     return branch, PUSHED.format(branch=branch, remote=pushed.remote, commit=pushed.commit[:10]), None
+
+
+def undelivered_runs(engine: Engine, now: datetime, quiet_s: float = REDELIVER_S) -> list[int]:
+    """Runs recorded as due a while ago and still not started: their hand-off to the broker may have been lost
+    (a scheduler killed between the two). Sent again, they start once (claim_run's compare-and-set)."""
+    with engine.connect() as conn:
+        rows = conn.execute(
+            select(JobRun.id)
+            .where(JobRun.status == JobRunStatus.SCHEDULED, JobRun.scheduled_for < now - timedelta(seconds=quiet_s))
+            .order_by(JobRun.id)
+            .limit(100)
+        )
+        return list(rows.scalars())
 
 
 def _changes(workspace: Path) -> str:
@@ -287,11 +310,16 @@ def _count(engine: Engine, job: JobConfig, failed: bool) -> int:
     """Count the run into the job's failures in a row (a success clears them); the count."""
     with engine.begin() as conn:
         state = conn.execute(select(JobState.__table__).where(JobState.job_name == job.name)).first()
+        # updated_at is the job's last pause or resume (where a scheduler catches up from): counting leaves it.
         if state is None:
-            conn.execute(insert(JobState).values(job_name=job.name, consecutive_failures=int(failed)))
+            conn.execute(insert(JobState).values(job_name=job.name, consecutive_failures=int(failed), updated_at=NEVER))
             return int(failed)
         count = state.consecutive_failures + 1 if failed else 0
-        conn.execute(update(JobState).where(JobState.job_name == job.name).values(consecutive_failures=count))
+        conn.execute(
+            update(JobState)
+            .where(JobState.job_name == job.name)
+            .values(consecutive_failures=count, updated_at=JobState.updated_at)
+        )
         return count
 
 

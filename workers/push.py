@@ -23,6 +23,18 @@ class NothingToPush(Exception):
     """The workspace has no change to commit."""
 
 
+class BranchRefused(Exception):
+    """The branch is the repository's own (its base, main, master): a push makes a new branch, never moves it."""
+
+
+OWN_BRANCHES = ("main", "master")
+
+
+def check_branch(branch: str, base: str | None) -> None:
+    if branch in {*OWN_BRANCHES, *([base] if base else [])}:
+        raise BranchRefused(f"`{branch}` is the repository's own branch: push to a new one, such as `mm/{branch}-fix`")
+
+
 @dataclass(frozen=True)
 class Pushed:
     branch: str
@@ -47,10 +59,16 @@ def changed_files(workspace: Path) -> int:
 
 
 def push_workspace(
-    workspace: Path, remote: str, branch: str, message: str, credentials: git.Credentials | None
+    workspace: Path,
+    remote: str,
+    branch: str,
+    message: str,
+    credentials: git.Credentials | None,
+    base: str | None = None,
 ) -> Pushed:
-    """Commit everything the workspace changed onto `branch` and push it to `remote`; raises NothingToPush, or
-    git.GitError with git's own (masked) words."""
+    """Commit everything the workspace changed onto `branch` and push it to `remote`; raises BranchRefused (the
+    repository's own branch, `base` among them), NothingToPush, or git.GitError with git's own (masked) words."""
+    check_branch(branch, base)
     changed = changed_files(workspace)
     if not changed:
         raise NothingToPush

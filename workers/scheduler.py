@@ -45,6 +45,13 @@ class JobScheduler(PersistentScheduler):
             signal.signal(signal.SIGHUP, self._ask_reload)
 
     def tick(self, *args: Any, **kwargs: Any) -> float:
+        try:
+            return self._tick(*args, **kwargs)
+        except Exception:  # a database or broker blip: beat (and housekeeping with it) must go on
+            log.exception("the scheduler's tick failed; it tries again in %ss", TICK_S)
+            return TICK_S
+
+    def _tick(self, *args: Any, **kwargs: Any) -> float:
         now = utcnow()
         self._reload()
         leading = take_leadership(self.engine, self.owner, LEASE_S, now)

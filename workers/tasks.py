@@ -10,6 +10,7 @@ import logging
 from sqlalchemy import Engine
 
 from chatops.inbox import request_stop
+from chatops.schema import utcnow
 from workers.celery_app import HOUSEKEEPING_QUEUE, TURNS_QUEUE, app
 
 log = logging.getLogger("mm.worker")
@@ -56,10 +57,13 @@ def push_thread(session_id: str, branch: str | None, user: str) -> None:
 @app.task(name="mm.housekeeping", queue=HOUSEKEEPING_QUEUE)
 def housekeeping() -> None:
     """Re-enqueue sessions with work nobody does, release expired leases, expire approvals, sweep workspaces."""
-    from workers.turns import housekeep
+    from workers.jobs import undelivered_runs
+    from workers.turns import housekeep, process
 
     for session_id in housekeep():
         enqueue_session(session_id)
+    for run_id in undelivered_runs(process().engine, utcnow()):
+        enqueue_job_run(run_id)
 
 
 def stop_session(engine: Engine, session_id: str) -> bool:

@@ -15,7 +15,7 @@ from chatops.schema import SessionStatus
 from chatops.secrets import scrub
 from chatops.store import acquire_lease, record_error, release_lease
 from workers import git
-from workers.push import NothingToPush, credentials, push_workspace
+from workers.push import BranchRefused, NothingToPush, credentials, push_workspace
 from workers.slack_client import web_client
 from workers.turns import Process, SessionFacts, process, session_facts
 from workers.workspaces import public_url, workspace_path
@@ -64,8 +64,11 @@ def _push(proc: Process, facts: SessionFacts, session_id: str, branch: str, user
     if not (workspace / ".git").exists():
         return NOTHING
     message = f"mm: the changes of a Slack thread, pushed by {user}"
+    base = facts.branch or config.service.channel(facts.channel_id or "").branch
     try:
-        pushed = push_workspace(workspace, remote, branch, message, credentials(config))
+        pushed = push_workspace(workspace, remote, branch, message, credentials(config), base)
+    except BranchRefused as e:
+        return f"The push was refused: {e}"
     except NothingToPush:
         return NOTHING
     except git.GitError as e:

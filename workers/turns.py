@@ -205,6 +205,7 @@ class SessionTurns:
             # Before the workspace: a stop must not wait on (or fail with) a clone.
             clear_stop(engine, session_id)
             if SessionState.of(self.store.load(session_id)).turn_start() is not None:
+                self.failure = "it was stopped"
                 agent = Agent(self._agent_config(), self.store, session_id, self.config.workspaces_root / session_id)
                 await agent.stop()
                 await agent.aclose()
@@ -565,18 +566,18 @@ class SessionFacts:
     channel_id: str | None
     thread_ts: str | None
     repo: str | None
+    branch: str | None
     status: str
-    requester: str | None
 
 
 def session_facts(engine: Engine, session_id: str) -> SessionFacts | None:
     with engine.connect() as conn:
         s = conn.execute(
-            select(Session.channel_id, Session.thread_ts, Session.repo, Session.status, Session.requester).where(
+            select(Session.channel_id, Session.thread_ts, Session.repo, Session.branch, Session.status).where(
                 Session.id == session_id
             )
         ).first()
-    return SessionFacts(s.channel_id, s.thread_ts, s.repo, s.status, s.requester) if s is not None else None
+    return SessionFacts(s.channel_id, s.thread_ts, s.repo, s.branch, s.status) if s is not None else None
 
 
 def _undecided(engine: Engine, session_id: str) -> bool:
