@@ -144,14 +144,14 @@ def test_a_run_whose_end_was_never_recorded_is_closed_so_the_job_runs_again(engi
 
 
 def test_counting_a_run_leaves_the_resume_point_and_lost_hand_offs_are_found(engine: Engine) -> None:
-    from workers.jobs import NEVER, _count, undelivered_runs
+    from workers.jobs import NEVER, count_run, undelivered_runs
 
     chore = job()
     cursor = Cursor()
     fire_due(engine, [chore], cursor, at("13:04"), 600)
     fire_due(engine, [chore], cursor, at("13:05", 1), 600)
-    _count(engine, chore, failed=True)  # the 13:05 run failed at 13:07 …
-    _count(engine, chore, failed=True)
+    count_run(engine, chore, failed=True)  # the 13:05 run failed at 13:07 …
+    count_run(engine, chore, failed=True)
     with engine.connect() as conn:
         state = conn.execute(select(JobState.__table__).where(JobState.job_name == chore.name)).one()
     assert state.consecutive_failures == 2 and state.updated_at == NEVER

@@ -110,7 +110,7 @@ async def start_run(engine: Engine, config: Config, client: Any, start: RunStart
         reason = f"its message could not be posted in <#{job.channel}>: {e}"
         record_error(engine, "job", f"{job.name}: {reason}")
         _close(engine, start.run_id, JobRunStatus.FAILED, utcnow(), error=reason)
-        _count(engine, job, failed=True)
+        count_run(engine, job, failed=True)
         return None
     ts = str(posted["ts"])
     session_id = ensure_session(
@@ -206,7 +206,7 @@ async def finish_run(
     # not run commands unasked because a job ran with yolo).
     await asyncio.to_thread(set_yolo, engine, session_id, None)
     await post(summary)
-    failures = _count(engine, job, failed=reason is not None)
+    failures = count_run(engine, job, failed=reason is not None)
     if failures >= job.maxFailures and _pause(engine, job, failures):
         await post(PAUSED.format(job=job.name, failures=failures), in_channel=True)
 
@@ -306,7 +306,7 @@ def _close(
         return conn.execute(stmt.values(values)).rowcount == 1
 
 
-def _count(engine: Engine, job: JobConfig, failed: bool) -> int:
+def count_run(engine: Engine, job: JobConfig, failed: bool) -> int:
     """Count the run into the job's failures in a row (a success clears them); the count."""
     with engine.begin() as conn:
         state = conn.execute(select(JobState.__table__).where(JobState.job_name == job.name)).first()
