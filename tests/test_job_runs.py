@@ -23,7 +23,7 @@ from mm_testkit.redis_server import OwnRedis
 from mmbot_helpers import MM_BOT
 from playground.model_server import Reply
 from playground.signed import SlackEventSender
-from threads_support import CHANNEL, SECRET, Stack, approval_messages, click, config, policy, stack
+from threads_support import CHANNEL, SECRET, Stack, approval_messages, click, config, policy, repositories, stack
 
 APPROVER, ALICE = "U0BOB", "U0ALICE"
 JOBS = f"""jobs:
@@ -41,13 +41,7 @@ JOBS = f"""jobs:
 
 @pytest.fixture
 def jobs(tmp_path: Path, fresh_pg_url: str, own_redis: OwnRedis) -> Iterator[Stack]:
-    origin = tmp_path / "origin"
-    origin.mkdir()
-    (origin / "README.md").write_text("a repository\n")
-    for args in (["init", "-q", "-b", "main"], ["add", "README.md"], ["commit", "-q", "-m", "start"]):
-        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@example.com", *args], cwd=origin, check=True)
-    bare = tmp_path / "origin.git"
-    subprocess.run(["git", "clone", "-q", "--bare", str(origin), str(bare)], check=True)
+    origin, bare = repositories(tmp_path)
     channel = f"{{repo: {origin}, approvers: [{APPROVER}]}}"
     with stack(tmp_path, fresh_pg_url, own_redis.url, config=config(channel, JOBS.replace("BARE", str(bare)))) as s:
         s.model.always(policy)

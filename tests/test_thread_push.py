@@ -13,20 +13,14 @@ import pytest
 
 from mm_testkit.redis_server import OwnRedis
 from playground.signed import SlackEventSender
-from threads_support import CHANNEL, SECRET, Stack, buttons, config, policy, stack
+from threads_support import CHANNEL, SECRET, Stack, buttons, config, policy, repositories, stack
 
 APPROVER, ALICE = "U0BOB", "U0ALICE"
 
 
 @pytest.fixture
 def thread(tmp_path: Path, fresh_pg_url: str, own_redis: OwnRedis) -> Iterator[tuple[Stack, SlackEventSender, Path]]:
-    origin = tmp_path / "origin"
-    origin.mkdir()
-    (origin / "README.md").write_text("a repository\n")
-    for args in (["init", "-q", "-b", "main"], ["add", "README.md"], ["commit", "-q", "-m", "start"]):
-        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@example.com", *args], cwd=origin, check=True)
-    bare = tmp_path / "origin.git"
-    subprocess.run(["git", "clone", "-q", "--bare", str(origin), str(bare)], check=True)
+    _origin, bare = repositories(tmp_path)
     channel = f"{{yolo: true, repo: {bare}, approvers: [{APPROVER}]}}"
     with stack(tmp_path, fresh_pg_url, own_redis.url, config=config(channel)) as s:
         s.model.always(policy)

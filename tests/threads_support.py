@@ -222,6 +222,18 @@ class Stack:
         raise AssertionError(f"timed out waiting: {message or what}\n{logs}")
 
 
+def repositories(tmp: Path) -> tuple[Path, Path]:
+    """A repository with one commit (README.md on main) and a bare clone of it, to clone from and push to."""
+    origin = tmp / "origin"
+    origin.mkdir()
+    (origin / "README.md").write_text("a repository\n")
+    for args in (["init", "-q", "-b", "main"], ["add", "README.md"], ["commit", "-q", "-m", "start"]):
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@example.com", *args], cwd=origin, check=True)
+    bare = tmp / "origin.git"
+    subprocess.run(["git", "clone", "-q", "--bare", str(origin), str(bare)], check=True)
+    return origin, bare
+
+
 # --- approvals in a thread --------------------------------------------------------------------------------
 
 
