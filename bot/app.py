@@ -24,6 +24,7 @@ from bot.commands import Commands
 from bot.home import Home
 from bot.jobs import JobCommands
 from chatops.buttons import ACTION_PATTERN
+from chatops.reload import ConfigFile
 from chatops.secrets import secrets_of
 
 if TYPE_CHECKING:
@@ -69,12 +70,14 @@ def create_app(config: Config, engine: Engine) -> AsyncApp:
 
 def register(app: AsyncApp, engine: Engine, config: Config) -> None:
     """The listeners, by kind: assistant threads, events, button clicks, the slash command, App Home."""
-    approvers = Approvers(config.service)
+    # An edit of the config file reaches the bot's checks and commands within a second (chatops/reload.py).
+    config_file = ConfigFile(config)
+    approvers = Approvers(lambda: config_file.current().service)
     secrets = secrets_of(config)
     clicks = ClickHandler(engine, approvers, secrets, handlers.enqueue, handlers.enqueue_thread_push)
-    jobs = JobCommands(engine, config, approvers, handlers.enqueue_run)
+    jobs = JobCommands(engine, config_file, approvers, handlers.enqueue_run)
     home = Home(engine, approvers, secrets, jobs)
-    commands = Commands(engine, config, approvers, handlers.enqueue, secrets, jobs, clicks)
+    commands = Commands(engine, config_file, approvers, handlers.enqueue, secrets, jobs, clicks)
 
     async def attach_engine(context: AsyncBoltContext, next: Callable[[], Awaitable[None]]) -> None:
         context[handlers.ENGINE] = engine

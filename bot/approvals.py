@@ -172,9 +172,9 @@ class ClickHandler:
         """Push the thread's changes (the button, and `push [branch]`): for the channel's approvers, and, as for
         an approval, not one of the thread's own writers unless the config allows it."""
         authors = ",".join(sorted(await asyncio.to_thread(writers, self.engine, session_id)))
-        refusal = await self.approvers.may_approve(client, channel, user, authors or None)
+        refusal = await self.approvers.may_approve(client, channel, user, authors or None, "push a thread's changes")
         if refusal is not None:
-            return refusal.replace("approve calls", "push a thread's changes")
+            return refusal
         if self.enqueue_push is None:
             return PUSH_UNAVAILABLE
         await self.enqueue_push(session_id, branch, user)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from chatops.config import ServiceConfig
@@ -42,13 +43,13 @@ GROUP_UNKNOWN = " (the user group {group} could not be checked: {error})"
 class Approvers:
     """The approver checks of one bot process, with its cache of user groups."""
 
-    def __init__(self, service: ServiceConfig, ttl: float = GROUP_TTL) -> None:
-        self.service, self.ttl = service, ttl
+    def __init__(self, service: Callable[[], ServiceConfig], ttl: float = GROUP_TTL) -> None:
+        self._service, self.ttl = service, ttl
         self._groups: dict[str, tuple[float, frozenset[str]]] = {}
 
     async def is_approver(self, client: Any, channel: str, user: str) -> tuple[bool, str]:
         """Whether `user` is one of the channel's approvers; and, when a group could not be checked, why."""
-        approvers = self.service.channel(channel).approvers
+        approvers = self._service().channel(channel).approvers
         if user in approvers:
             return True, ""
         problems = ""
@@ -61,15 +62,18 @@ class Approvers:
                 problems += GROUP_UNKNOWN.format(group=group, error=_error(e))
         return False, problems
 
-    async def may_approve(self, client: Any, channel: str, user: str, requested_by: str | None) -> str | None:
-        """None when `user` may approve a call of `channel` asked by `requested_by`; else the sentence why not."""
+    async def may_approve(
+        self, client: Any, channel: str, user: str, requested_by: str | None, what: str = "approve calls"
+    ) -> str | None:
+        """None when `user` may approve a call of `channel` asked by `requested_by` (or do `what` else an
+        approver may); else the sentence why not."""
         own = _asked(user, requested_by)
-        if own and self.service.approvals.requester_can_approve:
+        if own and self._service().approvals.requester_can_approve:
             return None
         approver, problems = await self.is_approver(client, channel, user)
         if approver:
             return OWN_REQUEST if own else None
-        return self.refusal(channel, "approve calls", problems)
+        return self.refusal(channel, what, problems)
 
     async def may_reject(self, client: Any, channel: str, user: str, requested_by: str | None) -> str | None:
         if _asked(user, requested_by):
@@ -78,7 +82,7 @@ class Approvers:
         return None if approver else self.refusal(channel, "reject calls", problems)
 
     def refusal(self, channel: str, what: str, problems: str = "") -> str:
-        approvers = self.service.channel(channel).approvers
+        approvers = self._service().channel(channel).approvers
         if not approvers:
             return NO_APPROVERS.format(what=what, channel=channel)
         who = ", ".join(f"<!subteam^{a}>" if a.startswith("S") else f"<@{a}>" for a in approvers)

@@ -29,6 +29,7 @@ from bot.jobs import JobCommands, is_job_command
 from chatops.config import Config, is_branch_name
 from chatops.inbox import Recorded, has_messages, record_message, request_stop, session_of
 from chatops.queries import latest_session, log_length, pending_approvals, session_summary, tokens_used
+from chatops.reload import ConfigFile
 from chatops.repos import RepoRefused, check_repo
 from chatops.schema import InboxCommand, SessionStatus
 from chatops.store import ensure_session, set_repo, set_yolo
@@ -122,15 +123,19 @@ class Commands:
     def __init__(
         self,
         engine: Engine,
-        config: Config,
+        config_file: ConfigFile,
         approvers: Approvers,
         enqueue: Any,
         secrets: list[str],
         jobs: JobCommands | None = None,
         clicks: ClickHandler | None = None,
     ) -> None:
-        self.engine, self.config, self.approvers, self.enqueue = engine, config, approvers, enqueue
+        self.engine, self.config_file, self.approvers, self.enqueue = engine, config_file, approvers, enqueue
         self.secrets, self.jobs, self.clicks = secrets, jobs, clicks
+
+    @property
+    def config(self) -> Config:
+        return self.config_file.current()
 
     def agents(self) -> str:
         return ", ".join(f"`{n}`" for n in self.config.agent.mmConfigs) or "none configured"
@@ -163,9 +168,9 @@ class Commands:
         if name == "push":
             return await self._push(client, command, where, session)
         if name == "yolo":
-            refusal = await self.approvers.may_approve(client, where.channel, where.user, None)
+            refusal = await self.approvers.may_approve(client, where.channel, where.user, None, "switch yolo")
             if refusal:
-                return Outcome(private=refusal.replace("approve calls", "switch yolo"))
+                return Outcome(private=refusal)
             on = command.args[0] == "on"
             await asyncio.to_thread(set_yolo, self.engine, session, on)
             recorded = await self._record(where, InboxCommand.YOLO, "on" if on else "off")

@@ -16,7 +16,8 @@ from sqlalchemy import Engine
 
 from bot.authorize import Approvers
 from chatops.config import Config, JobConfig
-from chatops.jobs import overview, record_manual_run, set_paused
+from chatops.jobs import overview, record_manual_run, running_run, set_paused
+from chatops.reload import ConfigFile
 from chatops.schedule import next_fire
 from chatops.schema import utcnow
 
@@ -29,6 +30,9 @@ RUN_ASKED = "🔧 <@{user}> started *{job}* now; its thread follows in <#{channe
 PAUSED = "⏸ <@{user}> paused *{job}*: it runs only when asked (`/mm job run {job}`) until `/mm job resume {job}`."
 RESUMED = "▶️ <@{user}> resumed *{job}*: its next run is {next}."
 ALREADY = "*{job}* is {state} already."
+STILL_RUNNING = (
+    "*{job}* is running now (its thread is in <#{channel}>): a second run would be skipped, so none was started."
+)
 OUTCOME = {"succeeded": "✅ succeeded", "failed": "❌ failed", "skipped": "⏭ skipped", "missed": "⌛ missed"}
 
 
@@ -38,8 +42,12 @@ def is_job_command(text: str) -> bool:
 
 
 class JobCommands:
-    def __init__(self, engine: Engine, config: Config, approvers: Approvers, enqueue_run: Any) -> None:
-        self.engine, self.config, self.approvers, self.enqueue_run = engine, config, approvers, enqueue_run
+    def __init__(self, engine: Engine, config_file: ConfigFile, approvers: Approvers, enqueue_run: Any) -> None:
+        self.engine, self.config_file, self.approvers, self.enqueue_run = engine, config_file, approvers, enqueue_run
+
+    @property
+    def config(self) -> Config:
+        return self.config_file.current()
 
     async def answer(self, client: Any, text: str, user: str) -> tuple[str, tuple[str, str] | None]:
         """The private answer, and a public line for a channel (channel, text) when a job was steered."""
@@ -55,11 +63,13 @@ class JobCommands:
         if job is None:
             listed = ", ".join(f"`{n}`" for n in jobs) or "none"
             return UNKNOWN_JOB.format(name=name[:100], jobs=listed), None
-        refusal = await self.approvers.may_approve(client, job.channel, user, None)
+        refusal = await self.approvers.may_approve(client, job.channel, user, None, f"{action} jobs")
         if refusal:
-            return refusal.replace("approve calls", f"{action} jobs"), None
+            return refusal, None
         now = utcnow()
         if action == "run":
+            if (running := await asyncio.to_thread(running_run, self.engine, job.name)) is not None:
+                return STILL_RUNNING.format(job=job.name, channel=running[0] or job.channel), None
             run_id = await asyncio.to_thread(record_manual_run, self.engine, job.name, user, now)
             await self.enqueue_run(run_id)
             return RUN_ASKED.format(user=user, job=job.name, channel=job.channel), None

@@ -12,11 +12,12 @@ as missed, so the history says what did not happen and why.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import Engine, func, insert, select, update
+from sqlalchemy import Connection, Engine, delete, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from chatops.config import JobConfig
@@ -25,9 +26,15 @@ from chatops.schema import JobRun, JobRunStatus, JobState, JobTrigger, Scheduler
 
 LEADERSHIP = "jobs"
 _LONG_AGO = datetime(2000, 1, 1, tzinfo=UTC)
+# A job's state row made by its runs, not by a person: never paused nor resumed, so no point to catch up from.
+NEVER = _LONG_AGO
 # Times recorded as missed for one job after an outage, at most (the newest): a minutely job down for a month
 # should not write forty thousand rows.
 MAX_MISSED = 100
+# How far back a scheduler looks for missed times: older ones are not even recorded as missed (a minutely job
+# whose scheduler was gone for years must not cost a walk over every minute since).
+CATCH_UP = timedelta(days=31)
+UNRUN_KEPT = timedelta(days=30)  # skipped and missed runs, in the history (forget_unrun)
 
 
 @dataclass(frozen=True)
@@ -52,6 +59,9 @@ def take_leadership(engine: Engine, owner: str, ttl_s: float, now: datetime) -> 
         ).rowcount
     if taken:
         return True
+    with engine.connect() as conn:  # a standby's usual answer, without an INSERT failing every tick
+        if conn.execute(select(SchedulerLease.name).where(SchedulerLease.name == LEADERSHIP)).first() is not None:
+            return False
     try:
         with engine.begin() as conn:
             conn.execute(insert(SchedulerLease).values(name=LEADERSHIP, owner=owner, expires_at=expires))
@@ -88,26 +98,44 @@ class Cursor:
     def advance(self, job: str, until: datetime) -> None:
         self._until[job] = until
 
+    def keep(self, jobs: Iterable[str]) -> None:
+        """Forget the jobs no longer configured (a reload removed them; one added again starts afresh)."""
+        kept = set(jobs)
+        self._until = {name: until for name, until in self._until.items() if name in kept}
+
 
 def fire_due(
     engine: Engine, jobs: Iterable[JobConfig], cursor: Cursor, now: datetime, grace_s: float
 ) -> list[FiredRun]:
     """Record the runs due up to `now` (a new row each, or nothing when another scheduler recorded it first);
     a paused or disabled job fires nothing, and its times pass."""
+    jobs = list(jobs)
+    cursor.keep(j.name for j in jobs)
     paused = _paused(engine)
     fired: list[FiredRun] = []
     for job in jobs:
-        since = cursor.since(engine, job, now)
+        since = max(cursor.since(engine, job, now), now - CATCH_UP)
         cursor.advance(job.name, now)
         if not job.enabled or job.name in paused:
             continue
-        due = list(fires(job.schedule, job.timezone, since, now))[-MAX_MISSED:]
+        due = list(deque(fires(job.schedule, job.timezone, since, now), maxlen=MAX_MISSED))
         for i, at in enumerate(due):
             on_time = i == len(due) - 1 and now - at <= timedelta(seconds=grace_s)
             run = _record(engine, job.name, at, JobRunStatus.SCHEDULED if on_time else JobRunStatus.MISSED, now)
             if run is not None:
                 fired.append(run)
     return fired
+
+
+def forget_unrun(engine: Engine, now: datetime, keep: timedelta = UNRUN_KEPT) -> int:
+    """Delete the skipped and missed runs older than `keep`: a minutely job whose runs last longer than a minute
+    records one a minute. The runs that ran stay: they are the history, with their sessions. How many went."""
+    with engine.begin() as conn:
+        return conn.execute(
+            delete(JobRun).where(
+                JobRun.status.in_([JobRunStatus.SKIPPED, JobRunStatus.MISSED]), JobRun.scheduled_for < now - keep
+            )
+        ).rowcount
 
 
 def _record(engine: Engine, job: str, at: datetime, status: JobRunStatus, now: datetime) -> FiredRun | None:
@@ -128,7 +156,7 @@ def _resume_point(engine: Engine, job: str) -> datetime | None:
             select(func.max(JobRun.scheduled_for)).where(JobRun.job_name == job, JobRun.trigger == JobTrigger.SCHEDULE)
         ).scalar_one_or_none()
         changed = conn.execute(select(JobState.updated_at).where(JobState.job_name == job)).scalar_one_or_none()
-    points = [p for p in (latest, changed) if p is not None]
+    points = [p for p in (latest, changed) if p is not None and p != NEVER]
     return max(points) if points else None
 
 
@@ -170,15 +198,30 @@ def set_paused(engine: Engine, job: str, paused: bool, user: str, now: datetime)
         **({} if paused else {"consecutive_failures": 0}),
     }
     with engine.begin() as conn:
-        changed = conn.execute(
-            update(JobState).where(JobState.job_name == job, JobState.paused.is_(not paused)).values(values)
-        ).rowcount
-        if changed:
-            return True
-        if not paused or conn.execute(select(JobState.job_name).where(JobState.job_name == job)).first() is not None:
-            return False  # resuming a job never paused changes nothing
-        conn.execute(insert(JobState).values(job_name=job, **values))
-        return True
+        ensure_state(conn, job)
+        return (
+            conn.execute(
+                update(JobState).where(JobState.job_name == job, JobState.paused.is_(not paused)).values(values)
+            ).rowcount
+            == 1
+        )
+
+
+def ensure_state(conn: Connection, job: str) -> None:
+    """Give the job its state row (not paused, no failures, NEVER changed by a person) when it has none yet."""
+    if conn.execute(select(JobState.job_name).where(JobState.job_name == job)).first() is None:
+        conn.execute(insert(JobState).values(job_name=job, updated_at=NEVER))
+
+
+def running_run(engine: Engine, job: str) -> tuple[str | None, str | None] | None:
+    """The job's run that is running now, as (channel, root ts) of its thread; None when none runs."""
+    with engine.connect() as conn:
+        row = conn.execute(
+            select(JobRun.channel_id, JobRun.root_ts).where(
+                JobRun.job_name == job, JobRun.status == JobRunStatus.RUNNING
+            )
+        ).first()
+    return (row.channel_id, row.root_ts) if row is not None else None
 
 
 def overview(engine: Engine, names: Iterable[str]) -> dict[str, JobOverview]:

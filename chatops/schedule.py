@@ -18,8 +18,7 @@ from zoneinfo import ZoneInfo
 
 from croniter import croniter
 
-# Zones move their clocks by at most a few hours; starting the wall-clock walk this far back covers any offset
-# change between the UTC instant asked about and the wall time the walk starts from.
+# Zones move their clocks back by at most a day (Samoa, 2011): last_fire's backward walk starts this far ahead.
 _MARGIN = timedelta(hours=26)
 
 
@@ -67,7 +66,9 @@ def instant_of(wall: datetime, tz: ZoneInfo) -> datetime:
 
 
 def _walk(cron: str, tz: ZoneInfo, after: datetime) -> Iterator[datetime]:
-    walk = croniter(cron, (after.astimezone(tz) - _MARGIN).replace(tzinfo=None))
+    # instant_of is the earliest instant whose wall time is at or after the given one, so it never decreases as
+    # the wall time grows, and no wall time before `after`'s own maps after `after`: the walk starts there.
+    walk = croniter(cron, after.astimezone(tz).replace(tzinfo=None))
     last = after
     while True:
         instant = instant_of(walk.get_next(datetime), tz)

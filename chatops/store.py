@@ -467,6 +467,7 @@ class ApprovalRow:
     expires_at: datetime | None
     message_ts: str | None
     approve_all: bool = False
+    created_at: datetime | None = None
 
 
 APPROVAL_COLUMNS = [getattr(Approval, f) for f in ApprovalRow.__dataclass_fields__]

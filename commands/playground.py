@@ -176,9 +176,10 @@ def _overlay(config: Config, demo: bool) -> str:
     )
     overlay: dict[str, object] = {"channels": {CHANNEL_ID: channel}}
     if config.service.jobs:
-        # The page shows one channel: the jobs' runs come there as threads.
+        # The page shows one channel: the jobs' runs come there as threads. A trial never pushes a job's branch
+        # to the team's remote on its own (a thread's Push branch button, which an approver clicks, still does).
         jobs = [job.model_dump(mode="json", exclude_defaults=True) for job in config.service.jobs]
-        overlay["jobs"] = [job | {"channel": CHANNEL_ID} for job in jobs]
+        overlay["jobs"] = [{k: v for k, v in job.items() if k != "push"} | {"channel": CHANNEL_ID} for job in jobs]
     return header + yaml.safe_dump(overlay, sort_keys=False, allow_unicode=True)
 
 

@@ -24,11 +24,10 @@ def slack() -> Iterator[SlackEmulator]:
 
 def approvers(requester_can_approve: bool = False, **channels: list[str]) -> Approvers:
     config = {CHANNEL: {"approvers": channels.get("approvers", ["U0BOB", "S0LEADS"])}}
-    return Approvers(
-        ServiceConfig.model_validate(
-            {"channels": config, "approvals": {"requester_can_approve": requester_can_approve}}
-        )
+    service = ServiceConfig.model_validate(
+        {"channels": config, "approvals": {"requester_can_approve": requester_can_approve}}
     )
+    return Approvers(lambda: service)
 
 
 def check(slack: SlackEmulator, rules: Approvers, user: str, requested_by: str | None, approve: bool = True):

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import pytest
 from kombu.connection import Connection
@@ -34,7 +35,7 @@ JOBS = f"""jobs:
   - {{name: slow, schedule: "0 5 29 2 *", channel: {CHANNEL}, yolo: true, prompt: "take your time", timeLimit: 2s}}
   - {{name: gated, schedule: "0 6 29 2 *", channel: {CHANNEL}, yolo: false, prompt: "run: echo approved-in-a-job"}}
   - {{name: pusher, schedule: "0 7 29 2 *", channel: {CHANNEL}, yolo: true, prompt: "run: echo pushed > pushed.txt",
-      repo: BARE, push: true}}
+      repo: BARE, push: true, timezone: Pacific/Kiritimati}}
   - {{name: lost, schedule: "0 8 29 2 *", channel: {CHANNEL}, yolo: true, prompt: "run: echo x > x.txt", repo: BARE,
       push: {{remote: /nonexistent/remote.git, branch: "chores/{{job}}"}}}}"""
 
@@ -201,6 +202,14 @@ def test_jobs_are_listed_run_now_paused_and_resumed_from_slack(jobs: Stack) -> N
             message="the jobs in App Home",
         )
         assert f"• *tidy* `0 3 29 2 *` (UTC) in <#{CHANNEL}>" in str(home[-1]["blocks"])
+        # Asked again while a run still runs (this one waits for an approval): nothing more is started.
+        slash("job run gated")
+        jobs.wait(lambda: [r for r in runs_of(jobs, "gated") if r.status == "running"], message="gated runs")
+        assert slash("job run gated") == (
+            f"*gated* is running now (its thread is in <#{CHANNEL}>): "
+            "a second run would be skipped, so none was started."
+        )
+        assert len(runs_of(jobs, "gated")) == 1
 
 
 def test_a_gated_call_in_a_run_waits_for_an_approver_s_button(jobs: Stack) -> None:
@@ -220,7 +229,8 @@ def test_a_gated_call_in_a_run_waits_for_an_approver_s_button(jobs: Stack) -> No
 def test_a_run_s_changes_are_pushed_to_a_branch_and_a_failed_push_fails_the_run(jobs: Stack) -> None:
     run = finished(jobs, run_now(jobs, "pusher"))
     bare = jobs.tmp / "origin.git"
-    branch = f"mm/pusher/{run.scheduled_for:%Y-%m-%d}-{run.id}"
+    local = run.scheduled_for.astimezone(ZoneInfo("Pacific/Kiritimati"))  # the job's date and time: UTC+14
+    branch = f"mm/pusher/{local:%Y-%m-%d}-{run.id}"
     assert run.status == "succeeded" and run.pushed_branch == branch
     assert f"⬆️ Pushed `{branch}` to {bare} (" in run.summary
     shown = subprocess.run(
@@ -230,7 +240,7 @@ def test_a_run_s_changes_are_pushed_to_a_branch_and_a_failed_push_fails_the_run(
     author = subprocess.run(
         ["git", "--git-dir", str(bare), "log", "-1", "--format=%an <%ae>%n%s", branch], capture_output=True, text=True
     ).stdout.splitlines()
-    assert author == ["mm <mm@localhost>", f"pusher: run {run.id} of {run.scheduled_for:%Y-%m-%d %H:%M} UTC"]
+    assert author == ["mm <mm@localhost>", f"pusher: run {run.id} of {local:%Y-%m-%d %H:%M} Pacific/Kiritimati"]
 
     lost = finished(jobs, run_now(jobs, "lost"))
     assert lost.status == "failed" and lost.pushed_branch is None

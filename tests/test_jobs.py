@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 from sqlalchemy import Engine, insert, select, update
 
@@ -144,7 +145,8 @@ def test_a_run_whose_end_was_never_recorded_is_closed_so_the_job_runs_again(engi
 
 
 def test_counting_a_run_leaves_the_resume_point_and_lost_hand_offs_are_found(engine: Engine) -> None:
-    from workers.jobs import NEVER, count_run, undelivered_runs
+    from chatops.jobs import NEVER
+    from workers.jobs import count_run, undelivered_runs
 
     chore = job()
     cursor = Cursor()
@@ -164,3 +166,125 @@ def test_counting_a_run_leaves_the_resume_point_and_lost_hand_offs_are_found(eng
     # The 13:15 run was recorded but never started: two minutes on, housekeeping sends it again.
     assert fired[-1].run_id not in undelivered_runs(engine, at("13:16"))
     assert fired[-1].run_id in undelivered_runs(engine, at("13:18"))
+
+
+def test_a_run_s_time_limit_counts_its_work_and_not_its_waits_for_a_decision(engine: Engine) -> None:
+    from chatops.schema import Approval, Session, SessionKind
+    from workers.jobs import RunningJob, time_left
+
+    chore = job(timeLimit="30m")
+    started = at("10:00")
+    with engine.begin() as conn:
+        session = conn.execute(insert(Session).values(kind=SessionKind.JOB).returning(Session.id)).scalar_one()
+    run = RunningJob(1, chore, started, started)
+    assert time_left(engine, run, session, at("10:10")) == 20 * 60
+
+    def ask(call: str, asked: str, decided: str | None) -> None:
+        with engine.begin() as conn:
+            conn.execute(
+                insert(Approval).values(
+                    call_id=call,
+                    session_id=session,
+                    tool="bash",
+                    state="approved" if decided else "pending",
+                    created_at=at(asked),
+                    decided_at=at(decided) if decided else None,
+                )
+            )
+
+    # Two calls asked together at 10:05, decided at 10:50 and 11:05: one wait of an hour; then 5 minutes of
+    # work, and a call waiting since 11:10.
+    ask("a", "10:05", "10:50")
+    ask("b", "10:05", "11:05")
+    ask("c", "11:10", None)
+    assert time_left(engine, run, session, at("11:10")) == 30 * 60 - 10 * 60  # 10:00-10:05 and 11:05-11:10
+    assert time_left(engine, run, session, at("13:00")) == 30 * 60 - 10 * 60  # still waiting: nothing used
+    # An approval of an earlier run of the thread does not count.
+    ask("old", "09:00", "09:59")
+    assert time_left(engine, run, session, at("11:10")) == 20 * 60
+
+
+def test_unrun_times_are_forgotten_after_a_month_and_a_running_run_is_found(engine: Engine) -> None:
+    from chatops.jobs import UNRUN_KEPT, forget_unrun, running_run
+
+    chore = job()
+    now = at("12:00")
+    with engine.begin() as conn:
+        for minutes, status in ((1, "skipped"), (2, "missed"), (3, "failed"), (4, "succeeded")):
+            old = now - UNRUN_KEPT - timedelta(minutes=minutes)
+            conn.execute(insert(JobRun).values(job_name=chore.name, scheduled_for=old, status=status))
+        conn.execute(insert(JobRun).values(job_name=chore.name, scheduled_for=now, status="skipped"))
+    assert running_run(engine, chore.name) is None
+    assert forget_unrun(engine, now) == 2
+    assert sorted(s for _, s in runs(engine, chore.name)) == ["failed", "skipped", "succeeded"]
+    with engine.begin() as conn:
+        conn.execute(
+            insert(JobRun).values(
+                job_name=chore.name,
+                scheduled_for=now + timedelta(seconds=1),
+                status="running",
+                channel_id="C0JOBS",
+                root_ts="1.2",
+                trigger="manual",
+            )
+        )
+    assert running_run(engine, chore.name) == ("C0JOBS", "1.2")
+
+
+def test_a_standby_scheduler_asks_without_failing_and_forgets_jobs_a_reload_removed(engine: Engine) -> None:
+    from chatops.jobs import NEVER, Cursor, ensure_state
+    from chatops.schema import SchedulerLease
+
+    later = at("08:00") + timedelta(days=365 * 20)  # after any lease this module's other tests took
+    assert take_leadership(engine, "leader", 30, later)
+    assert not take_leadership(engine, "standby", 30, later)
+    with engine.connect() as conn:
+        assert conn.execute(select(SchedulerLease.owner)).scalar_one() == "leader"
+    give_up_leadership(engine, "leader")
+
+    now = at("08:00")
+    # A job whose state row its runs made (never paused by a person) catches up from its runs, not from 2000.
+    chore = job("* * * * *")
+    with engine.begin() as conn:
+        ensure_state(conn, chore.name)
+        assert conn.execute(select(JobState.updated_at).where(JobState.job_name == chore.name)).scalar_one() == NEVER
+    cursor = Cursor()
+    assert fire_due(engine, [chore], cursor, now, 60) == []  # never ran: it starts from now
+    assert [f.status for f in fire_due(engine, [chore], cursor, at("08:01", 1), 60)] == [JobRunStatus.SCHEDULED]
+    assert fire_due(engine, [], cursor, at("08:02", 1), 60) == []  # removed by a reload …
+    fired = fire_due(engine, [chore], cursor, at("08:03", 1), 60)  # … added back: it starts afresh from its runs
+    assert [(f.scheduled_for, f.status) for f in fired] == [
+        (at("08:02"), JobRunStatus.MISSED),
+        (at("08:03"), JobRunStatus.SCHEDULED),
+    ]
+
+
+def test_a_run_whose_job_an_edit_removed_ends_failed_saying_so(engine: Engine, tmp_path: Path) -> None:
+    import asyncio
+
+    from chatops.config import load_config
+    from chatops.schema import Session, SessionKind
+    from workers.jobs import REMOVED, REMOVED_REASON, finish_run
+
+    chore = job()
+    with engine.begin() as conn:
+        session = conn.execute(insert(Session).values(kind=SessionKind.JOB).returning(Session.id)).scalar_one()
+        run_id = conn.execute(
+            insert(JobRun)
+            .values(job_name=chore.name, scheduled_for=at("09:00"), status="running", session_id=session)
+            .returning(JobRun.id)
+        ).scalar_one()
+    said: list[str] = []
+
+    async def post(text: str, in_channel: bool = False) -> None:
+        said.append(text)
+
+    (tmp_path / "mm.yaml").write_text("jobs: []\n")
+    no_jobs = load_config(tmp_path / "mm.yaml", environ={})
+    asyncio.run(finish_run(engine, no_jobs, session, None, None, None, post, []))
+    assert said == [REMOVED]
+    with engine.connect() as conn:
+        row = conn.execute(select(JobRun.status, JobRun.error).where(JobRun.id == run_id)).one()
+    assert (row.status, row.error) == (JobRunStatus.FAILED, REMOVED_REASON)
+    asyncio.run(finish_run(engine, no_jobs, session, None, None, None, post, []))  # once
+    assert said == [REMOVED]

@@ -16,15 +16,18 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
+from zoneinfo import ZoneInfo
 
-from sqlalchemy import Engine, insert, select, update
+from sqlalchemy import Engine, select, update
 from sqlalchemy.exc import IntegrityError
 
 from chatops.config import Config, JobConfig
 from chatops.inbox import record_message
+from chatops.jobs import ensure_state
+from chatops.reload import ConfigFile
 from chatops.schema import ApprovalState, JobRun, JobRunStatus, JobState, Session, SessionKind, SessionStatus, utcnow
 from chatops.secrets import scrub
 from chatops.store import approvals_of, ensure_session, record_error, set_yolo
@@ -33,6 +36,7 @@ from mm_core.events import TurnFinished
 from mm_core.log import Outcome
 from workers import blocks, git
 from workers.push import BranchRefused, NothingToPush, credentials, push_workspace
+from workers.workspaces import start_commit
 
 log = logging.getLogger("mm.worker.jobs")
 
@@ -55,9 +59,10 @@ DIFF_LINES = 20  # of `git diff --stat` in the summary
 PUSHED = "⬆️ Pushed `{branch}` to {remote} ({commit})."
 NOTHING_PUSHED = "Nothing to push: the run changed no file."
 NO_REMOTE = "there is nowhere to push: the job has no repository and no `push.remote`"
+REMOVED_REASON = "its job was removed from the config while it ran"
+REMOVED = "❌ This run ended with no summary: " + REMOVED_REASON + "."
 STALE_S = 600.0
 REDELIVER_S = 120.0
-NEVER = datetime(2000, 1, 1, tzinfo=UTC)  # a job's state row made by its runs: never paused nor resumed
 NO_END = "its end was not recorded (the worker stopped, or the summary failed): its thread says how far it went"
 
 
@@ -73,14 +78,17 @@ def prompt_of(job: JobConfig) -> str:
     return "\n\n".join([*parts, *([job.prompt] if job.prompt else [])])
 
 
-def claim_run(engine: Engine, config: Config, run_id: int) -> RunStart | None:
+def claim_run(engine: Engine, config_file: ConfigFile, run_id: int) -> RunStart | None:
     """Move the run from scheduled to running; None when it is not to start (started already, gone from the
     config, skipped because the job's previous run still runs: each recorded)."""
     with engine.connect() as conn:
         row = conn.execute(select(JobRun.__table__).where(JobRun.id == run_id)).first()
     if row is None or row.status != JobRunStatus.SCHEDULED:
         return None  # a second delivery of a run that started, or a run removed
-    job = next((j for j in config.service.jobs if j.name == row.job_name), None)
+    job = _job(config_file.current(), row.job_name)
+    if job is None:  # added by an edit the scheduler or the bot read before this process did: read it now
+        config_file.ask()
+        job = _job(config_file.current(), row.job_name)
     now = utcnow()
     if job is None:
         _close(engine, run_id, JobRunStatus.FAILED, now, error="the job is no longer in the config")
@@ -98,7 +106,11 @@ def claim_run(engine: Engine, config: Config, run_id: int) -> RunStart | None:
     return RunStart(run_id, job, row.requested_by) if moved else None
 
 
-async def start_run(engine: Engine, config: Config, client: Any, start: RunStart) -> str | None:
+def _job(config: Config, name: str) -> JobConfig | None:
+    return next((j for j in config.service.jobs if j.name == name), None)
+
+
+async def start_run(engine: Engine, client: Any, start: RunStart) -> str | None:
     """Post the run's root message and give its thread the prompt; the session's id (to enqueue), or None when
     the run could not start (then it is recorded failed)."""
     job = start.job
@@ -154,8 +166,25 @@ def job_of_session(engine: Engine, config: Config, session_id: str) -> RunningJo
         ).first()
     if row is None:
         return None
-    job = next((j for j in config.service.jobs if j.name == row.job_name), None)
+    job = _job(config, row.job_name)
     return RunningJob(row.id, job, row.scheduled_for, row.started_at or utcnow()) if job is not None else None
+
+
+def time_left(engine: Engine, run: RunningJob, session_id: str, now: datetime) -> float:
+    """What is left of the run's time limit: it counts the time the run worked, from its start, less the waits
+    for a decision (an approval answered after an hour does not use up a run's half hour)."""
+    waits = sorted(
+        (a.created_at, a.decided_at or now)
+        for a in approvals_of(engine, session_id)
+        if a.created_at is not None and a.created_at >= run.started_at
+    )
+    waited, reached = 0.0, run.started_at
+    for begin, end in waits:  # calls asked together wait together: count their union once
+        begin = max(begin, reached)
+        if end > begin:
+            waited += (end - begin).total_seconds()
+            reached = end
+    return run.job.timeLimit - ((now - run.started_at).total_seconds() - waited)
 
 
 async def finish_run(
@@ -172,6 +201,8 @@ async def finish_run(
     when it pauses the job, in the channel as well."""
     found = job_of_session(engine, config, session_id)
     if found is None:
+        if await asyncio.to_thread(_close_removed, engine, session_id):
+            await post(REMOVED)
         return
     run_id, job, started = found.run_id, found.job, found.started_at
     now = utcnow()
@@ -187,11 +218,12 @@ async def finish_run(
     )
     recap = display.recap(finished) if finished is not None else None
     lines = [f"{outcome} · {recap}" if recap else outcome]
-    if workspace is not None and (changes := await asyncio.to_thread(_changes, workspace)):
+    start = start_commit(config.workspaces_root, session_id)
+    if workspace is not None and (changes := await asyncio.to_thread(_changes, workspace, start)):
         lines.append(f"Changes:\n```\n{changes}\n```")
     pushed_branch = None
     if job.push is not None and reason is None and workspace is not None:
-        pushed_branch, said, reason = await _push(config, found, workspace)
+        pushed_branch, said, reason = await _push(config, found, workspace, start)
         lines.append(said)
         if reason is not None:  # the outcome line changes: the run failed after all
             lines[0] = FAILED.format(job=job.name, duration=duration, reason=reason) + (f" · {recap}" if recap else "")
@@ -209,6 +241,19 @@ async def finish_run(
     failures = count_run(engine, job, failed=reason is not None)
     if failures >= job.maxFailures and _pause(engine, job, failures):
         await post(PAUSED.format(job=job.name, failures=failures), in_channel=True)
+
+
+def _close_removed(engine: Engine, session_id: str) -> bool:
+    """Close the session's running run whose job an edit removed from the config while it ran."""
+    with engine.begin() as conn:
+        return (
+            conn.execute(
+                update(JobRun)
+                .where(JobRun.session_id == session_id, JobRun.status == JobRunStatus.RUNNING)
+                .values(status=JobRunStatus.FAILED, finished_at=utcnow(), error=REMOVED_REASON)
+            ).rowcount
+            > 0
+        )
 
 
 def close_stale_runs(engine: Engine, now: datetime, quiet_s: float = STALE_S) -> list[int]:
@@ -236,7 +281,9 @@ def close_stale_runs(engine: Engine, now: datetime, quiet_s: float = STALE_S) ->
     ]
 
 
-async def _push(config: Config, run: RunningJob, workspace: Path) -> tuple[str | None, str, str | None]:
+async def _push(
+    config: Config, run: RunningJob, workspace: Path, start: str | None
+) -> tuple[str | None, str, str | None]:
     """Push the run's changes as the job says: the branch pushed (or None), the summary's line, and the reason
     the run failed when the push did."""
     job = run.job
@@ -244,11 +291,14 @@ async def _push(config: Config, run: RunningJob, workspace: Path) -> tuple[str |
     remote = job.push.remote or job.repo or config.service.channel(job.channel).repo
     if not remote:
         return None, NO_REMOTE, NO_REMOTE
-    branch = job.push.branch.format(job=job.name, date=f"{run.scheduled_for:%Y-%m-%d}", run=run.run_id)
-    message = f"{job.name}: run {run.run_id} of {run.scheduled_for:%Y-%m-%d %H:%M} UTC\n\n{prompt_of(job)[:2000]}"
+    local = run.scheduled_for.astimezone(ZoneInfo(job.timezone))  # the date the team sees in the job's zone
+    branch = job.push.branch.format(job=job.name, date=f"{local:%Y-%m-%d}", run=run.run_id)
+    message = f"{job.name}: run {run.run_id} of {local:%Y-%m-%d %H:%M} {job.timezone}\n\n{prompt_of(job)[:2000]}"
     try:
         base = job.branch or config.service.channel(job.channel).branch
-        pushed = await asyncio.to_thread(push_workspace, workspace, remote, branch, message, credentials(config), base)
+        pushed = await asyncio.to_thread(
+            push_workspace, workspace, remote, branch, message, credentials(config), base, start
+        )
     except BranchRefused as e:
         return None, f"the push was refused: {e}", f"the push was refused: {e}"
     except NothingToPush:
@@ -256,7 +306,7 @@ async def _push(config: Config, run: RunningJob, workspace: Path) -> tuple[str |
     except git.GitError as e:
         reason = f"the push of `{branch}` failed: {e.text}"
         return None, reason, reason
-    return branch, PUSHED.format(branch=branch, remote=pushed.remote, commit=pushed.commit[:10]), None
+    return branch, PUSHED.format(branch=branch, remote=pushed.remote, commit=pushed.commit[:10]) + pushed.said, None
 
 
 def undelivered_runs(engine: Engine, now: datetime, quiet_s: float = REDELIVER_S) -> list[int]:
@@ -272,11 +322,11 @@ def undelivered_runs(engine: Engine, now: datetime, quiet_s: float = REDELIVER_S
         return list(rows.scalars())
 
 
-def _changes(workspace: Path) -> str:
-    """What the run changed: `git diff --stat` against the commit it started from, and the new files (nothing
-    for a workspace that is no repository)."""
+def _changes(workspace: Path, start: str | None) -> str:
+    """What the run changed: `git diff --stat` against the commit it started from (its own commits included),
+    and the new files (nothing for a workspace that is no repository)."""
     try:
-        stat = git.run_git(workspace, "diff", "--stat", "HEAD", check=False)
+        stat = git.run_git(workspace, "diff", "--stat", start or "HEAD", check=False)
         added = git.run_git(workspace, "ls-files", "--others", "--exclude-standard", check=False)
     except git.GitError:
         return ""
@@ -309,12 +359,10 @@ def _close(
 def count_run(engine: Engine, job: JobConfig, failed: bool) -> int:
     """Count the run into the job's failures in a row (a success clears them); the count."""
     with engine.begin() as conn:
-        state = conn.execute(select(JobState.__table__).where(JobState.job_name == job.name)).first()
+        ensure_state(conn, job.name)
+        state = conn.execute(select(JobState.consecutive_failures).where(JobState.job_name == job.name)).scalar_one()
         # updated_at is the job's last pause or resume (where a scheduler catches up from): counting leaves it.
-        if state is None:
-            conn.execute(insert(JobState).values(job_name=job.name, consecutive_failures=int(failed), updated_at=NEVER))
-            return int(failed)
-        count = state.consecutive_failures + 1 if failed else 0
+        count = state + 1 if failed else 0
         conn.execute(
             update(JobState)
             .where(JobState.job_name == job.name)

@@ -19,8 +19,9 @@ from typing import Any
 from celery.beat import PersistentScheduler
 
 from chatops import db
-from chatops.config import Config, ConfigError, load_config
+from chatops.config import load_config
 from chatops.jobs import Cursor, fire_due, give_up_leadership, take_leadership
+from chatops.reload import ConfigFile
 from chatops.schedule import next_fire
 from chatops.schema import JobRunStatus, utcnow
 from workers.tasks import enqueue_job_run
@@ -36,13 +37,12 @@ class JobScheduler(PersistentScheduler):
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.cursor = Cursor()
         self.leading = False
-        self.config = load_config()
-        self._read = _stamp(self.config)
-        self._reload_asked = False
+        self.config_file = ConfigFile(load_config())
+        self.config = self.config_file.current()
         self.engine = db.engine_for(self.config.database_url)
         super().__init__(*args, **kwargs)
         if hasattr(signal, "SIGHUP"):
-            signal.signal(signal.SIGHUP, self._ask_reload)
+            signal.signal(signal.SIGHUP, lambda _signum, _frame: self.config_file.ask())
 
     def tick(self, *args: Any, **kwargs: Any) -> float:
         try:
@@ -53,7 +53,7 @@ class JobScheduler(PersistentScheduler):
 
     def _tick(self, *args: Any, **kwargs: Any) -> float:
         now = utcnow()
-        self._reload()
+        self.config = self.config_file.current()
         leading = take_leadership(self.engine, self.owner, LEASE_S, now)
         if leading != self.leading:
             log.info("scheduler %s %s the jobs", self.owner, "now fires" if leading else "no longer fires")
@@ -78,26 +78,3 @@ class JobScheduler(PersistentScheduler):
             give_up_leadership(self.engine, self.owner)  # the next scheduler need not wait for the lease
         super().close()
         self.engine.dispose()
-
-    def _ask_reload(self, _signum: int, _frame: object) -> None:
-        self._reload_asked = True
-
-    def _reload(self) -> None:
-        if not self._reload_asked and _stamp(self.config) == self._read:
-            return
-        self._reload_asked = False
-        try:
-            config = load_config(self.config.path)
-        except ConfigError as e:
-            log.error("the config no longer loads; the scheduler keeps the jobs it had:\n%s", e)
-            self._read = _stamp(self.config)
-            return
-        self.config, self._read = config, _stamp(config)
-        log.info("config reloaded: %d job(s)", len(config.service.jobs))
-
-
-def _stamp(config: Config) -> float | None:
-    try:
-        return config.path.stat().st_mtime if config.path is not None else None
-    except OSError:
-        return None

@@ -38,10 +38,10 @@ def run_job(run_id: int) -> None:
     from workers.turns import process
 
     proc = process()
-    start = claim_run(proc.engine, proc.config, run_id)
+    start = claim_run(proc.engine, proc.config_file, run_id)
     if start is None:
         return
-    session_id = asyncio.run(start_run(proc.engine, proc.config, web_client(proc.config), start))
+    session_id = asyncio.run(start_run(proc.engine, web_client(proc.config), start))
     if session_id is not None:
         enqueue_session(session_id)
 

@@ -18,7 +18,7 @@ from workers import git
 from workers.push import BranchRefused, NothingToPush, credentials, push_workspace
 from workers.slack_client import web_client
 from workers.turns import Process, SessionFacts, process, session_facts
-from workers.workspaces import public_url, workspace_path
+from workers.workspaces import public_url, start_commit, workspace_path
 
 log = logging.getLogger("mm.worker.push")
 
@@ -66,15 +66,19 @@ def _push(proc: Process, facts: SessionFacts, session_id: str, branch: str, user
     message = f"mm: the changes of a Slack thread, pushed by {user}"
     base = facts.branch or config.service.channel(facts.channel_id or "").branch
     try:
-        pushed = push_workspace(workspace, remote, branch, message, credentials(config), base)
+        start = start_commit(config.workspaces_root, session_id)
+        pushed = push_workspace(workspace, remote, branch, message, credentials(config), base, start)
     except BranchRefused as e:
         return f"The push was refused: {e}"
     except NothingToPush:
         return NOTHING
     except git.GitError as e:
         return FAILED.format(branch=branch, words=e.text)
-    return PUSHED.format(
-        user=user, branch=branch, remote=public_url(pushed.remote), commit=pushed.commit[:10], files=pushed.files
+    return (
+        PUSHED.format(
+            user=user, branch=branch, remote=public_url(pushed.remote), commit=pushed.commit[:10], files=pushed.files
+        )
+        + pushed.said
     )
 
 

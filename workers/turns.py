@@ -38,6 +38,8 @@ from chatops.inbox import (
     sessions_with_work,
     stop_requested,
 )
+from chatops.jobs import forget_unrun
+from chatops.reload import ConfigFile
 from chatops.schema import ApprovalState, InboxCommand, Session, SessionKind, SessionStatus, utcnow
 from chatops.secrets import describe_error, scrub, secrets_of
 from chatops.store import (
@@ -63,12 +65,12 @@ from mm_core.tools.ask_agent import load_agent_file
 from workers import metrics
 from workers.approval_message import NO_APPROVERS, ApprovalAsked
 from workers.blocks import duration
-from workers.jobs import close_stale_runs, finish_run, job_of_session
+from workers.jobs import close_stale_runs, finish_run, job_of_session, time_left
 from workers.leases import Cancelled, LeaseKeeper
 from workers.push import changed_files
 from workers.render import ThreadRenderer
 from workers.slack_client import TIMEOUT, web_client
-from workers.workspaces import WorkspaceError, prepare, public_url, sweep
+from workers.workspaces import WorkspaceError, prepare, public_url, start_commit, sweep
 
 log = logging.getLogger("mm.worker")
 
@@ -89,10 +91,15 @@ CONTEXT_CHARS = 8000
 class Process:
     """What every turn of one worker process shares."""
 
-    config: Config
+    config_file: ConfigFile
     engine: Engine
     keeper: LeaseKeeper
     secrets: tuple[str, ...]
+
+    @property
+    def config(self) -> Config:
+        """The config as its file says now: each turn takes it once, at its start."""
+        return self.config_file.current()
 
 
 _process_lock = threading.Lock()
@@ -104,7 +111,7 @@ def _process_unlocked() -> Process:
     # Many turns, each holding a connection only for the length of one write.
     engine = db.engine_for(config.database_url, pool_size=10, max_overflow=40)
     keeper = LeaseKeeper(engine, config.service.worker.leaseSeconds)
-    return Process(config, engine, keeper, tuple(secrets_of(config)))
+    return Process(ConfigFile(config), engine, keeper, tuple(secrets_of(config)))
 
 
 def process() -> Process:
@@ -274,14 +281,16 @@ class SessionTurns:
 
     async def _run(self, agent: Agent, run: Any, renderer: ThreadRenderer) -> Any:
         """The turn, within its time limit; a stop or the limit ends it through the loop's own cancellation."""
-        limit = self.config.service.worker.turnTimeLimit
+        limit = left = self.config.service.worker.turnTimeLimit
         if self.row.kind == SessionKind.JOB and (job := job_of_session(self.proc.engine, self.config, self.session_id)):
+            # The run's limit, not each turn's: what it worked before waiting for a decision counts.
             limit = job.job.timeLimit
+            left = max(0.0, time_left(self.proc.engine, job, self.session_id, utcnow()))
         task = asyncio.current_task()
         assert task is not None
         keeper = self.proc.keeper
         keeper.cancellable(self.session_id, True)  # a stop or a lost lease cancels the turn only while it runs
-        deadline = asyncio.timeout(limit)
+        deadline = asyncio.timeout(left)
         try:
             async with deadline:
                 return await run
@@ -437,7 +446,8 @@ class SessionTurns:
             return
         if not (self.row.repo or self.config.service.channel(self.row.channel_id or "").repo):
             return
-        changed = await asyncio.to_thread(changed_files, workspace)
+        start = start_commit(self.config.workspaces_root, self.session_id)
+        changed = await asyncio.to_thread(changed_files, workspace, start)
         if not changed:
             return
         text = PUSH_OFFER.format(files=changed)
@@ -604,6 +614,7 @@ def housekeep() -> list[str]:
     release_expired_leases(engine)
     for run_id in close_stale_runs(engine, utcnow()):
         record_error(engine, "housekeeping", f"job run {run_id}: closed as failed, its end was never recorded")
+    forget_unrun(engine, utcnow())
     expired = {row.session_id for row in expire_approvals(engine)}
     stranded = set(sessions_with_work(engine, quiet_s=config.service.worker.housekeepingSeconds))
     ws = config.service.workspaces

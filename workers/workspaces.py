@@ -110,7 +110,10 @@ def prepare(
         box = Path(tempfile.mkdtemp(prefix=f"{session_id}-", dir=root / STAGING))
         try:
             built, stale = _build(root, box / "ws", repo, branch, credentials)
-            _write_meta(root, session_id, wanted)
+            # The commit it starts from, kept out of the sandbox's reach: what the thread changed is measured
+            # from it, the model's own commits included (they move HEAD, and the model can rewrite .git).
+            start = run_git(built, "rev-parse", "HEAD").stdout.strip() if repo else None
+            _write_meta(root, session_id, {**wanted, "commit": start})
             if old is not None:
                 os.rename(old, box / "old")
             elif path.is_symlink() or path.exists():  # not a directory: nothing a workspace can be
@@ -129,6 +132,12 @@ def prepare(
         raise _failure(repo, branch, f"{e.strerror or e}: {e.filename}" if e.filename else str(e)) from None
     notes = [n for n in (replaced, stale) if n]
     return Workspace(path, fresh=True, note=" ".join(notes) or None)
+
+
+def start_commit(root: Path, session_id: str) -> str | None:
+    """The commit the session's workspace was cloned at (None without a repository, or not recorded)."""
+    commit = (_read_meta(Path(root), session_id) or {}).get("commit")
+    return commit if isinstance(commit, str) and re.fullmatch(r"[0-9a-f]{40,64}", commit) else None
 
 
 def touch(root: Path, session_id: str) -> None:
@@ -460,4 +469,14 @@ def _failure(repo: str | None, branch: str | None, words: str) -> WorkspaceError
     return WorkspaceError(PREPARE_FAILED.format(repo=shown, words=words))
 
 
-__all__ = ["Workspace", "WorkspaceError", "hand_over", "prepare", "public_url", "sweep", "touch", "workspace_path"]
+__all__ = [
+    "Workspace",
+    "WorkspaceError",
+    "hand_over",
+    "prepare",
+    "public_url",
+    "start_commit",
+    "sweep",
+    "touch",
+    "workspace_path",
+]
