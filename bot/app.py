@@ -26,6 +26,7 @@ from bot.jobs import JobCommands
 from chatops.buttons import ACTION_PATTERN
 from chatops.reload import ConfigFile
 from chatops.secrets import secrets_of
+from workers.slack_client import api_base, retry_handlers
 
 if TYPE_CHECKING:
     from sqlalchemy import Engine
@@ -38,11 +39,6 @@ bolt_log = logging.getLogger("mm.bot.bolt")
 bolt_log.addFilter(lambda record: "`token` will be unused" not in record.getMessage())
 
 
-def slack_api_base(url: str) -> str:
-    """slack_sdk joins method names onto base_url, so it must end with a slash."""
-    return url if url.endswith("/") else url + "/"
-
-
 def create_app(config: Config, engine: Engine) -> AsyncApp:
     """A bolt app that verifies signatures with the signing secret, calls the Web API at
     `config.slack_api_url` (Slack itself, GovSlack, or the test emulator) and records messages through
@@ -50,7 +46,10 @@ def create_app(config: Config, engine: Engine) -> AsyncApp:
 
     Needs SLACK_BOT_TOKEN and SLACK_SIGNING_SECRET; callers check `config.missing_slack_secrets()` first.
     """
-    client = AsyncWebClient(token=config.slack_bot_token, base_url=slack_api_base(config.slack_api_url))
+    # Its failures and 429s are counted (workers/metrics.py), and a 429 is waited out as the worker does.
+    client = AsyncWebClient(
+        token=config.slack_bot_token, base_url=api_base(config.slack_api_url), retry_handlers=retry_handlers()
+    )
     app = AsyncApp(
         client=client,
         signing_secret=config.slack_signing_secret,

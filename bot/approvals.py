@@ -31,6 +31,7 @@ from chatops.queries import writers
 from chatops.schema import ApprovalState, Session
 from chatops.store import ApprovalRow, approvals_of, decide_approval, get_approval, set_yolo
 from workers.approval_message import NO_APPROVERS, approval_blocks, when
+from workers.metrics import waited
 
 log = logging.getLogger("mm.bot.approvals")
 
@@ -125,6 +126,7 @@ class ClickHandler:
         if not won:
             row = await asyncio.to_thread(get_approval, self.engine, row.call_id)
             return _already(row) if row is not None else NOT_FOUND
+        waited(row, "approved" if approve else "rejected")
         decided = [row.call_id]
         if everything:
             decided += await asyncio.to_thread(self._approve_the_rest, session.id, click.user)
@@ -148,11 +150,14 @@ class ClickHandler:
     def _approve_the_rest(self, session_id: str, user: str) -> list[str]:
         """Approve all: the session runs without asking from now on, and its other waiting calls are approved."""
         set_yolo(self.engine, session_id, True)
-        return [
-            row.call_id
+        rest = [
+            row
             for row in approvals_of(self.engine, session_id)
             if row.state == ApprovalState.PENDING and decide_approval(self.engine, row.call_id, True, user)
         ]
+        for row in rest:
+            waited(row, "approved")
+        return [row.call_id for row in rest]
 
     def _still_waiting(self, session_id: str) -> bool:
         return any(r.state == ApprovalState.PENDING for r in approvals_of(self.engine, session_id))

@@ -12,7 +12,8 @@ import logging
 
 from slack_bolt.middleware import RequestVerification
 
-FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+from chatops import logs
+
 REFUSED = (
     "refused a request to the Slack endpoint: its signature did not verify (a forgery, a replay older than five "
     "minutes, or a SLACK_SIGNING_SECRET that is not the app's)"
@@ -32,7 +33,6 @@ class WithoutBody(logging.Filter):
         return True
 
 
-def setup_logging() -> None:
-    logging.basicConfig(level=logging.INFO, format=FORMAT)
-    logging.getLogger("alembic").setLevel(logging.WARNING)  # its plugin registry is chatter at INFO
+def setup_logging(secrets: list[str]) -> None:
+    logs.setup_logging(secrets)
     logging.getLogger(VERIFICATION_LOGGER).addFilter(WithoutBody())

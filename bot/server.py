@@ -23,6 +23,8 @@ from sqlalchemy import text
 from bot.app import create_app
 from bot.logging_setup import setup_logging
 from chatops.config import SLACK_DOCS
+from chatops.secrets import secrets_of
+from workers.metrics import serve_metrics
 
 if TYPE_CHECKING:
     from chatops.config import Config
@@ -166,7 +168,8 @@ def serve(config: Config, host: str, port: int, socket_mode: bool = False, quiet
     Raises CannotListen when host:port is taken or not this machine's. `quiet`: say nothing at start (`mm-bot
     dev` says where the bot listens and what is missing, once)."""
     check_port(host, port)
-    setup_logging()
+    setup_logging(secrets_of(config))
+    serve_metrics()  # on MM_METRICS_PORT when set: never on the public port, behind the Ingress
     web_app = build_web_app(config, socket_mode=socket_mode)
     routes = f"GET {HEALTH_PATH}" if socket_mode else f"POST {EVENTS_PATH}, GET {HEALTH_PATH}"
     mode = "; Slack over Socket Mode" if socket_mode else ""

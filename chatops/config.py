@@ -139,6 +139,9 @@ class JobPushConfig(Strict):
         probe = value.replace("{job}", "job").replace("{date}", "2026-01-01").replace("{run}", "1")
         if not is_branch_name(probe):
             raise ValueError(f"expected a git branch name (with {{job}}, {{date}}, {{run}} if wanted), got {value!r}")
+        if "{run}" not in value:
+            # Each run's branch is new: a second push to one branch would be refused (no fast-forward).
+            raise ValueError(f"expected {{run}} in the branch (each run pushes a branch of its own), got {value!r}")
         return value
 
 
@@ -178,8 +181,10 @@ class JobConfig(Strict):
     @field_validator("name")
     @classmethod
     def _name(cls, value: str) -> str:
-        if not _JOB_NAME.match(value):
-            raise ValueError(f"expected a name of letters, digits, '-', '_' or '.', got {value!r}")
+        if not _JOB_NAME.match(value) or not is_branch_name(value):  # it names its runs' branches
+            raise ValueError(
+                f"expected a name of letters, digits, '-', '_' or '.' that could name a git branch, got {value!r}"
+            )
         return value
 
     @field_validator("schedule")

@@ -148,6 +148,13 @@ def head_revision() -> str | None:
     return ScriptDirectory.from_config(alembic_config("sqlite://")).get_current_head()
 
 
+def known_revision(revision: str) -> bool:
+    """Whether this code's migrations know `revision` (a database a newer release migrated has one they do not)."""
+    return revision in {
+        script.revision for script in ScriptDirectory.from_config(alembic_config("sqlite://")).walk_revisions()
+    }
+
+
 def current_revision(url: str) -> str | None:
     """The revision the database is at (None: never migrated); `doctor` compares it with head_revision()."""
     with connect(url) as conn:

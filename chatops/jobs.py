@@ -34,6 +34,7 @@ MAX_MISSED = 100
 # How far back a scheduler looks for missed times: older ones are not even recorded as missed (a minutely job
 # whose scheduler was gone for years must not cost a walk over every minute since).
 CATCH_UP = timedelta(days=31)
+IDLE_MARK = timedelta(minutes=1)  # how stale a disabled job's "last seen idle" may get (one write a minute)
 UNRUN_KEPT = timedelta(days=30)  # skipped and missed runs, in the history (forget_unrun)
 
 
@@ -111,20 +112,40 @@ def fire_due(
     a paused or disabled job fires nothing, and its times pass."""
     jobs = list(jobs)
     cursor.keep(j.name for j in jobs)
-    paused = _paused(engine)
+    _mark_idle(engine, [j.name for j in jobs if j.enabled], [j.name for j in jobs if not j.enabled], now)
+    paused = paused_jobs(engine)
     fired: list[FiredRun] = []
     for job in jobs:
         since = max(cursor.since(engine, job, now), now - CATCH_UP)
+        if job.enabled and job.name not in paused:
+            due = list(deque(fires(job.schedule, job.timezone, since, now), maxlen=MAX_MISSED))
+            for i, at in enumerate(due):
+                on_time = i == len(due) - 1 and now - at <= timedelta(seconds=grace_s)
+                status = JobRunStatus.SCHEDULED if on_time else JobRunStatus.MISSED
+                if (run := _record(engine, job.name, at, status, now)) is not None:
+                    fired.append(run)
+        # Only once its times are recorded: a database error above leaves them to the next tick.
         cursor.advance(job.name, now)
-        if not job.enabled or job.name in paused:
-            continue
-        due = list(deque(fires(job.schedule, job.timezone, since, now), maxlen=MAX_MISSED))
-        for i, at in enumerate(due):
-            on_time = i == len(due) - 1 and now - at <= timedelta(seconds=grace_s)
-            run = _record(engine, job.name, at, JobRunStatus.SCHEDULED if on_time else JobRunStatus.MISSED, now)
-            if run is not None:
-                fired.append(run)
     return fired
+
+
+def _mark_idle(engine: Engine, enabled: list[str], disabled: list[str], now: datetime) -> None:
+    """The jobs the config disables or no longer has did not miss their times: their state says when they were
+    last seen so (to the minute), where a scheduler started after a re-enabling (a restart that rolled the new
+    config in) catches up from, rather than from their last run weeks ago."""
+    with engine.begin() as conn:
+        known = set(conn.execute(select(JobState.job_name).where(JobState.job_name.in_(disabled))).scalars())
+        for name in sorted(set(disabled) - known):
+            conn.execute(insert(JobState).values(job_name=name, updated_at=now))
+        conn.execute(
+            update(JobState)
+            .where(
+                JobState.job_name.not_in(enabled),
+                JobState.paused.is_(False),
+                JobState.updated_at < now - IDLE_MARK,
+            )
+            .values(updated_at=now)
+        )
 
 
 def forget_unrun(engine: Engine, now: datetime, keep: timedelta = UNRUN_KEPT) -> int:
@@ -160,7 +181,7 @@ def _resume_point(engine: Engine, job: str) -> datetime | None:
     return max(points) if points else None
 
 
-def _paused(engine: Engine) -> set[str]:
+def paused_jobs(engine: Engine) -> set[str]:
     with engine.connect() as conn:
         return set(conn.execute(select(JobState.job_name).where(JobState.paused.is_(True))).scalars())
 

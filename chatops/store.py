@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -58,6 +59,8 @@ from mm_core.log import (
 INBOX_PER_TURN = 20
 INBOX_CHARS_PER_TURN = 60_000
 
+log = logging.getLogger("mm.store")
+
 
 class UnknownSession(LookupError):
     pass
@@ -81,17 +84,19 @@ class DbStore:
         with self.engine.begin() as conn:
             _insert_entry(conn, session_id, self._next_seq(conn, session_id), entry)
 
-    def take_inbox(self, session_id: str, preface: str = "") -> UserMessage | None:
+    def take_inbox(self, session_id: str, preface: str = "", people: bool = True) -> UserMessage | None:
         """Start the next turn with every untaken inbox message, in order, as one user message; None when the
         inbox is empty. `preface` goes before the text (the thread's earlier messages). Appending it and
         marking the messages taken is one transaction: a crash leaves them either untaken or in the log, never
-        both, never neither."""
+        both, never neither. `people=False` takes only what nobody wrote (a job run's prompt): replies in a
+        job's thread wait for the run's end, so they never ride on the job's yolo."""
         try:
             with self.engine.begin() as conn:
                 seq = self._next_seq(conn, session_id)
                 rows = conn.execute(_UNTAKEN, {"p_session_id": session_id}).all()
                 # A command waits for its own turn (take_command): the messages before it are this turn's.
                 rows = list(itertools.takewhile(lambda row: row.command is None, rows))
+                rows = rows if people else [row for row in rows if row.user_id is None]
                 if not rows:
                     raise _NothingTaken  # rolls the seq taken above back: the log has no gap
                 rows = _within(rows, INBOX_CHARS_PER_TURN)
@@ -284,6 +289,8 @@ def _project(conn: Connection, session_id: str, entry: Entry, now: datetime) -> 
             decision = CallDecision.APPROVED if approved else CallDecision.REJECTED
             conn.execute(_UPSERT_CALL[conn.dialect.name], _call(session_id, call_id, decision=decision, decided_by=by))
         case ErrorRecord(message=message, where=where):
+            # Also a log line, for log pipelines (chatops/logs.py redacts it and names the session).
+            log.warning("error in a turn (%s): %s", where, message)
             values = _fit(_errors, where=where, message=message)
             conn.execute(
                 _INSERT_ERROR,
@@ -396,7 +403,8 @@ def record_slack_event(engine: Engine, event_id: str) -> bool:
 def record_error(
     engine: Engine, where: str, message: str, *, session_id: str | None = None, detail: Any = None
 ) -> None:
-    """An error outside any turn's log (a failed Slack call, a crashed task): kept for the operators."""
+    """An error outside any turn's log (a failed Slack call, a crashed task): kept for the operators, and logged."""
+    log.warning("error (%s): %s", where, message)
     values = _fit(Error.__table__, where=where, message=message)
     with engine.begin() as conn:
         conn.execute(insert(Error).values(session_id=session_id, detail=detail, created_at=utcnow(), **values))

@@ -79,6 +79,8 @@ def _migrate(args: argparse.Namespace) -> int:
 
     config = load_config(args.config)
     url = config.database_url
+    if args.check:
+        return _migrate_check(url)
     before = db.current_revision(url)
     db.migrate(url, args.revision)
     after = db.current_revision(url)
@@ -88,6 +90,38 @@ def _migrate(args: argparse.Namespace) -> int:
     else:
         print(f"{where}: from {before or 'an empty database'} to {after}")
     return 0
+
+
+def _migrate_check(url: str) -> int:
+    """Whether the schema is the code's (an init container waits on it while the migration hook runs)."""
+    from chatops import db
+    from chatops.secrets import mask_url
+
+    where = f"mm-bot migrate --check: {mask_url(url)}"
+    try:
+        current = db.current_revision(url)
+    except Exception as e:  # noqa: BLE001 - a database that does not answer yet is "not ready", said plainly
+        print(f"{where}: cannot read the schema's revision: {e}", file=sys.stderr)
+        return 1
+    head = db.head_revision()
+    if current is not None and current != head and not db.known_revision(current):
+        # A newer release migrated it, and this one was rolled back to: the schema is kept (downgrading is the
+        # newer release's `mm-bot migrate --revision`), and this code runs on it, as additive migrations allow.
+        print(f"{where}: at {current}, newer than this code's {head} (a rollback?): going on with it")
+        return 0
+    if current != head:
+        print(f"{where}: at {current or 'the empty schema'}, the code needs {head}", file=sys.stderr)
+        return 1
+    print(f"{where}: at {head}, as the code needs")
+    return 0
+
+
+def _probe(args: argparse.Namespace) -> int:
+    from commands.probe import live, ready
+
+    ok, said = live(args.max_age) if args.what == "live" else ready(args.node)
+    print(f"mm-bot probe {args.what}: {said}", file=sys.stdout if ok else sys.stderr)
+    return 0 if ok else 1
 
 
 def _dev(args: argparse.Namespace) -> int:
@@ -188,6 +222,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("passthrough", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     p = command("migrate", _migrate, "upgrade the database schema (DATABASE_URL)")
     p.add_argument("--revision", default="head", help="target revision (default head)")
+    p.add_argument("--check", action="store_true", help="change nothing: exit 1 unless the schema is at the head")
+    p = command("probe", _probe, "a pod's exec probe: live (the loop beats) or ready (the worker answers a ping)")
+    p.add_argument("what", choices=["live", "ready"])
+    p.add_argument(
+        "--max-age", type=float, default=60.0, help="live: the oldest heartbeat still alive, in seconds (default 60)"
+    )
+    p.add_argument(
+        "--node", help="ready: the worker's node name (default celery@HOSTNAME, as `mm-bot worker` names it)"
+    )
     p = command(
         "dev",
         _dev,

@@ -133,12 +133,10 @@ def slack_auth(config: Config) -> tuple[bool, str]:
     from slack_sdk import WebClient
     from slack_sdk.errors import SlackApiError
 
-    from bot.app import slack_api_base
+    from workers.slack_client import api_base
 
     api = mask_url(config.slack_api_url)
-    client = WebClient(
-        token=config.slack_bot_token, base_url=slack_api_base(config.slack_api_url), timeout=int(TIMEOUT)
-    )
+    client = WebClient(token=config.slack_bot_token, base_url=api_base(config.slack_api_url), timeout=int(TIMEOUT))
     try:
         auth = client.auth_test()
     except SlackApiError as exc:

@@ -140,11 +140,15 @@ def test_a_jobs_agent_skill_and_push_are_checked(tmp_path: Path) -> None:
         ("    push: {remote: 'https://bot:s3cret@git.example.com/a.git'}\n", "credentials do not go in the remote"),
         ("    push: {branch: 'mm/{job}/../x'}\n", "expected a git branch name"),
         ("    push: {branch: 'a b'}\n", "expected a git branch name"),
+        ("    push: {branch: 'chores/{job}-{date}'}\n", "expected {run} in the branch (each run pushes a branch"),
         ("    push: yes please\n", "expected true, false or a mapping of remote and branch"),
     )
     for text, problem in pushes:
         [found] = _problems(tmp_path, job + "    prompt: bump deps\n" + text)
         assert problem in found and "s3cret" not in found, found
+    for name in ("a..b", "x.lock", ".hidden"):  # fine for a name, not for the branches it names
+        [found] = _problems(tmp_path, job.replace("nightly", name) + "    prompt: p\n")
+        assert "could name a git branch" in found, found
     good = job + "    prompt: bump deps\n    timezone: Europe/Paris\n    timeLimit: 10m\n    push: true\n"
     [config] = load_config(_write(tmp_path, good)).service.jobs
     assert (config.timeLimit, config.enabled, config.maxFailures) == (600.0, True, 3)

@@ -8,7 +8,7 @@ import asyncio
 import logging
 import os
 import signal
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -67,13 +67,17 @@ def test_sighup_makes_the_scheduler_read_its_file(tmp_path: Path, monkeypatch: p
     write(path, "first", mtime=1_700_000_000)
     monkeypatch.setenv("MM_CONFIG", str(path))
     monkeypatch.setenv("DATABASE_URL", f"sqlite:///{tmp_path / 'mm.sqlite3'}")
-    scheduler = JobScheduler(app=app, schedule_filename=str(tmp_path / "beat"), lazy=True)
+
+    class Patient(JobScheduler):
+        CONFIG_CHECK_S = 3600.0  # on its own it would not look at the file for an hour
+
+    scheduler = Patient(app=app, schedule_filename=str(tmp_path / "beat"), lazy=True)
     try:
         assert names(scheduler.config_file) == ["first"]
-        write(path, "second", mtime=1_700_000_000)  # the same stamp: the file looks unchanged
+        write(path, "other", mtime=1_700_000_100)
         assert names(scheduler.config_file) == ["first"]
         os.kill(os.getpid(), signal.SIGHUP)
-        assert names(scheduler.config_file) == ["second"]
+        assert names(scheduler.config_file) == ["other"]
     finally:
         scheduler.engine.dispose()
         signal.signal(signal.SIGHUP, signal.SIG_DFL)  # the scheduler's handler, not this test process's
@@ -101,9 +105,43 @@ def test_a_job_added_by_an_edit_is_listed_by_the_bot_and_started_by_a_worker_tha
     with engine.connect() as conn:
         assert conn.execute(select(JobRun.status).where(JobRun.id == run_id)).scalar_one() == JobRunStatus.RUNNING
 
-    # A job that is gone for good still fails its run, saying why.
-    gone = record_manual_run(engine, "removed", "U0ADA", datetime.now(UTC))
+    # A job this pod's copy of the file does not have yet: the run waits to be sent again …
+    early = record_manual_run(engine, "coming", "U0ADA", datetime.now(UTC))
+    assert claim_run(engine, worker_config, early) is None
+    # … and one still unknown ten minutes on fails, saying why.
+    gone = record_manual_run(engine, "removed", "U0ADA", datetime.now(UTC) - timedelta(minutes=11))
     assert claim_run(engine, worker_config, gone) is None
     with engine.connect() as conn:
-        row = conn.execute(select(JobRun.status, JobRun.error).where(JobRun.id == gone)).one()
-    assert (row.status, row.error) == (JobRunStatus.FAILED, "the job is no longer in the config")
+        statuses = dict(conn.execute(select(JobRun.id, JobRun.status).where(JobRun.id.in_([early, gone]))).all())
+        error = conn.execute(select(JobRun.error).where(JobRun.id == gone)).scalar_one()
+    assert statuses == {early: JobRunStatus.SCHEDULED, gone: JobRunStatus.FAILED}
+    assert error == "the job is no longer in the config"
+
+
+def test_a_configmap_s_symlink_swap_and_a_deleted_file_and_what_only_a_restart_changes(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Kubernetes mounts a ConfigMap as mm.yaml -> ..data/mm.yaml, ..data -> ..<timestamp>/, and swaps ..data.
+    first, second = tmp_path / "..2026_01", tmp_path / "..2026_02"
+    for folder, name, lease in ((first, "first", 30), (second, "second", 5)):
+        folder.mkdir()
+        (folder / "mm.yaml").write_text(
+            "jobs:\n" + JOB.format(name=name) + f"worker: {{leaseSeconds: {lease}}}\nworkspaces: {{root: /w/{name}}}\n"
+        )
+    (tmp_path / "..data").symlink_to(first.name)
+    (tmp_path / "mm.yaml").symlink_to("..data/mm.yaml")
+    config_file = ConfigFile(load_config(tmp_path / "mm.yaml", environ={}), check_s=0)
+    assert names(config_file) == ["first"]
+    (tmp_path / "..data.tmp").symlink_to(second.name)
+    os.replace(tmp_path / "..data.tmp", tmp_path / "..data")
+    with caplog.at_level(logging.WARNING, logger="mm.config"):
+        config = config_file.current()
+    assert [j.name for j in config.service.jobs] == ["second"]
+    # The lease keeper's pace and the running threads' files stay as the process started with them.
+    assert (config.service.worker.leaseSeconds, config.workspaces_root) == (30, Path("/w/first"))
+    assert "workspaces.root, worker changed: this process keeps the old value until it restarts" in caplog.text
+
+    (tmp_path / "..data").unlink()  # gone: the last good config stays
+    with caplog.at_level(logging.ERROR, logger="mm.config"):
+        assert names(config_file) == ["second"]
+    assert "the config no longer loads" in caplog.text

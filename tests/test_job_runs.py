@@ -9,6 +9,7 @@ import os
 import re
 import signal
 import subprocess
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -37,13 +38,13 @@ JOBS = f"""jobs:
   - {{name: pusher, schedule: "0 7 29 2 *", channel: {CHANNEL}, yolo: true, prompt: "run: echo pushed > pushed.txt",
       repo: BARE, push: true, timezone: Pacific/Kiritimati}}
   - {{name: lost, schedule: "0 8 29 2 *", channel: {CHANNEL}, yolo: true, prompt: "run: echo x > x.txt", repo: BARE,
-      push: {{remote: /nonexistent/remote.git, branch: "chores/{{job}}"}}}}"""
+      push: {{remote: /nonexistent/remote.git, branch: "chores/{{job}}-{{run}}"}}}}"""
 
 
 @pytest.fixture
 def jobs(tmp_path: Path, fresh_pg_url: str, own_redis: OwnRedis) -> Iterator[Stack]:
     origin, bare = repositories(tmp_path)
-    channel = f"{{repo: {origin}, approvers: [{APPROVER}]}}"
+    channel = f"{{yolo: false, repo: {origin}, approvers: [{APPROVER}]}}"  # the jobs say their own
     with stack(tmp_path, fresh_pg_url, own_redis.url, config=config(channel, JOBS.replace("BARE", str(bare)))) as s:
         s.model.always(policy)
         s.start_worker()
@@ -85,8 +86,12 @@ def test_a_run_posts_its_thread_works_and_summarises_what_changed(jobs: Stack) -
     assert re.match(r"✅ \*tidy\* succeeded in \d+ s · ⚙ 1 command\(s\) · [\d,]+ tokens\n", summary), summary
     assert "new.txt (new)" in summary  # what changed in the workspace
     assert run.summary == summary
-    with jobs.engine.connect() as conn:  # the job's yolo was the run's: the thread is the channel's again
+    with jobs.engine.connect() as conn:  # the job's yolo is never the session's
         assert conn.execute(select(Session.yolo).where(Session.id == run.session_id)).scalar_one() is None
+    # The run has ended: a reply in its thread follows the channel (yolo off), not the job (yolo on).
+    jobs.post("run: echo after-the-run", thread_ts=run.root_ts, user=ALICE)
+    jobs.wait(lambda: approval_messages(jobs, run.root_ts or ""), message="the reply's call waits for an approver")
+    assert "after-the-run" not in "".join(m["content"] for m in jobs.model.messages() if m["role"] == "tool")
 
 
 def test_a_clone_that_fails_says_gits_words_and_failures_in_a_row_pause_the_job(jobs: Stack) -> None:
@@ -101,6 +106,13 @@ def test_a_clone_that_fails_says_gits_words_and_failures_in_a_row_pause_the_job(
     with jobs.engine.connect() as conn:
         state = conn.execute(select(JobState.__table__).where(JobState.job_name == "broken")).one()
     assert state.paused and state.paused_by is None and state.consecutive_failures == 2
+    # A reply in the failed run's thread is taken, told the workspace cannot be made, and not tried again and
+    # again (housekeeping runs every second here).
+    posted = jobs.post("why?", thread_ts=second.root_ts, user=ALICE)
+    warnings = lambda: jobs.thread_text(second.root_ts or "").count("⚠️")  # noqa: E731
+    jobs.wait(lambda: warnings() == 2 and jobs.status(posted.session_id) == "idle", message="one more warning")
+    time.sleep(3)
+    assert warnings() == 2 and jobs.status(posted.session_id) == "idle"
 
 
 def test_a_run_due_while_the_previous_one_runs_is_skipped_and_the_time_limit_fails_a_run(jobs: Stack) -> None:
@@ -245,7 +257,7 @@ def test_a_run_s_changes_are_pushed_to_a_branch_and_a_failed_push_fails_the_run(
     lost = finished(jobs, run_now(jobs, "lost"))
     assert lost.status == "failed" and lost.pushed_branch is None
     assert lost.error.startswith(
-        "the push of `chores/lost` failed: [git: git push --no-verify failed (exit 128): "
+        f"the push of `chores/lost-{lost.id}` failed: [git: git push --no-verify failed (exit 128): "
         "fatal: '/nonexistent/remote.git' does not appear to be a git repository"
     )
     jobs.wait(lambda: "❌ *lost* failed after" in jobs.thread_text(lost.root_ts), message="the summary says so")

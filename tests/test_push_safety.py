@@ -113,3 +113,90 @@ def test_a_pushed_branch_links_to_its_forge_s_pull_request_page_and_only_for_a_p
         " <https://github.com/a/b/pull/new/mm/x|Open a pull request>."
     )
     assert Pushed("mm/x", "c" * 40, "file:///srv/b.git", 1).said == ""
+
+
+def test_the_token_goes_only_to_repositories_the_config_names_and_only_to_their_host_s_prompt(tmp_path: Path) -> None:
+    from chatops.config import load_config
+    from workers.git import ASKPASS
+    from workers.push import credentials
+
+    (tmp_path / "mm.yaml").write_text(
+        "channels:\n"
+        "  C0A: {repo: 'https://git.example.com/team/app.git', repos: ['https://Forge.example.org/team/*', "
+        "'https://github.com/*/*', 'https://**/*']}\n"
+        "jobs:\n"
+        "  - {name: n, schedule: '0 3 * * *', channel: C0A, prompt: p, push: {remote: 'https://[::1]:8443/x'}}\n"
+    )
+    config = load_config(tmp_path / "mm.yaml", environ={"MM_GIT_TOKEN": "tok-123"})
+    given = {
+        "https://git.example.com/team/app": "git.example.com",  # the channel's, without .git
+        "https://bot@GIT.example.com/team/app.git/": "git.example.com",
+        "https://forge.example.org/team/other.git": "forge.example.org",  # under an owner a pattern names
+        "https://[::1]:8443/x": "[::1]",
+    }
+    for remote, host in given.items():
+        token = credentials(config, remote)
+        assert token is not None and (token.password, token.host) == ("tok-123", host), remote
+    for remote in (
+        "https://git.example.com/team/other.git",  # same forge, a repository nobody named
+        "https://github.com/someone/private.git",  # a wildcard owner names nobody
+        "https://evil.example.com/team/app.git",  # a wildcard host names no host
+        "http://git.example.com/team/app.git",
+        "/srv/app.git",
+    ):
+        assert credentials(config, remote) is None, remote
+
+    askpass = tmp_path / "askpass"
+    askpass.write_text(ASKPASS)
+    askpass.chmod(0o700)
+    env = {
+        "MM_GIT_USERNAME": "bot",
+        "MM_GIT_PASSWORD": "tok-123",
+        "MM_GIT_HOST": "git.example.com",
+        "PATH": "/bin:/usr/bin",
+    }
+
+    def ask(prompt: str, host: str = "git.example.com") -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(askpass), prompt], env=env | {"MM_GIT_HOST": host}, capture_output=True, text=True)
+
+    assert ask("Password for 'https://bot@git.example.com': ").stdout == "tok-123\n"
+    assert ask("Password for 'https://bot@GIT.Example.com': ").stdout == "tok-123\n"  # git keeps the URL's case
+    assert ask("Username for 'https://git.example.com:8443': ").stdout == "bot\n"
+    assert ask("Password for 'https://bot@[::1]:8443': ", host="[::1]").stdout == "tok-123\n"
+    for elsewhere in (
+        "Password for 'https://u@evil.example.com': ",
+        "Password for 'https://git.example.com.evil.io': ",
+        "Password for 'https://git.example.com@evil.io': ",
+        "Password for 'https://evil.io/?//git.example.com': x",
+    ):
+        refused = ask(elsewhere)
+        assert refused.returncode == 1 and refused.stdout == "", elsewhere
+
+
+def test_a_push_never_goes_to_the_branch_the_workspace_was_cloned_from(tmp_path: Path) -> None:
+    from workers.push import BranchRefused, diff_stat, pull_request_page
+    from workers.workspaces import cloned_branch, prepare, start_commit
+
+    seed, target = repositories(tmp_path)
+    git("push", "-q", str(target), "main:develop", cwd=seed)
+    top = Path(tempfile.mkdtemp(prefix="mm-workspaces-"))
+    os.chmod(top, 0o711)
+    try:
+        root, session = top / "workspaces", "1" * 32
+        workspace = prepare(root, session, str(target), "develop").path
+        assert cloned_branch(root, session) == "develop"
+        (workspace / "x.txt").write_text("x\n")
+        git("add", "x.txt", cwd=workspace)
+        git("commit", "-qm", "the model's", cwd=workspace)
+        start = start_commit(root, session)
+        try:
+            push_workspace(workspace, str(target), "develop", "m", None, start=start, cloned="develop")
+            raise AssertionError("the cloned branch was pushed to")
+        except BranchRefused as e:
+            assert "`develop` is the repository's own branch" in str(e)
+        assert "x.txt" in diff_stat(workspace, start, 20)  # the summary counts the model's commit
+        # A start commit the workspace no longer has (the model can rewrite .git): measured from HEAD, and said.
+        assert "the commit the workspace was cloned at is gone" in diff_stat(workspace, "0" * 40, 20)
+    finally:
+        shutil.rmtree(top)
+    assert pull_request_page("https://github.com/acme/app/tree/x", "b") is None  # owner/repository only

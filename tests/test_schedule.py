@@ -74,3 +74,40 @@ def test_next_and_last_fire_agree_and_default_to_utc() -> None:
     assert last_fire("30 2 * * *", "Europe/Paris", now) == utc("2026-03-28T01:30")
     assert next_fire("0 3 * * 1-5", "UTC", utc("2026-12-04T03:00")) == utc("2026-12-07T03:00")  # Friday → Monday
     assert last_fire("0 3 * * 1-5", "UTC", utc("2026-12-06T12:00")) == utc("2026-12-04T03:00")
+
+
+def test_the_walk_from_the_asked_instant_agrees_with_a_walk_from_a_day_before_around_every_change() -> None:
+    """next_fire starts its wall-clock walk at the asked instant's own wall time (chatops/schedule.py says why
+    that is enough); a walk started a day earlier, which needs no such argument, must give the same answers,
+    inside repeated and skipped hours too."""
+    from datetime import timedelta
+    from zoneinfo import ZoneInfo
+
+    from croniter import croniter
+
+    from chatops.schedule import instant_of
+
+    def reference(cron: str, zone: str, after: datetime) -> datetime:
+        tz = ZoneInfo(zone)
+        walk = croniter(cron, (after.astimezone(tz) - timedelta(hours=26)).replace(tzinfo=None))
+        while (instant := instant_of(walk.get_next(datetime), tz)) <= after:
+            pass
+        return instant
+
+    changes = {  # a UTC instant inside each zone's change
+        "Europe/Paris": ("2026-03-29T01:00", "2026-10-25T01:00"),
+        "America/New_York": ("2026-03-08T07:00", "2026-11-01T06:00"),
+        "Australia/Lord_Howe": ("2026-04-04T15:00", "2026-10-03T15:30"),  # half an hour, both ways
+        "Pacific/Apia": ("2011-12-30T10:00",),  # the day Samoa skipped
+    }
+    crons = ("*/15 * * * *", "30 1 * * *", "45 2 * * *", "0 * * * *", "*/7 1-3 * * *")
+    compared = 0
+    for zone, instants in changes.items():
+        for instant in instants:
+            start = utc(instant) - timedelta(hours=3)
+            for step in range(0, 6 * 60, 7):
+                after = start + timedelta(minutes=step, seconds=step % 60)
+                for cron in crons:
+                    assert next_fire(cron, zone, after) == reference(cron, zone, after), (zone, cron, after)
+                    compared += 1
+    assert compared > 1500

@@ -20,6 +20,8 @@ import click
 from celery import Celery, signals
 from celery.exceptions import SecurityWarning
 
+from workers.heartbeat import Heartbeat
+
 if TYPE_CHECKING:
     from celery.worker import WorkController
 
@@ -49,6 +51,8 @@ assert app.user_options is not None  # the instance's own (a defaultdict); the c
 app.user_options["worker"].add(
     click.Option(["--dev"], is_flag=True, hidden=True, help="started by `mm-bot dev`, which tells of the sandbox")
 )
+assert app.steps is not None  # the instance's own, as user_options
+app.steps["worker"].add(Heartbeat)  # `mm-bot probe live`
 
 
 def settings() -> dict[str, Any]:
@@ -131,15 +135,31 @@ def refuse_without_the_sandbox(sender: WorkController, **_: Any) -> None:
         raise SystemExit(f"mm-bot worker: {problem}")  # Celery's signal would log an Exception and carry on
 
 
+@signals.setup_logging.connect
+def setup_logging(loglevel: Any = None, **_: Any) -> None:
+    # Connected, this replaces Celery's own logging set-up (worker and beat alike): one format for every
+    # process, the session a line is about, secrets redacted (chatops/logs.py).
+    from chatops import logs
+    from chatops.config import load_config
+    from chatops.secrets import secrets_of
+
+    logs.setup_logging(secrets_of(load_config()), level=loglevel or logging.INFO)
+
+
 @signals.worker_init.connect
-def serve_metrics(**_: Any) -> None:
+def serve_worker_metrics(**_: Any) -> None:
     # One endpoint per worker process: the pool runs threads, so this process holds all its turns' figures.
-    import os
+    from workers.metrics import serve_metrics, watch_queue
 
-    if port := os.environ.get("MM_METRICS_PORT"):
-        from prometheus_client import start_http_server
+    if serve_metrics():
+        watch_queue(app, (TURNS_QUEUE, HOUSEKEEPING_QUEUE))
 
-        start_http_server(int(port), addr=os.environ.get("MM_METRICS_HOST", "127.0.0.1"))
+
+@signals.beat_init.connect
+def serve_beat_metrics(**_: Any) -> None:
+    from workers.metrics import serve_metrics
+
+    serve_metrics()
 
 
 @signals.celeryd_after_setup.connect

@@ -107,8 +107,16 @@ TIMED_OUT = "[git: {command} took more than {timeout:g}s — stopped]"
 FAILED = "[git: {command} failed (exit {code}): {words}]"
 CANNOT_RUN = "[git: cannot run {command}: {reason}]"
 
-_ASKPASS = """#!/bin/sh
-# The worker's askpass: answers git's prompts from the command's environment, so a secret is never on disk.
+ASKPASS = """#!/bin/sh
+# The worker's askpass: answers git's prompts from the command's environment, so a secret is never on disk,
+# and only a prompt for the host the credentials are for (git names it: "Password for 'https://u@host': ").
+if [ -n "$MM_GIT_HOST" ]; then
+  prompt=$(printf '%s' "$1" | tr 'A-Z' 'a-z')
+  case "$prompt" in
+    *"//$MM_GIT_HOST': "|*"@$MM_GIT_HOST': "|*"//$MM_GIT_HOST:"[0-9]*"': "|*"@$MM_GIT_HOST:"[0-9]*"': ") ;;
+    *) exit 1 ;;
+  esac
+fi
 case "$1" in
   Username*) printf '%s\\n' "$MM_GIT_USERNAME" ;;
   *) printf '%s\\n' "$MM_GIT_PASSWORD" ;;
@@ -125,6 +133,7 @@ class Credentials:
 
     username: str
     password: str = field(repr=False)
+    host: str | None = None  # the only host whose prompt is answered (None: any, for a URL the worker chose)
 
     def secrets(self) -> list[str]:
         return [self.password] if self.password else []
@@ -345,14 +354,17 @@ def run_git(
             env["GIT_WORK_TREE"] = str(workspace)
         if credentials is not None:
             helper = home / "askpass"
-            helper.write_text(_ASKPASS)
+            helper.write_text(ASKPASS)
             helper.chmod(0o700)
             env |= {
                 "GIT_ASKPASS": str(helper),
                 "MM_GIT_USERNAME": credentials.username,
                 "MM_GIT_PASSWORD": credentials.password,
+                "MM_GIT_HOST": credentials.host or "",
             }
-        argv = ["git", "--no-pager", *(x for o in OVERRIDES for x in ("-c", o)), *args]
+        # With a token, a redirect is not followed: it could lead the token's next prompt to another host.
+        overrides = (*OVERRIDES, *(("http.followRedirects=false",) if credentials is not None else ()))
+        argv = ["git", "--no-pager", *(x for o in overrides for x in ("-c", o)), *args]
         try:
             proc = subprocess.Popen(
                 argv,

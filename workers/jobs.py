@@ -15,28 +15,40 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from sqlalchemy import Engine, select, update
+from sqlalchemy import Engine, func, select, update
 from sqlalchemy.exc import IntegrityError
 
 from chatops.config import Config, JobConfig
 from chatops.inbox import record_message
-from chatops.jobs import ensure_state
+from chatops.jobs import ensure_state, paused_jobs
 from chatops.reload import ConfigFile
-from chatops.schema import ApprovalState, JobRun, JobRunStatus, JobState, Session, SessionKind, SessionStatus, utcnow
+from chatops.schema import (
+    ApprovalState,
+    JobRun,
+    JobRunStatus,
+    JobState,
+    JobTrigger,
+    Session,
+    SessionEvent,
+    SessionKind,
+    SessionStatus,
+    utcnow,
+)
 from chatops.secrets import scrub
 from chatops.store import approvals_of, ensure_session, record_error, set_yolo
 from mm_core import display
 from mm_core.events import TurnFinished
 from mm_core.log import Outcome
 from workers import blocks, git
-from workers.push import BranchRefused, NothingToPush, credentials, push_workspace
-from workers.workspaces import start_commit
+from workers.push import BranchRefused, NothingToPush, credentials, diff_stat, push_workspace
+from workers.workspaces import cloned_branch, start_commit
 
 log = logging.getLogger("mm.worker.jobs")
 
@@ -61,6 +73,9 @@ NOTHING_PUSHED = "Nothing to push: the run changed no file."
 NO_REMOTE = "there is nowhere to push: the job has no repository and no `push.remote`"
 REMOVED_REASON = "its job was removed from the config while it ran"
 REMOVED = "❌ This run ended with no summary: " + REMOVED_REASON + "."
+GONE = "the job is no longer in the config"
+PAUSED_BEFORE = "the job was paused before the run started"
+UNKNOWN_JOB_WAIT = timedelta(minutes=10)
 STALE_S = 600.0
 REDELIVER_S = 120.0
 NO_END = "its end was not recorded (the worker stopped, or the summary failed): its thread says how far it went"
@@ -91,7 +106,15 @@ def claim_run(engine: Engine, config_file: ConfigFile, run_id: int) -> RunStart 
         job = _job(config_file.current(), row.job_name)
     now = utcnow()
     if job is None:
-        _close(engine, run_id, JobRunStatus.FAILED, now, error="the job is no longer in the config")
+        if now - row.scheduled_for < UNKNOWN_JOB_WAIT:
+            # Not yet in this pod's copy of the file (a ConfigMap reaches each node in its own time):
+            # housekeeping sends the run again (undelivered_runs) until the edit arrives or the wait ends.
+            log.info("job run %s: %s is not in this worker's config yet; it is sent again", run_id, row.job_name)
+            return None
+        _close(engine, run_id, JobRunStatus.FAILED, now, error=GONE, only=JobRunStatus.SCHEDULED)
+        return None
+    if row.trigger == JobTrigger.SCHEDULE and row.job_name in paused_jobs(engine):
+        _close(engine, run_id, JobRunStatus.SKIPPED, now, error=PAUSED_BEFORE, only=JobRunStatus.SCHEDULED)
         return None
     try:
         with engine.begin() as conn:
@@ -101,7 +124,10 @@ def claim_run(engine: Engine, config_file: ConfigFile, run_id: int) -> RunStart 
                 .values(status=JobRunStatus.RUNNING, started_at=now)
             ).rowcount
     except IntegrityError:  # the one-running-run-a-job index: the previous run still runs
-        _close(engine, run_id, JobRunStatus.SKIPPED, now, error="the job's previous run was still running")
+        skipped = JobRunStatus.SKIPPED
+        _close(
+            engine, run_id, skipped, now, error="the job's previous run was still running", only=JobRunStatus.SCHEDULED
+        )
         return None
     return RunStart(run_id, job, row.requested_by) if moved else None
 
@@ -121,7 +147,7 @@ async def start_run(engine: Engine, client: Any, start: RunStart) -> str | None:
     except Exception as e:  # noqa: BLE001 - the run fails, with Slack's words, and the job's failures count it
         reason = f"its message could not be posted in <#{job.channel}>: {e}"
         record_error(engine, "job", f"{job.name}: {reason}")
-        _close(engine, start.run_id, JobRunStatus.FAILED, utcnow(), error=reason)
+        _close(engine, start.run_id, JobRunStatus.FAILED, utcnow(), error=reason, only=JobRunStatus.RUNNING)
         count_run(engine, job, failed=True)
         return None
     ts = str(posted["ts"])
@@ -133,12 +159,10 @@ async def start_run(engine: Engine, client: Any, start: RunStart) -> str | None:
         requester=start.requested_by,
         repo=job.repo,
         branch=job.branch,
-        yolo=job.yolo,
         agent_name=job.agent,
     )
-    record_message(
-        engine, channel_id=job.channel, thread_ts=ts, message_ts=ts, user_id=start.requested_by, text=prompt_of(job)
-    )
+    # Nobody wrote the prompt (the requester is the session's): it alone runs with the job's yolo.
+    record_message(engine, channel_id=job.channel, thread_ts=ts, message_ts=ts, user_id=None, text=prompt_of(job))
     with engine.begin() as conn:
         conn.execute(
             update(JobRun)
@@ -156,8 +180,11 @@ class RunningJob:
     started_at: datetime
 
 
-def job_of_session(engine: Engine, config: Config, session_id: str) -> RunningJob | None:
-    """The running run a session carries."""
+def job_of_session(
+    engine: Engine, config: Config, session_id: str, reread: Callable[[], Config] | None = None
+) -> RunningJob | None:
+    """The running run a session carries. `reread`: the config read again, for a job this process's copy of
+    the file does not have yet (a ConfigMap reaches each node in its own time)."""
     with engine.connect() as conn:
         row = conn.execute(
             select(JobRun.id, JobRun.job_name, JobRun.scheduled_for, JobRun.started_at).where(
@@ -167,24 +194,35 @@ def job_of_session(engine: Engine, config: Config, session_id: str) -> RunningJo
     if row is None:
         return None
     job = _job(config, row.job_name)
+    if job is None and reread is not None:
+        job = _job(reread(), row.job_name)
     return RunningJob(row.id, job, row.scheduled_for, row.started_at or utcnow()) if job is not None else None
 
 
 def time_left(engine: Engine, run: RunningJob, session_id: str, now: datetime) -> float:
-    """What is left of the run's time limit: it counts the time the run worked, from its start, less the waits
-    for a decision (an approval answered after an hour does not use up a run's half hour)."""
+    """What is left of the run's time limit: it counts the time the run worked, from its first turn's start
+    (the queue and the clone before it are not the chore's), less the waits for a decision (an approval
+    answered after an hour does not use up a run's half hour)."""
+    with engine.connect() as conn:
+        began = conn.execute(
+            select(func.min(SessionEvent.created_at)).where(
+                SessionEvent.session_id == session_id, SessionEvent.created_at >= run.started_at
+            )
+        ).scalar_one_or_none()
+    if began is None:
+        return run.job.timeLimit  # its first turn has not begun
     waits = sorted(
         (a.created_at, a.decided_at or now)
         for a in approvals_of(engine, session_id)
-        if a.created_at is not None and a.created_at >= run.started_at
+        if a.created_at is not None and a.created_at >= began
     )
-    waited, reached = 0.0, run.started_at
+    waited, reached = 0.0, began
     for begin, end in waits:  # calls asked together wait together: count their union once
         begin = max(begin, reached)
         if end > begin:
             waited += (end - begin).total_seconds()
             reached = end
-    return run.job.timeLimit - ((now - run.started_at).total_seconds() - waited)
+    return run.job.timeLimit - ((now - began).total_seconds() - waited)
 
 
 async def finish_run(
@@ -202,6 +240,7 @@ async def finish_run(
     found = job_of_session(engine, config, session_id)
     if found is None:
         if await asyncio.to_thread(_close_removed, engine, session_id):
+            await asyncio.to_thread(set_yolo, engine, session_id, None)
             await post(REMOVED)
         return
     run_id, job, started = found.run_id, found.job, found.started_at
@@ -219,27 +258,34 @@ async def finish_run(
     recap = display.recap(finished) if finished is not None else None
     lines = [f"{outcome} · {recap}" if recap else outcome]
     start = start_commit(config.workspaces_root, session_id)
-    if workspace is not None and (changes := await asyncio.to_thread(_changes, workspace, start)):
+    if workspace is not None and (changes := await asyncio.to_thread(diff_stat, workspace, start, DIFF_LINES)):
         lines.append(f"Changes:\n```\n{changes}\n```")
     pushed_branch = None
     if job.push is not None and reason is None and workspace is not None:
-        pushed_branch, said, reason = await _push(config, found, workspace, start)
+        cloned = cloned_branch(config.workspaces_root, session_id)
+        pushed_branch, said, reason = await _push(config, found, workspace, start, cloned)
         lines.append(said)
         if reason is not None:  # the outcome line changes: the run failed after all
             lines[0] = FAILED.format(job=job.name, duration=duration, reason=reason) + (f" · {recap}" if recap else "")
     summary = scrub("\n".join(lines), secrets)
     status = JobRunStatus.SUCCEEDED if reason is None else JobRunStatus.FAILED
     closed = _close(
-        engine, run_id, status, now, error=reason, summary=summary, only_running=True, pushed_branch=pushed_branch
+        engine,
+        run_id,
+        status,
+        now,
+        error=reason,
+        summary=summary,
+        only=JobRunStatus.RUNNING,
+        pushed_branch=pushed_branch,
     )
     if not closed:
         return  # another worker closed it
-    # The run's yolo was the job's: after it, the thread is the channel's like any other (a reply there must
-    # not run commands unasked because a job ran with yolo).
+    # An approver's "Approve all" in the run's thread was for the run: after it, the channel's policy.
     await asyncio.to_thread(set_yolo, engine, session_id, None)
     await post(summary)
     failures = count_run(engine, job, failed=reason is not None)
-    if failures >= job.maxFailures and _pause(engine, job, failures):
+    if failures >= job.maxFailures and pause_job(engine, job, failures):
         await post(PAUSED.format(job=job.name, failures=failures), in_channel=True)
 
 
@@ -277,12 +323,14 @@ def close_stale_runs(engine: Engine, now: datetime, quiet_s: float = STALE_S) ->
             .all()
         )
     return [
-        run_id for run_id in stale if _close(engine, run_id, JobRunStatus.FAILED, now, error=NO_END, only_running=True)
+        run_id
+        for run_id in stale
+        if _close(engine, run_id, JobRunStatus.FAILED, now, error=NO_END, only=JobRunStatus.RUNNING)
     ]
 
 
 async def _push(
-    config: Config, run: RunningJob, workspace: Path, start: str | None
+    config: Config, run: RunningJob, workspace: Path, start: str | None, cloned: str | None
 ) -> tuple[str | None, str, str | None]:
     """Push the run's changes as the job says: the branch pushed (or None), the summary's line, and the reason
     the run failed when the push did."""
@@ -297,7 +345,7 @@ async def _push(
     try:
         base = job.branch or config.service.channel(job.channel).branch
         pushed = await asyncio.to_thread(
-            push_workspace, workspace, remote, branch, message, credentials(config), base, start
+            push_workspace, workspace, remote, branch, message, credentials(config, remote), base, start, cloned
         )
     except BranchRefused as e:
         return None, f"the push was refused: {e}", f"the push was refused: {e}"
@@ -322,21 +370,6 @@ def undelivered_runs(engine: Engine, now: datetime, quiet_s: float = REDELIVER_S
         return list(rows.scalars())
 
 
-def _changes(workspace: Path, start: str | None) -> str:
-    """What the run changed: `git diff --stat` against the commit it started from (its own commits included),
-    and the new files (nothing for a workspace that is no repository)."""
-    try:
-        stat = git.run_git(workspace, "diff", "--stat", start or "HEAD", check=False)
-        added = git.run_git(workspace, "ls-files", "--others", "--exclude-standard", check=False)
-    except git.GitError:
-        return ""
-    lines = stat.stdout.rstrip().splitlines() if stat.ok else []
-    lines += [f" {path} (new)" for path in added.stdout.splitlines()] if added.ok else []
-    if len(lines) > DIFF_LINES:
-        lines = [*lines[: DIFF_LINES - 1], f" … and {len(lines) - DIFF_LINES + 1} more"]
-    return "\n".join(lines)
-
-
 def _close(
     engine: Engine,
     run_id: int,
@@ -345,12 +378,12 @@ def _close(
     *,
     error: str | None = None,
     summary: str | None = None,
-    only_running: bool = False,
+    only: JobRunStatus | None = None,
     pushed_branch: str | None = None,
 ) -> bool:
     stmt = update(JobRun).where(JobRun.id == run_id)
-    if only_running:
-        stmt = stmt.where(JobRun.status == JobRunStatus.RUNNING)
+    if only is not None:  # a compare-and-set: another worker may have moved it
+        stmt = stmt.where(JobRun.status == only)
     values = {"status": status, "finished_at": now, "error": error, "summary": summary, "pushed_branch": pushed_branch}
     with engine.begin() as conn:
         return conn.execute(stmt.values(values)).rowcount == 1
@@ -371,7 +404,7 @@ def count_run(engine: Engine, job: JobConfig, failed: bool) -> int:
         return count
 
 
-def _pause(engine: Engine, job: JobConfig, failures: int) -> bool:
+def pause_job(engine: Engine, job: JobConfig, failures: int) -> bool:
     """Pause the job for its failures; False when it was paused already (then nothing is announced again)."""
     with engine.begin() as conn:
         return (

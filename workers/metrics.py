@@ -1,14 +1,28 @@
-"""The worker's metrics, in Prometheus' format: what an operator watches, and what bench/ measures.
+"""The service's metrics, in Prometheus' format: what an operator watches (docs/operations.md), and what bench/
+measures.
 
-`mm-bot worker` serves them on MM_METRICS_PORT when it is set (one endpoint per worker process: the pool runs
-threads, so a process holds all its turns' figures).
+Every process (`mm-bot serve`, `worker`, `beat`) serves its own on MM_METRICS_PORT when it is set, on
+MM_METRICS_HOST (default loopback; the chart sets all addresses): a separate port, so /metrics never sits behind
+the bot's public Ingress. A worker process holds all its turns' figures (the pool runs threads).
 """
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram
+import logging
+import os
+import re
+import time
+from collections.abc import Iterator
+from typing import Any
 
-from mm_core.events import ModelCalled
+from prometheus_client import Counter, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import REGISTRY, Collector
+
+from chatops.schema import utcnow
+from mm_core.events import Event, ModelCalled, ToolCallFinished, ToolCallStarted, TurnFinished
+
+log = logging.getLogger("mm.metrics")
 
 STEP_OUTSIDE_MODEL = Histogram(
     "mm_step_outside_model_seconds",
@@ -18,14 +32,40 @@ STEP_OUTSIDE_MODEL = Histogram(
 )
 MODEL_SECONDS = Histogram("mm_model_call_seconds", "One model call, request to last byte")
 TOKENS = Counter("mm_model_tokens_total", "Tokens used", ["kind"])
-TURNS = Counter("mm_turns_total", "Turns by how they ended", ["outcome"])
+TURNS_STARTED = Counter("mm_turns_started_total", "Turns started: a message, a resume after a decision, a command")
+TURNS = Counter(
+    "mm_turns_finished_total",
+    "Turns by how they ended: answered, suspended (waiting for a decision), max_turns, cancelled, failed; "
+    "crashed when the worker's own code failed",
+    ["outcome"],
+)
+TOOL_SECONDS = Histogram(
+    "mm_tool_call_seconds",
+    "One tool call, from its start to its output (a call that waited for a decision counts from its resume)",
+    ["tool", "status"],
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0),
+)
+APPROVAL_WAIT = Histogram(
+    "mm_approval_wait_seconds",
+    "From a call's approval asked to its decision (approved, rejected, or expired)",
+    ["decision"],
+    buckets=(5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200, 14400, 43200),
+)
+SLACK_ERRORS = Counter(
+    "mm_slack_api_errors_total",
+    "Slack Web API answers that were errors (ok: false, HTTP 5xx, a dropped connection), each attempt, by method "
+    "and error",
+    ["method", "error"],
+)
+SLACK_RATE_LIMITED = Counter("mm_slack_rate_limited_total", "Slack's HTTP 429 answers, each one", ["method"])
 
 
 class StepClock:
-    """Times the gaps between one turn's model calls."""
+    """One turn's figures: the gaps between its model calls, its tools' durations, how it ended."""
 
     def __init__(self) -> None:
         self._last_finished: float | None = None
+        self._tools: dict[str, float] = {}
 
     def model_called(self, event: ModelCalled) -> None:
         if event.agent is None and self._last_finished is not None:
@@ -35,3 +75,71 @@ class StepClock:
         MODEL_SECONDS.observe(max(0.0, event.finished - event.started))
         TOKENS.labels("prompt").inc(event.prompt_tokens)
         TOKENS.labels("completion").inc(event.completion_tokens)
+
+    def observe(self, event: Event) -> None:
+        """Every event of the turn, as the worker's emit sees it."""
+        if isinstance(event, ModelCalled):
+            self.model_called(event)
+        elif isinstance(event, ToolCallStarted):
+            self._tools[event.call_id] = time.monotonic()
+        elif isinstance(event, ToolCallFinished) and (began := self._tools.pop(event.call_id, None)) is not None:
+            TOOL_SECONDS.labels(_label(event.tool), str(event.status)).observe(time.monotonic() - began)
+        elif isinstance(event, TurnFinished):
+            TURNS.labels(str(event.outcome)).inc()
+
+
+_LABEL = re.compile(r"[A-Za-z][A-Za-z0-9_.]{0,39}")
+
+
+def _label(value: str) -> str:
+    """A label value from outside (a tool's name from the model, Slack's error code): known shapes only, so a
+    hostile value cannot grow the metrics without bound."""
+    return value if _LABEL.fullmatch(value) else "other"
+
+
+def waited(approval: Any, decision: str) -> None:
+    """An approval decided (or expired) now: how long it waited (an ApprovalRow)."""
+    if approval.created_at is not None:
+        APPROVAL_WAIT.labels(decision).observe(max(0.0, (utcnow() - approval.created_at).total_seconds()))
+
+
+def slack_failed(method: str, error: str) -> None:
+    SLACK_ERRORS.labels(_label(method), _label(error)).inc()
+
+
+def slack_rate_limited(method: str) -> None:
+    SLACK_RATE_LIMITED.labels(_label(method)).inc()
+
+
+def serve_metrics() -> bool:
+    """Serve this process's metrics when MM_METRICS_PORT is set; whether it is."""
+    port = os.environ.get("MM_METRICS_PORT")
+    if not port:
+        return False
+    start_http_server(int(port), addr=os.environ.get("MM_METRICS_HOST", "127.0.0.1"))
+    return True
+
+
+class QueueDepth(Collector):
+    """The turns waiting in the broker's queue, read at each scrape (what autoscaling follows too)."""
+
+    def __init__(self, app: Any, queues: tuple[str, ...]) -> None:
+        self.app, self.queues = app, queues
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily("mm_queue_depth", "Messages waiting in the broker's queue", labels=["queue"])
+        try:
+            with self.app.connection_for_read() as conn:
+                channel = conn.default_channel
+                for queue in self.queues:
+                    # Declared as the workers declare it (idempotent; a passive declare fails on Redis, whose
+                    # transport knows only the queues this connection declared).
+                    depth = self.app.amqp.queues[queue].bind(channel).queue_declare().message_count
+                    family.add_metric([queue], depth)
+        except Exception as e:  # noqa: BLE001 - a broker that does not answer: no figure, said in the log
+            log.warning("the queue depth could not be read: %s", e)
+        yield family
+
+
+def watch_queue(app: Any, queues: tuple[str, ...]) -> None:
+    REGISTRY.register(QueueDepth(app, queues))

@@ -32,8 +32,11 @@ class BranchRefused(Exception):
 OWN_BRANCHES = ("main", "master")
 
 
-def check_branch(branch: str, base: str | None) -> None:
-    if branch in {*OWN_BRANCHES, *([base] if base else [])}:
+def check_branch(branch: str, *bases: str | None) -> None:
+    """A push makes or updates a branch of its own: never the branch the workspace was cloned from (the
+    repository's default, or the configured one), main or master. Git refuses a push that is no fast-forward
+    (nothing is forced), so an existing branch is never rewritten either."""
+    if branch in {*OWN_BRANCHES, *(b for b in bases if b)}:
         raise BranchRefused(f"`{branch}` is the repository's own branch: push to a new one, such as `mm/{branch}-fix`")
 
 
@@ -70,29 +73,88 @@ def pull_request_page(remote: str, branch: str) -> str | None:
     path = parts.path.strip("/").removesuffix(".git")
     if not re.fullmatch(r"[\w.-]+(?:/[\w.-]+)+", path) or {".", ".."} & set(path.split("/")):
         return None
+    if parts.hostname != "gitlab.com" and path.count("/") != 1:  # owner/repository there; GitLab nests groups
+        return None
     return PULL_REQUEST_PAGES[parts.hostname].format(path=path, branch=quote(branch, safe="/"))
 
 
-def credentials(config: Config) -> git.Credentials | None:
-    """The HTTPS credentials of the worker's environment (`MM_GIT_TOKEN`, `MM_GIT_USERNAME`), if any."""
-    if not config.git_token:
+def credentials(config: Config, remote: str) -> git.Credentials | None:
+    """The HTTPS credentials of the worker's environment (`MM_GIT_TOKEN`, `MM_GIT_USERNAME`) for `remote`, when
+    the operator's config names it (token_scope): a repository a Slack user picked elsewhere never gets the
+    token, nor one of another owner on the same forge."""
+    exact, owners = token_scope(config)
+    url = _normal(remote)
+    if not config.git_token or url is None or not (url in exact or url.startswith(owners)):
         return None
-    return git.Credentials(config.git_username or "x-access-token", config.git_token)
+    host = urlsplit(url).hostname or ""
+    host = f"[{host}]" if ":" in host else host  # as git writes an IPv6 host in its prompt
+    return git.Credentials(config.git_username or "x-access-token", config.git_token, host=host)
+
+
+def token_scope(config: Config) -> tuple[set[str], tuple[str, ...]]:
+    """The HTTPS repositories the token is for: those the config names (channels' and jobs' repositories, push
+    remotes), and every repository under an owner a channel's `repos` pattern spells out (`https://host/owner/…`;
+    a wildcard host or owner names none)."""
+    service = config.service
+    named = [c.repo for c in service.channels.values()] + [j.repo for j in service.jobs]
+    named += [j.push.remote for j in service.jobs if j.push is not None]
+    exact = {u for u in (_normal(n) for n in named if n) if u}
+    owners = set()
+    for pattern in (p for c in service.channels.values() for p in c.repos):
+        parts = pattern.split("/")  # https: '' host owner …
+        if len(parts) > 4 and pattern.startswith("https://") and not any("*" in p for p in parts[2:4]) and parts[3]:
+            owners.add(f"https://{parts[2].lower()}/{parts[3]}/")
+    return exact, tuple(sorted(owners))
+
+
+def _normal(url: str) -> str | None:
+    """An HTTPS URL without its user part, its trailing `/` or `.git`, its host in lower case; None for others."""
+    try:
+        parts = urlsplit(public_url(url))
+    except ValueError:
+        return None
+    if parts.scheme != "https" or not parts.hostname:
+        return None
+    return f"https://{parts.netloc.lower()}{parts.path.rstrip('/').removesuffix('.git')}"
 
 
 def changed_files(workspace: Path, start: str | None) -> int:
     """How many files the workspace differs in from the commit it started from (`start`, workspaces'
-    `start_commit`; HEAD when unknown): the model's commits and its uncommitted edits alike, new files included.
-    0 for a workspace that is no repository."""
+    `start_commit`): the model's commits and its uncommitted edits alike, new files included. 0 for a workspace
+    that is no repository."""
     try:
-        tracked = git.run_git(workspace, "diff", "--name-only", "-z", "--no-renames", start or "HEAD", check=False)
-        if not tracked.ok:  # the start commit is gone (the model can rewrite .git): what is not committed yet
-            tracked = git.run_git(workspace, "diff", "--name-only", "-z", "--no-renames", "HEAD", check=False)
+        base = _base(workspace, start)
+        tracked = git.run_git(workspace, "diff", "--name-only", "-z", "--no-renames", base, check=False)
         new = git.run_git(workspace, "ls-files", "--others", "--exclude-standard", "-z", check=False)
     except git.GitError:
         return 0
     paths = {p for result in (tracked, new) if result.ok for p in result.stdout.split("\0") if p}
     return len(paths)
+
+
+def diff_stat(workspace: Path, start: str | None, most: int) -> str:
+    """What changed since `start`, as a summary shows it: `git diff --stat` and the new files, `most` lines at
+    most ("" for a workspace that is no repository)."""
+    try:
+        base = _base(workspace, start)
+        stat = git.run_git(workspace, "diff", "--stat", base, check=False)
+        added = git.run_git(workspace, "ls-files", "--others", "--exclude-standard", check=False)
+    except git.GitError:
+        return ""
+    lines = stat.stdout.rstrip().splitlines() if stat.ok else []
+    lines += [f" {path} (new)" for path in added.stdout.splitlines()] if added.ok else []
+    if start and base != start:
+        lines.append(" (measured from HEAD: the commit the workspace was cloned at is gone)")
+    if len(lines) > most:
+        lines = [*lines[: most - 1], f" … and {len(lines) - most + 1} more"]
+    return "\n".join(lines)
+
+
+def _base(workspace: Path, start: str | None) -> str:
+    """`start` while the workspace still has it (the model can rewrite .git), else HEAD."""
+    if start and git.run_git(workspace, "cat-file", "-e", f"{start}^{{commit}}", check=False).ok:
+        return start
+    return "HEAD"
 
 
 def push_workspace(
@@ -103,11 +165,13 @@ def push_workspace(
     credentials: git.Credentials | None,
     base: str | None = None,
     start: str | None = None,
+    cloned: str | None = None,
 ) -> Pushed:
     """Commit everything the workspace changed onto `branch` (after the model's own commits, if it made any) and
     push it to `remote`; raises BranchRefused (the repository's own branch, `base` among them), NothingToPush,
-    or git.GitError with git's own (masked) words. `start`: the commit the workspace was cloned at."""
-    check_branch(branch, base)
+    or git.GitError with git's own (masked) words. `start` and `cloned`: the commit and the branch the workspace
+    was cloned at."""
+    check_branch(branch, base, cloned)
     changed = changed_files(workspace, start)
     if not changed:
         raise NothingToPush

@@ -21,9 +21,10 @@ from celery.beat import PersistentScheduler
 from chatops import db
 from chatops.config import load_config
 from chatops.jobs import Cursor, fire_due, give_up_leadership, take_leadership
-from chatops.reload import ConfigFile
+from chatops.reload import CHECK_S, ConfigFile
 from chatops.schedule import next_fire
 from chatops.schema import JobRunStatus, utcnow
+from workers.heartbeat import beat
 from workers.tasks import enqueue_job_run
 
 log = logging.getLogger("mm.scheduler")
@@ -33,11 +34,13 @@ TICK_S = LEASE_S / 3
 
 
 class JobScheduler(PersistentScheduler):
+    CONFIG_CHECK_S = CHECK_S  # how often the config file is looked at (SIGHUP: at once)
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.cursor = Cursor()
         self.leading = False
-        self.config_file = ConfigFile(load_config())
+        self.config_file = ConfigFile(load_config(), check_s=self.CONFIG_CHECK_S)
         self.config = self.config_file.current()
         self.engine = db.engine_for(self.config.database_url)
         super().__init__(*args, **kwargs)
@@ -45,6 +48,7 @@ class JobScheduler(PersistentScheduler):
             signal.signal(signal.SIGHUP, lambda _signum, _frame: self.config_file.ask())
 
     def tick(self, *args: Any, **kwargs: Any) -> float:
+        beat()  # `mm-bot probe live`: the loop runs, whatever a tick meets
         try:
             return self._tick(*args, **kwargs)
         except Exception:  # a database or broker blip: beat (and housekeeping with it) must go on

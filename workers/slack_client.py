@@ -15,7 +15,12 @@ from slack_sdk.http_retry.builtin_async_handlers import (
     AsyncRateLimitErrorRetryHandler,
     AsyncServerErrorRetryHandler,
 )
+from slack_sdk.http_retry.request import HttpRequest
+from slack_sdk.http_retry.response import HttpResponse
+from slack_sdk.http_retry.state import RetryState
 from slack_sdk.web.async_client import AsyncWebClient
+
+from workers import metrics
 
 if TYPE_CHECKING:
     from chatops.config import Config
@@ -28,8 +33,37 @@ CONNECTION_RETRIES = 2
 TIMEOUT = 30
 
 
+class _Counting(AsyncRetryHandler):
+    """Counts what Slack answers, on every attempt of every call (retry handlers see them all, also those of
+    the per-request clients bolt makes): 429s (mm_slack_rate_limited_total) and errors (`ok: false`, HTTP 5xx,
+    a dropped connection: mm_slack_api_errors_total). It retries nothing: the handlers after it do."""
+
+    def __init__(self) -> None:
+        super().__init__(max_retry_count=1_000_000)  # consulted on retried attempts too
+
+    async def _can_retry_async(
+        self,
+        *,
+        state: RetryState,
+        request: HttpRequest,
+        response: HttpResponse | None = None,
+        error: Exception | None = None,
+    ) -> bool:
+        method = request.url.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1]
+        if error is not None:
+            metrics.slack_failed(method, "connection")
+        elif response is not None and response.status_code == 429:
+            metrics.slack_rate_limited(method)
+        elif response is not None and response.status_code >= 500:
+            metrics.slack_failed(method, f"http_{response.status_code}")
+        elif response is not None and isinstance(response.body, dict) and response.body.get("ok") is False:
+            metrics.slack_failed(method, str(response.body.get("error") or "unknown"))
+        return False
+
+
 def retry_handlers() -> list[AsyncRetryHandler]:
     return [
+        _Counting(),
         AsyncRateLimitErrorRetryHandler(max_retry_count=RATE_LIMIT_RETRIES),
         AsyncServerErrorRetryHandler(max_retry_count=SERVER_ERROR_RETRIES),
         AsyncConnectionErrorRetryHandler(max_retry_count=CONNECTION_RETRIES),
@@ -37,7 +71,7 @@ def retry_handlers() -> list[AsyncRetryHandler]:
 
 
 def api_base(url: str) -> str:
-    """slack_sdk joins method names onto base_url, so it must end with a slash (bot.app has the same rule)."""
+    """slack_sdk joins method names onto base_url, so it must end with a slash."""
     return url if url.endswith("/") else url + "/"
 
 

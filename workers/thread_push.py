@@ -18,7 +18,7 @@ from workers import git
 from workers.push import BranchRefused, NothingToPush, credentials, push_workspace
 from workers.slack_client import web_client
 from workers.turns import Process, SessionFacts, process, session_facts
-from workers.workspaces import public_url, start_commit, workspace_path
+from workers.workspaces import cloned_branch, public_url, start_commit, workspace_path
 
 log = logging.getLogger("mm.worker.push")
 
@@ -67,7 +67,9 @@ def _push(proc: Process, facts: SessionFacts, session_id: str, branch: str, user
     base = facts.branch or config.service.channel(facts.channel_id or "").branch
     try:
         start = start_commit(config.workspaces_root, session_id)
-        pushed = push_workspace(workspace, remote, branch, message, credentials(config), base, start)
+        cloned = cloned_branch(config.workspaces_root, session_id)
+        token = credentials(config, remote)
+        pushed = push_workspace(workspace, remote, branch, message, token, base, start, cloned)
     except BranchRefused as e:
         return f"The push was refused: {e}"
     except NothingToPush:

@@ -20,6 +20,7 @@ import asyncio
 import json
 import logging
 import threading
+import time
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -28,7 +29,7 @@ from typing import Any
 import aiohttp
 from sqlalchemy import Engine, select
 
-from chatops import db
+from chatops import db, logs
 from chatops.buttons import Action, ButtonValue, element
 from chatops.config import Config, load_config
 from chatops.inbox import (
@@ -58,16 +59,16 @@ from chatops.store import (
     set_status,
 )
 from mm_core import Agent, display
-from mm_core.events import Event, ModelCalled, PermissionRequested, TurnFinished
+from mm_core.events import Event, PermissionRequested, TurnFinished
 from mm_core.log import Decision, ErrorRecord, Fenced, Outcome, TurnEnded
 from mm_core.state import SessionState
 from mm_core.tools.ask_agent import load_agent_file
 from workers import metrics
 from workers.approval_message import NO_APPROVERS, ApprovalAsked
 from workers.blocks import duration
-from workers.jobs import close_stale_runs, finish_run, job_of_session, time_left
+from workers.jobs import NO_END, RunningJob, close_stale_runs, finish_run, job_of_session, time_left
 from workers.leases import Cancelled, LeaseKeeper
-from workers.push import changed_files
+from workers.push import changed_files, credentials
 from workers.render import ThreadRenderer
 from workers.slack_client import TIMEOUT, web_client
 from workers.workspaces import WorkspaceError, prepare, public_url, start_commit, sweep
@@ -94,12 +95,19 @@ class Process:
     config_file: ConfigFile
     engine: Engine
     keeper: LeaseKeeper
-    secrets: tuple[str, ...]
+    start_secrets: tuple[str, ...]
 
     @property
     def config(self) -> Config:
         """The config as its file says now: each turn takes it once, at its start."""
         return self.config_file.current()
+
+    @property
+    def secrets(self) -> tuple[str, ...]:
+        """What is never posted nor logged: the secrets known at start and those a reload brought (a new
+        `model.apiKeyEnv`, a password in `model.url`), longest first."""
+        known = {*self.start_secrets, *secrets_of(self.config)}
+        return tuple(sorted(known, key=len, reverse=True))
 
 
 _process_lock = threading.Lock()
@@ -129,6 +137,7 @@ def run_session_work(session_id: str) -> bool:
 
 
 async def _work(proc: Process, session_id: str) -> bool:
+    logs.session_id.set(session_id)  # every line logged for this task carries it (this task's own context)
     ttl = proc.config.service.worker.leaseSeconds
     token = acquire_lease(proc.engine, session_id, proc.keeper.owner, ttl)
     if token is None:
@@ -166,6 +175,7 @@ class SessionTurns:
         # A job run's turn: how it finished, or why it did not (its summary says so).
         self.finished: TurnFinished | None = None
         self.failure: str | None = None
+        self.running: RunningJob | None = None
         self.workspace: Path | None = None
 
     async def next(self) -> bool:
@@ -189,6 +199,8 @@ class SessionTurns:
             on_approval_posted=lambda call_id, ts: set_approval_message(engine, call_id, ts),
         )
         self.finished = self.failure = None
+        # The run a job's session carries, decided once a turn: its yolo, its time limit, what the turn takes.
+        self.running = self._running_job() if self.row.kind == SessionKind.JOB else None
         try:
             more = await self._next(renderer, client)
             if self.row.kind == SessionKind.JOB and self.ending == SessionStatus.IDLE:
@@ -232,10 +244,9 @@ class SessionTurns:
 
         def emit(event: Event) -> None:
             renderer.emit(event)
+            step.observe(event)
             if isinstance(event, TurnFinished):
                 self.finished = event
-            elif isinstance(event, ModelCalled):
-                step.model_called(event)
             elif isinstance(event, PermissionRequested):
                 # Recorded before the message is posted: a click always finds its row.
                 renderer.emit(ApprovalAsked(self._ask(agent.state(), event), self.row.channel_id or ""))
@@ -259,17 +270,21 @@ class SessionTurns:
                     return True  # the inbox may hold more
             else:
                 preface = await self._thread_context(client) if not state.entries else ""
-                if self.store.take_inbox(session_id, preface) is None:
+                if self.store.take_inbox(session_id, preface, people=self.running is None) is None:
+                    if self.running is not None:  # its turn ended before, and its end was never recorded
+                        self.failure = NO_END
                     self.ending = SessionStatus.IDLE
                     return False
                 run = agent.resume()
             set_status(engine, session_id, SessionStatus.RUNNING, lease_token=self.token)
             self.row = self.row.with_status(SessionStatus.RUNNING)
+            metrics.TURNS_STARTED.inc()
             finished = await self._run(agent, run, renderer)
         finally:
             await agent.resources.aclose()
             await agent.aclose()
         if finished is CRASHED:
+            metrics.TURNS.labels("crashed").inc()
             self.ending = SessionStatus.IDLE
             return False
         if finished is not None and finished.outcome == Outcome.SUSPENDED:
@@ -282,7 +297,7 @@ class SessionTurns:
     async def _run(self, agent: Agent, run: Any, renderer: ThreadRenderer) -> Any:
         """The turn, within its time limit; a stop or the limit ends it through the loop's own cancellation."""
         limit = left = self.config.service.worker.turnTimeLimit
-        if self.row.kind == SessionKind.JOB and (job := job_of_session(self.proc.engine, self.config, self.session_id)):
+        if (job := self.running) is not None:
             # The run's limit, not each turn's: what it worked before waiting for a decision counts.
             limit = job.job.timeLimit
             left = max(0.0, time_left(self.proc.engine, job, self.session_id, utcnow()))
@@ -336,7 +351,11 @@ class SessionTurns:
     async def _workspace(self, renderer: ThreadRenderer) -> Path:
         channel = self.config.service.channel(self.row.channel_id or "")
         repo, branch = self.row.repo or channel.repo, self.row.branch or channel.branch
-        ws = await asyncio.to_thread(prepare, self.config.workspaces_root, self.session_id, repo, branch)
+        # A private repository on a host the config names is cloned with the worker's token (workers/push.py).
+        token = credentials(self.config, repo) if repo else None
+        ws = await asyncio.to_thread(
+            prepare, self.config.workspaces_root, self.session_id, repo, branch, credentials=token
+        )
         if ws.note:
             await renderer.notice(f"♻️ {ws.note}")
         elif ws.fresh and self.row.has_log:
@@ -357,7 +376,7 @@ class SessionTurns:
             await agent.aclose()
             await self._expire(renderer)
             record_error(engine, "workspace", text, session_id=session_id)
-        elif self.store.take_inbox(session_id, "") is not None:
+        elif self.store.take_inbox(session_id, "", people=self.running is None) is not None:
             self.store.append(session_id, ErrorRecord(text, "workspace"))
             self.store.append(session_id, TurnEnded(Outcome.FAILED))
         else:
@@ -497,9 +516,19 @@ class SessionTurns:
         if self.row.agent_name and self.row.agent_name in agent.mmConfigs:  # a job's own agent
             agent = load_agent_file(agent.mmConfigs[self.row.agent_name])
         yolo = self.config.service.channel(self.row.channel_id or "").yolo
+        if (run := self.running) is not None:
+            yolo = run.job.yolo  # the run's own prompt only (take_inbox): once it ends, the channel's policy
         if self.row.yolo is not None:  # the thread's own (approve-all, `yolo on|off`) over the channel's
             yolo = self.row.yolo
         return agent if yolo is None else agent.model_copy(update={"yolo": yolo})
+
+    def _running_job(self) -> RunningJob | None:
+        def reread() -> Config:
+            self.proc.config_file.ask()
+            self.config = self.proc.config
+            return self.config
+
+        return job_of_session(self.proc.engine, self.config, self.session_id, reread)
 
     async def _thread_context(self, client: Any) -> str:
         """A session started by a mention inside an existing thread: what was said before, for the model."""
@@ -606,6 +635,10 @@ def _title(tool: str, arguments: str | None) -> str:
 # --- housekeeping -----------------------------------------------------------------------------------------------
 
 
+FORGET_EVERY_S = 3600.0
+_forgot = [-FORGET_EVERY_S]  # when this process last forgot old skipped and missed runs (monotonic)
+
+
 def housekeep() -> list[str]:
     """Find the work the broker lost, and the approvals nobody answered (the sessions to enqueue again); make
     the workspaces fit the disk."""
@@ -614,8 +647,13 @@ def housekeep() -> list[str]:
     release_expired_leases(engine)
     for run_id in close_stale_runs(engine, utcnow()):
         record_error(engine, "housekeeping", f"job run {run_id}: closed as failed, its end was never recorded")
-    forget_unrun(engine, utcnow())
-    expired = {row.session_id for row in expire_approvals(engine)}
+    if time.monotonic() - _forgot[0] > FORGET_EVERY_S:  # a scan of job_runs: hourly is enough
+        _forgot[0] = time.monotonic()
+        forget_unrun(engine, utcnow())
+    gone = expire_approvals(engine)
+    for row in gone:
+        metrics.waited(row, "expired")
+    expired = {row.session_id for row in gone}
     stranded = set(sessions_with_work(engine, quiet_s=config.service.worker.housekeepingSeconds))
     ws = config.service.workspaces
     try:

@@ -113,7 +113,8 @@ def prepare(
             # The commit it starts from, kept out of the sandbox's reach: what the thread changed is measured
             # from it, the model's own commits included (they move HEAD, and the model can rewrite .git).
             start = run_git(built, "rev-parse", "HEAD").stdout.strip() if repo else None
-            _write_meta(root, session_id, {**wanted, "commit": start})
+            cloned = run_git(built, "rev-parse", "--abbrev-ref", "HEAD").stdout.strip() if repo else None
+            _write_meta(root, session_id, {**wanted, "commit": start, "cloned_branch": cloned})
             if old is not None:
                 os.rename(old, box / "old")
             elif path.is_symlink() or path.exists():  # not a directory: nothing a workspace can be
@@ -138,6 +139,12 @@ def start_commit(root: Path, session_id: str) -> str | None:
     """The commit the session's workspace was cloned at (None without a repository, or not recorded)."""
     commit = (_read_meta(Path(root), session_id) or {}).get("commit")
     return commit if isinstance(commit, str) and re.fullmatch(r"[0-9a-f]{40,64}", commit) else None
+
+
+def cloned_branch(root: Path, session_id: str) -> str | None:
+    """The branch the session's workspace was cloned at (the repository's default when none was asked)."""
+    branch = (_read_meta(Path(root), session_id) or {}).get("cloned_branch")
+    return branch if isinstance(branch, str) and branch != "HEAD" else None
 
 
 def touch(root: Path, session_id: str) -> None:
@@ -472,6 +479,7 @@ def _failure(repo: str | None, branch: str | None, words: str) -> WorkspaceError
 __all__ = [
     "Workspace",
     "WorkspaceError",
+    "cloned_branch",
     "hand_over",
     "prepare",
     "public_url",
