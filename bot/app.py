@@ -26,7 +26,7 @@ from bot.jobs import JobCommands
 from chatops.buttons import ACTION_PATTERN
 from chatops.reload import ConfigFile
 from chatops.secrets import secrets_of
-from workers.slack_client import api_base, retry_handlers
+from workers.slack_client import api_base, counted_only
 
 if TYPE_CHECKING:
     from sqlalchemy import Engine
@@ -46,9 +46,9 @@ def create_app(config: Config, engine: Engine) -> AsyncApp:
 
     Needs SLACK_BOT_TOKEN and SLACK_SIGNING_SECRET; callers check `config.missing_slack_secrets()` first.
     """
-    # Its failures and 429s are counted (workers/metrics.py), and a 429 is waited out as the worker does.
+    # Its failures and 429s are counted (workers/metrics.py).
     client = AsyncWebClient(
-        token=config.slack_bot_token, base_url=api_base(config.slack_api_url), retry_handlers=retry_handlers()
+        token=config.slack_bot_token, base_url=api_base(config.slack_api_url), retry_handlers=counted_only()
     )
     app = AsyncApp(
         client=client,

@@ -18,6 +18,7 @@ import logging
 import os
 import re
 import sys
+import threading
 from contextvars import ContextVar
 from typing import Any
 
@@ -86,6 +87,12 @@ def log_format(environ: dict[str, str] | None = None) -> tuple[str, str | None]:
     return "plain", f"{FORMAT_ENV}={value[:40]!r} is neither `plain` nor `json`: the log stays in plain lines"
 
 
+def _log_thread_exception(args: threading.ExceptHookArgs) -> None:
+    if args.exc_type is not SystemExit:
+        exc = (args.exc_type, args.exc_value or args.exc_type(), args.exc_traceback)
+        logging.getLogger("mm").error("uncaught in thread %s", getattr(args.thread, "name", "?"), exc_info=exc)
+
+
 def setup_logging(secrets: list[str], level: int | str = logging.INFO, stream: Any = None) -> None:
     """Route every logger through one handler on the root: the chosen format, the session, redaction."""
     handler = logging.StreamHandler(stream or sys.stderr)
@@ -98,6 +105,9 @@ def setup_logging(secrets: list[str], level: int | str = logging.INFO, stream: A
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level)
+    # Warnings and a thread's uncaught exception go through the same handler (redacted), not straight to stderr.
+    logging.captureWarnings(True)
+    threading.excepthook = _log_thread_exception
     logging.getLogger("alembic").setLevel(logging.WARNING)  # its plugin registry is chatter at INFO
     if problem:
         logging.getLogger("mm.logs").warning(problem)

@@ -119,7 +119,7 @@ def _migrate_check(url: str) -> int:
 def _probe(args: argparse.Namespace) -> int:
     from commands.probe import live, ready
 
-    ok, said = live(args.max_age) if args.what == "live" else ready(args.node)
+    ok, said = live(args.max_age) if args.what == "live" else ready(args.max_age)
     print(f"mm-bot probe {args.what}: {said}", file=sys.stdout if ok else sys.stderr)
     return 0 if ok else 1
 
@@ -223,13 +223,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("migrate", _migrate, "upgrade the database schema (DATABASE_URL)")
     p.add_argument("--revision", default="head", help="target revision (default head)")
     p.add_argument("--check", action="store_true", help="change nothing: exit 1 unless the schema is at the head")
-    p = command("probe", _probe, "a pod's exec probe: live (the loop beats) or ready (the worker answers a ping)")
+    p = command("probe", _probe, "a pod's exec probe: live (the process beats) or ready (the worker takes turns)")
     p.add_argument("what", choices=["live", "ready"])
     p.add_argument(
-        "--max-age", type=float, default=60.0, help="live: the oldest heartbeat still alive, in seconds (default 60)"
-    )
-    p.add_argument(
-        "--node", help="ready: the worker's node name (default celery@HOSTNAME, as `mm-bot worker` names it)"
+        "--max-age", type=float, default=60.0, help="the oldest heartbeat still alive, in seconds (default 60)"
     )
     p = command(
         "dev",

@@ -224,7 +224,7 @@ def test_a_worker_with_sandbox_none_starts_and_warns_once(tmp_path: Path) -> Non
     lines, code = start_worker(tmp_path, "sandbox: none\n", path_without("bwrap", tmp_path))
     assert lines[-1].endswith(" ready."), lines
     warned = [line for line in lines if UNSANDBOXED in line]
-    assert len(warned) == 1 and warned[0].endswith(f" WARNING/MainProcess] {UNSANDBOXED}"), lines
+    assert len(warned) == 1 and warned[0].endswith(f" WARNING mm.worker: {UNSANDBOXED}"), lines
     assert not any("SecurityWarning" in line for line in lines)
     assert code == 0
 

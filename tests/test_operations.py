@@ -7,7 +7,6 @@ import io
 import json
 import logging
 import os
-import socket
 import subprocess
 import time
 import urllib.request
@@ -138,6 +137,8 @@ def test_a_turn_shows_in_the_metrics_and_a_planted_secret_reaches_neither_slack_
         text = scrape(metrics_port)
         assert (sample(text, "mm_turns_started_total") or 0) >= 2
         assert (sample(text, "mm_turns_finished_total", outcome="answered") or 0) >= 1
+        assert (sample(text, "mm_turns_finished_total", outcome="failed") or 0) >= 1  # the model's error
+        assert sample(text, "mm_turns_running") == 0
         assert (sample(text, "mm_tool_call_seconds_count", tool="bash") or 0) >= 1
         assert (sample(text, "mm_model_call_seconds_count") or 0) >= 2
         assert (sample(text, "mm_model_tokens_total", kind="prompt") or 0) > 0
@@ -155,12 +156,12 @@ def test_a_turn_shows_in_the_metrics_and_a_planted_secret_reaches_neither_slack_
         assert any("upstream rejected the key ***" in json.dumps(line) for line in about_session), about_session
 
 
-def test_probes_say_live_and_ready_for_a_running_worker_and_not_otherwise(
+def test_probes_say_live_and_ready_and_a_broker_outage_makes_a_worker_unready_but_not_dead(
     tmp_path: Path, fresh_pg_url: str, own_redis: OwnRedis
 ) -> None:
     with stack(tmp_path, fresh_pg_url, own_redis.url) as s:
-        heartbeat = tmp_path / "heartbeat"
-        env = s.env | {"MM_HEARTBEAT_FILE": str(heartbeat)}
+        files = {"MM_HEARTBEAT_FILE": str(tmp_path / "heartbeat"), "MM_READY_FILE": str(tmp_path / "ready")}
+        env = s.env | files
 
         def probe(*args: str) -> subprocess.CompletedProcess[str]:
             return subprocess.run(
@@ -168,21 +169,25 @@ def test_probes_say_live_and_ready_for_a_running_worker_and_not_otherwise(
             )
 
         before = probe("live")
-        assert before.returncode == 1 and f"no heartbeat at {heartbeat}" in before.stderr
-        s.extra_env["MM_HEARTBEAT_FILE"] = str(heartbeat)
+        assert before.returncode == 1 and f"no heartbeat at {tmp_path / 'heartbeat'}" in before.stderr
+        s.extra_env |= files
         s.start_worker(beat=False)
-        s.wait(lambda: heartbeat.exists(), message="the worker's first heartbeat")
-        assert probe("live").returncode == 0
-        node = f"w1@{socket.gethostname()}"  # Stack.start_worker's name for it (`mm-bot worker`: celery@host)
-        ready = s.wait(lambda: (r := probe("ready", "--node", node)).returncode == 0 and r, message="a ping answered")
-        assert f"{node} answers" in ready.stdout
+        ready = s.wait(lambda: (r := probe("ready")).returncode == 0 and r, message="the worker is ready")
+        assert "connected to the broker, taking turns" in ready.stdout and probe("live").returncode == 0
+
+        own_redis.stop()  # the broker goes away: the worker takes nothing, and lives on
+        lost = s.wait(lambda: (r := probe("ready")).returncode == 1 and r, message="the worker is unready")
+        assert "no " in lost.stderr and "lost the broker" in lost.stderr
+        time.sleep(12)  # longer than a beat: the heartbeat goes on without the broker
+        assert probe("live", "--max-age", "11").returncode == 0
+        own_redis.start()
+        s.wait(lambda: probe("ready").returncode == 0, timeout=90, message="ready again once the broker is back")
+
         s.kill_worker()
         old = time.time() - 120
-        os.utime(heartbeat, (old, old))
-        stale = probe("live", "--max-age", "60")
-        assert stale.returncode == 1 and "old (more than 60s): the loop is stuck" in stale.stderr
-        gone = probe("ready", "--node", node)
-        assert gone.returncode == 1 and f"{node} did not answer a ping within 5s" in gone.stderr
+        os.utime(tmp_path / "heartbeat", (old, old))
+        stale = probe("ready", "--max-age", "60")
+        assert stale.returncode == 1 and "old (more than 60s): the process is stuck" in stale.stderr
 
 
 def test_migrate_check_waits_for_the_schema_and_lets_a_rolled_back_release_run(tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ import click
 from celery import Celery, signals
 from celery.exceptions import SecurityWarning
 
-from workers.heartbeat import Heartbeat
+from workers.heartbeat import Heartbeat, Ready
 
 if TYPE_CHECKING:
     from celery.worker import WorkController
@@ -53,6 +53,7 @@ app.user_options["worker"].add(
 )
 assert app.steps is not None  # the instance's own, as user_options
 app.steps["worker"].add(Heartbeat)  # `mm-bot probe live`
+app.steps["consumer"].add(Ready)  # `mm-bot probe ready`
 
 
 def settings() -> dict[str, Any]:

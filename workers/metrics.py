@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from prometheus_client import Counter, Histogram, start_http_server
+from prometheus_client import Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import REGISTRY, Collector
 
@@ -33,6 +33,7 @@ STEP_OUTSIDE_MODEL = Histogram(
 MODEL_SECONDS = Histogram("mm_model_call_seconds", "One model call, request to last byte")
 TOKENS = Counter("mm_model_tokens_total", "Tokens used", ["kind"])
 TURNS_STARTED = Counter("mm_turns_started_total", "Turns started: a message, a resume after a decision, a command")
+TURNS_RUNNING = Gauge("mm_turns_running", "Turns this worker process runs now (what it holds, however busy the queue)")
 TURNS = Counter(
     "mm_turns_finished_total",
     "Turns by how they ended: answered, suspended (waiting for a decision), max_turns, cancelled, failed; "
@@ -111,12 +112,22 @@ def slack_rate_limited(method: str) -> None:
     SLACK_RATE_LIMITED.labels(_label(method)).inc()
 
 
+_served: list[int] = []  # the port this process serves on, once (a worker with an embedded beat asks twice)
+
+
 def serve_metrics() -> bool:
-    """Serve this process's metrics when MM_METRICS_PORT is set; whether it is."""
+    """Serve this process's metrics when MM_METRICS_PORT is set; whether this call started it. A port another
+    process holds (`mm-bot dev` runs the bot and the worker on one machine) is said, not fatal."""
     port = os.environ.get("MM_METRICS_PORT")
-    if not port:
+    if not port or _served:
         return False
-    start_http_server(int(port), addr=os.environ.get("MM_METRICS_HOST", "127.0.0.1"))
+    host = os.environ.get("MM_METRICS_HOST", "127.0.0.1")
+    try:
+        start_http_server(int(port), addr=host)
+    except (OSError, ValueError) as e:
+        log.warning("metrics are not served: MM_METRICS_PORT=%s on %s: %s", port, host, e)
+        return False
+    _served.append(int(port))
     return True
 
 
@@ -125,6 +136,9 @@ class QueueDepth(Collector):
 
     def __init__(self, app: Any, queues: tuple[str, ...]) -> None:
         self.app, self.queues = app, queues
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        return iter(())  # registering it must not ask the broker (the registry would call collect)
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         family = GaugeMetricFamily("mm_queue_depth", "Messages waiting in the broker's queue", labels=["queue"])

@@ -61,6 +61,12 @@ class _Counting(AsyncRetryHandler):
         return False
 
 
+def counted_only() -> list[AsyncRetryHandler]:
+    """The bot's: its answers are counted, a dropped connection tried again, and a 429 not waited out (a
+    listener must answer Slack within three seconds)."""
+    return [_Counting(), AsyncConnectionErrorRetryHandler(max_retry_count=CONNECTION_RETRIES)]
+
+
 def retry_handlers() -> list[AsyncRetryHandler]:
     return [
         _Counting(),

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from chatops import logs
 from chatops.schema import SessionStatus
 from chatops.secrets import scrub
 from chatops.store import acquire_lease, record_error, release_lease
@@ -36,6 +37,14 @@ def default_branch(thread_ts: str) -> str:
 
 
 def push_thread_work(session_id: str, branch: str | None, user: str) -> None:
+    about = logs.session_id.set(session_id)  # this pool thread's lines name the session, for this task only
+    try:
+        _push_thread(session_id, branch, user)
+    finally:
+        logs.session_id.reset(about)
+
+
+def _push_thread(session_id: str, branch: str | None, user: str) -> None:
     proc = process()
     engine = proc.engine
     facts = session_facts(engine, session_id)

@@ -279,7 +279,8 @@ class SessionTurns:
             set_status(engine, session_id, SessionStatus.RUNNING, lease_token=self.token)
             self.row = self.row.with_status(SessionStatus.RUNNING)
             metrics.TURNS_STARTED.inc()
-            finished = await self._run(agent, run, renderer)
+            with metrics.TURNS_RUNNING.track_inprogress():
+                finished = await self._run(agent, run, renderer)
         finally:
             await agent.resources.aclose()
             await agent.aclose()
