@@ -582,8 +582,6 @@ def test_disruption_budgets_only_where_they_protect() -> None:
         ({"autoscaling": {"enabled": "yes"}}, "/autoscaling/enabled"),
         ({"autoscaling": {"redis": {"address": "redis://redis:6379"}}}, "/autoscaling/redis/address"),
         ({"worker": {"resources": {"limits": {"memory": "lots"}}}}, "/worker/resources/limits/memory"),
-        ({"databaseUrl": "postgresql://mm:hunter2@pg/mm"}, "/databaseUrl"),  # a password: existingSecret's
-        ({"brokerUrl": "redis://:hunter2@redis:6379/0"}, "/brokerUrl"),
     ],
 )
 def test_a_wrong_value_is_refused_naming_its_key(values: dict[str, Any], names: str) -> None:
@@ -613,6 +611,9 @@ def test_the_existing_secret_is_required(existing_secret: str | None, says: str)
         ({"worker": {"sandbox": {"hostUsers": True}}}, "procMount Unmasked needs worker.sandbox.hostUsers false"),
         ({"worker": {"sandbox": {"tun": "resource"}}}, "worker.sandbox.tunResource"),
         ({"worker": {"sandbox": {"tun": "none"}}}, "say `bash: {network: false}` in config"),
+        ({"databaseUrl": "postgresql://mm:pa/ss@pg/mm"}, "databaseUrl carries a password"),
+        ({"brokerUrl": "redis://:hunter2@redis:6379/0"}, "put the whole URL in existingSecret as CELERY_BROKER_URL"),
+        ({"databaseUrl": "postgresql://pg/mm?user=mm&password=x"}, "databaseUrl carries a password"),
         ({"serviceMonitor": {"enabled": True}, "metrics": {"enabled": False}}, "needs metrics.enabled"),
         ({"autoscaling": {"enabled": True}}, "autoscaling.redis.address"),
         (

@@ -243,3 +243,37 @@ def test_the_bot_counts_approval_waits_and_the_worker_slack_s_429s_and_errors(
         refused = [sample(text, "mm_slack_api_errors_total", method="chat.update") or 0 for text in (bot, worker)]
         assert sum(refused) == 1
         assert (sample(worker, "mm_turns_finished_total", outcome="suspended") or 0) >= 1
+
+
+def test_a_worker_whose_loop_stopped_refreshing_stops_beating_and_a_stale_ready_file_is_not_ready(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from commands.probe import ready
+    from workers import heartbeat
+
+    monkeypatch.setenv(heartbeat.HEARTBEAT_ENV, str(tmp_path / "heartbeat"))
+    monkeypatch.setenv(heartbeat.READY_ENV, str(tmp_path / "ready"))
+    monkeypatch.setattr(heartbeat, "EVERY_S", 0.05)
+    (tmp_path / "ready").touch()  # a previous container's, left in the pod's /tmp by a kill -9
+    step = heartbeat.Heartbeat(None)
+    step.start(None)
+    try:
+        assert not (tmp_path / "ready").exists()  # not this worker's word: removed at start
+        assert ready(60)[0] is False
+        (tmp_path / "ready").touch()  # the consumer connected
+        assert ready(60) == (True, "ready: connected to the broker, taking turns")
+        old = time.time() - heartbeat.STALE_S - 5  # the consumer's loop stopped refreshing it
+        os.utime(tmp_path / "ready", (old, old))
+        time.sleep(0.3)  # the beat thread has seen it (it looks every 0.05 s here)
+        os.utime(tmp_path / "heartbeat", (old, old))
+        time.sleep(0.5)
+        assert (heartbeat.age(tmp_path / "heartbeat") or 0) > heartbeat.STALE_S  # no beat: liveness will fail
+        (tmp_path / "heartbeat").touch()  # were it fresh, the stale ready file would still say not ready
+        stuck = ready(60)
+        assert stuck[0] is False and "old (the worker's loop is stuck)" in stuck[1], stuck
+        os.utime(tmp_path / "heartbeat", (old, old))
+        (tmp_path / "ready").unlink()  # the broker is gone instead: the beat goes on
+        time.sleep(0.5)
+        assert (heartbeat.age(tmp_path / "heartbeat") or 99) < 1
+    finally:
+        step.stop(None)

@@ -105,7 +105,15 @@ def settings() -> dict[str, Any]:
         # longer than the longest task, or a running turn would be delivered twice (the lease would still keep
         # the second copy from writing, but it would wait on it). Other transports take no such option (the
         # SQLAlchemy one hands its options to create_engine, which refuses it).
-        values["broker_transport_options"] = {"visibility_timeout": int(worker.turnTimeLimit * 2 + 600)}
+        values["broker_transport_options"] = {
+            "visibility_timeout": int(worker.turnTimeLimit * 2 + 600),
+            # A broker that goes silent (a half-open connection) is noticed and reconnected to, rather than
+            # waited on for ever: the consumer then stops, and the worker says it is not ready.
+            "socket_timeout": 30,
+            "socket_connect_timeout": 10,
+            "socket_keepalive": True,
+            "health_check_interval": 25,
+        }
         values["result_backend"] = broker
         values["result_expires"] = 3600
     return values

@@ -41,6 +41,11 @@ app.kubernetes.io/component: {{ .component }}
 runs before the release's ConfigMap exists, and migrating needs only DATABASE_URL, so MM_CONFIG is separate.
 HOME is /tmp: the root file system is read-only. */}}
 {{- define "mm.env" -}}
+{{- range $key, $name := dict "databaseUrl" "DATABASE_URL" "brokerUrl" "CELERY_BROKER_URL" }}
+{{- if regexMatch "://[^:/@]*:[^@]+@|[?&]password=" (get $.Values $key | default "") }}
+{{- fail (printf "%s carries a password, which would sit in every Deployment's spec and in `helm get values`: put the whole URL in existingSecret as %s and leave %s empty" $key $name $key) }}
+{{- end }}
+{{- end }}
 - name: HOME
   value: /tmp
 - name: MM_LOG_FORMAT
@@ -60,6 +65,14 @@ HOME is /tmp: the root file system is read-only. */}}
 {{- with .Values.extraEnv }}
 {{ toYaml . }}
 {{- end }}
+{{- end -}}
+
+{{/* The files `mm-bot probe live|ready` read (workers/heartbeat.py), in the pod's own /tmp. */}}
+{{- define "mm.probeEnv" -}}
+- name: MM_HEARTBEAT_FILE
+  value: /tmp/mm-heartbeat
+- name: MM_READY_FILE
+  value: /tmp/mm-ready
 {{- end -}}
 
 {{/* Workers and the scheduler serve metrics on their own port; the code listens on loopback unless told. */}}
