@@ -326,6 +326,36 @@ def test_tmp_is_a_tmpfs_within_the_limits(owned_ws):
     assert call(BASH, {"command": "df -k /tmp | tail -1"}, small).split()[-5] == str(32 * 1024)
 
 
+@needs_bwrap
+def test_dev_shm_is_bounded_like_tmp_and_dev_takes_no_files(owned_ws):
+    # bwrap's own /dev is a tmpfs as large as half the memory, writable by the command: 600 MB stayed there.
+    ctx = make_ctx(owned_ws, sandbox="bwrap", bash={"limits": {"tmpMB": 64}})
+    out = call(
+        BASH,
+        {
+            "command": "head -c 600000000 /dev/zero > /dev/shm/fill; du -k /dev/shm/fill;"
+            " head -c 600000000 /dev/zero > /dev/fill; mkdir /dev/more; df -k /dev/shm | tail -1"
+        },
+        ctx,
+    )
+    assert "No space left on device" in out, out
+    held = int(next(line for line in out.splitlines() if line.endswith("/dev/shm/fill")).split()[0])
+    assert held <= 64 * 1024, out
+    assert out.count("Read-only file system") == 2, out  # neither a file nor a directory in /dev itself
+    assert out.split()[-5] == str(64 * 1024), out
+    # The device nodes, the terminals, the descriptors and POSIX semaphores (which live in /dev/shm) still work.
+    works = call(
+        BASH,
+        {
+            "command": "echo x > /dev/null && head -c 3 /dev/zero | wc -c && head -c 3 /dev/urandom | wc -c"
+            " && ls /dev/fd/ >/dev/null && python3 -c 'import os, pty, multiprocessing; m, s = pty.openpty();"
+            ' print(os.ttyname(s)); multiprocessing.Lock(); print("semaphore")\''
+        },
+        ctx,
+    )
+    assert works.split() == ["3", "3", "/dev/pts/0", "semaphore"], works
+
+
 @pytest.mark.parametrize("mode", ["none", pytest.param("bwrap", marks=needs_bwrap)])
 def test_a_workspace_over_its_limit_stops_commands_until_it_is_cleaned(owned_ws, mode):
     ctx = make_ctx(owned_ws, sandbox=mode, bash={"limits": {"workspaceMB": 2}})
