@@ -399,3 +399,70 @@ def test_only_plain_cleanup_commands_pass_an_over_limit_workspace():
         "rm 'unterminated",
     ):
         assert not cleanup_only(command), command
+
+
+# A command writing as fast as it can into a workspace of `workspaceMB: 100` (fileSizeMB: 50) is stopped near
+# the limit, and so is a background job that keeps writing after its command returned: the walk after each
+# command alone once let one command leave 1,200 MiB there.
+DISK = {"limits": {"workspaceMB": 100, "fileSizeMB": 50}, "timeout": 60}
+DISK_BOUND = max(110, 100 + 50) * 1024 * 1024
+WRITERS = {
+    "many 10 MB files": "for i in $(seq 1 40); do dd if=/dev/zero of=f$i bs=1M count=10 status=none || exit 1; done",
+    "parallel writers": "for w in 1 2 3 4; do (for i in $(seq 1 10); do head -c 10000000 /dev/zero > w$w-$i"
+    " || exit; done) & done; wait",
+    "fallocate": "for i in $(seq 1 20); do fallocate -l 50M a$i || exit 1; done",
+    "growing files": "for i in 1 2 3 4; do yes aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa > g$i & done; wait",
+    "sparse then mmap": "python3 -c \"import mmap\nfor i in range(20):\n f = open(f'm{i}', 'w+b'); f.truncate(40 << 20)"
+    "\n m = mmap.mmap(f.fileno(), 40 << 20); m[:] = b'x' * (40 << 20); m.flush()\"",
+}
+
+
+def held_on_disk(root: Path) -> int:
+    """What the files under root take on disk (each at the larger of its blocks and its apparent size)."""
+    total = 0
+    for top, dirs, files in os.walk(root):
+        for name in dirs + files:
+            st = os.lstat(os.path.join(top, name))
+            total += max(st.st_blocks * 512, st.st_size if stat.S_ISREG(st.st_mode) else 0)
+    return total
+
+
+@pytest.mark.parametrize("mode", ["none", pytest.param("bwrap", marks=needs_bwrap)])
+@pytest.mark.parametrize("writer", list(WRITERS))
+def test_a_command_writing_as_fast_as_it_can_is_stopped_at_the_workspace_limit(owned_ws, mode, writer):
+    ctx = make_ctx(owned_ws, sandbox=mode, bash=DISK)
+
+    async def session() -> tuple[str, int, str]:
+        out = await BASH.run({"command": WRITERS[writer]}, ctx)
+        held = held_on_disk(owned_ws)
+        more = await BASH.run({"command": "head -c 2000000 /dev/zero > more"}, ctx)
+        await ctx.resources.aclose()
+        return out, held, more
+
+    out, held, more = asyncio.run(session())
+    assert held <= DISK_BOUND, (held >> 20, out)
+    assert held_on_disk(owned_ws) <= DISK_BOUND
+    assert "over its limit of 100 MB (bash.limits.workspaceMB) — delete files before going on]" in out, out
+    # The next write is refused, or stopped: the workspace stays at its limit.
+    assert "over its limit of 100 MB (bash.limits.workspaceMB)" in more, more
+
+
+@pytest.mark.parametrize("mode", ["none", pytest.param("bwrap", marks=needs_bwrap)])
+def test_a_background_job_writing_after_its_command_returned_is_stopped(owned_ws, mode):
+    ctx = make_ctx(owned_ws, sandbox=mode, bash=DISK)
+    job = "nohup sh -c 'sleep 1; for i in $(seq 1 100); do head -c 10000000 /dev/zero > j$i; done' >/dev/null 2>&1 &"
+
+    async def session() -> tuple[str, int, str]:
+        started = await BASH.run({"command": f"{job} echo started"}, ctx)
+        for _ in range(100):  # the job writes for a second or two, unless it is stopped
+            await asyncio.sleep(0.1)
+        held = held_on_disk(owned_ws)
+        more = await BASH.run({"command": "head -c 2000000 /dev/zero > more"}, ctx)
+        await ctx.resources.aclose()
+        return started, held, more
+
+    started, held, more = asyncio.run(session())
+    assert started == "started\n"
+    assert held <= DISK_BOUND, held >> 20
+    assert held_on_disk(owned_ws) <= DISK_BOUND
+    assert "over its limit of 100 MB (bash.limits.workspaceMB)" in more, more
