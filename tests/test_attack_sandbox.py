@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import ipaddress
 import os
+import re
 import shutil
 import socket
 import stat
@@ -375,14 +376,17 @@ def test_a_workspace_over_its_limit_stops_commands_until_it_is_cleaned(owned_ws,
         return outs
 
     written, refused, du, rm, after = asyncio.run(session())
-    assert written == (
-        "written\n[error: the workspace holds 5 MB, over its limit of 2 MB (bash.limits.workspaceMB) — "
-        "delete files before going on]"
-    )
-    assert refused == (
-        "[error: bash: the workspace holds 5 MB, over its limit of 2 MB (bash.limits.workspaceMB) — the "
-        "command was not run: until it is back under, only plain rm, rmdir, du and ls commands run]"
-    )
+    # The disk guard stops the write once the workspace passes its limit, and the output says so.
+    assert re.fullmatch(
+        r"\[exit code: exit status 137\]\n\[error: the workspace holds [3-5] MB, over its limit of 2 MB "
+        r"\(bash.limits.workspaceMB\) — delete files before going on\]",
+        written,
+    ), written
+    assert re.fullmatch(
+        r"\[error: bash: the workspace holds [3-5] MB, over its limit of 2 MB \(bash.limits.workspaceMB\) — the "
+        r"command was not run: until it is back under, only plain rm, rmdir, du and ls commands run\]",
+        refused,
+    ), refused
     assert "big" in du and rm == "" and after == "ok\n"
 
 
@@ -466,3 +470,32 @@ def test_a_background_job_writing_after_its_command_returned_is_stopped(owned_ws
     assert held <= DISK_BOUND, held >> 20
     assert held_on_disk(owned_ws) <= DISK_BOUND
     assert "over its limit of 100 MB (bash.limits.workspaceMB)" in more, more
+
+
+@pytest.mark.parametrize("mode", ["none", pytest.param("bwrap", marks=needs_bwrap)])
+def test_a_tree_the_disk_guard_cannot_follow_stops_commands_until_it_is_removed(owned_ws, mode):
+    ctx = make_ctx(owned_ws, sandbox=mode, bash=DISK)
+    deep = "mkdir -p $(printf 'd/%.0s' $(seq 1 300)); sleep 2; echo made"
+
+    async def session() -> list[str]:
+        outs = [
+            await BASH.run({"command": deep}, ctx),
+            await BASH.run({"command": "echo hello"}, ctx),
+            await BASH.run({"command": "rm -rf d"}, ctx),
+            await BASH.run({"command": "echo hello"}, ctx),
+        ]
+        await ctx.resources.aclose()
+        return outs
+
+    made, refused, removed, after = asyncio.run(session())
+    assert made.endswith(
+        "[error: the command was stopped: the workspace is nested deeper than 256 directories, more than the "
+        "disk guard of bash.limits.workspaceMB follows — delete files or directories before going on]"
+    ), made
+    assert "made" not in made
+    assert refused == (
+        "[error: bash: the workspace is nested deeper than 256 directories, more than the disk guard of "
+        "bash.limits.workspaceMB follows — the command was not run: until it is smaller, only plain rm, rmdir, "
+        "du and ls commands run]"
+    )
+    assert removed == "" and after == "hello\n"

@@ -215,22 +215,26 @@ class BashTool(Tool):
         limit_mb = config.bash.limits.workspaceMB
         over: OverLimit = await ctx.resources.get(OVER_KEY, OverLimit)
         jobs: BashJobs = await ctx.resources.get(JOBS_KEY, BashJobs)
+        limit = limit_mb * MIB if limit_mb is not None else None
         guard = None
-        if limit_mb is not None:
+        if limit is not None:
             try:
-                guard = await _guard(ctx, limit_mb * MIB, jobs)
+                guard = await _guard(ctx, limit, jobs)
             except Unwatchable as e:
                 if not cleanup_only(command):
                     return UNWATCHABLE_REFUSED.format(reason=e.reason)
-            if guard is not None and guard.tripped is not None:  # a background job passed the limit since
+            if guard is not None and guard.tripped == "over":  # a background job passed the limit since
                 over.over = True
         if over.over and limit_mb is not None and not cleanup_only(command):
             held = await _workspace_bytes(ctx)
             over.over = held > limit_mb * MIB
             if over.over:
                 return OVER_LIMIT_REFUSED.format(size=-(-held // MIB), limit=limit_mb)
-        if guard is not None and not over.over and limit_mb is not None:
-            guard.rearm(limit_mb * MIB)  # under the limit: the guard stops this command once it passes it
+        # Under the limit: the guard stops this command (and every job) once it passes it. Over it, a cleanup
+        # command runs with the guard left tripped.
+        armed = guard if guard is not None and not over.over else None
+        if armed is not None and limit is not None:
+            armed.rearm(limit)
         status_r, status_w = os.pipe()
         launch = None
         try:
@@ -303,8 +307,8 @@ class BashTool(Tool):
         held = await _workspace_bytes(ctx)
         # The guard counts a sparse file whole, so it may have stopped the command over a limit the walk
         # does not see: the larger figure is the one said.
-        stopped = guard is not None and guard.tripped == "over"
-        held = max(held, guard.tripped_at) if stopped and guard is not None else held
+        stopped = armed is not None and armed.tripped == "over"
+        held = max(held, armed.tripped_at) if armed is not None and stopped else held
         over.over = limit_mb is not None and (held > limit_mb * MIB or stopped)
         return append_marker(text, OVER_LIMIT.format(size=-(-held // MIB), limit=limit_mb)) if over.over else text
 

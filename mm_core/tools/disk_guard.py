@@ -115,13 +115,17 @@ class DiskGuard:
 
     def start(self) -> None:
         """Walk the tree and watch it from a thread of its own. Blocking; raises Unwatchable."""
-        self._walk_all()
+        try:
+            self._walk_all()
+        except OSError as e:
+            raise Unwatchable(f"could not be followed ({e.strerror or e})") from None
         self._thread = threading.Thread(target=self._run, name=f"disk guard {self.root}", daemon=True)
         self._thread.start()
 
     def following(self) -> bool:
         """Whether it still follows the tree (not stopped by an Unwatchable, nor closed)."""
-        return self._thread is not None and self._thread.is_alive()
+        alive = self._thread is not None and self._thread.is_alive()
+        return alive and self.tripped in (None, "over")
 
     def rearm(self, limit: int) -> None:
         """Watch for the limit again (a command starts, the workspace being under it)."""
@@ -183,8 +187,11 @@ class DiskGuard:
                 for entry in entries:
                     try:
                         st = entry.stat(follow_symlinks=False)
-                    except OSError:
+                    except (FileNotFoundError, NotADirectoryError):
                         continue  # gone since the listing: its event follows
+                    except OSError as e:
+                        self._unreadable(e, d, "")
+                        raise
                     if not stat.S_ISDIR(st.st_mode):
                         d.files += counted(st)
                         self.total += counted(st)
@@ -259,7 +266,7 @@ class DiskGuard:
 
     def _unreadable(self, e: OSError, d: _Dir, name: str) -> None:
         if e.errno in (errno.EACCES, errno.EPERM):
-            where = "/".join([*d.path(), name])
+            where = "/".join([*d.path(), *([name] if name else [])]) or "."
             raise Unwatchable(f"holds a directory the worker cannot read ({where})")
 
     # -- events -----------------------------------------------------------------------------------------------
@@ -278,7 +285,10 @@ class DiskGuard:
                     return
                 with self._lock:
                     try:
-                        self._batch(inotify.read(timeout=0), dirty)
+                        try:
+                            self._batch(inotify.read(timeout=0), dirty)
+                        except OSError as e:  # nothing the guard expects: it cannot vouch for the count
+                            raise Unwatchable(f"could not be followed ({e.strerror or e})") from None
                     except Unwatchable as e:
                         # Nothing more is followed: the next command walks the tree again, and is refused
                         # while it is still beyond the bounds.
@@ -356,8 +366,11 @@ class DiskGuard:
         for name in names:
             try:
                 st = os.stat(name, dir_fd=fd, follow_symlinks=False)
-            except OSError:
+            except (FileNotFoundError, NotADirectoryError):
                 st = None
+            except OSError as e:  # its directory closed to the worker (chmod 000), with a file open in it
+                self._unreadable(e, d, "")
+                raise
             old = d.names.pop(name, None)
             if old is not None:
                 self._names -= 1
@@ -394,12 +407,20 @@ class DiskGuard:
 
     def _read_names(self, d: _Dir, fd: int) -> None:
         names: dict[str, int] = {}
-        with os.scandir(fd) as entries:
+        try:
+            listing = os.scandir(fd)
+        except OSError as e:
+            self._unreadable(e, d, "")
+            raise
+        with listing as entries:
             for entry in entries:
                 try:
                     st = entry.stat(follow_symlinks=False)
-                except OSError:
+                except (FileNotFoundError, NotADirectoryError):
                     continue
+                except OSError as e:
+                    self._unreadable(e, d, "")
+                    raise
                 if not stat.S_ISDIR(st.st_mode):
                     names[entry.name] = counted(st)
         d.names = names
