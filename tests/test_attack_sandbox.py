@@ -29,7 +29,7 @@ from mm_core.tools.fetch.guard import blocked_kind
 from mm_core.tools.sandbox import SANDBOX_UID
 from mm_core.tools.sandbox_network import internal_networks, network_report, network_tools
 from mm_testkit.fixtures_kit import needs_bwrap, needs_system
-from tool_helpers import call, make_ctx
+from tool_helpers import call, make_ctx, on_disk
 
 BASH = BashTool()
 needs_slirp = needs_system("slirp4netns", "slirp4netns")
@@ -421,16 +421,6 @@ WRITERS = {
 }
 
 
-def held_on_disk(root: Path) -> int:
-    """What the files under root take on disk (each at the larger of its blocks and its apparent size)."""
-    total = 0
-    for top, dirs, files in os.walk(root):
-        for name in dirs + files:
-            st = os.lstat(os.path.join(top, name))
-            total += max(st.st_blocks * 512, st.st_size if stat.S_ISREG(st.st_mode) else 0)
-    return total
-
-
 @pytest.mark.parametrize("mode", ["none", pytest.param("bwrap", marks=needs_bwrap)])
 @pytest.mark.parametrize("writer", list(WRITERS))
 def test_a_command_writing_as_fast_as_it_can_is_stopped_at_the_workspace_limit(owned_ws, mode, writer):
@@ -438,14 +428,14 @@ def test_a_command_writing_as_fast_as_it_can_is_stopped_at_the_workspace_limit(o
 
     async def session() -> tuple[str, int, str]:
         out = await BASH.run({"command": WRITERS[writer]}, ctx)
-        held = held_on_disk(owned_ws)
+        held = on_disk(owned_ws)
         more = await BASH.run({"command": "head -c 2000000 /dev/zero > more"}, ctx)
         await ctx.resources.aclose()
         return out, held, more
 
     out, held, more = asyncio.run(session())
     assert held <= DISK_BOUND, (held >> 20, out)
-    assert held_on_disk(owned_ws) <= DISK_BOUND
+    assert on_disk(owned_ws) <= DISK_BOUND
     assert "over its limit of 100 MB (bash.limits.workspaceMB) — delete files before going on]" in out, out
     # The next write is refused, or stopped: the workspace stays at its limit.
     assert "over its limit of 100 MB (bash.limits.workspaceMB)" in more, more
@@ -460,7 +450,7 @@ def test_a_background_job_writing_after_its_command_returned_is_stopped(owned_ws
         started = await BASH.run({"command": f"{job} echo started"}, ctx)
         for _ in range(100):  # the job writes for a second or two, unless it is stopped
             await asyncio.sleep(0.1)
-        held = held_on_disk(owned_ws)
+        held = on_disk(owned_ws)
         more = await BASH.run({"command": "head -c 2000000 /dev/zero > more"}, ctx)
         await ctx.resources.aclose()
         return started, held, more
@@ -468,7 +458,7 @@ def test_a_background_job_writing_after_its_command_returned_is_stopped(owned_ws
     started, held, more = asyncio.run(session())
     assert started == "started\n"
     assert held <= DISK_BOUND, held >> 20
-    assert held_on_disk(owned_ws) <= DISK_BOUND
+    assert on_disk(owned_ws) <= DISK_BOUND
     assert "over its limit of 100 MB (bash.limits.workspaceMB)" in more, more
 
 

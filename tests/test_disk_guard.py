@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import stat
 import subprocess
 import sys
 import tempfile
@@ -22,18 +21,9 @@ import pytest
 
 from mm_core.tools import disk_guard
 from mm_core.tools.disk_guard import DiskGuard, Unwatchable
+from tool_helpers import on_disk
 
 MIB = 1024 * 1024
-
-
-def on_disk(root: Path) -> int:
-    """What the entries under `root` (not root itself) count: blocks, or a regular file's size when larger."""
-    total = 0
-    for top, dirs, files in os.walk(root):
-        for name in dirs + files:
-            st = os.lstat(os.path.join(top, name))
-            total += max(st.st_blocks * 512, st.st_size if stat.S_ISREG(st.st_mode) else 0)
-    return total
 
 
 class Watched:
