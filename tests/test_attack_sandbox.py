@@ -489,3 +489,24 @@ def test_a_tree_the_disk_guard_cannot_follow_stops_commands_until_it_is_removed(
         "du and ls commands run]"
     )
     assert removed == "" and after == "hello\n"
+
+
+@pytest.mark.parametrize("mode", ["none", pytest.param("bwrap", marks=needs_bwrap)])
+def test_a_workspace_found_over_its_limit_takes_only_cleanup_and_the_cleanup_is_not_stopped(owned_ws, mode):
+    # Over its limit before this session's first command (an earlier turn's background job, a large clone).
+    (owned_ws / "big").write_bytes(b"b" * 5 * 1024 * 1024)
+    ctx = make_ctx(owned_ws, sandbox=mode, bash=DISK | {"limits": {"workspaceMB": 2}})
+
+    async def session() -> list[str]:
+        outs = [
+            await BASH.run({"command": "echo more > more"}, ctx),
+            await BASH.run({"command": "rm -f big"}, ctx),
+            await BASH.run({"command": "echo more > more; echo ok"}, ctx),
+        ]
+        await ctx.resources.aclose()
+        return outs
+
+    refused, removed, after = asyncio.run(session())
+    assert refused.startswith("[error: bash: the workspace holds 5 MB, over its limit of 2 MB"), refused
+    assert removed == "" and after == "ok\n"
+    assert not (owned_ws / "big").exists()

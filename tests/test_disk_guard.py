@@ -109,7 +109,7 @@ def test_it_never_follows_a_symlink_out_of_the_tree(watched: Watched, tmp_path: 
     assert watched.settled() == after
 
 
-def test_passing_the_limit_calls_on_over_once_until_rearmed(tmp_path: Path) -> None:
+def test_past_the_limit_every_batch_stops_the_commands_until_disarmed(tmp_path: Path) -> None:
     (tmp_path / "ws").mkdir()
     w = Watched(tmp_path / "ws", limit=10 * MIB)
     w.guard.start()
@@ -117,13 +117,20 @@ def test_passing_the_limit_calls_on_over_once_until_rearmed(tmp_path: Path) -> N
         (w.root / "a").write_bytes(b"a" * 11 * MIB)
         assert w.stops.wait(5)
         assert w.guard.tripped == "over" and w.guard.tripped_at > 10 * MIB
+        first = w.guard.tripped_at
+        # Still over: a command started since (which the first kill missed) is stopped at its first write.
         w.stops.clear()
         (w.root / "b").write_bytes(b"b" * MIB)
-        time.sleep(0.3)
-        assert not w.stops.is_set()  # tripped already: the commands were stopped once
+        assert w.stops.wait(5)
+        assert w.guard.tripped_at == first  # the first time it passed is the one said
+        # A cleanup command runs over the limit.
+        w.guard.disarm()
+        w.stops.clear()
         (w.root / "a").unlink()
         w.settled()
+        assert not w.stops.is_set()
         w.guard.rearm(10 * MIB)
+        assert w.guard.tripped is None
         (w.root / "c").write_bytes(b"c" * 10 * MIB)
         assert w.stops.wait(5)
     finally:

@@ -223,7 +223,9 @@ class BashTool(Tool):
             except Unwatchable as e:
                 if not cleanup_only(command):
                     return UNWATCHABLE_REFUSED.format(reason=e.reason)
-            if guard is not None and guard.tripped == "over":  # a background job passed the limit since
+            # A background job passed the limit since the last command, or the walk at the guard's start
+            # found the workspace over it.
+            if guard is not None and (guard.tripped == "over" or guard.total > limit):
                 over.over = True
         if over.over and limit_mb is not None and not cleanup_only(command):
             held = await _workspace_bytes(ctx)
@@ -235,6 +237,8 @@ class BashTool(Tool):
         armed = guard if guard is not None and not over.over else None
         if armed is not None and limit is not None:
             armed.rearm(limit)
+        elif guard is not None:
+            guard.disarm()
         status_r, status_w = os.pipe()
         launch = None
         try:

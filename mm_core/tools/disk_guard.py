@@ -19,8 +19,9 @@ available to a worker (no quotas, no loop mounts, no fanotify), so the guard cou
   beyond them stops the commands and says so, rather than going unwatched.
 
 When the total passes the limit the guard calls `on_over` from its thread (bash kills the session's process
-groups) and stays tripped until `rearm`. Every decision on what a file counts is here; the walk after the
-command stays the measure the model is told (bash.py).
+groups), and again after every batch of events while it is over (a command started meanwhile is stopped
+too), until `rearm`; `disarm` lets a cleanup command run over it. Every decision on what a file counts is
+here; the walk after the command stays the measure the model is told (bash.py).
 """
 
 from __future__ import annotations
@@ -98,6 +99,8 @@ class DiskGuard:
     def __init__(self, root: str, limit: int, on_over: Callable[[], None]):
         self.root, self.limit, self.on_over = root, limit, on_over
         self.total = 0
+        # Whether passing the limit stops the commands: not while a cleanup command runs over it.
+        self.armed = True
         # None, or why the commands were stopped: "over" (the limit) or an Unwatchable's reason.
         self.tripped: str | None = None
         self.tripped_at = 0  # the total when it tripped
@@ -130,7 +133,12 @@ class DiskGuard:
     def rearm(self, limit: int) -> None:
         """Watch for the limit again (a command starts, the workspace being under it)."""
         with self._lock:
-            self.limit, self.tripped = limit, None
+            self.limit, self.tripped, self.armed = limit, None, True
+
+    def disarm(self) -> None:
+        """Let a command run over the limit (a cleanup command: rm, du, ls), counting still."""
+        with self._lock:
+            self.armed = False
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
@@ -295,12 +303,14 @@ class DiskGuard:
                         self._trip(e.reason)
                         self._reset()
                         return
-                    if self.total > self.limit and self.tripped is None:
+                    if self.total > self.limit and self.armed:
+                        # Again at every batch while over: a command started in between is stopped too.
                         self._trip("over")
             dirty.clear()
 
     def _trip(self, reason: str) -> None:
-        self.tripped, self.tripped_at = reason, self.total
+        if self.tripped is None or reason != "over":
+            self.tripped, self.tripped_at = reason, self.total
         self.on_over()
 
     def _batch(self, events: list, dirty: dict[_Dir, set[str]]) -> None:
