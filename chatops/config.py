@@ -232,6 +232,9 @@ class WorkerConfig(Strict):
     leaseSeconds: Duration = 30.0
     # How often housekeeping re-enqueues stranded work, releases leases and expires approvals.
     housekeepingSeconds: Duration = 30.0
+    # The most tool calls of one model answer a turn carries out (the agent's maxToolCallsPerAnswer, which may
+    # only lower it): each becomes a Slack message, an approval to ask, a command to run.
+    maxToolCallsPerAnswer: int = Field(default=16, ge=1)
 
 
 class SchedulerConfig(Strict):

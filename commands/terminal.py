@@ -18,6 +18,7 @@ from typing import TextIO
 from chatops.config import ConfigError, load_config
 from mm_core import (
     Agent,
+    CallsDropped,
     Decision,
     Error,
     Event,
@@ -63,9 +64,10 @@ class Renderer:
             note = display.oneshot_note(event) if self.oneshot else None
             if note:
                 print(f"mm-bot run: {note}", file=sys.stderr, flush=True)
-        elif isinstance(event, Error):
+        elif isinstance(event, (Error, CallsDropped)):
             prefix = f"{event.agent} · " if event.agent else ""
-            self.write(prefix + display.error_line(event) + "\n")
+            line = display.error_line(event) if isinstance(event, Error) else display.dropped_line(event)
+            self.write(prefix + line + "\n")
         elif isinstance(event, TurnFinished):
             recap = display.recap(event)
             if recap:

@@ -8,6 +8,7 @@ Front ends use what is listed here: an `Agent` on a session's log (`Store`), dri
 from mm_core.agent import Agent, TurnInProgress
 from mm_core.config import AgentConfig
 from mm_core.events import (
+    CallsDropped,
     Counters,
     Emit,
     Error,
@@ -29,6 +30,7 @@ __all__ = [
     "Agent",
     "AgentConfig",
     "CallStatus",
+    "CallsDropped",
     "Counters",
     "Decision",
     "Emit",

@@ -21,6 +21,7 @@ from typing import Any
 
 from mm_core.config import AgentConfig
 from mm_core.events import (
+    CallsDropped,
     Emit,
     Error,
     ModelCalled,
@@ -65,6 +66,12 @@ INTERRUPTED = (
     "of its work: check before running it again]"
 )
 NOT_RUN = "[error: not run — the turn was stopped before this call]"
+# The result of each call of an answer beyond maxToolCallsPerAnswer: the model reads it, nothing else runs it.
+TOO_MANY_CALLS = (
+    "[error: not run — the answer asked for {asked} tool calls and at most {cap} of one answer are carried "
+    "out: the first {cap} were taken up, this one was not — ask for it again in a later answer if it is "
+    "still needed]"
+)
 # `ask <agent> <prompt>`: the person's request as the model reads it, before the ask_agent call made for it.
 ASK_REQUEST = "Ask the agent {agent}: {prompt}"
 COMPACT_PROMPT = (
@@ -213,6 +220,7 @@ class Agent:
                 if state.answered():
                     return self._end(Outcome.ANSWERED)
                 if state.pending():
+                    self._drop_over_cap(state)
                     waiting = await self._run_calls(state)
                     if waiting:
                         return self._suspend(waiting)
@@ -251,6 +259,23 @@ class Agent:
             self._close_pending(self.state(), CANCELLED, CallStatus.CANCELLED)
             self._end(Outcome.CANCELLED)
             raise
+
+    def _drop_over_cap(self, state: SessionState) -> None:
+        """Answer the latest answer's calls beyond maxToolCallsPerAnswer with TOO_MANY_CALLS, before any of its
+        calls runs or is asked for: each call keeps one result (the log stays a conversation the model API
+        takes), none of them is shown, asked or counted, and the thread gets one line for them all. Read from
+        the log, so a turn resumed elsewhere after a crash half-way drops the same calls."""
+        cap, last = self.config.maxToolCallsPerAnswer, state.last_assistant()
+        if cap is None or last is None or len(last.tool_calls) <= cap:
+            return
+        unanswered = {c.id for c in state.pending()}
+        dropped = [c for c in last.tool_calls[cap:] if c.id in unanswered]
+        if not dropped:
+            return
+        text = TOO_MANY_CALLS.format(asked=len(last.tool_calls), cap=cap)
+        for call in dropped:
+            self._append(ToolResult(call.id, call.name, text, CallStatus.DROPPED, 0, self.name))
+        self.emit(CallsDropped(len(last.tool_calls), cap, self.name))
 
     async def _run_calls(self, state: SessionState) -> list[PendingCall]:
         """Run the pending calls in order; return the ones that wait for a person, if any."""
@@ -296,7 +321,7 @@ class Agent:
                 self.config.model.url,
                 self.model.api_key,
                 lambda name, config, api_key, emit: Agent(
-                    config,
+                    config.with_tool_call_cap(self.config.maxToolCallsPerAnswer),  # no deeper agent raises it
                     ScopedStore(self.store, self.session_id),
                     call.id,
                     self.workspace,

@@ -107,10 +107,22 @@ class AgentConfig(Strict):
     mmConfigs: dict[str, AgentRef] = Field(default_factory=dict)
     watchdogTimeout: Duration = 120.0
     maxTurns: int = Field(default=40, ge=1)
+    # The most tool calls of one model answer that are carried out; the others are answered with an error, not
+    # run (None: no bound, as in the reference). The worker sets it from worker.maxToolCallsPerAnswer.
+    maxToolCallsPerAnswer: int | None = Field(default=None, ge=1)
     systemPrompt: str | None = None
     sandbox: Literal["auto", "bwrap", "none"] = "auto"
     bash: BashConfig = Field(default_factory=BashConfig)
     acp: AcpConfig = Field(default_factory=AcpConfig)
+
+    def with_tool_call_cap(self, cap: int | None) -> AgentConfig:
+        """This config under a bound on the tool calls of one answer set from outside it (the worker's, or the
+        asking agent's for an asked one): the smaller of that and its own wins, so neither can raise the other."""
+        bounds = [n for n in (self.maxToolCallsPerAnswer, cap) if n is not None]
+        effective = min(bounds) if bounds else None
+        if effective == self.maxToolCallsPerAnswer:
+            return self
+        return self.model_copy(update={"maxToolCallsPerAnswer": effective})
 
 
 def with_refs_from(config: AgentConfig, base: Path) -> AgentConfig:

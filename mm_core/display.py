@@ -10,7 +10,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mm_core.events import Counters, Error, PendingCall, ToolCallFinished, ToolCallStarted, TurnFinished
+from mm_core.events import (
+    CallsDropped,
+    Counters,
+    Error,
+    PendingCall,
+    ToolCallFinished,
+    ToolCallStarted,
+    TurnFinished,
+)
 from mm_core.log import CallStatus, Outcome
 
 PROMPT_ICON = "🔐"
@@ -69,6 +77,14 @@ def oneshot_note(event: ToolCallFinished) -> str | None:
 
 def error_line(event: Error) -> str:
     return event.message
+
+
+def dropped_line(event: CallsDropped) -> str:
+    """The one line a thread gets for an answer's calls beyond maxToolCallsPerAnswer (not one per call)."""
+    return (
+        f"✂️ The model asked for {event.asked} tool calls in one answer; only the first {event.carried} are taken "
+        f"up, the other {event.asked - event.carried} were not run."
+    )
 
 
 def counters_line(counters: Counters) -> str:

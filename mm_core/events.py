@@ -97,6 +97,16 @@ class TurnFinished:
 
 
 @dataclass(frozen=True)
+class CallsDropped:
+    """A model answer asked for more tool calls than maxToolCallsPerAnswer: the first `carried` go on (to run,
+    or to be asked for), the other `asked - carried` were answered with an error and never ran."""
+
+    asked: int
+    carried: int
+    agent: str | None = None
+
+
+@dataclass(frozen=True)
 class Error:
     message: str
     where: str = "generation"
@@ -116,7 +126,15 @@ class ModelCalled:
 
 
 Event = (
-    Status | TextDelta | ToolCallStarted | ToolCallFinished | PermissionRequested | TurnFinished | Error | ModelCalled
+    Status
+    | TextDelta
+    | ToolCallStarted
+    | ToolCallFinished
+    | PermissionRequested
+    | CallsDropped
+    | TurnFinished
+    | Error
+    | ModelCalled
 )
 # How the loop hands events to a front end.
 Emit = Callable[[Event], None]

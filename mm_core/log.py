@@ -25,6 +25,7 @@ class CallStatus(StrEnum):
     CANCELLED = "cancelled"  # the turn was stopped while it ran, or before it ran
     INTERRUPTED = "interrupted"  # the process running it died; it may have done part of its work
     ERROR = "error"  # bad arguments, an unknown tool, a tool that crashed, the loop detector's stop
+    DROPPED = "dropped"  # beyond maxToolCallsPerAnswer: never run, never asked for, not a tool's response
 
 
 class Outcome(StrEnum):

@@ -96,7 +96,7 @@ class SessionState:
         elif isinstance(entry, ToolResult):
             self._results[entry.call_id] = entry
             self._started.discard(entry.call_id)
-            if in_turn:
+            if in_turn and entry.status != CallStatus.DROPPED:  # the recap counts the tools' responses
                 self._results_by_tool[entry.tool] = self._results_by_tool.get(entry.tool, 0) + 1
                 if entry.status == CallStatus.CANCELLED:
                     self._cancelled = True

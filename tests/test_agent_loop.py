@@ -9,16 +9,26 @@ from pathlib import Path
 import pytest
 
 from agent_support import agent_config, call_ids, make_agent
-from mm_core.agent import TurnInProgress
-from mm_core.display import call_line, counters_line
-from mm_core.events import Error, PermissionRequested, Status, TextDelta, ToolCallFinished, ToolCallStarted
+from mm_core.agent import TOO_MANY_CALLS, TurnInProgress
+from mm_core.display import call_line, counters_line, dropped_line
+from mm_core.events import (
+    CallsDropped,
+    Error,
+    PermissionRequested,
+    Status,
+    TextDelta,
+    ToolCallFinished,
+    ToolCallStarted,
+)
 from mm_core.log import (
     AssistantMessage,
+    CallStatus,
     Compaction,
     Decision,
     ErrorRecord,
     MemoryStore,
     Outcome,
+    ToolCallRequest,
     ToolResult,
     TurnEnded,
     UserMessage,
@@ -474,3 +484,111 @@ def test_new_reaps_the_background_jobs_of_the_session(model_server, tmp_path):
             break
         time.sleep(0.05)
     assert jobs() == []
+
+
+# --- at most maxToolCallsPerAnswer calls of one answer -----------------------------------------------------------
+
+MANY = 150
+
+
+def many_calls(n: int = MANY) -> Reply:
+    return Reply(tool_calls=[bash(f"echo {i} > f{i}") for i in range(n)])
+
+
+def dropped_text(asked: int, cap: int) -> str:
+    return TOO_MANY_CALLS.format(asked=asked, cap=cap)
+
+
+def test_an_answer_s_calls_beyond_the_cap_are_answered_not_run(model_server, tmp_path):
+    model_server.script(many_calls(), Reply(text="I made 16 of them."))
+    store, events = MemoryStore(), []
+    agent = make_agent(agent_config(model_server.url, maxToolCallsPerAnswer=16), store, tmp_path, events=events)
+    result = run(agent.send("make 150 files"))
+    assert result.outcome == "answered"
+    assert sorted(p.name for p in tmp_path.glob("f*")) == sorted(f"f{i}" for i in range(16))
+    assert len([e for e in events if isinstance(e, ToolCallStarted)]) == 16
+    assert len([e for e in events if isinstance(e, ToolCallFinished)]) == 16
+    assert [e for e in events if isinstance(e, CallsDropped)] == [CallsDropped(MANY, 16)]
+    assert dropped_line(CallsDropped(MANY, 16)) == (
+        "✂️ The model asked for 150 tool calls in one answer; only the first 16 are taken up, the other 134 were "
+        "not run."
+    )
+    # Every call has exactly one result, so the next request is a conversation the API takes.
+    results = [e for e in store.load("s1") if isinstance(e, ToolResult)]
+    assert len(results) == MANY and len({r.call_id for r in results}) == MANY
+    ids = call_ids(store.load("s1"))
+    # They are answered first, at once: what runs after them was never in doubt.
+    assert [r.call_id for r in results[:134]] == ids[16:]
+    assert {(r.status, r.output) for r in results[:134]} == {(CallStatus.DROPPED, dropped_text(MANY, 16))}
+    assert {r.status for r in results[134:]} == {CallStatus.OK}
+    sent = model_server.messages(1)
+    tool_messages = [m for m in sent if m["role"] == "tool"]
+    assert [m["tool_call_id"] for m in tool_messages] == ids
+    assert tool_messages[16]["content"] == (
+        "[error: not run — the answer asked for 150 tool calls and at most 16 of one answer are carried out: the "
+        "first 16 were taken up, this one was not — ask for it again in a later answer if it is still needed]"
+    )
+    # The recap counts what ran.
+    assert result.counters.commands == 16
+
+
+def test_with_approvals_only_the_calls_within_the_cap_are_asked_for(model_server, tmp_path):
+    model_server.script(many_calls(), Reply(text="done"))
+    store, events = MemoryStore(), []
+    config = agent_config(model_server.url, maxToolCallsPerAnswer=16, yolo=False)
+    agent = make_agent(config, store, tmp_path, events=events)
+    assert run(agent.send("make 150 files")).outcome == "suspended"
+    [asked] = [e for e in events if isinstance(e, PermissionRequested)]
+    assert len(asked.calls) == 16
+    # The dropped calls' results are in the log before anybody is asked: another process resuming the turn
+    # sees 16 open calls, not 150.
+    again = make_agent(config, store, tmp_path)
+    assert len(again.load().open_calls()) == 16
+    decisions = [Decision(c.call_id, True, "U1") for c in asked.calls]
+    assert run(again.resume(decisions)).outcome == "answered"
+    assert len(list(tmp_path.glob("f*"))) == 16
+
+
+def test_a_turn_resumed_after_a_crash_drops_the_same_calls(model_server, tmp_path):
+    # The process died right after logging the answer, before any call had a result.
+    store = MemoryStore()
+    calls = tuple(ToolCallRequest(f"call_{i}", "bash", json.dumps({"command": f"echo {i} > f{i}"})) for i in range(40))
+    store.append("s1", UserMessage("make 40 files"))
+    store.append("s1", AssistantMessage("", calls))
+    model_server.script(Reply(text="done"))
+    events: list = []
+    config = agent_config(model_server.url, maxToolCallsPerAnswer=4, yolo=False)
+    result = run(make_agent(config, store, tmp_path, events=events).resume())
+    assert result.outcome == "suspended"
+    [asked] = [e for e in events if isinstance(e, PermissionRequested)]
+    assert [c.call_id for c in asked.calls] == ["call_0", "call_1", "call_2", "call_3"]
+    assert [e for e in events if isinstance(e, CallsDropped)] == [CallsDropped(40, 4)]
+
+
+def test_without_a_cap_every_call_of_an_answer_runs(model_server, tmp_path):
+    model_server.script(many_calls(20), Reply(text="done"))
+    agent = make_agent(agent_config(model_server.url), MemoryStore(), tmp_path)
+    assert agent.config.maxToolCallsPerAnswer is None  # the reference's behaviour unless configured
+    assert run(agent.send("make 20 files")).counters.commands == 20
+    assert len(list(tmp_path.glob("f*"))) == 20
+
+
+def test_an_asked_agent_obeys_the_asking_agent_s_cap(model_server, tmp_path):
+    # The reviewer's own file sets no bound; it is asked under its caller's, which it cannot raise.
+    (tmp_path / "reviewer.yaml").write_text(
+        f"model: {{url: {model_server.url}, name: test-model}}\nbash: {{network: false}}\nmaxToolCallsPerAnswer: 50\n"
+    )
+    refs = {"reviewer": {"config": str(tmp_path / "reviewer.yaml")}}
+    config = agent_config(model_server.url, maxToolCallsPerAnswer=2, mmConfigs=refs)
+    model_server.script(
+        Reply(tool_calls=[ToolCall("ask_agent", {"agent": "reviewer", "prompt": "make files"})]),
+        many_calls(5),
+        Reply(text="made two"),
+        Reply(text="the reviewer made two"),
+    )
+    store, events = MemoryStore(), []
+    assert run(make_agent(config, store, tmp_path, events=events).send("ask")).outcome == "answered"
+    assert sorted(p.name for p in tmp_path.glob("f*")) == ["f0", "f1"]
+    assert [e for e in events if isinstance(e, CallsDropped)] == [CallsDropped(5, 2, "reviewer")]
+    reviewer_tools = [m for m in model_server.messages(2) if m["role"] == "tool"]
+    assert [m["content"] for m in reviewer_tools[2:]] == [dropped_text(5, 2)] * 3

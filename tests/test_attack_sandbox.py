@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import ipaddress
 import os
+import re
 import shutil
 import socket
 import stat
@@ -28,7 +29,7 @@ from mm_core.tools.fetch.guard import blocked_kind
 from mm_core.tools.sandbox import SANDBOX_UID
 from mm_core.tools.sandbox_network import internal_networks, network_report, network_tools
 from mm_testkit.fixtures_kit import needs_bwrap, needs_system
-from tool_helpers import call, make_ctx
+from tool_helpers import call, make_ctx, on_disk
 
 BASH = BashTool()
 needs_slirp = needs_system("slirp4netns", "slirp4netns")
@@ -326,6 +327,36 @@ def test_tmp_is_a_tmpfs_within_the_limits(owned_ws):
     assert call(BASH, {"command": "df -k /tmp | tail -1"}, small).split()[-5] == str(32 * 1024)
 
 
+@needs_bwrap
+def test_dev_shm_is_bounded_like_tmp_and_dev_takes_no_files(owned_ws):
+    # bwrap's own /dev is a tmpfs as large as half the memory, writable by the command: 600 MB stayed there.
+    ctx = make_ctx(owned_ws, sandbox="bwrap", bash={"limits": {"tmpMB": 64}})
+    out = call(
+        BASH,
+        {
+            "command": "head -c 600000000 /dev/zero > /dev/shm/fill; du -k /dev/shm/fill;"
+            " head -c 600000000 /dev/zero > /dev/fill; mkdir /dev/more; df -k /dev/shm | tail -1"
+        },
+        ctx,
+    )
+    assert "No space left on device" in out, out
+    held = int(next(line for line in out.splitlines() if line.endswith("/dev/shm/fill")).split()[0])
+    assert held <= 64 * 1024, out
+    assert out.count("Read-only file system") == 2, out  # neither a file nor a directory in /dev itself
+    assert out.split()[-5] == str(64 * 1024), out
+    # The device nodes, the terminals, the descriptors and POSIX semaphores (which live in /dev/shm) still work.
+    works = call(
+        BASH,
+        {
+            "command": "echo x > /dev/null && head -c 3 /dev/zero | wc -c && head -c 3 /dev/urandom | wc -c"
+            " && ls /dev/fd/ >/dev/null && python3 -c 'import os, pty, multiprocessing; m, s = pty.openpty();"
+            ' print(os.ttyname(s)); multiprocessing.Lock(); print("semaphore")\''
+        },
+        ctx,
+    )
+    assert works.split() == ["3", "3", "/dev/pts/0", "semaphore"], works
+
+
 @pytest.mark.parametrize("mode", ["none", pytest.param("bwrap", marks=needs_bwrap)])
 def test_a_workspace_over_its_limit_stops_commands_until_it_is_cleaned(owned_ws, mode):
     ctx = make_ctx(owned_ws, sandbox=mode, bash={"limits": {"workspaceMB": 2}})
@@ -345,14 +376,17 @@ def test_a_workspace_over_its_limit_stops_commands_until_it_is_cleaned(owned_ws,
         return outs
 
     written, refused, du, rm, after = asyncio.run(session())
-    assert written == (
-        "written\n[error: the workspace holds 5 MB, over its limit of 2 MB (bash.limits.workspaceMB) — "
-        "delete files before going on]"
-    )
-    assert refused == (
-        "[error: bash: the workspace holds 5 MB, over its limit of 2 MB (bash.limits.workspaceMB) — the "
-        "command was not run: until it is back under, only plain rm, rmdir, du and ls commands run]"
-    )
+    # The disk guard stops the write once the workspace passes its limit, and the output says so.
+    assert re.fullmatch(
+        r"\[exit code: exit status 137\]\n\[error: the workspace holds [3-5] MB, over its limit of 2 MB "
+        r"\(bash.limits.workspaceMB\) — delete files before going on\]",
+        written,
+    ), written
+    assert re.fullmatch(
+        r"\[error: bash: the workspace holds [3-5] MB, over its limit of 2 MB \(bash.limits.workspaceMB\) — the "
+        r"command was not run: until it is back under, only plain rm, rmdir, du and ls commands run\]",
+        refused,
+    ), refused
     assert "big" in du and rm == "" and after == "ok\n"
 
 
@@ -369,3 +403,110 @@ def test_only_plain_cleanup_commands_pass_an_over_limit_workspace():
         "rm 'unterminated",
     ):
         assert not cleanup_only(command), command
+
+
+# A command writing as fast as it can into a workspace of `workspaceMB: 100` (fileSizeMB: 50) is stopped near
+# the limit, and so is a background job that keeps writing after its command returned: the walk after each
+# command alone once let one command leave 1,200 MiB there.
+DISK = {"limits": {"workspaceMB": 100, "fileSizeMB": 50}, "timeout": 60}
+DISK_BOUND = max(110, 100 + 50) * 1024 * 1024
+WRITERS = {
+    "many 10 MB files": "for i in $(seq 1 40); do dd if=/dev/zero of=f$i bs=1M count=10 status=none || exit 1; done",
+    "parallel writers": "for w in 1 2 3 4; do (for i in $(seq 1 10); do head -c 10000000 /dev/zero > w$w-$i"
+    " || exit; done) & done; wait",
+    "fallocate": "for i in $(seq 1 20); do fallocate -l 50M a$i || exit 1; done",
+    "growing files": "for i in 1 2 3 4; do yes aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa > g$i & done; wait",
+    "sparse then mmap": "python3 -c \"import mmap\nfor i in range(20):\n f = open(f'm{i}', 'w+b'); f.truncate(40 << 20)"
+    "\n m = mmap.mmap(f.fileno(), 40 << 20); m[:] = b'x' * (40 << 20); m.flush()\"",
+}
+
+
+@pytest.mark.parametrize("mode", ["none", pytest.param("bwrap", marks=needs_bwrap)])
+@pytest.mark.parametrize("writer", list(WRITERS))
+def test_a_command_writing_as_fast_as_it_can_is_stopped_at_the_workspace_limit(owned_ws, mode, writer):
+    ctx = make_ctx(owned_ws, sandbox=mode, bash=DISK)
+
+    async def session() -> tuple[str, int, str]:
+        out = await BASH.run({"command": WRITERS[writer]}, ctx)
+        held = on_disk(owned_ws)
+        more = await BASH.run({"command": "head -c 2000000 /dev/zero > more"}, ctx)
+        await ctx.resources.aclose()
+        return out, held, more
+
+    out, held, more = asyncio.run(session())
+    assert held <= DISK_BOUND, (held >> 20, out)
+    assert on_disk(owned_ws) <= DISK_BOUND
+    assert "over its limit of 100 MB (bash.limits.workspaceMB) — delete files before going on]" in out, out
+    # The next write is refused, or stopped: the workspace stays at its limit.
+    assert "over its limit of 100 MB (bash.limits.workspaceMB)" in more, more
+
+
+@pytest.mark.parametrize("mode", ["none", pytest.param("bwrap", marks=needs_bwrap)])
+def test_a_background_job_writing_after_its_command_returned_is_stopped(owned_ws, mode):
+    ctx = make_ctx(owned_ws, sandbox=mode, bash=DISK)
+    job = "nohup sh -c 'sleep 1; for i in $(seq 1 100); do head -c 10000000 /dev/zero > j$i; done' >/dev/null 2>&1 &"
+
+    async def session() -> tuple[str, int, str]:
+        started = await BASH.run({"command": f"{job} echo started"}, ctx)
+        for _ in range(100):  # the job writes for a second or two, unless it is stopped
+            await asyncio.sleep(0.1)
+        held = on_disk(owned_ws)
+        more = await BASH.run({"command": "head -c 2000000 /dev/zero > more"}, ctx)
+        await ctx.resources.aclose()
+        return started, held, more
+
+    started, held, more = asyncio.run(session())
+    assert started == "started\n"
+    assert held <= DISK_BOUND, held >> 20
+    assert on_disk(owned_ws) <= DISK_BOUND
+    assert "over its limit of 100 MB (bash.limits.workspaceMB)" in more, more
+
+
+@pytest.mark.parametrize("mode", ["none", pytest.param("bwrap", marks=needs_bwrap)])
+def test_a_tree_the_disk_guard_cannot_follow_stops_commands_until_it_is_removed(owned_ws, mode):
+    ctx = make_ctx(owned_ws, sandbox=mode, bash=DISK)
+    deep = "mkdir -p $(printf 'd/%.0s' $(seq 1 300)); sleep 2; echo made"
+
+    async def session() -> list[str]:
+        outs = [
+            await BASH.run({"command": deep}, ctx),
+            await BASH.run({"command": "echo hello"}, ctx),
+            await BASH.run({"command": "rm -rf d"}, ctx),
+            await BASH.run({"command": "echo hello"}, ctx),
+        ]
+        await ctx.resources.aclose()
+        return outs
+
+    made, refused, removed, after = asyncio.run(session())
+    assert made.endswith(
+        "[error: the command was stopped: the workspace is nested deeper than 256 directories, more than the "
+        "disk guard of bash.limits.workspaceMB follows — delete files or directories before going on]"
+    ), made
+    assert "made" not in made
+    assert refused == (
+        "[error: bash: the workspace is nested deeper than 256 directories, more than the disk guard of "
+        "bash.limits.workspaceMB follows — the command was not run: until it is smaller, only plain rm, rmdir, "
+        "du and ls commands run]"
+    )
+    assert removed == "" and after == "hello\n"
+
+
+@pytest.mark.parametrize("mode", ["none", pytest.param("bwrap", marks=needs_bwrap)])
+def test_a_workspace_found_over_its_limit_takes_only_cleanup_and_the_cleanup_is_not_stopped(owned_ws, mode):
+    # Over its limit before this session's first command (an earlier turn's background job, a large clone).
+    (owned_ws / "big").write_bytes(b"b" * 5 * 1024 * 1024)
+    ctx = make_ctx(owned_ws, sandbox=mode, bash=DISK | {"limits": {"workspaceMB": 2}})
+
+    async def session() -> list[str]:
+        outs = [
+            await BASH.run({"command": "echo more > more"}, ctx),
+            await BASH.run({"command": "rm -f big"}, ctx),
+            await BASH.run({"command": "echo more > more; echo ok"}, ctx),
+        ]
+        await ctx.resources.aclose()
+        return outs
+
+    refused, removed, after = asyncio.run(session())
+    assert refused.startswith("[error: bash: the workspace holds 5 MB, over its limit of 2 MB"), refused
+    assert removed == "" and after == "ok\n"
+    assert not (owned_ws / "big").exists()

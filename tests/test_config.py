@@ -342,3 +342,33 @@ def test_a_bad_overlay_stops_start_up_with_its_name(tmp_path: Path) -> None:
 def test_a_schedule_that_never_fires_is_refused(tmp_path: Path) -> None:
     job = "jobs:\n  - name: never\n    schedule: '0 0 30 2 *'\n    channel: C0123ABCD\n    prompt: tidy\n"
     assert _problems(tmp_path, job) == ['3: jobs[0].schedule: "0 0 30 2 *" never fires (no date matches it)']
+
+
+def test_the_tool_calls_of_one_answer_are_bounded_for_the_worker(tmp_path: Path) -> None:
+    config = load_config(_write(tmp_path, "maxTurns: 10\n"), {})
+    assert config.service.worker.maxToolCallsPerAnswer == 16
+    assert config.agent.maxToolCallsPerAnswer is None  # `mm-bot run` keeps the reference's behaviour
+    assert config.agent.with_tool_call_cap(16).maxToolCallsPerAnswer == 16
+    # The agent's own key may only lower the worker's bound, never raise it.
+    lower = load_config(_write(tmp_path, "maxToolCallsPerAnswer: 4\nworker: {maxToolCallsPerAnswer: 32}\n"), {})
+    assert lower.agent.with_tool_call_cap(lower.service.worker.maxToolCallsPerAnswer).maxToolCallsPerAnswer == 4
+    assert lower.agent.with_tool_call_cap(2).maxToolCallsPerAnswer == 2
+    assert lower.agent.with_tool_call_cap(None).maxToolCallsPerAnswer == 4
+    problems = _problems(
+        tmp_path,
+        """
+        maxToolCallsPerAnswer: -1
+        worker:
+          maxToolCallsPerAnswer: 0
+        """,
+    )
+    assert problems == [
+        "1: maxToolCallsPerAnswer: expected a number >= 1, got -1",
+        "3: worker.maxToolCallsPerAnswer: expected a number >= 1, got 0",
+    ]
+    assert _problems(tmp_path, "worker: {maxToolCallsPerAnswer: many}\n") == [
+        "1: worker.maxToolCallsPerAnswer: expected an integer, got a string"
+    ]
+    assert _problems(tmp_path, "worker: {maxToolCallsPerAnswer: 2.5}\n") == [
+        "1: worker.maxToolCallsPerAnswer: expected an integer, got a number"
+    ]

@@ -128,7 +128,7 @@ class Replayed:
     def counters(self, counter_of: dict[str, str | None]) -> Counters:
         counts = {"commands": 0, "file_ops": 0, "skills": 0, "lsp": 0}
         for e in self.turn_entries():
-            if isinstance(e, ToolResult):
+            if isinstance(e, ToolResult) and e.status != CallStatus.DROPPED:  # a tool's responses, not the loop's
                 key = counter_of.get(e.tool)
                 if key:
                     counts[key] += 1

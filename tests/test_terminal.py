@@ -130,3 +130,21 @@ def test_an_asked_agents_lines_carry_its_name(model_server, tmp_path):
     assert lines[2] == "   built"
     assert "reviewer answered (18 characters)" in done.stdout
     assert "Reviewer says fine." in done.stdout
+
+
+def test_an_answer_s_calls_beyond_the_cap_are_one_line(model_server, tmp_path):
+    calls = [ToolCall("bash", {"command": f"echo {i}"}) for i in range(5)]
+    model_server.script(Reply(tool_calls=calls), Reply(text="Two ran."))
+    config = "maxToolCallsPerAnswer: 2\nbash: {network: false}\n"
+    done = mm_run(tmp_path, model_server.url, ["-p", "echo five"], config=config)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[:6] == [
+        "✂️ The model asked for 5 tool calls in one answer; only the first 2 are taken up, the other 3 were not run.",
+        "🛠️  bash: echo 0",
+        "   0",
+        "🛠️  bash: echo 1",
+        "   1",
+        "Two ran.",
+    ]
+    assert lines[6].startswith("⚙ 2 command(s) · ")

@@ -14,7 +14,8 @@ never slow the turn. One consumer task drains the queue in order and writes the 
   not what read_file or read_skill return: a copy of the repository's own file or of a skill).
 - ApprovalAsked (the worker's, once the calls a turn waits for are recorded): one message per call, with its
   buttons (workers/approval_message.py); the bot updates it once someone decides.
-- Error: its line as a plain message. TurnFinished: the recap line (counters and tokens).
+- Error, and CallsDropped (an answer's calls beyond the cap): its line as a plain message. TurnFinished: the
+  recap line (counters and tokens).
 
 Order: messages are created in the order of the events (a message is only created once everything before it
 exists); only edits of existing messages are deferred. Rate: every message, and the status, is written at most
@@ -45,6 +46,7 @@ from chatops.buttons import Action, ButtonValue, element
 from chatops.secrets import describe_error, scrub
 from chatops.store import ApprovalRow
 from mm_core import (
+    CallsDropped,
     Error,
     Event,
     Outcome,
@@ -301,6 +303,10 @@ class ThreadRenderer:
             await self._end_text()
             await self._post_held()
             await self._post_text(self._prefix(event.agent) + display.error_line(event))
+        elif isinstance(event, CallsDropped):  # one line for them all, never a message per dropped call
+            await self._end_text()
+            await self._post_held()
+            await self._post_text(self._prefix(event.agent) + display.dropped_line(event))
         elif isinstance(event, TurnFinished):
             await self._end_text()
             await self._post_held()

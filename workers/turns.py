@@ -516,6 +516,7 @@ class SessionTurns:
         agent = self.config.agent
         if self.row.agent_name and self.row.agent_name in agent.mmConfigs:  # a job's own agent
             agent = load_agent_file(agent.mmConfigs[self.row.agent_name])
+        agent = agent.with_tool_call_cap(self.config.service.worker.maxToolCallsPerAnswer)
         yolo = self.config.service.channel(self.row.channel_id or "").yolo
         if (run := self.running) is not None:
             yolo = run.job.yolo  # the run's own prompt only (take_inbox): once it ends, the channel's policy

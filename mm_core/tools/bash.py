@@ -20,6 +20,7 @@ from typing import IO, Any
 
 from mm_core.tools.args import check_object, get_str
 from mm_core.tools.base import CANCELLED, Tool, ToolCancelled, ToolContext, ToolRefusal
+from mm_core.tools.disk_guard import DiskGuard, SessionGuard, Unwatchable
 from mm_core.tools.sandbox import measure_workspace, prepare
 from mm_core.tools.text import truncate
 
@@ -39,6 +40,15 @@ OVER_LIMIT_REFUSED = (
     "(bash.limits.workspaceMB) — the command was not run: until it is back under, only plain "
     "rm, rmdir, du and ls commands run]"
 )
+# The disk guard (disk_guard.py) cannot follow the workspace's tree: `reason` completes "the workspace …".
+UNWATCHABLE = (
+    "[error: the command was stopped: the workspace {reason}, more than the disk guard of "
+    "bash.limits.workspaceMB follows — delete files or directories before going on]"
+)
+UNWATCHABLE_REFUSED = (
+    "[error: bash: the workspace {reason}, more than the disk guard of bash.limits.workspaceMB follows — "
+    "the command was not run: until it is smaller, only plain rm, rmdir, du and ls commands run]"
+)
 # What still runs in a workspace over its limit: enough to find and delete what fills it, nothing that writes.
 CLEANUP_COMMANDS = ("rm", "rmdir", "du", "ls")
 
@@ -46,6 +56,7 @@ READ_BACK = 1024 * 1024  # bytes read from each end of a very large output
 MIB = 1024 * 1024
 JOBS_KEY = "bash.jobs"
 OVER_KEY = "bash.workspace_over"
+GUARD_KEY = "bash.disk_guard"
 # How long to wait for a killed process group's leader to be reaped before reading its output anyway.
 KILL_GRACE = 5.0
 SETTLE = 0.5
@@ -116,6 +127,12 @@ class BashJobs:
 
     def pgids(self) -> list[int]:
         return [g for g in self._procs if _group_alive(g)]
+
+    def kill_all(self) -> None:
+        """Kill every group at once, the command's and the background jobs' (the disk guard, from its own
+        thread); reaping them stays with the command and with aclose."""
+        for pgid in list(self._procs):
+            _kill_group(pgid)
 
     async def aclose(self) -> None:
         procs, self._procs = self._procs, {}
@@ -197,11 +214,31 @@ class BashTool(Tool):
         config = ctx.config
         limit_mb = config.bash.limits.workspaceMB
         over: OverLimit = await ctx.resources.get(OVER_KEY, OverLimit)
+        jobs: BashJobs = await ctx.resources.get(JOBS_KEY, BashJobs)
+        limit = limit_mb * MIB if limit_mb is not None else None
+        guard = None
+        if limit is not None:
+            try:
+                guard = await _guard(ctx, limit, jobs)
+            except Unwatchable as e:
+                if not cleanup_only(command):
+                    return UNWATCHABLE_REFUSED.format(reason=e.reason)
+            # A background job passed the limit since the last command, or the walk at the guard's start
+            # found the workspace over it.
+            if guard is not None and (guard.tripped == "over" or guard.total > limit):
+                over.over = True
         if over.over and limit_mb is not None and not cleanup_only(command):
             held = await _workspace_bytes(ctx)
             over.over = held > limit_mb * MIB
             if over.over:
                 return OVER_LIMIT_REFUSED.format(size=-(-held // MIB), limit=limit_mb)
+        # Under the limit: the guard stops this command (and every job) once it passes it. Over it, a cleanup
+        # command runs with the guard left tripped.
+        armed = guard if guard is not None and not over.over else None
+        if armed is not None and limit is not None:
+            armed.rearm(limit)
+        elif guard is not None:
+            guard.disarm()
         status_r, status_w = os.pipe()
         launch = None
         try:
@@ -233,7 +270,6 @@ class BashTool(Tool):
             return CANNOT_START.format(reason=getattr(e, "strerror", None) or e)
         finally:
             os.close(status_w)
-        jobs: BashJobs = await ctx.resources.get(JOBS_KEY, BashJobs)
         jobs.add(proc)
         if launch.network is not None:
             try:
@@ -268,10 +304,16 @@ class BashTool(Tool):
                 marker = EXIT_CODE.format(code=code)
         text = truncate(read_back(out), config.maxOutput)
         text = append_marker(text, marker) if marker else text
+        if guard is not None and guard.tripped not in (None, "over"):
+            return append_marker(text, UNWATCHABLE.format(reason=guard.tripped))
         if not walk_needed(ctx.workspace, limit_mb):
             return text
         held = await _workspace_bytes(ctx)
-        over.over = limit_mb is not None and held > limit_mb * MIB
+        # The guard counts a sparse file whole, so it may have stopped the command over a limit the walk
+        # does not see: the larger figure is the one said.
+        stopped = armed is not None and armed.tripped == "over"
+        held = max(held, armed.tripped_at) if armed is not None and stopped else held
+        over.over = limit_mb is not None and (held > limit_mb * MIB or stopped)
         return append_marker(text, OVER_LIMIT.format(size=-(-held // MIB), limit=limit_mb)) if over.over else text
 
 
@@ -291,6 +333,13 @@ def walk_needed(workspace: str | os.PathLike[str], limit_mb: int | None) -> bool
         return os.stat(workspace).st_uid == 0
     except OSError:
         return True  # unknown: walk, as before
+
+
+async def _guard(ctx: ToolContext, limit: int, jobs: BashJobs) -> DiskGuard:
+    """The session's disk guard, following the workspace while its commands and background jobs live; once
+    the workspace holds more than `limit` it kills all of them at once. Raises Unwatchable."""
+    slot: SessionGuard = await ctx.resources.get(GUARD_KEY, SessionGuard)
+    return await slot.ready(os.path.realpath(ctx.workspace), limit, jobs.kill_all)
 
 
 async def _workspace_bytes(ctx: ToolContext) -> int:

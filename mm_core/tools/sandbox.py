@@ -12,9 +12,9 @@ workspaces. A command therefore gets:
   bits); without bubblewrap it is refused (ROOT_WORKSPACE), since the command would be root on the worker;
 - with bubblewrap (`sandbox: auto` when `bwrap` is on the PATH, `bwrap` to require it): its own mount, pid,
   ipc, uts, user and network namespaces, where it sees the system read-only (/usr and the merged-usr links, a
-  short list of /etc files that hold no secrets), a fresh /proc of its own processes, a minimal /dev, a
-  private /tmp and /var/tmp (tmpfs, each at most `tmpMB` and `memoryMB`), and its workspace read-write at the
-  same path (nosuid, as every bwrap mount); no other workspace, and it dies with its parent.
+  short list of /etc files that hold no secrets), a fresh /proc of its own processes, a minimal read-only /dev,
+  a private /tmp, /var/tmp and /dev/shm (tmpfs, each at most `tmpMB` and `memoryMB`), and its workspace
+  read-write at the same path (nosuid, as every bwrap mount); no other workspace, and it dies with its parent.
 
 Inside the sandbox the command is never root. Its network (`bash.network: true`) is the internet only, see
 mm_core/tools/sandbox_network.py; `bash.network: false`, or a worker without the parts, gives it none.
@@ -268,7 +268,11 @@ def _bwrap_args(
             args += ["--ro-bind", str(path), str(path)]
     tmp_size = _tmp_bytes(config)
     size = ["--size", str(tmp_size)] if tmp_size else []
-    args += ["--proc", "/proc", "--dev", "/dev", *size, "--tmpfs", "/tmp", *size, "--tmpfs", "/var/tmp"]
+    # bwrap's /dev is a tmpfs of its own, as large as the kernel's default (half the memory) and writable by the
+    # command, and its /dev/shm a plain directory in it: /dev/shm gets a tmpfs sized like /tmp, and /dev itself is
+    # made read-only (not recursively: its device nodes, /dev/pts and /dev/shm are mounts of their own).
+    args += ["--proc", "/proc", "--dev", "/dev", *size, "--tmpfs", "/dev/shm", "--remount-ro", "/dev"]
+    args += [*size, "--tmpfs", "/tmp", *size, "--tmpfs", "/var/tmp"]
     for path in read_only:
         args += ["--ro-bind", path, path]
     args += ["--bind", workspace, workspace, "--remount-ro", "/", "--chdir", workspace, "--"]
