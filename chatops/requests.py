@@ -133,52 +133,30 @@ def claim_stale(
 def keep_progress(engine: Engine, request_id: int, owner: str, progress: dict[str, Any]) -> bool:
     """Keep what a step did, while `owner` still holds the claim; False when another bot took it over (then
     the caller stops: that bot carries the request out)."""
-    with engine.begin() as conn:
-        return (
-            conn.execute(
-                update(SlackRequest)
-                .where(
-                    SlackRequest.id == request_id,
-                    SlackRequest.claimed_by == owner,
-                    SlackRequest.state == RequestState.RECEIVED,
-                )
-                .values(progress=progress)
-            ).rowcount
-            == 1
-        )
+    return _as_holder(engine, request_id, owner, progress=progress)
 
 
 def finish(
     engine: Engine, request_id: int, owner: str, state: RequestState = RequestState.DONE, now: datetime | None = None
 ) -> bool:
     """The request is done (or given up on), if `owner` still holds it; False when another bot took it over."""
-    with engine.begin() as conn:
-        return (
-            conn.execute(
-                update(SlackRequest)
-                .where(
-                    SlackRequest.id == request_id,
-                    SlackRequest.claimed_by == owner,
-                    SlackRequest.state == RequestState.RECEIVED,
-                )
-                .values(state=state, done_at=now or utcnow())
-            ).rowcount
-            == 1
-        )
+    return _as_holder(engine, request_id, owner, state=state, done_at=now or utcnow())
 
 
 def release(engine: Engine, request_id: int, owner: str, now: datetime | None = None) -> None:
     """An attempt failed: the claim is given up, so that a replay tries again soon (`claim_stale`'s retry_s)."""
+    _as_holder(engine, request_id, owner, claimed_by=None, claimed_at=now or utcnow())
+
+
+def _as_holder(engine: Engine, request_id: int, owner: str, **values: Any) -> bool:
+    """Change an unfinished request that `owner` holds; False when it does not (any more)."""
+    held = (
+        SlackRequest.id == request_id,
+        SlackRequest.claimed_by == owner,
+        SlackRequest.state == RequestState.RECEIVED,
+    )
     with engine.begin() as conn:
-        conn.execute(
-            update(SlackRequest)
-            .where(
-                SlackRequest.id == request_id,
-                SlackRequest.claimed_by == owner,
-                SlackRequest.state == RequestState.RECEIVED,
-            )
-            .values(claimed_by=None, claimed_at=now or utcnow())
-        )
+        return conn.execute(update(SlackRequest).where(*held).values(**values)).rowcount == 1
 
 
 def forget_finished(engine: Engine, now: datetime | None = None, kept: timedelta = KEPT) -> int:
@@ -188,4 +166,3 @@ def forget_finished(engine: Engine, now: datetime | None = None, kept: timedelta
         return conn.execute(
             delete(SlackRequest).where(SlackRequest.state != RequestState.RECEIVED, SlackRequest.done_at <= cutoff)
         ).rowcount
-
