@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Engine, and_, delete, or_, select, update
+from sqlalchemy import Engine, and_, bindparam, delete, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from chatops.schema import RequestKind, RequestState, SlackRequest, utcnow
@@ -64,25 +64,37 @@ def record(
     """Keep a request, claimed by `owner` (its first attempt); None when it is there already (a redelivery, a
     mention's twin): whoever recorded it carries it out, or its replay does."""
     now = now or utcnow()
-    dialect = postgresql if engine.dialect.name == "postgresql" else sqlite
-    statement = (
-        dialect.insert(SlackRequest)
-        .values(
-            kind=kind,
-            key=key,
-            payload=payload,
-            state=RequestState.RECEIVED,
-            received_at=now,
-            claimed_by=owner,
-            claimed_at=now,
-            attempts=1,
-        )
-        .on_conflict_do_nothing(index_elements=[SlackRequest.key])
-        .returning(*_COLUMNS)
-    )
+    keep = _RECORD_PG if engine.dialect.name == "postgresql" else _RECORD_SQLITE
+    values = {"p_kind": kind, "p_key": key, "p_payload": payload, "p_owner": owner, "p_now": now}
     with engine.begin() as conn:
-        row = conn.execute(statement).first()
+        row = conn.execute(keep, values).first()
     return _request(row) if row is not None else None
+
+
+# Built once (the bot runs `record` before the ack of every request, and `finish` after): executing them finds
+# their compiled form in SQLAlchemy's cache without building a statement and its cache key each time.
+_RECORD_PG, _RECORD_SQLITE = (
+    dialect.insert(SlackRequest)
+    .values(
+        kind=bindparam("p_kind"),
+        key=bindparam("p_key"),
+        payload=bindparam("p_payload"),
+        state=RequestState.RECEIVED,
+        received_at=bindparam("p_now"),
+        claimed_by=bindparam("p_owner"),
+        claimed_at=bindparam("p_now"),
+        attempts=1,
+    )
+    .on_conflict_do_nothing(index_elements=[SlackRequest.key])
+    .returning(*_COLUMNS)
+    for dialect in (postgresql, sqlite)
+)
+_HELD = (
+    SlackRequest.id == bindparam("p_id"),
+    SlackRequest.claimed_by == bindparam("p_owner"),
+    SlackRequest.state == RequestState.RECEIVED,
+)
+_FINISH = update(SlackRequest).where(*_HELD).values(state=bindparam("p_state"), done_at=bindparam("p_now"))
 
 
 def renew(engine: Engine, owner: str, ids: set[int], now: datetime | None = None) -> None:
@@ -140,7 +152,9 @@ def finish(
     engine: Engine, request_id: int, owner: str, state: RequestState = RequestState.DONE, now: datetime | None = None
 ) -> bool:
     """The request is done (or given up on), if `owner` still holds it; False when another bot took it over."""
-    return _as_holder(engine, request_id, owner, state=state, done_at=now or utcnow())
+    values = {"p_id": request_id, "p_owner": owner, "p_state": state, "p_now": now or utcnow()}
+    with engine.begin() as conn:
+        return conn.execute(_FINISH, values).rowcount == 1
 
 
 def release(engine: Engine, request_id: int, owner: str, now: datetime | None = None) -> None:
@@ -150,13 +164,9 @@ def release(engine: Engine, request_id: int, owner: str, now: datetime | None = 
 
 def _as_holder(engine: Engine, request_id: int, owner: str, **values: Any) -> bool:
     """Change an unfinished request that `owner` holds; False when it does not (any more)."""
-    held = (
-        SlackRequest.id == request_id,
-        SlackRequest.claimed_by == owner,
-        SlackRequest.state == RequestState.RECEIVED,
-    )
     with engine.begin() as conn:
-        return conn.execute(update(SlackRequest).where(*held).values(**values)).rowcount == 1
+        statement = update(SlackRequest).where(*_HELD).values(**values)
+        return conn.execute(statement, {"p_id": request_id, "p_owner": owner}).rowcount == 1
 
 
 def forget_finished(engine: Engine, now: datetime | None = None, kept: timedelta = KEPT) -> int:
