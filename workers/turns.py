@@ -40,8 +40,8 @@ from chatops.inbox import (
     stop_requested,
 )
 from chatops.jobs import forget_unrun
-from chatops.requests import forget_finished
 from chatops.reload import ConfigFile
+from chatops.requests import forget_finished
 from chatops.schema import ApprovalState, InboxCommand, Session, SessionKind, SessionStatus, utcnow
 from chatops.secrets import describe_error, scrub, secrets_of
 from chatops.store import (
