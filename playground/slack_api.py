@@ -190,7 +190,9 @@ class SlackEmulator(ThreadedAiohttpServer):
     # -- seeding and inspection -----------------------------------------------------------------------------
 
     def reset(self) -> None:
-        """Forget all state and recorded calls; re-seed the bot user."""
+        """Forget all state and recorded calls; re-seed the bot user. Held calls go through."""
+        for method in list(getattr(self, "_holds", {})):
+            self.release(method)
         with self._lock:
             self.calls: list[SlackCall] = []
             self.users: dict[str, dict[str, Any]] = {}
