@@ -1,16 +1,20 @@
 """The record of what acts after its ack (chatops.requests), on SQLite and PostgreSQL: recorded once, claimed by
-compare-and-set, renewed, released, finished only by its holder, forgotten by housekeeping."""
+compare-and-set, renewed, released, finished only by its holder, forgotten by housekeeping; and a step kept in
+it that a replay does not take again."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import uuid
 from collections.abc import Callable
 from datetime import timedelta
+from pathlib import Path
 from typing import TypeVar
 
 from sqlalchemy import Engine, select
 
+from chatops.config import load_config
 from chatops.requests import (
     KEPT,
     MAX_ATTEMPTS,
@@ -23,7 +27,7 @@ from chatops.requests import (
     renew,
     request_key,
 )
-from chatops.schema import RequestKind, RequestState, SlackRequest, utcnow
+from chatops.schema import JobRun, RequestKind, RequestState, SlackRequest, utcnow
 
 T = TypeVar("T")
 
@@ -118,3 +122,42 @@ def test_housekeeping_forgets_finished_requests_after_a_while(engine: Engine) ->
             conn.execute(select(SlackRequest.id).where(SlackRequest.id.in_([old.id, recent.id, open_.id]))).scalars()
         )
     assert left == {recent.id, open_.id}
+
+
+def test_a_job_run_asked_again_by_a_replay_is_recorded_once_and_handed_over_again(
+    tmp_path: Path, engine: Engine
+) -> None:
+    """`/mm job run` carried out twice from one record (its bot died after recording the run): one run."""
+    from bot.authorize import Approvers
+    from bot.jobs import JobCommands
+    from chatops.reload import ConfigFile
+
+    path = tmp_path / "mm.yaml"
+    name = f"tidy{uuid.uuid4().hex[:6]}"
+    path.write_text(
+        "channels:\n  default: {approvers: [U0BOB]}\n"
+        f"jobs:\n  - {{name: {name}, schedule: '0 3 * * *', channel: C0JOBS, prompt: tidy up}}\n"
+    )
+    config_file = ConfigFile(load_config(path), check_s=3600)
+    handed: list[int] = []
+
+    async def hand_over(run_id: int) -> None:
+        handed.append(run_id)
+
+    class Kept:  # what the record keeps between attempts (bot.requests.RecordedSteps)
+        def __init__(self) -> None:
+            self.steps: dict[str, str] = {}
+
+        def done(self, step: str) -> str | None:
+            return self.steps.get(step)
+
+        async def keep(self, step: str, value: str) -> None:
+            self.steps[step] = value
+
+    jobs, kept = JobCommands(engine, config_file, Approvers(lambda: config_file.current().service), hand_over), Kept()
+    for _ in range(2):
+        said, _public = asyncio.run(jobs.answer(None, f"job run {name}", "U0BOB", kept))
+        assert said.startswith("🔧 <@U0BOB> started")
+    with engine.connect() as conn:
+        runs = list(conn.execute(select(JobRun.id).where(JobRun.job_name == name)).scalars())
+    assert len(runs) == 1 and handed == runs * 2
