@@ -1,12 +1,17 @@
-"""The bot's inbound side against a bare slack-bolt app (not a test): signed `app_mention` events POSTed to
-`/slack/events`, the events acked per second and the ack latency (p50, p99), both apps measured in one run.
+"""The bot's inbound side against a bare slack-bolt app (not a test): signed requests POSTed to `/slack/events`
+(`app_mention` events, or with `--kind` `/mm` slash commands or button clicks), the requests acked per second
+and the ack latency (p50, p99), both apps measured in one run.
 
 - the real bot: `mm-bot serve` as an operator starts it, recording each message in a migrated scratch
   PostgreSQL database before it acks (every event is a new top-level message, so a new session) and enqueuing
-  the session on Redis after the ack (nothing consumes that queue: its database is flushed at the end);
+  the session on Redis after the ack (nothing consumes that queue: its database is flushed at the end); a
+  slash command (`/mm status` from someone without a session: answered through its response URL) or a click
+  (Approve naming a session that does not exist: answered with an ephemeral sentence) is carried out after
+  the ack, and the real bot answers every one;
 - the bare app: a slack-bolt AsyncApp in a process of its own (this file, re-executed with `--bare-app PORT`),
   with the same signing secret, `process_before_response=True`, its client on the same Slack emulator, and an
-  `app_mention` and a `message` listener that only ack; served by aiohttp (`app.web_app()`) the same way.
+  `app_mention`, a `message`, a `/mm` and a button listener that only ack; served by aiohttp (`app.web_app()`)
+  the same way.
 
 The load: N distinct events per app from a few users in one channel, built before the clock starts and signed
 right before each run, sent with a fixed number in flight, one client per app with its connections kept alive.
@@ -22,6 +27,7 @@ anything else is an error (exit 1). The targets are printed, met or missed, and 
 
     .venv/bin/python bench/bench_inbound.py                  # 2000 events per app, 16 in flight
     .venv/bin/python bench/bench_inbound.py --quick          # 300 per app: does it work
+    .venv/bin/python bench/bench_inbound.py --kind slash     # `/mm status`; --kind click: Approve clicks
     .venv/bin/python bench/bench_inbound.py -n 4000 --concurrency 32 --rounds 4
 
 PostgreSQL: MM_BENCH_POSTGRES_URL (default postgresql://postgres@127.0.0.1:5432/postgres), where a database
@@ -40,6 +46,7 @@ import contextlib
 import logging
 import math
 import os
+import re
 import resource
 import shutil
 import signal
@@ -48,6 +55,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,6 +64,7 @@ import aiohttp
 import httpx
 from support import bench_database, machine_jiffies, named
 
+from chatops.buttons import Action, ButtonValue
 from chatops.config import ENVIRONMENT
 from playground.signed import SlackEventSender, signed_headers
 from playground.slack_api import SlackEmulator
@@ -65,7 +74,6 @@ CHANNEL = "C0BENCHIN"
 USERS = ("U0ALICE", "U0BOB", "U0CAROL", "U0DAVE", "U0ERIN")
 EVENTS_PATH = "/slack/events"
 HEALTH_PATH = "/healthz"
-JSON = "application/json"
 TURNS_QUEUE = "turns"  # workers.celery_app.TURNS_QUEUE: where the bot enqueues a session
 MM_BOT = str(Path(sys.executable).parent / "mm-bot")
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/14"
@@ -75,6 +83,7 @@ CONFIG_ENV = (*ENVIRONMENT, "MODEL_API_KEY")
 TICK = os.sysconf("SC_CLK_TCK")
 TARGET_THROUGHPUT, TARGET_P99 = 0.5, 1.5
 CONFIG = "sandbox: none\nchannels:\n  default: {yolo: false}\n"
+KINDS = {"mention": "app_mention events", "slash": "`/mm status` commands", "click": "Approve clicks"}
 
 
 # --- the bare app (its own process) ----------------------------------------------------------------------------
@@ -103,6 +112,8 @@ def bare_app(port: int) -> None:
 
     app.event("app_mention")(only_ack)
     app.event("message")(only_ack)
+    app.command("/mm")(only_ack)
+    app.action(re.compile(".*"))(only_ack)
     web_app = app.web_app(path=EVENTS_PATH, port=port)
 
     async def health(_request: web.Request) -> web.Response:
@@ -231,44 +242,57 @@ class Server:
 
 
 class Events:
-    """Distinct `app_mention` bodies as Slack sends them (mm_testkit's SlackEventSender builds them, into a
-    transport that keeps them instead of sending): each a new top-level message, with its own ts and event_id."""
+    """Distinct request bodies of one kind as Slack sends them (playground's SlackEventSender builds them, into
+    a transport that keeps them instead of sending): `mention`, each a new top-level message with its own ts
+    and event_id; `slash`, `/mm status` with its own trigger id and response URL; `click`, Approve with its own
+    action_ts, naming a session that does not exist."""
 
-    def __init__(self, slack: SlackEmulator) -> None:
+    def __init__(self, slack: SlackEmulator, kind: str) -> None:
         self.bodies: list[bytes] = []
-        self.bot_user_id = slack.bot_user_id
+        self.kind, self.bot_user_id = kind, slack.bot_user_id
         self.sender = SlackEventSender(
             "http://127.0.0.1:9",
             SECRET,
             team_id=slack.team_id,
             api_app_id=slack.app_id,
             bot_user_id=slack.bot_user_id,
+            response_url=slack.response_url,
         )
         self.sender.http.close()
         self.sender.http = httpx.Client(transport=httpx.MockTransport(self._keep))
+        self.content_types: dict[int, str] = {}
         self.made = 0
 
     def _keep(self, request: httpx.Request) -> httpx.Response:
         self.bodies.append(request.read())
+        self.content_types[len(self.bodies) - 1] = request.headers["Content-Type"]
         return httpx.Response(200)
 
-    def make(self, n: int) -> list[bytes]:
+    def make(self, n: int) -> list[tuple[bytes, str]]:
         start = len(self.bodies)
         for _ in range(n):
             self.made += 1
             user = USERS[self.made % len(USERS)]
-            said = f"<@{self.bot_user_id}> bench message {self.made}: why does the nightly build fail on main?"
-            self.sender.app_mention(said, channel=CHANNEL, user=user)
-        return self.bodies[start:]
+            if self.kind == "slash":
+                self.sender.slash_command("/mm", "status", user=user, channel=CHANNEL)
+            elif self.kind == "click":
+                value = ButtonValue(str(uuid.uuid4()), f"call_{self.made}").encode()
+                self.sender.block_action(
+                    Action.APPROVE, value, user=user, channel=CHANNEL, message_ts=self.sender.new_ts()
+                )
+            else:
+                said = f"<@{self.bot_user_id}> bench message {self.made}: why does the nightly build fail on main?"
+                self.sender.app_mention(said, channel=CHANNEL, user=user)
+        return [(self.bodies[i], self.content_types[i]) for i in range(start, len(self.bodies))]
 
     def close(self) -> None:
         self.sender.close()
 
 
-def signed(bodies: list[bytes]) -> list[tuple[bytes, dict[str, str]]]:
+def signed(bodies: list[tuple[bytes, str]]) -> list[tuple[bytes, dict[str, str]]]:
     """Each body with its headers, signed now (bolt accepts a timestamp within five minutes)."""
     stamp = int(time.time())
-    return [(body, signed_headers(SECRET, body, JSON, stamp)) for body in bodies]
+    return [(body, signed_headers(SECRET, body, content_type, stamp)) for body, content_type in bodies]
 
 
 @dataclass
@@ -342,7 +366,7 @@ async def send_all(
     run.requests = len(requests)
 
 
-async def measure(client: Client, server: Server, bodies: list[bytes], concurrency: int, run: Run) -> Run:
+async def measure(client: Client, server: Server, bodies: list[tuple[bytes, str]], concurrency: int, run: Run) -> Run:
     requests = signed(bodies)
     before = CpuMark.now(server.pid)
     await send_all(client, server.url, requests, concurrency, run)
@@ -404,7 +428,7 @@ def row(label: str, r: Run) -> str:
 def report(args: argparse.Namespace, runs: list[Run]) -> tuple[Run, Run]:
     cores = os.cpu_count() or 1
     print(
-        f"{args.requests} signed app_mention events per app in {args.rounds} alternating runs, {args.concurrency} "
+        f"{args.requests} signed {KINDS[args.kind]} per app in {args.rounds} alternating runs, {args.concurrency} "
         f"in flight ({args.client} client, keep-alive), after {args.warmup} warm-up events each; {cores} cores"
     )
     head = ("run", "app", "requests", "events/s", "p50 ms", "p99 ms", "max ms", "CPU/ev ms", "app", "bench", "pg")
@@ -457,6 +481,7 @@ def parse() -> argparse.Namespace:
     parser.add_argument(
         "--redis", default=DEFAULT_REDIS_URL, help=f"the broker, an empty database ({DEFAULT_REDIS_URL})"
     )
+    parser.add_argument("--kind", choices=tuple(KINDS), default="mention", help="what is sent (mention)")
     parser.add_argument("--client", choices=("aiohttp", "httpx"), default="aiohttp", help="the load's (aiohttp)")
     parser.add_argument("--quick", action="store_true", help="300 events per app: does it work")
     parser.add_argument("--py-spy", metavar="FILE", help="record the real bot with py-spy (GIL holders, raw format)")
@@ -476,7 +501,7 @@ def py_spy(pid: int, output: str) -> subprocess.Popen[bytes]:
 
 
 def check_the_record(database_url: str, redis_url: str, expected: int) -> list[str]:
-    """What the real bot should have done with every event it acked: one session and one inbox row each (in
+    """What the real bot should have done with every mention it acked: one session and one inbox row each (in
     the database before the ack), and one message on the turns queue (after the ack: waited for)."""
     import redis
     from sqlalchemy import text
@@ -506,6 +531,20 @@ def check_the_record(database_url: str, redis_url: str, expected: int) -> list[s
         problems.append(f"the real bot enqueued {queued} sessions of {expected} events")
     print(f"the real bot recorded {sessions} sessions, {inbox} messages and enqueued {queued}, of {expected} events")
     return problems
+
+
+def check_the_answers(slack: SlackEmulator, kind: str, expected: int) -> list[str]:
+    """The real bot answered every slash command (through its response URL) or click (an ephemeral sentence),
+    after the ack: waited for. The bare app answers nothing."""
+
+    def answered() -> int:
+        return len(slack.responses) if kind == "slash" else len(slack.ephemerals)
+
+    deadline = time.monotonic() + 60
+    while answered() < expected and time.monotonic() < deadline:
+        time.sleep(0.1)
+    print(f"the real bot answered {answered()} of {expected} {KINDS[kind]}")
+    return [] if answered() == expected else [f"the real bot answered {answered()} of {expected} {KINDS[kind]}"]
 
 
 def main() -> int:
@@ -540,11 +579,11 @@ def main() -> int:
         for server in servers.values():
             server.wait_healthy()
 
-        events = Events(slack)
+        events = Events(slack, args.kind)
         stack.callback(events.close)
         per_run = [args.requests // args.rounds + (i < args.requests % args.rounds) for i in range(args.rounds)]
         warm = {name: events.make(args.warmup) for name in servers}
-        plan: list[tuple[int, str, list[bytes]]] = []
+        plan: list[tuple[int, str, list[tuple[bytes, str]]]] = []
         for i, count in enumerate(per_run):
             for name in ("bare", "real") if i % 2 == 0 else ("real", "bare"):
                 plan.append((i + 1, name, events.make(count)))
@@ -571,7 +610,11 @@ def main() -> int:
 
         runs = asyncio.run(everything())
         report(args, runs)
-        problems = check_the_record(database_url, redis_url, args.warmup + args.requests)
+        expected = args.warmup + args.requests
+        if args.kind == "mention":
+            problems = check_the_record(database_url, redis_url, expected)
+        else:
+            problems = check_the_answers(slack, args.kind, expected)
         for r in runs:
             for what, count in r.failures.items():
                 problems.append(f"{r.app} run {r.round}: {count} x {what}")

@@ -4,25 +4,38 @@ We use bolt's asyncio flavour (AsyncApp) served by aiohttp rather than the sync 
 aiohttp is already a dependency, one event loop serves both the HTTP endpoint and Socket Mode, and the
 handlers must ack within Slack's 3 seconds while the work itself goes to Celery, so nothing here blocks.
 
-The listeners themselves are in bot.handlers, registered by kind in `register`. They record a message before
-the ack (so bolt runs them before it answers: `process_before_response`) and hand the rest off after it.
+The listeners themselves are in bot.handlers, registered by kind in `register`. They record what arrived
+before the ack (so bolt runs them before it answers: `process_before_response`) and hand the rest off after
+it. Nothing before the ack calls the Web API, so that Slack failing (a 429, an outage) never fails an ack or
+loses a request: bolt's own checks that would (auth.test before the first request, the assistant's thread
+context kept in the thread's first reply) are replaced by `Identity` and bot.handlers.ThreadContexts.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import traceback
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from slack_bolt.async_app import AsyncApp, AsyncAssistant, AsyncBoltContext
+from slack_bolt.authorization import AuthorizeResult
+from slack_bolt.error import BoltUnhandledRequestError
+from slack_bolt.request.async_request import AsyncBoltRequest
+from slack_bolt.response import BoltResponse
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bot import handlers
 from bot.approvals import ClickHandler
 from bot.authorize import Approvers
-from bot.commands import Commands
+from bot.commands import SLASH_COMMAND, Commands
 from bot.home import Home
 from bot.jobs import JobCommands
+from bot.logging_setup import BOLT_LOGGER
+from bot.requests import Requests
 from chatops.buttons import ACTION_PATTERN
 from chatops.reload import ConfigFile
 from chatops.secrets import secrets_of
@@ -33,15 +46,83 @@ if TYPE_CHECKING:
 
     from chatops.config import Config
 
-bolt_log = logging.getLogger("mm.bot.bolt")
+bolt_log = logging.getLogger(BOLT_LOGGER)
 # Bolt reads SLACK_BOT_TOKEN from the environment by itself and then warns that our client (which holds the
-# same token, and the base_url bolt has no parameter for) takes precedence: true, expected, and only noise.
-bolt_log.addFilter(lambda record: "`token` will be unused" not in record.getMessage())
+# same token, and the base_url bolt has no parameter for) and our `authorize` take precedence: true, expected,
+# and only noise.
+bolt_log.addFilter(
+    lambda record: not ("`token`" in (said := record.getMessage()) and ("unused" in said or "ignored" in said))
+)
+# How long the server waits for Slack to say who the bot is before it starts (then it asks again in the
+# background, and goes by what the requests say until then).
+IDENTITY_TIMEOUT = 5.0
+IDENTITY_RETRY = 10.0
 
 
-def create_app(config: Config, engine: Engine) -> AsyncApp:
+@dataclass(frozen=True)
+class SlackApp:
+    """The bolt app, and what the server runs beside it."""
+
+    bolt: AsyncApp
+    identity: Identity
+    requests: Requests
+
+
+class Identity:
+    """Who the bot is in Slack (auth.test), asked once at start-up and kept. Bolt's own check asks on the first
+    request, before the ack, and answers a request it could not check with a page of its own instead of
+    running the listener: one 429 there would lose a message. Until Slack has answered, a request is
+    authorized with the bot token as is, its bot user read from the event's `authorizations`."""
+
+    def __init__(self, client: AsyncWebClient) -> None:
+        self.client = client
+        self.known: AuthorizeResult | None = None
+
+    async def learn(self) -> bool:
+        """Ask Slack once; True when it answered."""
+        try:
+            answer = await self.client.auth_test()
+        except Exception as exc:  # noqa: BLE001 - asked again later; requests go on meanwhile
+            bolt_log.warning("Slack did not say who the bot is (auth.test: %s); asking again later", exc)
+            return False
+        self.known = AuthorizeResult.from_auth_test_response(auth_test_response=answer, bot_token=self.client.token)
+        return True
+
+    async def keep_learning(self) -> None:
+        """Ask again every IDENTITY_RETRY seconds until Slack answers (after a first question that failed)."""
+        while self.known is None:
+            await asyncio.sleep(IDENTITY_RETRY)
+            await self.learn()
+
+    def remember_bot_user(self, body: dict[str, Any], context: AsyncBoltContext) -> None:
+        """Before bolt's authorization: the bot user an event names, for `authorize` while Slack has not said."""
+        authorizations = body.get("authorizations")
+        if self.known is None and isinstance(authorizations, list) and authorizations:
+            first = authorizations[0]
+            if isinstance(first, dict) and first.get("is_bot") and isinstance(first.get("user_id"), str):
+                context[_BOT_USER] = first["user_id"]
+
+    def authorize(
+        self, context: AsyncBoltContext, enterprise_id: str | None, team_id: str | None, user_id: str | None
+    ) -> AuthorizeResult:
+        known = self.known
+        return AuthorizeResult(
+            enterprise_id=known.enterprise_id if known else enterprise_id,
+            team_id=known.team_id if known else team_id,
+            bot_user_id=known.bot_user_id if known else context.get(_BOT_USER),
+            bot_id=known.bot_id if known else None,
+            bot_token=self.client.token,
+            user_id=user_id,
+        )
+
+
+_BOT_USER = "mm_bot_user_hint"
+_SOURCE = str(Path(__file__).resolve().parent.parent)
+
+
+def create_app(config: Config, engine: Engine) -> SlackApp:
     """A bolt app that verifies signatures with the signing secret, calls the Web API at
-    `config.slack_api_url` (Slack itself, GovSlack, or the test emulator) and records messages through
+    `config.slack_api_url` (Slack itself, GovSlack, or the test emulator) and records what arrives through
     `engine` (the process's one engine).
 
     Needs SLACK_BOT_TOKEN and SLACK_SIGNING_SECRET; callers check `config.missing_slack_secrets()` first.
@@ -50,25 +131,43 @@ def create_app(config: Config, engine: Engine) -> AsyncApp:
     client = AsyncWebClient(
         token=config.slack_bot_token, base_url=api_base(config.slack_api_url), retry_handlers=counted_only()
     )
+    identity = Identity(client)
+    thread_contexts = handlers.ThreadContexts(engine)
+
+    # Bolt passes what a function names (a method's `self` is not one of its arguments).
+    async def before_authorize(body: dict[str, Any], context: AsyncBoltContext, next: Callable) -> None:
+        identity.remember_bot_user(body, context)
+        await next()
+
+    async def authorize(
+        context: AsyncBoltContext, enterprise_id: str | None, team_id: str | None, user_id: str | None
+    ) -> AuthorizeResult:
+        return identity.authorize(context, enterprise_id, team_id, user_id)
+
     app = AsyncApp(
         client=client,
         signing_secret=config.slack_signing_secret,
-        # The async flavour verifies the token (auth.test) on the first request rather than at construction,
-        # through `client`, so it goes to `config.slack_api_url` like every other call.
+        authorize=authorize,
+        before_authorize=before_authorize,
         # Bolt answers url_verification with the challenge (after the signature check).
         url_verification_enabled=True,
         # Bolt's default acks an event before its listener runs; ours record the message first, and bolt
         # answers (over HTTP and over the socket alike) once the listener returns. They return quickly: the
         # enqueue and any Web API call run after the ack (bot.handlers).
         process_before_response=True,
+        # What no listener takes (another event type, a modal's submission) goes to `_error`, which acks it.
+        raise_error_for_unhandled_request=True,
+        assistant_thread_context_store=thread_contexts,
         logger=bolt_log,
     )
-    register(app, engine, config)
-    return app
+    app.error(_error)
+    requests = register(app, engine, config, thread_contexts)
+    return SlackApp(app, identity, requests)
 
 
-def register(app: AsyncApp, engine: Engine, config: Config) -> None:
-    """The listeners, by kind: assistant threads, events, button clicks, the slash command, App Home."""
+def register(app: AsyncApp, engine: Engine, config: Config, thread_contexts: handlers.ThreadContexts) -> Requests:
+    """The listeners, by kind: assistant threads, events, button clicks, the slash command, App Home. The
+    process's requests (bot.requests), for its background loop."""
     # An edit of the config file reaches the bot's checks and commands within a second (chatops/reload.py).
     config_file = ConfigFile(config)
     approvers = Approvers(lambda: config_file.current().service)
@@ -77,23 +176,57 @@ def register(app: AsyncApp, engine: Engine, config: Config) -> None:
     jobs = JobCommands(engine, config_file, approvers, handlers.enqueue_run)
     home = Home(engine, approvers, secrets, jobs)
     commands = Commands(engine, config_file, approvers, handlers.enqueue, secrets, jobs, clicks)
+    requests = Requests(
+        engine, commands, clicks, home, handlers.enqueue, lambda: config_file.current().service.bot.claimSeconds
+    )
 
     async def attach_engine(context: AsyncBoltContext, next: Callable[[], Awaitable[None]]) -> None:
         context[handlers.ENGINE] = engine
-        context[handlers.CLICKS] = clicks
         context[handlers.HOME] = home
-        context[handlers.COMMANDS] = commands
+        context[handlers.REQUESTS] = requests
         await next()
 
     # Before the assistant: its middleware runs the assistant listeners itself, which need the engine too.
     app.middleware(attach_engine)
-    assistant = AsyncAssistant(logger=bolt_log)
+    assistant = AsyncAssistant(thread_context_store=thread_contexts, logger=bolt_log)
     assistant.thread_started(handlers.on_assistant_thread_started)
+    assistant.thread_context_changed(handlers.on_assistant_context_changed)
     # Every threaded direct message (the assistant pane's threads, and replies in a DM's thread alike).
     assistant.user_message(handlers.on_assistant_message)
     app.assistant(assistant)
     app.event("app_mention")(handlers.on_mention)
     app.event("message")(handlers.on_message)
     app.action(ACTION_PATTERN)(handlers.on_button)
-    app.command(handlers.SLASH_COMMAND)(handlers.on_command)
+    app.command(SLASH_COMMAND)(handlers.on_command)
     app.event("app_home_opened")(handlers.on_home_opened)
+    return requests
+
+
+async def _error(error: Exception, request: AsyncBoltRequest) -> BoltResponse | None:
+    """What no listener takes is acked (200, not bolt's 404), so that Slack does not send it again: an event
+    the manifest does not subscribe to, a modal's submission, a payload Slack adds one day.
+
+    An exception while bolt dispatched a signed request: one line, where it was raised (never the request:
+    a message's text, or an error that quotes it, stays out of the log). Once what the request asks is
+    recorded, it is answered 200 (bot.handlers.RECORDED): the record is carried out all the same, and a retry
+    would only find it. Before, bolt's 500 stands: Slack sends an event again, and a person who typed a slash
+    command or clicked sees Slack's own failure."""
+    if isinstance(error, BoltUnhandledRequestError):
+        body = request.body if isinstance(request.body, dict) else {}
+        event = body.get("event")
+        kind = event.get("type") if isinstance(event, dict) else body.get("type") or body.get("command")
+        bolt_log.debug("nothing here takes a Slack request of type %.40s; acked", kind)
+        return BoltResponse(status=200, body="")
+    frames = traceback.extract_tb(error.__traceback__)
+    # The innermost frame of our own code says most; a library's (bolt's, the driver's) when none is ours.
+    ours = [f for f in frames if f.filename.startswith(_SOURCE) and "site-packages" not in f.filename]
+    frame = (ours or frames or [None])[-1]
+    where = f"{'/'.join(frame.filename.split('/')[-2:])}:{frame.lineno} in {frame.name}" if frame else "?"
+    recorded = bool(request.context.get(handlers.RECORDED))
+    bolt_log.error(
+        "a Slack request failed (%s at %s); %s",
+        type(error).__name__,
+        where,
+        "it was recorded, so it is acked" if recorded else "not recorded, so not acked",
+    )
+    return BoltResponse(status=200, body="") if recorded else None

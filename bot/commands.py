@@ -26,6 +26,7 @@ from sqlalchemy import Engine
 from bot.approvals import MAY_NOT_STOP, PUSH_UNAVAILABLE, ClickHandler, may_stop
 from bot.authorize import Approvers
 from bot.jobs import JobCommands, is_job_command
+from bot.steps import Steps
 from chatops.config import Config, is_branch_name
 from chatops.inbox import Recorded, has_messages, record_message, request_stop, session_of
 from chatops.queries import latest_session, log_length, pending_approvals, session_summary, tokens_used
@@ -37,6 +38,8 @@ from workers.blocks import mrkdwn_of, neutralise
 from workers.workspaces import public_url
 
 log = logging.getLogger("mm.bot.commands")
+
+SLASH_COMMAND = "/mm"
 
 HELP = """Say these in a thread, after mentioning me (in a direct message, without): \
 `new` (a fresh conversation; the workspace stays), `compact` (summarise the earlier conversation), \
@@ -117,6 +120,9 @@ class Outcome:
     public: str | None = None
     private: str | None = None
     enqueue: str | None = None
+
+
+ROOT = "root_ts"  # the step of `/mm PROMPT` that posted the new thread's root: its ts
 
 
 class Commands:
@@ -282,16 +288,15 @@ class Commands:
 
     # -- /mm ----------------------------------------------------------------------------------------------------
 
-    async def slash(self, client: Any, text: str, channel: str, user: str, team: str | None, trigger: str) -> Outcome:
+    async def slash(
+        self, client: Any, text: str, channel: str, user: str, team: str | None, trigger: str, steps: Steps
+    ) -> Outcome:
         """`/mm …` in a channel: a command for the person's latest session there, the jobs' commands, or a prompt
-        for a new thread."""
+        for a new thread. `steps`: what an earlier attempt at this invocation did."""
         if self.jobs is not None and is_job_command(text):
-            private, public = await self.jobs.answer(client, text, user)
+            private, public = await self.jobs.answer(client, text, user, steps)
             if public is not None:
-                try:
-                    await client.chat_postMessage(channel=public[0], text=public[1])
-                except Exception as e:  # noqa: BLE001 - the change holds; its announcement is a courtesy
-                    log.warning("could not announce a job's change in %s: %s", public[0], e)
+                await announce(client, public[0], None, public[1])
             return Outcome(private=private)
         command = parse(text)
         if not text.strip() or (command is not None and command.name == "help"):
@@ -303,24 +308,31 @@ class Commands:
         if command is not None and command.name == "repo" and (refusal := await self._repo_refusal(command, channel)):
             return Outcome(private=refusal)  # before a thread is started for it
         if command is None or command.name in ("ask", "repo"):
-            return await self._new_thread(client, command, text.strip(), channel, user, team)
+            return await self._new_thread(client, command, text.strip(), channel, user, team, steps)
         latest = await asyncio.to_thread(latest_session, self.engine, channel, user)
         if latest is None or latest.thread_ts is None:
             return Outcome(private=NO_SESSION)
         # The command's inbox row needs an id of its own: the invocation's trigger id is one.
         where = Where(channel, latest.thread_ts, "slash:" + hashlib.sha1(trigger.encode()).hexdigest()[:24], user, team)
-        return await self.run(client, command, where)
+        outcome = await self.run(client, command, where)
+        if outcome.public:  # said in the session's thread, not at the top of the channel the command was typed in
+            await announce(client, channel, latest.thread_ts, outcome.public)
+        return Outcome(private=outcome.private, enqueue=outcome.enqueue)
 
     async def _new_thread(
-        self, client: Any, command: Command | None, text: str, channel: str, user: str, team: str | None
+        self, client: Any, command: Command | None, text: str, channel: str, user: str, team: str | None, steps: Steps
     ) -> Outcome:
-        """A new thread for a prompt, an `ask`, or a `repo` (then the person continues in the thread)."""
-        if command is not None and command.name == "repo":
-            head = f"<@{user}> started a thread for a repository."
-        else:
-            head = STARTED.format(user=user, prompt=neutralise(text[:2800]))
-        root = await client.chat_postMessage(channel=channel, text=head)
-        thread_ts = root["ts"]
+        """A new thread for a prompt, an `ask`, or a `repo` (then the person continues in the thread). Its root
+        is posted once: an attempt after a crash finds the root's ts in `steps` and goes on in that thread (the
+        rest is idempotent: the inbox row is unique)."""
+        thread_ts = steps.done(ROOT)
+        if thread_ts is None:
+            if command is not None and command.name == "repo":
+                head = f"<@{user}> started a thread for a repository."
+            else:
+                head = STARTED.format(user=user, prompt=neutralise(text[:2800]))
+            thread_ts = (await client.chat_postMessage(channel=channel, text=head))["ts"]
+            await steps.keep(ROOT, thread_ts)
         where = Where(channel, thread_ts, thread_ts, user, team)
         if command is not None:
             outcome = await self.run(client, command, where)
@@ -330,3 +342,11 @@ class Commands:
         if outcome.public or outcome.private:
             await client.chat_postMessage(channel=channel, thread_ts=thread_ts, text=outcome.public or outcome.private)
         return Outcome(enqueue=outcome.enqueue)
+
+
+async def announce(client: Any, channel: str, thread_ts: str | None, text: str) -> None:
+    """A command's line for everyone, in the thread (None: the channel) it is about."""
+    try:
+        await client.chat_postMessage(channel=channel, thread_ts=thread_ts, text=text)
+    except Exception as e:  # noqa: BLE001 - the change holds; its announcement is a courtesy
+        log.warning("could not announce a change in %s/%s: %s", channel, thread_ts, e)

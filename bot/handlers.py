@@ -1,15 +1,18 @@
-"""The bot's listeners: small named functions that record a message, ack, and hand the work off.
+"""The bot's listeners: small named functions that record what arrived, ack, and hand the work off.
 
 Each is registered by kind in bot.app.register and can be imported and called on its own. The app runs them
 before it answers Slack (`process_before_response`), because the ack is a promise: Slack never redelivers an
-acked event, so a message is in the database (chatops.inbox) before its ack leaves. Everything after the
-record (the enqueue, the "queued" line) runs after the ack, in a task of its own: nothing here waits on a
-broker, a model or a tool, because Slack wants its ack within 3 seconds.
+acked event, slash command or click, so what it asks is in the database before its ack leaves. A message goes
+to the inbox (chatops.inbox); a slash command, a thread command or a click is a request (chatops.requests),
+carried out after the ack from its record (bot.requests), and again by a bot's replay if this one dies first.
+Everything after the record (the enqueue, the "queued" line, the request's work) runs after the ack, in a
+task of its own: nothing here waits on a broker, a model, a tool or the Web API, because Slack wants its ack
+within 3 seconds and a Web API that fails must not fail the ack.
 
 The database is synchronous (SQLAlchemy), so its calls run in threads, off the event loop that serves every
 other request. Duplicates need no bookkeeping of their own: the inbox keeps one row per message of a thread,
 so a retried HTTP delivery, a Socket Mode envelope sent twice and the `message` twin of an `app_mention` all
-find the row there (`Recorded.new` is False) and start nothing.
+find the row there (`Recorded.new` is False) and start nothing; a request's key does the same for requests.
 """
 
 from __future__ import annotations
@@ -17,28 +20,34 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections.abc import Coroutine
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
 from typing import Any
 
-from slack_bolt.async_app import AsyncAck, AsyncBoltContext, AsyncRespond, AsyncSay, AsyncSetSuggestedPrompts
+from slack_bolt.async_app import AsyncAck, AsyncBoltContext, AsyncSay, AsyncSetSuggestedPrompts
+from slack_bolt.context.assistant.thread_context import AssistantThreadContext
+from slack_bolt.context.assistant.thread_context_store.async_store import AsyncAssistantThreadContextStore
 from slack_sdk.web.async_client import AsyncWebClient
 from sqlalchemy import Engine
 
 from bot.approvals import Click
-from bot.commands import Command, Outcome, Where, parse
+from bot.commands import Where, parse
+from bot.requests import Requests, in_background
 from chatops.buttons import BadButton
-from chatops.inbox import Recorded, record_message, session_of
+from chatops.inbox import Recorded, assistant_context, keep_assistant_context, record_message, session_of
+from chatops.requests import request_key
+from chatops.schema import RequestKind
 from chatops.store import record_slack_event
 from workers.tasks import enqueue_job_run, enqueue_push, enqueue_session
 
 log = logging.getLogger("mm.bot")
-SLASH_COMMAND = "/mm"
-# Where register() puts the process's engine, click handler and App Home in bolt's context, for the listeners.
+# Where register() puts the process's engine, App Home and requests in bolt's context, for the listeners.
 ENGINE = "engine"
-CLICKS = "clicks"
 HOME = "home"
-COMMANDS = "commands"
+REQUESTS = "requests"
+# Set in a request's context once what it asks is recorded: an error after that is answered 200 (bot.app),
+# since the record is carried out all the same, and a retry would only find it recorded.
+RECORDED = "recorded"
 
 QUEUED = "⏳ Queued: I'll take this after the current turn."
 HELLO = "Hi! Ask me about the repository, or to change it: I work in a checkout of it and answer here."
@@ -54,8 +63,6 @@ PERSON_SUBTYPES = (None, "file_share", "thread_broadcast")
 # those threads are kept apart from the default executor that runs the database calls, so a broken broker
 # can never delay the record, and so the ack, of the next message.
 _enqueuer = ThreadPoolExecutor(max_workers=4, thread_name_prefix="mm-enqueue")
-# The after-ack tasks, referenced until they end (the event loop keeps only weak references).
-_after_ack: set[asyncio.Task[None]] = set()
 
 
 async def on_mention(ack: AsyncAck, event: dict[str, Any], context: AsyncBoltContext, client: AsyncWebClient) -> None:
@@ -92,11 +99,43 @@ async def on_assistant_thread_started(
 ) -> None:
     """Slack's assistant pane opened a thread: a greeting and prompts to start from; the session starts with
     the first message. A redelivered event (same event id) greets once."""
+    await _keep_context(context, body, changed=False)
     event_id = body.get("event_id")
     first = await asyncio.to_thread(record_slack_event, _engine(context), event_id) if event_id else True
     await ack()
     if first:
-        _after(_greet(say, set_suggested_prompts))
+        in_background(_greet(say, set_suggested_prompts))
+
+
+async def on_assistant_context_changed(ack: AsyncAck, body: dict[str, Any], context: AsyncBoltContext) -> None:
+    """The person looks at another channel beside an assistant thread: kept (ThreadContexts), nothing asked of
+    Slack (bolt's default keeps it in the thread's first reply, through the Web API, before the ack)."""
+    await _keep_context(context, body)
+    await ack()
+
+
+async def _keep_context(context: AsyncBoltContext, body: dict[str, Any], changed: bool = True) -> None:
+    thread = (body.get("event") or {}).get("assistant_thread")
+    if not isinstance(thread, dict):
+        return
+    channel, thread_ts, seen = thread.get("channel_id"), thread.get("thread_ts"), thread.get("context")
+    if isinstance(channel, str) and isinstance(thread_ts, str) and isinstance(seen, dict):
+        await asyncio.to_thread(keep_assistant_context, _engine(context), channel, thread_ts, seen, changed=changed)
+
+
+class ThreadContexts(AsyncAssistantThreadContextStore):
+    """Bolt's store of assistant threads' contexts, in the database: it never calls the Web API (bolt's default
+    reads and edits the thread's first reply, before the ack, and fails with it)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    async def save(self, *, channel_id: str, thread_ts: str, context: dict[str, str]) -> None:
+        await asyncio.to_thread(keep_assistant_context, self.engine, channel_id, thread_ts, context)
+
+    async def find(self, *, channel_id: str, thread_ts: str) -> AssistantThreadContext | None:
+        found = await asyncio.to_thread(assistant_context, self.engine, channel_id, thread_ts)
+        return AssistantThreadContext(found) if found else None
 
 
 async def on_assistant_message(
@@ -113,41 +152,31 @@ async def on_assistant_message(
 async def on_button(
     ack: AsyncAck, action: dict[str, Any], body: dict[str, Any], context: AsyncBoltContext, client: AsyncWebClient
 ) -> Click | None:
-    """A click on one of our buttons: acked, then carried out (bot.approvals); the click as read, or None for
-    a value we never posted."""
-    await ack()
+    """A click on one of our buttons: recorded, acked, then carried out from the record (bot.approvals); the
+    click as read, or None for a value we never posted (acked, and nothing recorded)."""
     try:
         click = Click.of(action, body)
     except BadButton as exc:
+        await ack()
         # Only a forger or a bug sends this; the value itself is not logged (it is the sender's text).
         log.warning("button %s from %s refused: %s", action.get("action_id"), (body.get("user") or {}).get("id"), exc)
         return None
-    _after(_carry_out(context, client, click))
+    container = body.get("container") or {}
+    # What Click.of reads, and nothing else: the record carries it out again after a crash.
+    payload = {
+        "action": {"action_id": click.action.value, "value": click.value.encode()},
+        "body": {
+            "user": {"id": click.user},
+            "container": {k: container.get(k) for k in ("type", "channel_id", "thread_ts", "message_ts")},
+            "channel": {"id": click.channel},
+            "message": {"thread_ts": click.thread_ts},
+        },
+    }
+    # One click is one action_ts; a redelivered envelope carries the same.
+    parts = (str(action.get("action_ts") or ""), str(body.get("trigger_id") or ""), click.user, click.action)
+    key = request_key(RequestKind.CLICK, *parts, click.value.encode())
+    await _record_then_ack(ack, context, client, RequestKind.CLICK, key, payload)
     return click
-
-
-async def _carry_out(context: AsyncBoltContext, client: AsyncWebClient, click: Click) -> None:
-    try:
-        refusal = await context[CLICKS].handle(client, click)
-    except Exception:  # after the ack there is nobody to answer but the clicker
-        log.exception("the click %s of %s failed", click.action, click.user)
-        refusal = "Something went wrong on my side, so nothing was changed; the error is in my log."
-    if click.channel is None:  # App Home: the page shows the outcome (or the refusal) once published again
-        await context[HOME].publish(client, click.user, notice=refusal)
-    if refusal is None:
-        return
-    log.info("click %s of %s on %s refused: %s", click.action, click.user, click.value.session_id, refusal)
-    await tell(client, click.user, click.channel, click.thread_ts, refusal)
-
-
-async def tell(client: AsyncWebClient, user: str, channel: str | None, thread_ts: str | None, text: str) -> None:
-    """An ephemeral sentence for one person, in the thread it is about."""
-    if channel is None:
-        return
-    try:
-        await client.chat_postEphemeral(channel=channel, user=user, text=text, thread_ts=thread_ts)
-    except Exception as e:  # noqa: BLE001 - a courtesy: nothing was changed either way
-        log.warning("could not tell %s in %s: %s", user, channel, e)
 
 
 async def enqueue(session_id: str) -> None:
@@ -165,12 +194,14 @@ async def enqueue_run(run_id: int) -> None:
     await asyncio.get_running_loop().run_in_executor(_enqueuer, enqueue_job_run, run_id)
 
 
-async def on_command(
-    ack: AsyncAck, command: dict[str, Any], context: AsyncBoltContext, client: AsyncWebClient, respond: AsyncRespond
-) -> None:
-    """`/mm …`: acked at once; the answer comes through the command's response URL, for the person alone."""
-    await ack()
-    _after(_slash(context, client, command, respond))
+async def on_command(ack: AsyncAck, command: dict[str, Any], context: AsyncBoltContext, client: AsyncWebClient) -> None:
+    """`/mm …`: recorded, acked, then carried out from the record; the answer comes through the command's
+    response URL, for the person alone."""
+    fields = ("text", "channel_id", "user_id", "team_id", "trigger_id", "response_url")
+    payload = {name: str(command.get(name) or "") for name in fields}
+    # Each invocation has a trigger id of its own; a redelivered envelope carries the same.
+    key = request_key(RequestKind.SLASH, *payload.values())
+    await _record_then_ack(ack, context, client, RequestKind.SLASH, key, payload)
 
 
 async def on_home_opened(
@@ -178,62 +209,7 @@ async def on_home_opened(
 ) -> None:
     await ack()
     if event.get("tab") == "home" and event.get("user"):
-        _after(context[HOME].publish(client, event["user"]))
-
-
-async def _slash(
-    context: AsyncBoltContext, client: AsyncWebClient, command: dict[str, Any], respond: AsyncRespond
-) -> None:
-    try:
-        outcome = await context[COMMANDS].slash(
-            client,
-            command.get("text") or "",
-            command.get("channel_id") or "",
-            command.get("user_id") or "",
-            command.get("team_id"),
-            command.get("trigger_id") or "",
-        )
-    except Exception:
-        log.exception("%s from %s failed", SLASH_COMMAND, command.get("user_id"))
-        outcome = Outcome(private="Something went wrong on my side; the error is in my log.")
-    await _answer(client, outcome, command.get("channel_id") or "", None, command.get("user_id") or "", respond)
-
-
-async def _command(context: AsyncBoltContext, client: AsyncWebClient, command: Command, where: Where) -> None:
-    try:
-        outcome = await context[COMMANDS].run(client, command, where)
-    except Exception:
-        log.exception("the command %s of %s failed", command.name, where.user)
-        outcome = Outcome(private="Something went wrong on my side; the error is in my log.")
-    await _answer(client, outcome, where.channel, where.thread_ts, where.user)
-
-
-async def _answer(
-    client: AsyncWebClient,
-    outcome: Outcome,
-    channel: str,
-    thread_ts: str | None,
-    user: str,
-    respond: AsyncRespond | None = None,
-) -> None:
-    if outcome.enqueue:
-        try:
-            await enqueue(outcome.enqueue)
-        except Exception as exc:  # noqa: BLE001 - recorded: housekeeping enqueues it later
-            log.warning("could not enqueue session %s (%s); housekeeping will", outcome.enqueue, exc)
-    if outcome.private:
-        if respond is not None:
-            try:
-                await respond(text=outcome.private, response_type="ephemeral")
-            except Exception as exc:  # noqa: BLE001 - a courtesy
-                log.warning("could not answer %s: %s", SLASH_COMMAND, exc)
-        else:
-            await tell(client, user, channel, thread_ts, outcome.private)
-    if outcome.public:
-        try:
-            await client.chat_postMessage(channel=channel, thread_ts=thread_ts, text=outcome.public)
-        except Exception as exc:  # noqa: BLE001 - the command took effect; its announcement is a courtesy
-            log.warning("could not announce a command in %s/%s: %s", channel, thread_ts, exc)
+        in_background(context[HOME].publish(client, event["user"]))
 
 
 # --- the steps ----------------------------------------------------------------------------------------------
@@ -287,16 +263,12 @@ async def _take(
 ) -> None:
     """Record, ack, and then (after the ack) enqueue and say "queued" when a turn is running. An error while
     recording propagates: bolt answers 500 (or, over the socket, no ack), and Slack delivers it again. A
-    message addressed to the bot that is exactly a command is carried out instead, after the ack."""
+    message addressed to the bot that is exactly a command is recorded as a request instead, and carried out
+    after the ack."""
     channel = event["channel"]
     text = without_mention(event.get("text") or "", context.bot_user_id)
     command = parse(text) if addressed else None
     if command is not None:
-        # A mention arrives twice (app_mention and its message twin): the command runs for the first only.
-        first = await asyncio.to_thread(record_slack_event, _engine(context), f"command:{channel}:{event['ts']}")
-        await ack()
-        if not first:
-            return
         where = Where(
             channel,
             thread_ts,
@@ -305,7 +277,10 @@ async def _take(
             context.team_id or event.get("team"),
             assistant_thread,
         )
-        _after(_command(context, client, command, where))
+        payload = {"name": command.name, "args": list(command.args), "where": asdict(where)}
+        # A mention arrives twice (app_mention and its message twin): one message, one key, one command.
+        key = request_key(RequestKind.COMMAND, channel, event["ts"])
+        await _record_then_ack(ack, context, client, RequestKind.COMMAND, key, payload)
         return
     recorded = await asyncio.to_thread(
         record_message,
@@ -318,18 +293,33 @@ async def _take(
         team_id=context.team_id or event.get("team"),
         assistant_thread=assistant_thread,
     )
+    context[RECORDED] = True
     await ack()
     if recorded.new:
-        _after(_hand_off(recorded, client, channel, thread_ts))
+        in_background(_hand_off(recorded, client, channel, thread_ts))
     else:
         log.debug("message %s in %s already recorded (a redelivery, or a mention's twin)", event["ts"], channel)
 
 
-def _after(work: Coroutine[Any, Any, None]) -> None:
-    """Run `work` once the listener has returned, and so once bolt has answered Slack."""
-    task = asyncio.get_running_loop().create_task(work)
-    _after_ack.add(task)
-    task.add_done_callback(_after_ack.discard)
+async def _record_then_ack(
+    ack: AsyncAck,
+    context: AsyncBoltContext,
+    client: AsyncWebClient,
+    kind: RequestKind,
+    key: str,
+    payload: dict[str, Any],
+) -> None:
+    """A request recorded (claimed by this process), acked, then carried out. A failed record propagates: not
+    acked (HTTP 500, no ack on the socket), so Slack sends an event again; a slash command or a click it does
+    not send again, and the person sees Slack's own failure, which is honest."""
+    requests: Requests = context[REQUESTS]
+    recorded = await requests.record(kind, key, payload)
+    context[RECORDED] = True
+    await ack()
+    if recorded is not None:
+        requests.start(client, recorded)
+    else:
+        log.debug("the %s request %s was recorded before (a redelivery, or a mention's twin)", kind, key)
 
 
 async def _hand_off(recorded: Recorded, client: AsyncWebClient, channel: str, thread_ts: str) -> None:

@@ -15,6 +15,7 @@ from zoneinfo import ZoneInfo
 from sqlalchemy import Engine
 
 from bot.authorize import Approvers
+from bot.steps import NoSteps, Steps
 from chatops.config import Config, JobConfig
 from chatops.jobs import overview, record_manual_run, running_run, set_paused
 from chatops.reload import ConfigFile
@@ -33,6 +34,7 @@ ALREADY = "*{job}* is {state} already."
 STILL_RUNNING = (
     "*{job}* is running now (its thread is in <#{channel}>): a second run would be skipped, so none was started."
 )
+RUN = "job_run"  # the step of `/mm job run` that recorded the run: its id
 OUTCOME = {"succeeded": "✅ succeeded", "failed": "❌ failed", "skipped": "⏭ skipped", "missed": "⌛ missed"}
 
 
@@ -49,8 +51,12 @@ class JobCommands:
     def config(self) -> Config:
         return self.config_file.current()
 
-    async def answer(self, client: Any, text: str, user: str) -> tuple[str, tuple[str, str] | None]:
-        """The private answer, and a public line for a channel (channel, text) when a job was steered."""
+    async def answer(
+        self, client: Any, text: str, user: str, steps: Steps | None = None
+    ) -> tuple[str, tuple[str, str] | None]:
+        """The private answer, and a public line for a channel (channel, text) when a job was steered. `steps`:
+        what an earlier attempt at the same `/mm` did (a run it recorded is handed over, not recorded again)."""
+        steps = steps or NoSteps()
         text = text.strip()
         jobs = {j.name: j for j in self.config.service.jobs}
         if text.lower() == "jobs":
@@ -68,10 +74,15 @@ class JobCommands:
             return refusal, None
         now = utcnow()
         if action == "run":
-            if (running := await asyncio.to_thread(running_run, self.engine, job.name)) is not None:
-                return STILL_RUNNING.format(job=job.name, channel=running[0] or job.channel), None
-            run_id = await asyncio.to_thread(record_manual_run, self.engine, job.name, user, now)
-            await self.enqueue_run(run_id)
+            recorded = steps.done(RUN)
+            if recorded is None:
+                if (running := await asyncio.to_thread(running_run, self.engine, job.name)) is not None:
+                    return STILL_RUNNING.format(job=job.name, channel=running[0] or job.channel), None
+                run_id = await asyncio.to_thread(record_manual_run, self.engine, job.name, user, now)
+                await steps.keep(RUN, str(run_id))
+            else:
+                run_id = int(recorded)
+            await self.enqueue_run(run_id)  # a run handed over twice starts once (workers.jobs.claim_run)
             return RUN_ASKED.format(user=user, job=job.name, channel=job.channel), None
         pause = action == "pause"
         if not await asyncio.to_thread(set_paused, self.engine, job.name, pause, user, now):

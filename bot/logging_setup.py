@@ -4,6 +4,10 @@ slack-bolt logs a request whose signature does not verify with its whole body ("
 detected (signature: …, timestamp: …, body: …)", slack_bolt/middleware/request_verification). Anyone can send
 such a request, so the log would keep whatever a stranger writes into it, and a real request signed with a
 rotated secret holds a person's message. That line is rewritten to say only that the request was refused.
+
+slack_sdk's Socket Mode client logs an envelope it could not read (not JSON, nested past the recursion limit,
+a payload of another shape) with a traceback of the library's frames; the client goes on, and so does the bot.
+Those lines keep their one-line message (the error, never the envelope), without the traceback.
 """
 
 from __future__ import annotations
@@ -23,6 +27,11 @@ REFUSED = (
 VERIFICATION_LOGGER = f"slack_bolt.{RequestVerification.__name__}"
 
 
+# What slack_sdk's Socket Mode client says (through bolt's logger, the app's) of an envelope it could not read.
+SOCKET_FAILURES = ("Failed to process a message", "Failed to run message listeners", "Failed to run a request listener")
+BOLT_LOGGER = "mm.bot.bolt"
+
+
 class WithoutBody(logging.Filter):
     """Turns bolt's line about a refused signature, body included, into REFUSED, as a warning."""
 
@@ -33,6 +42,17 @@ class WithoutBody(logging.Filter):
         return True
 
 
+class WithoutTraceback(logging.Filter):
+    """The Socket Mode client's failures to read an envelope, in one line, as warnings."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if str(record.msg).startswith(SOCKET_FAILURES):
+            record.exc_info, record.exc_text = None, None
+            record.levelno, record.levelname = logging.WARNING, logging.getLevelName(logging.WARNING)
+        return True
+
+
 def setup_logging(secrets: list[str]) -> None:
     logs.setup_logging(secrets)
     logging.getLogger(VERIFICATION_LOGGER).addFilter(WithoutBody())
+    logging.getLogger(BOLT_LOGGER).addFilter(WithoutTraceback())

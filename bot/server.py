@@ -2,6 +2,12 @@
 
 In Socket Mode the same server still answers /healthz (the probes of a deployment need it), and Slack's
 requests arrive over the socket instead of /slack/events.
+
+A request to /slack/events is checked before anything reads it: its signature (Slack's, with the signing
+secret, over the raw body, its timestamp within five minutes) or 401, then its shape (UTF-8, the JSON or form
+Slack sends, an object) or 400; no stranger's body reaches a parser, and no body of any shape reaches bolt's
+listeners unparsed or makes a traceback. Bolt checks the signature again (defence in depth). Beside the
+server run who the bot is (bot.app.Identity) and the replay of requests left unfinished (bot.requests).
 """
 
 from __future__ import annotations
@@ -17,11 +23,13 @@ from typing import TYPE_CHECKING
 
 import aiohttp
 from aiohttp import web
-from slack_bolt.adapter.aiohttp import to_aiohttp_response, to_bolt_request
+from slack_bolt.adapter.aiohttp import to_aiohttp_response
+from slack_bolt.request.async_request import AsyncBoltRequest
+from slack_sdk.signature import SignatureVerifier
 from sqlalchemy import text
 
-from bot.app import create_app
-from bot.logging_setup import setup_logging
+from bot.app import IDENTITY_TIMEOUT, SlackApp, create_app
+from bot.logging_setup import REFUSED, setup_logging
 from chatops.config import SLACK_DOCS
 from chatops.secrets import secrets_of
 from workers.metrics import serve_metrics
@@ -44,7 +52,8 @@ def build_web_app(config: Config, socket_mode: bool = False) -> web.Application:
     web_app = web.Application()
     missing = config.missing_slack_secrets(socket_mode=socket_mode)
     engine = db.engine_for(config.database_url)
-    bolt = None if missing else create_app(config, engine)
+    slack = None if missing else create_app(config, engine)
+    verifier = SignatureVerifier(config.slack_signing_secret) if config.slack_signing_secret else None
 
     async def health(_request: web.Request) -> web.Response:
         # Liveness must not flap with the database (restarting the bot would not fix it), so this is
@@ -56,14 +65,10 @@ def build_web_app(config: Config, socket_mode: bool = False) -> web.Application:
         )
 
     async def events(request: web.Request) -> web.Response:
-        if bolt is None:
+        if slack is None or verifier is None:
             status = 401 if "SLACK_SIGNING_SECRET" in missing else 503
             return web.json_response({"ok": False, "error": f"not configured: set {', '.join(missing)}"}, status=status)
-        try:
-            bolt_request = await to_bolt_request(request)
-        except ValueError:  # not UTF-8, or not the JSON / form it says it is: nothing Slack would send
-            return web.json_response({"ok": False, "error": "malformed request body"}, status=400)
-        return await to_aiohttp_response(await bolt.async_dispatch(bolt_request))
+        return await _events(slack, verifier, request)
 
     async def dispose(_app: web.Application) -> None:
         await asyncio.to_thread(engine.dispose)
@@ -72,9 +77,65 @@ def build_web_app(config: Config, socket_mode: bool = False) -> web.Application:
     if not socket_mode:
         web_app.router.add_post(EVENTS_PATH, events)
     web_app.on_cleanup.append(dispose)
-    if socket_mode and bolt is not None:
-        web_app.cleanup_ctx.append(_socket_mode(bolt, config.slack_app_token or ""))
+    if slack is not None:
+        web_app.cleanup_ctx.append(_beside(slack))
+    if socket_mode and slack is not None:
+        web_app.cleanup_ctx.append(_socket_mode(slack.bolt, config.slack_app_token or ""))
     return web_app
+
+
+async def _events(slack: SlackApp, verifier: SignatureVerifier, request: web.Request) -> web.Response:
+    body = await request.read()  # at most aiohttp's client_max_size (1 MiB): a larger body is a 413
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:  # Slack signs and sends UTF-8 only
+        return _refused(400, "malformed request body", "its body is not UTF-8")
+    headers = request.headers
+    try:
+        signed = verifier.is_valid(text, headers.get("X-Slack-Request-Timestamp"), headers.get("X-Slack-Signature"))
+    except ValueError:  # a timestamp that is not a number
+        signed = False
+    if not signed:
+        log.warning(REFUSED)
+        return web.json_response({"ok": False, "error": "invalid signature"}, status=401)
+    try:
+        # Parsed as bolt parses it (JSON, a form, a form's JSON `payload`), and read for its ids: a shape no
+        # parser expects (a list, a string, nesting deep enough to exhaust the recursion limit) raises here.
+        bolt_request = AsyncBoltRequest(body=text, query=request.query_string, headers=dict(headers))
+    except Exception as exc:  # noqa: BLE001 - whatever the shape, the answer is the same
+        return _refused(400, "malformed request body", f"signed, but not a body Slack sends ({type(exc).__name__})")
+    if not isinstance(bolt_request.body, dict):
+        return _refused(400, "malformed request body", "signed, but its body is not an object")
+    try:
+        return await to_aiohttp_response(await slack.bolt.async_dispatch(bolt_request))
+    except Exception as exc:  # noqa: BLE001 - bolt answers its own errors; this is ours, around it
+        log.error("a signed Slack request failed (%s); not acked, so Slack may send it again", type(exc).__name__)
+        return web.json_response({"ok": False, "error": "internal error"}, status=500)
+
+
+def _refused(status: int, error: str, why: str) -> web.Response:
+    log.warning("refused a request to the Slack endpoint: %s", why)
+    return web.json_response({"ok": False, "error": error}, status=status)
+
+
+def _beside(slack: SlackApp) -> Callable:
+    """What runs beside the server: who the bot is, asked before it listens (for at most IDENTITY_TIMEOUT, then
+    again in the background until Slack answers), and the replay of unfinished requests."""
+
+    async def context(_app: web.Application):
+        try:
+            known = await asyncio.wait_for(slack.identity.learn(), IDENTITY_TIMEOUT)
+        except TimeoutError:
+            known = False
+        tasks = [asyncio.create_task(slack.requests.keep(slack.bolt.client))]
+        if not known:
+            tasks.append(asyncio.create_task(slack.identity.keep_learning()))
+        yield
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    return context
 
 
 async def _database_reachable(engine) -> bool:

@@ -237,6 +237,13 @@ class WorkerConfig(Strict):
     maxToolCallsPerAnswer: int = Field(default=16, ge=1)
 
 
+class BotConfig(Strict):
+    # A bot renews its claim on each slash command, thread command or click it carries out after the ack every
+    # third of this; one whose bot was killed is carried out by a bot (another replica, or the same restarted)
+    # after it.
+    claimSeconds: Duration = Field(default=30.0, ge=1.0)
+
+
 class SchedulerConfig(Strict):
     # A job's tick missed while no scheduler ran is run once at start if it is at most this old, else recorded
     # as missed.
@@ -250,6 +257,7 @@ class ServiceConfig(Strict):
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
     workspaces: WorkspacesConfig = Field(default_factory=WorkspacesConfig)
     worker: WorkerConfig = Field(default_factory=WorkerConfig)
+    bot: BotConfig = Field(default_factory=BotConfig)
 
     def channel(self, channel_id: str) -> ChannelConfig:
         """The channel's own settings, or the default's, or none at all."""

@@ -1,5 +1,5 @@
 """What a thread asks of its session, as the database keeps it: messages waiting for a turn, stop requests,
-and the query that finds every session with work nobody is doing.
+the query that finds every session with work nobody is doing, and what an assistant thread's person looks at.
 
 The bot records a message here before it acks Slack, and enqueues "session S has work" after; the worker
 takes the messages (DbStore.take_inbox) under the session's lease. Since the broker only carries that hint,
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from sqlalchemy import Engine, and_, bindparam, exists, insert, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
@@ -20,6 +21,7 @@ from sqlalchemy.sql.expression import Exists
 from chatops.schema import (
     Approval,
     ApprovalState,
+    AssistantContext,
     InboxCommand,
     InboxMessage,
     Session,
@@ -261,3 +263,36 @@ def release_expired_leases(engine: Engine, now: datetime | None = None) -> int:
             .where(Session.lease_owner.is_not(None), Session.lease_expires_at <= now)
             .values(lease_owner=None, lease_expires_at=None)
         ).rowcount
+
+
+# --- assistant threads ------------------------------------------------------------------------------------------
+
+
+def keep_assistant_context(
+    engine: Engine, channel_id: str, thread_ts: str, context: dict[str, Any], *, changed: bool = True
+) -> None:
+    """What the person looks at beside an assistant thread, as Slack last said (one row a thread). The
+    thread's start (`changed=False`) does not replace a change: delivered late, it is the older news."""
+    dialect = postgresql if engine.dialect.name == "postgresql" else sqlite
+    now = utcnow()
+    statement = dialect.insert(AssistantContext).values(
+        channel_id=channel_id, thread_ts=thread_ts, context=context, updated_at=now
+    )
+    keys = [AssistantContext.channel_id, AssistantContext.thread_ts]
+    with engine.begin() as conn:
+        conn.execute(
+            statement.on_conflict_do_update(
+                index_elements=keys, set_={"context": statement.excluded.context, "updated_at": now}
+            )
+            if changed
+            else statement.on_conflict_do_nothing(index_elements=keys)
+        )
+
+
+def assistant_context(engine: Engine, channel_id: str, thread_ts: str) -> dict[str, Any] | None:
+    with engine.connect() as conn:
+        return conn.execute(
+            select(AssistantContext.context).where(
+                AssistantContext.channel_id == channel_id, AssistantContext.thread_ts == thread_ts
+            )
+        ).scalar_one_or_none()

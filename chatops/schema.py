@@ -72,6 +72,20 @@ class InboxCommand(StrEnum):
     YOLO = "yolo"  # text: "on" or "off"; recorded in the log (the session's row already has the setting)
 
 
+class RequestKind(StrEnum):
+    """What a person asks in Slack that the bot carries out after its ack, from its record (chatops.requests)."""
+
+    SLASH = "slash"  # `/mm …`
+    COMMAND = "command"  # a thread command: `@mm stop`
+    CLICK = "click"  # a button: Approve, Reject, Approve all, Stop, Push branch
+
+
+class RequestState(StrEnum):
+    RECEIVED = "received"  # recorded, acked; carried out (or being carried out) from the record
+    DONE = "done"
+    FAILED = "failed"  # carried out too many times without an end: the person was told
+
+
 class CallDecision(StrEnum):
     """tool_calls.decision: a projection of the log's Decision entries, for people and dashboards."""
 
@@ -289,6 +303,49 @@ class SlackEvent(Base):
 
     event_id: Mapped[str] = mapped_column(String(64), primary_key=True)
     received_at: Mapped[datetime] = mapped_column(default=utcnow, index=True)
+
+
+class SlackRequest(Base):
+    """A slash command, thread command or click, recorded before the bot acks it and carried out after, from
+    this row (chatops.requests): a bot killed in between leaves it unfinished, and a bot's replay claims it
+    once its claim has gone stale and carries it out again."""
+
+    __tablename__ = "slack_requests"
+    __table_args__ = (
+        CheckConstraint(_one_of("kind", RequestKind), name="kind"),
+        CheckConstraint(_one_of("state", RequestState), name="state"),
+        # The bots' replay asks for unfinished requests by their claim's age; housekeeping forgets finished ones.
+        Index(None, "state", "claimed_at"),
+        Index(None, "done_at"),
+    )
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    kind: Mapped[str] = mapped_column(String(16))
+    # From what Slack gives, hashed (chatops.requests.request_key): a redelivery or a mention's twin finds it.
+    key: Mapped[str] = mapped_column(String(64), unique=True)
+    payload: Mapped[dict[str, Any]]
+    # What a step keeps so that carrying it out again does not repeat it (`/mm PROMPT`: the root's ts).
+    progress: Mapped[dict[str, Any] | None]
+    state: Mapped[str] = mapped_column(String(16), default=RequestState.RECEIVED)
+    received_at: Mapped[datetime] = mapped_column(default=utcnow)
+    # The bot process carrying it out (compare-and-set), and when it last said so; None: released for a retry.
+    claimed_by: Mapped[str | None] = mapped_column(String(200))
+    claimed_at: Mapped[datetime | None]
+    attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    done_at: Mapped[datetime | None]
+
+
+class AssistantContext(Base):
+    """What the person looks at beside an assistant thread (the channel), as Slack last said
+    (assistant_thread_started, assistant_thread_context_changed): kept instead of bolt's default store, which
+    asks Slack before the ack. Nothing reads it yet."""
+
+    __tablename__ = "assistant_contexts"
+
+    channel_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    thread_ts: Mapped[str] = mapped_column(String(32), primary_key=True)
+    context: Mapped[dict[str, Any]]
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
 
 
 class JobRun(Base):

@@ -9,8 +9,10 @@ and the workers.
 Methods live at `/api/<method>` and answer Slack's shapes (`{"ok": true, ...}` or `{"ok": false, "error": ...}`,
 HTTP 200 either way). Form-encoded, multipart and JSON bodies are accepted; the token comes from
 `Authorization: Bearer ...` or a `token` parameter. Every call is recorded (`calls`, `calls_to(method)`).
-`fail()` and `rate_limit()` make a method misbehave a number of times. `on_change(listener)` calls the listener
-(from the server's thread) after every call that changed what a person would see; `version` counts them.
+`fail()` and `rate_limit()` make a method misbehave a number of times; `hold()` keeps its calls waiting until
+`release()` (a test's deterministic window: `wait_for_held()` says when the call it waits for is there).
+`on_change(listener)` calls the listener (from the server's thread) after every call that changed what a
+person would see; `version` counts them.
 
 Messages are held to Slack's limits: more than 50 blocks, or a section's text over 3,000 characters, is
 `invalid_blocks` (with Slack's `[ERROR] …` lines); `markdown_text` with `text` or `blocks` is
@@ -180,10 +182,17 @@ class SlackEmulator(ThreadedAiohttpServer):
     def url(self) -> str:
         return f"{self.base}/api/"
 
+    @property
+    def methods(self) -> list[str]:
+        """The Web API methods it answers (`fail` or `rate_limit` each to take Slack away)."""
+        return sorted(self._methods)
+
     # -- seeding and inspection -----------------------------------------------------------------------------
 
     def reset(self) -> None:
-        """Forget all state and recorded calls; re-seed the bot user."""
+        """Forget all state and recorded calls; re-seed the bot user. Held calls go through."""
+        for method in list(getattr(self, "_holds", {})):
+            self.release(method)
         with self._lock:
             self.calls: list[SlackCall] = []
             self.users: dict[str, dict[str, Any]] = {}
@@ -198,6 +207,8 @@ class SlackEmulator(ThreadedAiohttpServer):
             self.responses: list[dict[str, Any]] = []
             self._answering: dict[str, tuple[str, str]] = {}  # response_url → (person, channel)
             self._injected: dict[str, list[_Injected]] = {}
+            self._holds: dict[str, asyncio.Event] = {}
+            self._waiting: dict[str, int] = {}  # calls held now, by method
             self._last_ts_us = 0
             self._ids = itertools.count(1)
             self._tickets: set[str] = set()
@@ -339,6 +350,42 @@ class SlackEmulator(ThreadedAiohttpServer):
         with self._lock:
             self._injected.setdefault(method, []).append(_Injected(times, retry_after=retry_after))
 
+    def hold(self, method: str) -> None:
+        """Keep every call of `method` waiting, unanswered and not carried out, until `release(method)`: as if it
+        were still on its way to Slack. A call whose caller is gone by then (its connection closed: a process
+        killed while it waited) is dropped, never carried out, as a request that never reached Slack."""
+        with self._lock:
+            self._holds.setdefault(method, asyncio.Event())
+
+    def release(self, method: str) -> None:
+        """Let the held calls of `method` through (those whose caller is still there), and the next ones."""
+        with self._lock:
+            event = self._holds.pop(method, None)
+        if event is not None and self._loop is not None:
+            self._loop.call_soon_threadsafe(event.set)
+
+    def wait_for_held(self, method: str, count: int = 1, timeout: float = 10) -> None:
+        """Until `count` calls of `method` are held."""
+        with self._changed:
+            if not self._changed.wait_for(lambda: self._waiting.get(method, 0) >= count, timeout):
+                raise TimeoutError(f"{self._waiting.get(method, 0)} call(s) of {method} held, not {count}")
+
+    async def _held(self, method: str, request: web.Request) -> bool:
+        """Wait while `method` is held; False when the caller went away meanwhile."""
+        with self._changed:
+            event = self._holds.get(method)
+            if event is None:
+                return True
+            self._waiting[method] = self._waiting.get(method, 0) + 1
+            self._changed.notify_all()
+        try:
+            await event.wait()
+        finally:
+            with self._changed:
+                self._waiting[method] -= 1
+                self._changed.notify_all()
+        return request.transport is not None and not request.transport.is_closing()
+
     def response_url(self, user: str | None = None, channel: str | None = None) -> str:
         """A response_url on this emulator; what the bot POSTs there lands in `responses`. Given the person and
         the channel it answers (as Slack knows them), an answer is also shown as Slack shows it: an ephemeral
@@ -384,6 +431,8 @@ class SlackEmulator(ThreadedAiohttpServer):
             params = await _read_params(request)
         except ValueError:
             params = None
+        if not await self._held(method, request):
+            return web.Response(status=503, text="the caller went away")  # nobody reads it
         call = SlackCall(method, params or {}, dict(request.headers), time.time())
         with self._lock:
             self.calls.append(call)
@@ -508,6 +557,15 @@ class SlackEmulator(ThreadedAiohttpServer):
         self._payloads.slash_command(command, text, user=user, channel=channel)
         return self.push("slash_commands", self._payloads.last_payload)
 
+    def push_raw(self, text: str, timeout: float = 10) -> None:
+        """Send `text` as it is on the newest connection: what Slack never sends (not JSON, not an envelope)."""
+        with self._changed:
+            if not self._changed.wait_for(lambda: self._sockets, timeout):
+                raise TimeoutError(f"no Socket Mode connection within {timeout}s")
+            ws = self._sockets[-1]
+        assert self._loop is not None
+        asyncio.run_coroutine_threadsafe(ws.send_str(text), self._loop).result(timeout)
+
     def disconnect(self, reason: str = "refresh_requested", timeout: float = 10) -> None:
         """Tell the newest connection to go away; slack_sdk's clients then open a new one (apps.connections.open
         again). Slack keeps the old socket open for a while, so the emulator leaves closing it to the client."""
@@ -540,12 +598,7 @@ class SlackEmulator(ThreadedAiohttpServer):
             return len(self._sockets)
 
     def _send_socket(self, message: dict[str, Any], timeout: float) -> None:
-        with self._changed:
-            if not self._changed.wait_for(lambda: self._sockets, timeout):
-                raise TimeoutError(f"no Socket Mode connection within {timeout}s")
-            ws = self._sockets[-1]
-        assert self._loop is not None
-        asyncio.run_coroutine_threadsafe(ws.send_str(json.dumps(message)), self._loop).result(timeout)
+        self.push_raw(json.dumps(message), timeout)
 
     def _connections_open(self, params: Params) -> dict[str, Any]:
         ticket = str(uuid.uuid4())

@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import socket
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -147,6 +149,30 @@ def test_rate_limit_without_retry_handler_surfaces_429(client: WebClient, slack:
         client.reactions_add(channel="C0TEST", timestamp="1.000001", name="eyes")
     assert caught.value.response.status_code == 429
     assert caught.value.response.headers["Retry-After"] == "7"
+
+
+def test_a_held_method_waits_for_its_release_and_drops_a_caller_that_went_away(
+    client: WebClient, slack: SlackEmulator
+) -> None:
+    slack.hold("chat.postMessage")
+    with ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(client.chat_postMessage, channel="C0TEST", text="kept")
+        slack.wait_for_held("chat.postMessage")
+        assert not waiting.done() and not slack.messages("C0TEST")
+        # Another caller, gone before the release: its post never reaches the channel.
+        form = b"channel=C0TEST&text=dropped"
+        request = (
+            f"POST /api/chat.postMessage HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {slack.bot_token}\r\n"
+            f"Content-Type: application/x-www-form-urlencoded\r\nContent-Length: {len(form)}\r\n\r\n"
+        )
+        with socket.create_connection(("127.0.0.1", slack.port)) as gone:
+            gone.sendall(request.encode() + form)
+            slack.wait_for_held("chat.postMessage", 2)
+        slack.release("chat.postMessage")
+        assert waiting.result(timeout=10)["ok"] is True
+    time.sleep(0.3)  # the dropped call's handler has run
+    assert [m["text"] for m in slack.messages("C0TEST")] == ["kept"]
+    assert len(slack.calls_to("chat.postMessage")) == 1
 
 
 def test_files_upload_v2_lands_in_the_thread(client: WebClient, slack: SlackEmulator) -> None:

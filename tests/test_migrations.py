@@ -14,9 +14,9 @@ from chatops.schema import Base
 
 TABLES = {
     *("sessions", "session_events", "inbox", "tool_calls", "approvals", "errors", "slack_events"),
-    *("job_runs", "job_states", "scheduler_leases"),
+    *("job_runs", "job_states", "scheduler_leases", "slack_requests", "assistant_contexts"),
 }
-HEAD = "0004"
+HEAD = "0006"
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -145,7 +145,8 @@ def test_check_constraints_agree_with_the_models(sqlite_url: str) -> None:
     one-line change, by design) would pass it and fail in production. SQLite keeps the text as written."""
     db.migrate(sqlite_url)
     assert _database_checks(sqlite_url) == _model_checks(Base.metadata)
-    assert len(_model_checks(Base.metadata)) == 6  # the states of sessions, calls, approvals, job runs (+ trigger)
+    # the states of sessions, calls, approvals, job runs (+ trigger), and the kinds and states of Slack requests
+    assert len(_model_checks(Base.metadata)) == 8
 
     drifted = MetaData(naming_convention=Base.metadata.naming_convention)
     for table in Base.metadata.sorted_tables:

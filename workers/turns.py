@@ -41,6 +41,7 @@ from chatops.inbox import (
 )
 from chatops.jobs import forget_unrun
 from chatops.reload import ConfigFile
+from chatops.requests import forget_finished
 from chatops.schema import ApprovalState, InboxCommand, Session, SessionKind, SessionStatus, utcnow
 from chatops.secrets import describe_error, scrub, secrets_of
 from chatops.store import (
@@ -652,6 +653,7 @@ def housekeep() -> list[str]:
     if time.monotonic() - _forgot[0] > FORGET_EVERY_S:  # a scan of job_runs: hourly is enough
         _forgot[0] = time.monotonic()
         forget_unrun(engine, utcnow())
+        forget_finished(engine, utcnow())
     gone = expire_approvals(engine)
     for row in gone:
         metrics.waited(row, "expired")
