@@ -103,19 +103,20 @@ def test_a_rejection_tells_the_model_in_the_reference_s_words(gated) -> None:
     assert f"Rejected by <@{ALICE}>" in shown(threads, message)
 
 
+def write_then_fix(request: dict[str, Any]) -> Reply:
+    """The scripted model: write notes.txt with a typo, fix it with an edit, then say what the edit returned."""
+    done = [m for m in request["messages"] if m["role"] == "tool"]
+    if len(done) == 0:
+        return Reply(tool_calls=[ModelCall("write_file", {"path": "notes.txt", "content": "hello wrold\n"})])
+    if len(done) == 1:
+        edit = {"path": "notes.txt", "edits": [{"old": "wrold", "new": "world"}]}
+        return Reply(tool_calls=[ModelCall("edit_file", edit)])
+    return Reply(text=f"done: {done[-1]['content']}")
+
+
 def test_an_edit_shows_its_diff_and_writes_only_once_approved(gated) -> None:
     threads, sender = gated
-
-    def edits(request: dict[str, Any]) -> Reply:
-        done = [m for m in request["messages"] if m["role"] == "tool"]
-        if len(done) == 0:
-            return Reply(tool_calls=[ModelCall("write_file", {"path": "notes.txt", "content": "hello wrold\n"})])
-        if len(done) == 1:
-            edit = {"path": "notes.txt", "edits": [{"old": "wrold", "new": "world"}]}
-            return Reply(tool_calls=[ModelCall("edit_file", edit)])
-        return Reply(text="fixed")
-
-    threads.model.always(edits)
+    threads.model.always(write_then_fix)
     posted = threads.post("write it, then fix it", user=ALICE)
     target = threads.workspace(posted.session_id) / "notes.txt"
     write = waiting_message(threads, posted.thread_ts)
@@ -393,17 +394,7 @@ def test_invisible_characters_show_as_escapes_everywhere_and_run_as_they_are(gat
 
 def test_an_edit_whose_file_changed_between_approval_and_resume_writes_nothing(gated) -> None:
     threads, sender = gated
-
-    def edits(request: dict[str, Any]) -> Reply:
-        done = [m for m in request["messages"] if m["role"] == "tool"]
-        if len(done) == 0:
-            return Reply(tool_calls=[ModelCall("write_file", {"path": "notes.txt", "content": "hello wrold\n"})])
-        if len(done) == 1:
-            edit = {"path": "notes.txt", "edits": [{"old": "wrold", "new": "world"}]}
-            return Reply(tool_calls=[ModelCall("edit_file", edit)])
-        return Reply(text=f"done: {done[-1]['content']}")
-
-    threads.model.always(edits)
+    threads.model.always(write_then_fix)
     posted = threads.post("write it, then fix it", user=ALICE)
     target = threads.workspace(posted.session_id) / "notes.txt"
     write = waiting_message(threads, posted.thread_ts)
