@@ -99,9 +99,11 @@ def layout(row: ApprovalRow, secrets: Sequence[str] = ()) -> Layout:
     what = display.WHAT.get(row.tool, "text")
     text = "\n".join(prompt.details)
     line = f"{display.PROMPT_ICON} {mrkdwn(prompt.line.text)}"
-    code, cut = code_sections(prompt.details, mrkdwn)
-    if not cut and len(code) <= INLINE_SECTIONS:
-        return Layout(line, prompt.invisible, code, None, [], text, what)
+    # Whether it fits is decided on the text as it is, not as masked (masking only shortens it): the worker, the
+    # bot and App Home, each with its own secrets, must agree on whether a call needs its file to be approved.
+    fits, cut = code_sections(prompt.details, lambda piece: mrkdwn_of(piece, ()))
+    if not cut and len(fits) <= INLINE_SECTIONS:
+        return Layout(line, prompt.invisible, code_sections(prompt.details, mrkdwn)[0], None, [], text, what)
     # Cut after the secrets are masked: a cut through a secret would show the part of it before the cut.
     masked = scrub(text, list(secrets))
     head, tail, head_code, tail_code = _head_and_tail(masked, mrkdwn)
