@@ -24,6 +24,7 @@ HIDDEN = [
 def test_every_invisible_code_point_becomes_an_escape_and_nothing_else_changes() -> None:
     categories = {unicodedata.category(c) for c in HIDDEN}
     assert categories == {"Cf", "Cc", "Cs", "Zl", "Zp"}
+    assert {ord(c) >> 16 for c in HIDDEN} <= set(display.PLANES)  # where visible looks for them
     for char in HIDDEN:
         point = ord(char)
         expected = f"\\u{point:04x}" if point <= 0xFFFF else f"\\U{point:08x}"
