@@ -28,9 +28,9 @@ from bot.authorize import Approvers
 from chatops.buttons import Action, BadButton, ButtonValue
 from chatops.inbox import request_stop
 from chatops.queries import writers
-from chatops.schema import ApprovalState, Session
-from chatops.store import ApprovalRow, approvals_of, decide_approval, get_approval, set_yolo
-from workers.approval_message import NO_APPROVERS, approval_blocks, when
+from chatops.schema import ApprovalState, Session, SessionKind
+from chatops.store import ApprovalRow, approvals_of, decide_approval, get_approval
+from workers.approval_message import NO_APPROVERS, approvable, approval_blocks, layout, requesters, when
 from workers.metrics import waited
 
 log = logging.getLogger("mm.bot.approvals")
@@ -40,8 +40,12 @@ NOT_FOUND = "This call is no longer known (its session was removed), so nothing 
 DECIDED = "This call was already {state} by <@{by}> {at}: your click changed nothing."
 EXPIRED = "This call is no longer waiting (it expired, or the turn was stopped) {at}: your click changed nothing."
 ALL_APPROVED = (
-    "✅ <@{user}> approved all calls in this thread: until the session ends I run commands and edits without "
-    "asking. `@mm yolo off` asks again."
+    "✅ <@{user}> approved every call {requesters} asks for in this thread: I run them without asking. A request "
+    "from anyone else asks again; `@mm yolo off` or `@mm new` ends this."
+)
+NOT_SHOWN = (
+    "This call's full {what} could not be shown {where}, so it cannot be approved there: nothing was changed. "
+    "Reject it, or ask for it again."
 )
 NOTHING_TO_STOP = "Nothing is running in this thread."
 PUSH_UNAVAILABLE = "Pushing is not available here."
@@ -84,6 +88,7 @@ class _Session:
     id: str
     channel_id: str | None
     thread_ts: str | None
+    job_run: bool = False  # a job's run: an "Approve all" there covers the run's prompt, which nobody wrote
 
 
 class ClickHandler:
@@ -115,6 +120,10 @@ class ClickHandler:
             return _already(row)
         channel = session.channel_id or ""
         approve = click.action != Action.REJECT
+        if approve and not approvable(row, in_home=click.channel is None):
+            # The button is not offered there (approval_message): a click that says otherwise changes nothing.
+            where = "in App Home" if click.channel is None else "in this thread"
+            return NOT_SHOWN.format(what=layout(row).what, where=where)
         check = self.approvers.may_approve if approve else self.approvers.may_reject
         refusal = await check(client, channel, click.user, row.requested_by)
         if refusal is not None:
@@ -129,11 +138,13 @@ class ClickHandler:
         waited(row, "approved" if approve else "rejected")
         decided = [row.call_id]
         if everything:
-            decided += await asyncio.to_thread(self._approve_the_rest, session.id, click.user)
+            decided += await asyncio.to_thread(self._approve_the_rest, row, click.user)
         for call_id in decided:
-            await self._show(client, channel, call_id)
+            await self._show(client, channel, call_id, session.job_run)
         if everything:
-            await _say(client, channel, session.thread_ts, ALL_APPROVED.format(user=click.user))
+            whose = requesters(None if session.job_run else row.requested_by)
+            said = ALL_APPROVED.format(user=click.user, requesters=whose)
+            await _say(client, channel, session.thread_ts, said)
         if not await asyncio.to_thread(self._still_waiting, session.id):
             await self._enqueue(session.id)
         return None
@@ -143,17 +154,22 @@ class ClickHandler:
     def _session(self, session_id: str) -> _Session | None:
         with self.engine.connect() as conn:
             row = conn.execute(
-                select(Session.id, Session.channel_id, Session.thread_ts).where(Session.id == session_id)
+                select(Session.id, Session.channel_id, Session.thread_ts, Session.kind).where(Session.id == session_id)
             ).first()
-        return _Session(row.id, row.channel_id, row.thread_ts) if row else None
+        return _Session(row.id, row.channel_id, row.thread_ts, row.kind == SessionKind.JOB) if row else None
 
-    def _approve_the_rest(self, session_id: str, user: str) -> list[str]:
-        """Approve all: the session runs without asking from now on, and its other waiting calls are approved."""
-        set_yolo(self.engine, session_id, True)
+    def _approve_the_rest(self, clicked: ApprovalRow, user: str) -> list[str]:
+        """Approve all: the other waiting calls of the same requesters are approved too, those whose whole text
+        the thread shows (the others wait for a decision of their own). Their later calls run without asking:
+        the worker hands the decision to the log, where mm_core.state derives whom it covers; the session's own
+        yolo is `yolo on|off`'s alone."""
         rest = [
             row
-            for row in approvals_of(self.engine, session_id)
-            if row.state == ApprovalState.PENDING and decide_approval(self.engine, row.call_id, True, user)
+            for row in approvals_of(self.engine, clicked.session_id)
+            if row.state == ApprovalState.PENDING
+            and row.requested_by == clicked.requested_by
+            and approvable(row)
+            and decide_approval(self.engine, row.call_id, True, user)
         ]
         for row in rest:
             waited(row, "approved")
@@ -162,12 +178,12 @@ class ClickHandler:
     def _still_waiting(self, session_id: str) -> bool:
         return any(r.state == ApprovalState.PENDING for r in approvals_of(self.engine, session_id))
 
-    async def _show(self, client: Any, channel: str, call_id: str) -> None:
+    async def _show(self, client: Any, channel: str, call_id: str, job_run: bool = False) -> None:
         """The call's message as it now stands: the decision, who and when, no buttons."""
         row = await asyncio.to_thread(get_approval, self.engine, call_id)
         if row is None or row.message_ts is None:
             return
-        blocks, text = approval_blocks(row, channel, self.secrets)
+        blocks, text = approval_blocks(row, channel, self.secrets, job_run=job_run)
         try:
             await client.chat_update(channel=channel, ts=row.message_ts, text=text, blocks=blocks)
         except Exception as e:  # noqa: BLE001 - the decision stands; the message is only its display

@@ -33,7 +33,9 @@ from chatops.queries import latest_session, log_length, pending_approvals, sessi
 from chatops.reload import ConfigFile
 from chatops.repos import RepoRefused, check_repo
 from chatops.schema import InboxCommand, SessionStatus
-from chatops.store import ensure_session, set_repo, set_yolo
+from chatops.store import DbStore, ensure_session, set_repo, set_yolo
+from mm_core.state import SessionState
+from workers.approval_message import line_of, requesters
 from workers.blocks import mrkdwn_of, neutralise
 from workers.workspaces import public_url
 
@@ -278,13 +280,24 @@ class Commands:
             f"*Status:* {state}",
             f"*Repository:* {public_url(repo) if repo else 'none (an empty workspace)'}"
             + (f" (branch `{summary.branch or channel.branch}`)" if summary.branch or channel.branch else ""),
-            f"*Asks before commands and edits:* {'no (yolo)' if yolo else 'yes'}",
+            f"*Asks before commands and edits:* {self._asks(session_id, yolo)}",
             f"*Tokens:* {prompt + completion:,} ({prompt:,} prompt, {completion:,} completion)",
         ]
         if waiting:
-            titles = ", ".join(mrkdwn_of(p.row.title or p.row.tool, self.secrets) for p in waiting)
+            titles = ", ".join(mrkdwn_of(line_of(p.row), self.secrets) for p in waiting)
             lines.append(f"*Waiting for a decision:* {titles[:1000]}")
         return "\n".join(lines)
+
+    def _asks(self, session_id: str, yolo: bool | None) -> str:
+        """Whether the thread asks before gated calls: `yolo` (the thread's switch, else the channel's) for
+        everyone, and the requesters an approver's "Approve all" covers (read from the log, as the worker does)."""
+        if yolo:
+            return "no (yolo)"
+        granted = SessionState.of(DbStore(self.engine).load(session_id)).grants()
+        if not granted:
+            return "yes"
+        people = ",".join(sorted(p for p in granted if p)) or None
+        return f"yes, but not for {requesters(people)} (an approver approved all their calls)"
 
     # -- /mm ----------------------------------------------------------------------------------------------------
 

@@ -1,6 +1,7 @@
 """App Home: a person's recent sessions, with their status and a link to each thread, the calls waiting for a
-decision that this person may give, with the same buttons and the same checks as in the thread, and the
-scheduled jobs (as `/mm jobs` lists them).
+decision that this person may give, with the same buttons and the same checks as in the thread (but Approve on
+a call whose whole text the page cannot hold: the thread has it, and a link goes there), and the scheduled jobs
+(as `/mm jobs` lists them).
 
 Published when the person opens the tab (`app_home_opened`) and again after each of their clicks in it. The
 page is built from the database on each publish: it is a view, never a source of truth.
@@ -83,7 +84,8 @@ class Home:
         return f"{where} · {status} · last active {when(session.updated_at)}"
 
     async def _approval(self, client: Any, pending: PendingApproval) -> list[dict[str, Any]]:
-        blocks, _text = approval_blocks(pending.row, pending.channel_id, self.secrets)
+        # A call whose whole text the page cannot hold is shown without Approve: the thread has it (its file).
+        blocks, _text = approval_blocks(pending.row, pending.channel_id, self.secrets, in_home=True)
         link = await self._link(client, pending.channel_id, pending.thread_ts)
         where = f"<{link}|In a thread of <#{pending.channel_id}>>" if link else f"In <#{pending.channel_id}>"
         return [_context(where), *blocks]

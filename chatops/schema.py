@@ -172,7 +172,8 @@ class Session(Base):
     agent_name: Mapped[str | None] = mapped_column(String(100))
     agent_config: Mapped[dict[str, Any] | None]
     status: Mapped[str] = mapped_column(String(24), default=SessionStatus.IDLE)
-    # None: the channel's (or the config's) yolo; "Approve all in this thread" sets it to True.
+    # None: the channel's (or the config's) yolo; `yolo on|off` sets it (an approver's switch for everyone).
+    # "Approve all" does not: it covers its requesters only, and lives in the log (mm_core.state).
     yolo: Mapped[bool | None] = mapped_column(Boolean)
     # The thread's repository, when the `repo` command overrode the channel's (None: the channel's).
     repo: Mapped[str | None] = mapped_column(Text)
@@ -267,14 +268,23 @@ class Approval(Base):
     call_id: Mapped[str] = mapped_column(String(200), primary_key=True)
     session_id: Mapped[str] = mapped_column(ForeignKey("sessions.id", ondelete="CASCADE"), index=True)
     tool: Mapped[str] = mapped_column(String(100))
-    # The call's line as the thread shows it (`🛠️ bash: make test`), for the message's update after a decision.
+    # The call's line as recorded, whole and unescaped (`🛠️ bash: make test`): the message shows its head, escaped.
     title: Mapped[str | None] = mapped_column(Text)
     arguments: Mapped[str | None] = mapped_column(Text)
+    # The whole text a person judges the call by (the command, the diff), unescaped: the message shows it inline,
+    # or its head and tail with the whole of it in an uploaded file.
     preview: Mapped[str | None] = mapped_column(Text)
+    # mm_core.log.shown_digest of what the person is shown: the decision carries it back, and the call runs only
+    # while it would still show exactly that. None (a row older than it): an approval runs nothing.
+    shown: Mapped[str | None] = mapped_column(String(64))
+    # The Slack file holding the whole text, when the message cannot (workers/approval_message.py): without it
+    # such a call cannot be approved.
+    text_file: Mapped[str | None] = mapped_column(String(64))
     # Who asked: the author of the turn's message, or the authors (comma-separated) of the messages it took.
     requested_by: Mapped[str | None] = mapped_column(Text)
     state: Mapped[str] = mapped_column(String(16), default=ApprovalState.PENDING)
-    # "Approve all in this thread": the session runs its calls without asking from this decision on.
+    # "Approve all": every further call of the same requesters runs without asking (the worker records it in the
+    # log with the decision; mm_core.state derives who it covers).
     approve_all: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     decided_by: Mapped[str | None] = mapped_column(String(64))
     decided_at: Mapped[datetime | None]

@@ -476,6 +476,8 @@ class ApprovalRow:
     message_ts: str | None
     approve_all: bool = False
     created_at: datetime | None = None
+    shown: str | None = None  # the digest of what the person is shown (mm_core.log.shown_digest)
+    text_file: str | None = None  # the uploaded file holding the whole text, when the message cannot
 
 
 APPROVAL_COLUMNS = [getattr(Approval, f) for f in ApprovalRow.__dataclass_fields__]
@@ -496,10 +498,12 @@ def request_approval(
     arguments: str | None = None,
     preview: str | None = None,
     requested_by: str | None = None,
+    shown: str | None = None,
     timeout_s: float | None = None,
     now: datetime | None = None,
 ) -> ApprovalRow:
-    """Record a pending approval; asking again for the same call (a resumed turn) returns the existing row."""
+    """Record a pending approval; asking again for the same call (a resumed turn) returns the existing row, as it
+    was first shown."""
     now = now or utcnow()
     try:
         with engine.begin() as conn:
@@ -515,6 +519,7 @@ def request_approval(
                         preview=preview,
                         requested_by=requested_by,
                     ),
+                    shown=shown,
                     state=ApprovalState.PENDING,
                     expires_at=now + timedelta(seconds=timeout_s) if timeout_s is not None else None,
                     created_at=now,
@@ -546,7 +551,8 @@ def approvals_of(engine: Engine, session_id: str) -> list[ApprovalRow]:
 
 
 def set_yolo(engine: Engine, session_id: str, on: bool | None) -> None:
-    """The session's own yolo (approve-all, `yolo on|off`): the next turn's setting, over the channel's."""
+    """The session's own yolo (`yolo on|off`, an approver's switch for everyone): the next turn's setting, over
+    the channel's."""
     with engine.begin() as conn:
         conn.execute(update(Session).where(Session.id == session_id).values(yolo=on, updated_at=utcnow()))
 
@@ -555,6 +561,12 @@ def set_repo(engine: Engine, session_id: str, repo: str, branch: str | None) -> 
     """The thread's own repository (`repo`), over the channel's: set before its first turn."""
     with engine.begin() as conn:
         conn.execute(update(Session).where(Session.id == session_id).values(repo=repo, branch=branch))
+
+
+def set_approval_file(engine: Engine, call_id: str, file_id: str) -> None:
+    """Remember the uploaded file that holds the call's whole text (its message shows only a head and a tail)."""
+    with engine.begin() as conn:
+        conn.execute(update(Approval).where(Approval.call_id == call_id).values(text_file=file_id))
 
 
 def set_approval_message(engine: Engine, call_id: str, message_ts: str) -> None:
@@ -567,7 +579,8 @@ def decide_approval(
     engine: Engine, call_id: str, approved: bool, by: str, now: datetime | None = None, *, approve_all: bool = False
 ) -> bool:
     """Approve or reject; True only for the one decision that won (pending and not yet expired). `approve_all`:
-    the approval also switches the session to yolo (the worker records it in the log with the decision)."""
+    the approval also covers every further call of the same requesters (the worker records it in the log with
+    the decision, where mm_core.state derives whom it covers)."""
     now = now or utcnow()
     with engine.begin() as conn:
         result = conn.execute(

@@ -57,7 +57,10 @@ class Renderer:
             return  # no spinner in a log-like line mode; the prompt is asked by `ask`
         self.newline()
         if isinstance(event, ToolCallStarted):
-            self.write(self.line(display.call_line(event)) + "\n")
+            line = display.call_line(event)
+            self.write(self.line(line) + "\n")
+            if line.invisible:
+                self.write(self.dim("   " + display.INVISIBLE_NOTE) + "\n")
         elif isinstance(event, ToolCallFinished):
             for line in display.result_lines(event):
                 self.write(self.dim("   " + line) + "\n")
@@ -95,6 +98,8 @@ def ask(event: PermissionRequested, out: TextIO, read: Callable[[str], str] = in
     for call in event.calls:
         shown = display.prompt(call)
         out.write(f"{display.PROMPT_ICON} {shown.line.text}\n")
+        if shown.invisible:
+            out.write(f"   {display.INVISIBLE_NOTE}\n")
         if shown.details:
             out.write("\n".join("   " + line for line in shown.details) + "\n")
         try:
@@ -103,7 +108,9 @@ def ask(event: PermissionRequested, out: TextIO, read: Callable[[str], str] = in
             answer = "n"
             out.write("\n")
         approve_all = answer in ("a", "all")
-        decisions.append(Decision(call.call_id, approve_all or answer in ("y", "yes"), "terminal", approve_all))
+        approved = approve_all or answer in ("y", "yes")
+        # Bound to what was shown: the call runs only if it would still show exactly that.
+        decisions.append(Decision(call.call_id, approved, "terminal", approve_all, call.shown))
         if approve_all:
             break
     return decisions

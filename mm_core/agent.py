@@ -49,6 +49,7 @@ from mm_core.log import (
     ToolSuspended,
     TurnEnded,
     UserMessage,
+    shown_digest,
 )
 from mm_core.loopdetect import STOP_AT, LoopDetector, stop_text
 from mm_core.model import ModelClient, ModelError
@@ -71,6 +72,12 @@ TOO_MANY_CALLS = (
     "[error: not run — the answer asked for {asked} tool calls and at most {cap} of one answer are carried "
     "out: the first {cap} were taken up, this one was not — ask for it again in a later answer if it is "
     "still needed]"
+)
+# An approved call that would now do something else than the person was shown (its file changed since, or the
+# decision was for another version of it): it does not run, and a new call asks again.
+CHANGED = (
+    "[error: not run — what this call would do changed after it was approved (its preview is no longer the one "
+    "the approver saw): make the call again to ask for a new approval]"
 )
 # `ask <agent> <prompt>`: the person's request as the model reads it, before the ask_agent call made for it.
 ASK_REQUEST = "Ask the agent {agent}: {prompt}"
@@ -278,7 +285,9 @@ class Agent:
         self.emit(CallsDropped(len(last.tool_calls), cap, self.name))
 
     async def _run_calls(self, state: SessionState) -> list[PendingCall]:
-        """Run the pending calls in order; return the ones that wait for a person, if any."""
+        """Run the pending calls in order; return the ones that wait for a person, if any. A gated call a person
+        decided follows the decision, whatever the yolo: rejected, it does not run; approved, it runs only if it
+        would still show what they approved (a yolo given since does not bless another version of it)."""
         decisions, started = state.decisions(), state.started()
         yolo = self._yolo(state)
         detector = state.loop_detector()
@@ -292,14 +301,16 @@ class Agent:
             if tool is None or problem:
                 self._result(call, problem or "", CallStatus.ERROR)
                 continue
-            if not yolo and tool.needs_approval(args):
-                decision = decisions.get(call.id)
+            decision = decisions.get(call.id)
+            if tool.needs_approval(args) and (decision is not None or not yolo):
                 if decision is None and not self.oneshot:
                     return await self._waiting(pending[i:], decisions)
                 if decision is None or not decision.approved:
                     self._result(call, tool.refusal(args), CallStatus.REJECTED)
                     continue
-                yolo = yolo or decision.all
+                if decision.shown is not None and decision.shown != await self._shown(call, tool, args):
+                    self._result(call, CHANGED, CallStatus.ERROR)
+                    continue
             try:
                 await self._execute(call, tool, args, detector)
             except SuspendTurn as suspended:  # an asked agent waits for approvals of its own
@@ -308,7 +319,11 @@ class Agent:
         return []
 
     def _yolo(self, state: SessionState) -> bool:
-        chosen = state.yolo()  # a person's approve-all or `yolo on|off` outranks the config
+        """Whether the turn's gated calls run without asking: an approver's "Approve all" covers everyone who
+        asked for this turn, else `yolo on|off` said in the conversation, else the config."""
+        if state.granted():
+            return True
+        chosen = state.yolo()
         return self.config.yolo if chosen is None else chosen
 
     def _context(self, call: ToolCallRequest, tool: Tool) -> ToolContext:
@@ -379,13 +394,23 @@ class Agent:
             args, problem = _parse(call, tool, list(self.tools))
             if tool is None or problem or call.id in decisions or not tool.needs_approval(args):
                 continue
-            ctx = ToolContext(self.workspace, self.config, call.id, self.resources, self.emit, self.depth, self.name)
-            try:
-                preview = await tool.preview(args, ctx)
-            except Exception as e:  # noqa: BLE001 - a person still decides, with what we could show
-                preview = f"{tool.title(args)}\n(preview failed: {e})"
-            waiting.append(PendingCall(call.id, call.name, args, tool.emoji, tool.title(args), preview, self.name))
+            preview = await self._preview(call, tool, args)
+            shown = shown_digest(call.name, args, preview)
+            title = tool.title(args)
+            waiting.append(PendingCall(call.id, call.name, args, tool.emoji, title, preview, self.name, shown))
         return waiting
+
+    async def _preview(self, call: ToolCallRequest, tool: Tool, args: dict[str, Any]) -> str:
+        """What a person judges the call by, computed now without writing anything (Tool.preview)."""
+        ctx = ToolContext(self.workspace, self.config, call.id, self.resources, self.emit, self.depth, self.name)
+        try:
+            return await tool.preview(args, ctx)
+        except Exception as e:  # noqa: BLE001 - a person still decides, with what we could show
+            return f"{tool.title(args)}\n(preview failed: {e})"
+
+    async def _shown(self, call: ToolCallRequest, tool: Tool, args: dict[str, Any]) -> str:
+        """The digest of what a person would be shown of the call now, to compare with the one they approved."""
+        return shown_digest(call.name, args, await self._preview(call, tool, args))
 
     # -- endings ----------------------------------------------------------------------------------
     def _suspend(self, waiting: list[PendingCall]) -> TurnFinished:

@@ -60,6 +60,9 @@ class PendingCall:
     # What a person judges: the command, or the diff the edit would make.
     preview: str
     agent: str | None = None
+    # The digest of what the person is shown (mm_core.log.shown_digest): the Decision hands it back, and the call
+    # runs only if it would still show exactly that.
+    shown: str = ""
 
 
 @dataclass(frozen=True)

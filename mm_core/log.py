@@ -8,6 +8,7 @@ and has no result was interrupted. That is how a turn survives a suspension, a r
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import threading
@@ -110,9 +111,22 @@ class Decision:
     call_id: str
     approved: bool
     by: str | None = None
-    # "Approve all for this session": the session switches to yolo from here on.
+    # "Approve all": every further call of the people who asked for this turn runs without asking, in this turn
+    # and their later ones (SessionState.granted); a turn someone else asked for asks again.
     all: bool = False
+    # What the person was shown of the call (shown_digest of its tool, arguments and preview, as PendingCall.shown
+    # carried it): an approved call runs only while it would still show exactly that. None: the front end
+    # vouches for it itself (a library caller deciding on the spot); the service always binds its decisions.
+    shown: str | None = None
     kind: str = "approval"
+
+
+def shown_digest(tool: str, arguments: dict[str, Any], preview: str) -> str:
+    """The fingerprint of a gated call as a person is shown it: its tool, the arguments it runs with (as parsed:
+    what the tool gets) and its preview (the command, the diff it would make now). Two calls that would show or
+    do anything different have different digests."""
+    shown = json.dumps([tool, arguments, preview], sort_keys=True, ensure_ascii=True, separators=(",", ":"))
+    return hashlib.sha256(shown.encode("ascii")).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -138,8 +152,8 @@ class TurnEnded:
 
 @dataclass(frozen=True)
 class YoloSet:
-    """`yolo on|off` from a person allowed to: gated calls run without asking (on), or ask again (off), from the
-    next call on. "Approve all" (a Decision with `all`) is the same as on."""
+    """`yolo on|off` from a person allowed to: gated calls run without asking (on), whoever asked for them, or ask
+    again (off), from the next call on. Off also ends every "Approve all" given before it."""
 
     on: bool
     by: str | None = None
@@ -148,7 +162,8 @@ class YoloSet:
 
 @dataclass(frozen=True)
 class Reset:
-    """`new`: the conversation starts again from here; the loop detector forgets."""
+    """`new`: the conversation starts again from here; the loop detector forgets, and so does every "Approve all"
+    given before it."""
 
     kind: str = "reset"
 

@@ -3,6 +3,9 @@
 - The conversation starts after the last Reset (`new`).
 - The turn in progress is the span after the last TurnEnded that begins with a user message.
 - A tool call with no result is pending; one with a ToolStarted and no result was interrupted.
+- Who asked for the turn (its requesters) are the authors of its user messages. "Approve all" (a Decision with
+  `all`) grants them: their later turns run without asking, until `yolo off` or `new`; a turn that anyone else
+  asked for too asks again. `yolo on|off` is the switch for everyone.
 
 The loop asks these questions at every step and the log only grows, so the answers are kept up to date as
 entries are appended (`append`) rather than found again by scanning the whole log: a step then costs the same
@@ -50,7 +53,8 @@ class SessionState:
         self._results: dict[str, ToolResult] = {}
         self._started: set[str] = set()
         self._decisions: dict[str, Decision] = {}
-        self._yolo: bool | None = None  # set by approve-all or `yolo on|off`; None: the config's
+        self._yolo: bool | None = None  # set by `yolo on|off`; None: the config's
+        self._grants: set[str | None] = set()  # the requesters an approver's "Approve all" covers
         self._nested: dict[str, list[dict[str, Any]]] = {}  # an asked agent's entries, by scope (its call id)
         self._arguments: dict[str, str] = {}  # call id → the arguments the model sent
         # Built on first use, then kept up to date by `append`; None: build it again from the entries.
@@ -71,6 +75,7 @@ class SessionState:
         self._steps = 0
         self._failure: str | None = None
         self._cancelled = False
+        self._requesters: set[str | None] = set()  # the authors of the turn's user messages
         self._results_by_tool: dict[str, int] = {}  # the recap's counters, before they are named
         self._usage = Usage()
 
@@ -84,6 +89,8 @@ class SessionState:
         elif isinstance(entry, UserMessage) and self._turn_start is None:
             self._turn_start = index
         in_turn = self._turn_start is not None
+        if isinstance(entry, UserMessage) and in_turn:
+            self._requesters |= requesters_of(entry.author)
         if isinstance(entry, AssistantMessage):
             for call in entry.tool_calls:
                 if call.id in self._results:  # its result came first: only a replay knows which arguments count
@@ -109,9 +116,11 @@ class SessionState:
         elif isinstance(entry, Decision):
             self._decisions[entry.call_id] = entry
             if entry.all and entry.approved:
-                self._yolo = True
+                self._grants |= self._requesters
         elif isinstance(entry, YoloSet):
             self._yolo = entry.on
+            if not entry.on:
+                self._grants.clear()
         elif isinstance(entry, ErrorRecord):
             if in_turn:
                 self._failure = entry.message
@@ -181,11 +190,23 @@ class SessionState:
         last = self.last_assistant()
         return last is not None and not last.tool_calls and self.entries[-1] is last
 
-    def approve_all(self) -> bool:
-        return self._yolo is True
+    def requesters(self) -> frozenset[str | None]:
+        """Who asked for the turn in progress: the authors of its user messages (None for a message nobody wrote:
+        the terminal's person, a job's prompt). Empty when no turn is open."""
+        return frozenset(self._requesters)
+
+    def grants(self) -> frozenset[str | None]:
+        """The requesters whose calls run without asking: those of the turns an approver approved all of, since
+        the last `yolo off` (or `new`)."""
+        return frozenset(self._grants)
+
+    def granted(self) -> bool:
+        """The turn in progress runs without asking: everyone who asked for it is granted (grants). A turn that
+        someone else asked for too asks again."""
+        return bool(self._requesters) and self._requesters <= self._grants
 
     def yolo(self) -> bool | None:
-        """What a person set for this conversation (approve-all, `yolo on|off`), latest first; None: nothing."""
+        """What `yolo on|off` set for this conversation, the latest; None: nothing (the config decides)."""
         return self._yolo
 
     def counters(self, counter_of: dict[str, str | None]) -> Counters:
@@ -272,6 +293,12 @@ class _Transcript:
         for piece in self.pieces:
             messages += piece
         return messages
+
+
+def requesters_of(author: str | None) -> frozenset[str | None]:
+    """The people a user message is from: the author, or the authors (comma-separated) of the messages a turn
+    took together; None for a message nobody wrote."""
+    return frozenset(author.split(",")) if author else frozenset({None})
 
 
 def assistant_message(e: AssistantMessage) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from agent_support import agent_config, call_ids, make_agent
-from mm_core.agent import TOO_MANY_CALLS, TurnInProgress
+from mm_core.agent import CHANGED, TOO_MANY_CALLS, TurnInProgress
 from mm_core.display import call_line, counters_line, dropped_line
 from mm_core.events import (
     CallsDropped,
@@ -32,6 +32,7 @@ from mm_core.log import (
     ToolResult,
     TurnEnded,
     UserMessage,
+    shown_digest,
 )
 from mm_core.loopdetect import LOOP_DETECTED
 from mm_testkit.fixtures_kit import needs_bwrap_when_root
@@ -289,7 +290,7 @@ def test_two_suspensions_in_one_turn(model_server, tmp_path):
     assert (tmp_path / "f.txt").read_text() == "two\n"
 
 
-def test_approve_all_switches_the_session_to_yolo(model_server, tmp_path):
+def test_approve_all_runs_the_rest_of_the_requester_s_calls(model_server, tmp_path):
     model_server.script(
         Reply(tool_calls=[bash("echo 1", "a")]),
         Reply(tool_calls=[bash("echo 2", "b")]),
@@ -305,6 +306,89 @@ def test_approve_all_switches_the_session_to_yolo(model_server, tmp_path):
     assert run(agent.send("more")).outcome == "answered"
     results = [(e.call_id, e.output) for e in store.load("s1") if isinstance(e, ToolResult)]
     assert results == list(zip(call_ids(store.load("s1")), ["1\n", "2\n", "3\n"], strict=True))
+
+
+def test_approve_all_covers_its_requester_and_not_someone_else_who_replies(model_server, tmp_path):
+    """Issue 21: an approver's "Approve all" on Ada's call runs the rest of Ada's calls, in this turn and her
+    later ones; a turn Linus asked for asks again."""
+    model_server.script(
+        Reply(tool_calls=[bash("echo ada-1", "a")]),
+        Reply(text="first done"),
+        Reply(tool_calls=[bash("echo ada-2", "b")]),
+        Reply(text="second done"),
+        Reply(tool_calls=[bash("touch linus.txt", "c")]),
+        Reply(text="never"),
+    )
+    store = MemoryStore()
+    agent = make_agent(agent_config(model_server.url, yolo=False), store, tmp_path)
+    assert run(agent.send("go", author="U0ADA")).outcome == "suspended"
+    [a] = call_ids(store.load("s1"))
+    assert run(agent.resume([Decision(a, True, "U0GRACE", all=True)])).outcome == "answered"
+    assert run(agent.send("more", author="U0ADA")).outcome == "answered"
+    assert run(agent.send("me too", author="U0LINUS")).outcome == "suspended"
+    assert not (tmp_path / "linus.txt").exists()
+    outputs = [e.output for e in store.load("s1") if isinstance(e, ToolResult)]
+    assert outputs == ["ada-1\n", "ada-2\n"]
+
+
+def test_a_rejected_call_stays_rejected_beside_an_approve_all(model_server, tmp_path):
+    """A call a person decided follows that decision: Approve all on one call does not run another call of the
+    same answer that someone rejected."""
+    model_server.script(
+        Reply(tool_calls=[bash("touch approved.txt", "a"), bash("touch rejected.txt", "b")]),
+        Reply(text="done"),
+    )
+    store = MemoryStore()
+    agent = make_agent(agent_config(model_server.url, yolo=False), store, tmp_path)
+    assert run(agent.send("go", author="U0ADA")).outcome == "suspended"
+    a, b = call_ids(store.load("s1"))
+    decisions = [Decision(b, False, "U0GRACE"), Decision(a, True, "U0GRACE", all=True)]
+    assert run(agent.resume(decisions)).outcome == "answered"
+    assert (tmp_path / "approved.txt").exists() and not (tmp_path / "rejected.txt").exists()
+
+
+def test_an_approved_edit_whose_file_changed_before_it_ran_does_not_run_and_is_asked_again(model_server, tmp_path):
+    """Bound to the exact call: between the approval and the run the file changed (a background job wrote it),
+    so the diff that would be written is not the one approved. Nothing is written, the model is told, and its
+    next call asks again, with the diff as it is now."""
+    edit = {"path": "f.txt", "edits": [{"old": "one", "new": "two"}]}
+    model_server.script(
+        Reply(tool_calls=[ToolCall("edit_file", edit, id="e1")]),
+        Reply(tool_calls=[ToolCall("edit_file", edit, id="e2")]),
+        Reply(text="edited"),
+    )
+    target = tmp_path / "f.txt"
+    target.write_text("one\nkept\n")
+    store = MemoryStore()
+    events: list = []
+    agent = make_agent(agent_config(model_server.url, yolo=False), store, tmp_path, events=events)
+    assert run(agent.send("go")).outcome == "suspended"
+    [asked] = [e for e in events if isinstance(e, PermissionRequested)][-1].calls
+    assert "kept" in asked.preview and asked.shown
+    target.write_text("one\nswapped behind your back\n")
+    assert run(agent.resume([Decision(asked.call_id, True, "U1", shown=asked.shown)])).outcome == "suspended"
+    assert target.read_text() == "one\nswapped behind your back\n"
+    [result] = [e for e in store.load("s1") if isinstance(e, ToolResult)]
+    assert (result.call_id, result.output, result.status) == (asked.call_id, CHANGED, "error")
+    assert [m["content"] for m in model_server.messages(1) if m["role"] == "tool"] == [CHANGED]
+    [again] = [e for e in events if isinstance(e, PermissionRequested)][-1].calls
+    assert again.call_id != asked.call_id and "swapped behind your back" in again.preview
+    assert again.shown != asked.shown
+    assert run(agent.resume([Decision(again.call_id, True, "U1", shown=again.shown)])).outcome == "answered"
+    assert target.read_text() == "two\nswapped behind your back\n"
+
+
+def test_a_decision_for_another_version_of_the_call_runs_nothing(model_server, tmp_path):
+    """A decision whose digest of what was shown is not this call's (stale, or forged) approves nothing."""
+    model_server.script(Reply(tool_calls=[bash("touch made.txt", "a")]), Reply(text="done"))
+    store = MemoryStore()
+    agent = make_agent(agent_config(model_server.url, yolo=False), store, tmp_path)
+    assert run(agent.send("go")).outcome == "suspended"
+    [a] = call_ids(store.load("s1"))
+    harmless = shown_digest("bash", {"command": "echo harmless"}, "echo harmless")
+    assert run(agent.resume([Decision(a, True, "U1", all=True, shown=harmless)])).outcome == "answered"
+    assert not (tmp_path / "made.txt").exists()
+    assert [(e.output, e.status) for e in store.load("s1") if isinstance(e, ToolResult)] == [(CHANGED, "error")]
 
 
 def test_oneshot_rejects_calls_that_would_ask(model_server, tmp_path):

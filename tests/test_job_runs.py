@@ -238,6 +238,24 @@ def test_a_gated_call_in_a_run_waits_for_an_approver_s_button(jobs: Stack) -> No
     assert "approved-in-a-job" in thread and f"Approved by <@{APPROVER}>" in thread
 
 
+def test_approve_all_in_a_run_covers_the_run_s_prompt_and_ends_with_it(jobs: Stack) -> None:
+    """Approve all in a run's thread covers the calls of the run's prompt (nobody wrote it): a reply afterwards,
+    even by the person who ran the job, asks again."""
+    base = jobs.start_bot()
+    run_id = run_now(jobs, "gated")
+    root = jobs.wait(lambda: run_row(jobs, run_id).root_ts, message="the run's thread")
+    prompt = jobs.wait(lambda: approval_messages(jobs, root), message="the approval message")[0]
+    with SlackEventSender(base, SECRET, response_url=jobs.slack.response_url) as sender:
+        click(sender, prompt, "approve_all", APPROVER, root)
+    assert finished(jobs, run_id).status == "succeeded"
+    thread = jobs.thread_text(root)
+    assert f"<@{APPROVER}> approved every call the job's prompt asks for in this thread" in thread
+    assert "and every further call the job's prompt asks for in this thread" in thread
+    jobs.post("run: echo after-the-run", thread_ts=root, user=ALICE)
+    jobs.wait(lambda: len(approval_messages(jobs, root)) == 2, message="the reply's call waits for an approver")
+    assert "after-the-run" not in "".join(m["content"] for m in jobs.model.messages() if m["role"] == "tool")
+
+
 def test_a_run_s_changes_are_pushed_to_a_branch_and_a_failed_push_fails_the_run(jobs: Stack) -> None:
     run = finished(jobs, run_now(jobs, "pusher"))
     bare = jobs.tmp / "origin.git"

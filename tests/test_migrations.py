@@ -7,10 +7,10 @@ import threading
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import CheckConstraint, Column, Integer, MetaData, inspect
+from sqlalchemy import CheckConstraint, Column, Integer, MetaData, insert, inspect, select
 
 from chatops import db
-from chatops.schema import Base
+from chatops.schema import Base, InboxMessage, Session, SessionEvent
 
 TABLES = {
     *("sessions", "session_events", "inbox", "tool_calls", "approvals", "errors", "slack_events"),
@@ -157,3 +157,29 @@ def test_check_constraints_agree_with_the_models(sqlite_url: str) -> None:
                     copy.constraints.remove(c)
             copy.append_constraint(CheckConstraint("status IN ('idle', 'stopped')", name="status"))
     assert _database_checks(sqlite_url) != _model_checks(drifted)
+
+
+def test_0005_takes_back_a_yolo_that_approve_all_set(url: str) -> None:
+    """Before 0005, "Approve all" set the thread's yolo, opening it to anyone (issue 21): the migration keeps a
+    thread's yolo only where `yolo on` set it (its latest `yolo`, waiting in the inbox, else in the log)."""
+    db.migrate(url, "0004")  # the tables written below are as 0004 left them
+    approve_all = {"kind": "approval", "call_id": "c", "approved": True, "all": True}
+    on, off = {"kind": "yolo", "on": True, "by": "U1"}, {"kind": "yolo", "on": False, "by": "U1"}
+    logs = {"approved-all": [approve_all], "yolo-on": [on], "on-off-all": [on, off, approve_all], "waiting": [off]}
+    engine = db.engine_for(url)
+    try:
+        with engine.begin() as conn:
+            for name, entries in logs.items():
+                conn.execute(insert(Session).values(id=name, yolo=True))
+                for seq, payload in enumerate(entries):
+                    conn.execute(
+                        insert(SessionEvent).values(session_id=name, seq=seq, kind=payload["kind"], payload=payload)
+                    )
+            # `yolo on` said, not yet taken by a turn: it is the latest.
+            conn.execute(insert(InboxMessage).values(session_id="waiting", message_ts="1.1", text="on", command="yolo"))
+        db.migrate(url)
+        with engine.connect() as conn:
+            found = dict(conn.execute(select(Session.id, Session.yolo)).all())
+        assert found == {"approved-all": None, "yolo-on": True, "on-off-all": None, "waiting": True}
+    finally:
+        engine.dispose()

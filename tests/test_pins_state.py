@@ -21,6 +21,7 @@ from mm_core.log import (
     ToolSuspended,
     TurnEnded,
     UserMessage,
+    YoloSet,
     to_dict,
 )
 from mm_core.loopdetect import LoopDetector
@@ -135,10 +136,40 @@ def test_the_turn_is_answered_when_the_last_entry_is_an_answer_without_calls() -
 
 
 def test_approve_all_needs_an_approval_for_all() -> None:
-    """Only "approve all" switches the session to yolo: not a single approval, not "reject all"."""
-    assert SessionState([Decision("a", approved=True, all=True)]).approve_all()
-    assert not SessionState([Decision("a", approved=True)]).approve_all()
-    assert not SessionState([Decision("a", approved=False, all=True)]).approve_all()
+    """Only "approve all" grants the turn's requesters: not a single approval, not "reject all"."""
+    turn: list[Entry] = [UserMessage("go", "U1"), ask(("a", "bash"))]
+    assert SessionState([*turn, Decision("a", approved=True, all=True)]).granted()
+    assert not SessionState([*turn, Decision("a", approved=True)]).granted()
+    assert not SessionState([*turn, Decision("a", approved=False, all=True)]).granted()
+    assert not SessionState([Decision("a", approved=True, all=True)]).grants()  # no turn: nobody asked
+
+
+def test_approve_all_covers_its_requesters_turns_and_no_one_else_s() -> None:
+    """Issue 21: "Approve all" is a grant to whoever asked for the turn it was given in. Their later turns run
+    without asking; a turn someone else asked for (alone, or with them) asks again; `yolo off` and `new` end it."""
+    approved: list[Entry] = [
+        UserMessage("go", "U0ADA"),
+        ask(("a", "bash")),
+        Decision("a", approved=True, by="U0GRACE", all=True),
+        done("a"),
+        ask(text="done"),
+        TurnEnded(Outcome.ANSWERED),
+    ]
+    assert SessionState(approved).grants() == {"U0ADA"}
+    assert SessionState([*approved, UserMessage("more", "U0ADA")]).granted()
+    assert not SessionState([*approved, UserMessage("mine", "U0LINUS")]).granted()
+    assert not SessionState([*approved, UserMessage("both", "U0ADA,U0LINUS")]).granted()
+    assert SessionState([*approved, UserMessage("both", "U0ADA,U0LINUS")]).requesters() == {"U0ADA", "U0LINUS"}
+    # `yolo off` takes every grant back; `yolo on` is the switch for everyone, not a grant.
+    off = SessionState([*approved, YoloSet(False, "U0GRACE"), UserMessage("more", "U0ADA")])
+    assert not off.granted() and off.yolo() is False
+    on = SessionState([*approved, YoloSet(True, "U0GRACE"), UserMessage("mine", "U0LINUS")])
+    assert not on.granted() and on.yolo() is True
+    assert not SessionState.of([*approved, Reset(), UserMessage("more", "U0ADA")]).granted()
+    # A turn nobody wrote (the terminal's person, a job's prompt) is granted as that nobody.
+    alone = [UserMessage("go"), ask(("a", "bash")), Decision("a", True, all=True), TurnEnded(Outcome.ANSWERED)]
+    assert SessionState([*alone, UserMessage("more")]).granted()
+    assert not SessionState([*alone, UserMessage("reply", "U0LINUS")]).granted()
 
 
 def test_decisions_are_keyed_by_call() -> None:

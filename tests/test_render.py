@@ -347,14 +347,43 @@ def test_each_waiting_call_gets_a_message_of_its_own_with_its_buttons(slack: Sla
     assert thread.errors == []  # and no recap: the turn is not over
 
 
-def test_a_bash_approval_shows_the_command_once_and_secrets_nowhere(slack: SlackEmulator) -> None:
+def test_a_bash_approval_shows_the_whole_command_and_secrets_nowhere(slack: SlackEmulator) -> None:
     thread = Thread(slack, CHANNEL, secrets=[SECRET])
-    row = approval("c1", f"🛠️ bash: curl -H {SECRET} <!channel>", "")
+    command = f"curl -H {SECRET} <!channel>"
+    row = approval("c1", f"🛠️ bash: {command}", command)
     run(thread.play(ApprovalAsked((row,), CHANNEL)))
     [message] = thread.replies()
     assert SECRET not in json.dumps(message) and not NOTIFYING.search(shown(message))
     assert not NOTIFYING.search(message["text"])  # the notification text too
-    assert shown(message).splitlines()[0].startswith("🔐 🛠️ bash: curl -H")
+    assert shown(message).splitlines()[:3] == [
+        "🔐 🛠️ bash: curl -H *** &lt;!channel&gt;",
+        "```",
+        "curl -H *** &lt;!channel&gt;",
+    ]
+
+
+def test_a_long_diff_goes_up_whole_before_its_message_which_shows_its_head_and_tail(slack: SlackEmulator) -> None:
+    """Issue 21: every edit's whole diff is reachable from its prompt. The file is uploaded first and recorded
+    (on_approval_file); the message then offers Approve, and a secret in the diff is masked in both."""
+    thread = Thread(slack, DM, session_id="s1", secrets=[SECRET])
+    recorded: list[tuple[str, str]] = []
+    thread.renderer.on_approval_file = lambda call_id, file_id: recorded.append((call_id, file_id))
+    diff = (
+        "edited big.py: 1 edit applied\n" + "".join(f"+{i} │ x = {i}  # {SECRET}\n" for i in range(400)) + "+400 │ end"
+    )
+    row = approval("c1", "📝 edit_file big.py", diff)
+    run(thread.play(ApprovalAsked((row,), DM)))
+    upload, message = thread.replies()
+    [file] = upload["files"]
+    assert recorded == [("c1", file["id"])] and file["name"] == "full-diff.txt"
+    assert file["title"] == "Full diff of the call waiting for approval: 📝 edit_file big.py"
+    assert slack.uploads[file["id"]].decode() == diff.replace(SECRET, "***")
+    said = shown(message)
+    assert said.startswith("🔐 📝 edit_file big.py\n```\nedited big.py: 1 edit applied\n+0 │ x = 0  # ***")
+    assert "are only in the file “Full diff of the call waiting for approval”" in said
+    assert "+399 │ x = 399  # ***\n+400 │ end\n```" in said and SECRET not in json.dumps(message)
+    assert [b["action_id"] for b in message["blocks"][-1]["elements"]] == ["approve", "reject", "approve_all"]
+    assert thread.errors == []
 
 
 # -- failures -------------------------------------------------------------------------------------------------

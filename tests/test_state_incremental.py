@@ -38,6 +38,7 @@ from mm_core.log import (
     ToolSuspended,
     TurnEnded,
     UserMessage,
+    YoloSet,
     from_dict,
     to_dict,
 )
@@ -46,6 +47,14 @@ from mm_core.state import SUMMARY_PREFIX, SessionState
 from playground.model_server import ModelServer, Reply, ToolCall
 
 COUNTER_OF: dict[str, str | None] = {"bash": "commands", "read_file": "file_ops", "read_skill": "skills", "fetch": None}
+
+
+def _requesters(entries: list[Entry]) -> frozenset[str | None]:
+    people: set[str | None] = set()
+    for e in entries:
+        if isinstance(e, UserMessage):
+            people |= set(e.author.split(",")) if e.author else {None}
+    return frozenset(people)
 
 
 @dataclass
@@ -122,8 +131,26 @@ class Replayed:
         last = self.last_assistant()
         return last is not None and not last.tool_calls and self.entries[-1] is last
 
-    def approve_all(self) -> bool:
-        return any(e.all and e.approved for e in self.entries if isinstance(e, Decision))
+    def requesters(self) -> frozenset[str | None]:
+        return _requesters(self.turn_entries())
+
+    def grants(self) -> frozenset[str | None]:
+        """Whoever asked for the turn each "Approve all" was given in, since the last `yolo off`."""
+        granted: set[str | None] = set()
+        for i, e in enumerate(self.entries):
+            if isinstance(e, YoloSet) and not e.on:
+                granted.clear()
+            elif isinstance(e, Decision) and e.all and e.approved:
+                granted |= Replayed(self.entries[: i + 1]).requesters()
+        return frozenset(granted)
+
+    def granted(self) -> bool:
+        requesters = self.requesters()
+        return bool(requesters) and requesters <= self.grants()
+
+    def yolo(self) -> bool | None:
+        switches = [e.on for e in self.entries if isinstance(e, YoloSet)]
+        return switches[-1] if switches else None
 
     def counters(self, counter_of: dict[str, str | None]) -> Counters:
         counts = {"commands": 0, "file_ops": 0, "skills": 0, "lsp": 0}
@@ -191,7 +218,10 @@ def assert_same(state: SessionState, replayed: Replayed) -> None:
     assert state.failure() == replayed.failure()
     assert state.cancelled() == replayed.cancelled()
     assert state.answered() == replayed.answered()
-    assert state.approve_all() == replayed.approve_all()
+    assert state.requesters() == replayed.requesters()
+    assert state.grants() == replayed.grants()
+    assert state.granted() == replayed.granted()
+    assert state.yolo() == replayed.yolo()
     assert state.counters(COUNTER_OF) == replayed.counters(COUNTER_OF)
     assert state.usage() == replayed.usage()
     assert state.loop_detector() == replayed.loop_detector()
@@ -217,8 +247,10 @@ answers = st.builds(
     st.integers(0, 50),
 )
 results = st.builds(ToolResult, ids, tools, outputs, st.sampled_from(list(CallStatus)))
+authors = st.sampled_from([None, "U1", "U2", "U1,U2"])
 plain: st.SearchStrategy[Entry] = st.one_of(
-    st.builds(UserMessage, st.sampled_from(["go", "more"])),
+    st.builds(UserMessage, st.sampled_from(["go", "more"]), authors),
+    st.builds(YoloSet, st.booleans()),
     answers,
     results,
     st.builds(ToolStarted, ids, tools),

@@ -5,17 +5,26 @@ worker, once it expired), so the two sides show the same call the same way and o
 while pending, who asked, until when, and the buttons; once decided, who decided what and when, and no
 buttons. Everything from the call (its line, the command, the diff) is the model's or the repository's text:
 it is scrubbed of the service's secrets and shown so that it can notify nobody.
+
+What the approver sees is what runs (`layout` decides it, once, for the thread, App Home and the bot's checks):
+the call's line names it (the head of its title), and its whole text (the command, the diff) follows, inline
+when it fits the message, else as its head and its tail with a line saying what lies between, which is only in
+a file of the whole text uploaded to the thread. Nothing is cut off with an ellipsis that hides the end. A call
+whose whole text is not reachable from where it is shown (the upload failed; App Home, which holds no file)
+offers no Approve there: Reject stays. Invisible and reordering characters are shown as `\\u` escapes, with a line
+saying they were there (mm_core.display.visible).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from chatops.buttons import Action, ButtonValue, element
 from chatops.schema import ApprovalState
+from chatops.secrets import scrub
 from chatops.store import ApprovalRow
 from mm_core import display
 from workers.blocks import code_sections, context_block, mrkdwn_of, section_block
@@ -26,6 +35,21 @@ NOBODY_MAY_APPROVE = (
     "🚫 Not run: nobody may approve calls in this channel. Whoever runs the bot lists approvers (user or user "
     "group ids) under `channels.{channel}.approvers` in its config file, or sets `yolo: true` for the channel."
 )
+# The label of the file holding a call's whole text, and what the message says of the part only the file has.
+FILE_TITLE = "Full {what} of the call waiting for approval: {line}"
+OMITTED = "⋯ {between} are only in the file “Full {what} of the call waiting for approval” ⋯"
+# Where the whole text is not reachable, Approve is not offered.
+UNSHARED = (
+    "⚠ The full {what} could not be uploaded to this thread, so the call cannot be approved: reject it, or ask "
+    "for it again."
+)
+ONLY_IN_THREAD = "The full {what} is only in the thread: open it there to approve this call."
+# A call's text is inline when it fits one code section (about 2,900 characters): longer, an approver reads its
+# head and its tail, the tail next to the buttons (where a `| sh` would hide at the end of a long heredoc), and
+# the rest in the file; a wall of text to scroll through is where things are missed.
+INLINE_SECTIONS = 1
+# The head and the tail: at most this many characters each (cut to whole lines), in one code section each.
+PART_CHARS = 1000
 
 
 @dataclass(frozen=True)
@@ -36,53 +60,157 @@ class ApprovalAsked:
     channel: str
 
 
+@dataclass(frozen=True)
+class Layout:
+    """How a call is shown in its message: its line and its whole text, inline or as a head and a tail."""
+
+    line: str  # mrkdwn: 🔐, the icon and the head of the title
+    invisible: bool  # the title or the text held invisible or reordering characters (shown escaped)
+    code: list[dict[str, Any]]  # the whole text's code sections; when it does not fit, its head's
+    omitted: str | None  # mrkdwn: what lies between the head and the tail (None: the text is inline, whole)
+    tail: list[dict[str, Any]]  # the tail's code sections
+    text: str  # the whole text, escaped: what the uploaded file holds
+    what: str  # "command", "diff", "text": what the whole text is
+
+    @property
+    def whole(self) -> bool:
+        """The message itself shows all of the text (no file is needed)."""
+        return self.omitted is None
+
+
 def when(moment: datetime) -> str:
     """A time every reader sees in their own time zone (Slack's date formatting), with a UTC fallback."""
     fallback = moment.strftime("%Y-%m-%d %H:%M UTC")
     return f"<!date^{int(moment.timestamp())}^{{date_short_pretty}} at {{time}}|{fallback}>"
 
 
-def details(title: str, preview: str) -> tuple[str, ...]:
-    """What a person judges a call by, below its line: the diff, the content; nothing when the preview only
-    repeats the line (bash's command)."""
-    repeats = preview == title.split(": ", 1)[-1]
-    return () if not preview or repeats else tuple(preview.splitlines())
+def line_of(row: ApprovalRow) -> str:
+    """The call's line as people are shown it (not yet mrkdwn): the head of its title, escaped."""
+    return _prompt(row).line.text
 
 
-def approval_blocks(row: ApprovalRow, channel: str, secrets: Sequence[str] = ()) -> tuple[list[dict[str, Any]], str]:
-    """The message's blocks for the row as it stands, and its notification text."""
+def layout(row: ApprovalRow, secrets: Sequence[str] = ()) -> Layout:
+    """The one decision of how a call's text is shown (see the module's docstring)."""
 
     def mrkdwn(text: str) -> str:
         return mrkdwn_of(text, secrets)
 
-    title = row.title or row.tool
-    line = f"{display.PROMPT_ICON} {mrkdwn(title)}"
-    code, _cut = code_sections(details(title, row.preview or ""), mrkdwn)
-    blocks = [section_block(line), *code, context_block(_state_line(row, channel))]
+    prompt = _prompt(row)
+    what = display.WHAT.get(row.tool, "text")
+    text = "\n".join(prompt.details)
+    line = f"{display.PROMPT_ICON} {mrkdwn(prompt.line.text)}"
+    # Whether it fits is decided on the text as it is, not as masked (masking only shortens it): the worker, the
+    # bot and App Home, each with its own secrets, must agree on whether a call needs its file to be approved.
+    fits, cut = code_sections(prompt.details, lambda piece: mrkdwn_of(piece, ()))
+    if not cut and len(fits) <= INLINE_SECTIONS:
+        return Layout(line, prompt.invisible, code_sections(prompt.details, mrkdwn)[0], None, [], text, what)
+    # Cut after the secrets are masked: a cut through a secret would show the part of it before the cut.
+    masked = scrub(text, list(secrets))
+    head, tail, head_code, tail_code = _head_and_tail(masked, mrkdwn)
+    omitted = OMITTED.format(between=_between(masked, head, tail), what=what)
+    return Layout(line, prompt.invisible, head_code, omitted, tail_code, text, what)
+
+
+def approvable(row: ApprovalRow, *, in_home: bool = False) -> bool:
+    """A person deciding there can read the call's whole text: in its message, or in the thread, in the file
+    uploaded there (App Home holds no file). Approve is offered, and taken, only then."""
+    return _reachable(layout(row), row, in_home)
+
+
+def _reachable(shown: Layout, row: ApprovalRow, in_home: bool) -> bool:
+    return shown.whole or (not in_home and row.text_file is not None)
+
+
+def file_title(row: ApprovalRow) -> str:
+    return FILE_TITLE.format(what=display.WHAT.get(row.tool, "text"), line=line_of(row))
+
+
+def approval_blocks(
+    row: ApprovalRow, channel: str, secrets: Sequence[str] = (), *, in_home: bool = False, job_run: bool = False
+) -> tuple[list[dict[str, Any]], str]:
+    """The message's blocks for the row as it stands (in App Home when `in_home`; of a job's run when `job_run`,
+    where an "Approve all" covers the run's prompt), and its notification text."""
+    shown = layout(row, secrets)
+    blocks = [section_block(shown.line)]
+    if shown.invisible:
+        blocks.append(context_block(display.INVISIBLE_NOTE))
+    blocks += shown.code
+    if shown.omitted is not None:
+        blocks += [context_block(shown.omitted), *shown.tail]
+    blocks.append(context_block(_state_line(row, channel, job_run)))
     if row.state == ApprovalState.PENDING:
+        reachable = _reachable(shown, row, in_home)
+        if not reachable:
+            note = ONLY_IN_THREAD if in_home and row.text_file is not None else UNSHARED
+            blocks.append(context_block(note.format(what=shown.what)))
+        actions = (Action.APPROVE, Action.REJECT, Action.APPROVE_ALL) if reachable else (Action.REJECT,)
         value = ButtonValue(row.session_id, row.call_id)
         blocks.append(
             {
                 "type": "actions",
                 "block_id": f"approval:{row.call_id}"[:255],
-                "elements": [element(a, value) for a in (Action.APPROVE, Action.REJECT, Action.APPROVE_ALL)],
+                "elements": [element(a, value) for a in actions],
             }
         )
-    fallback = f"{display.PROMPT_ICON} {mrkdwn(title)}: {_fallback_state(row)}"
+    fallback = f"{shown.line}: {_fallback_state(row)}"
     return blocks, fallback[:3000]
 
 
-def _state_line(row: ApprovalRow, channel: str) -> str:
+def requesters(requested_by: str | None) -> str:
+    """Who asked for a call, as mentions (the comma-separated authors of a turn's messages); a job's prompt,
+    which nobody wrote, when nobody."""
+    people = [p for p in (requested_by or "").split(",") if p]
+    return ", ".join(f"<@{p}>" for p in people) if people else "the job's prompt"
+
+
+def _prompt(row: ApprovalRow) -> display.Prompt:
+    return display.prompt_of(row.call_id, row.title or row.tool, row.preview or "")
+
+
+def _head_and_tail(
+    text: str, mrkdwn: Callable[[str], str]
+) -> tuple[str, str, list[dict[str, Any]], list[dict[str, Any]]]:
+    """The first and the last characters of `text` (PART_CHARS at most) that each fit one code section with no
+    line cut, and their code sections. At least one character lies between them: `text` did not fit whole."""
+    chars = min(PART_CHARS, (len(text) - 1) // 2)
+    while True:
+        head, tail = display.excerpt(text, chars)
+        head_code, head_cut = code_sections(head.split("\n"), mrkdwn)
+        tail_code, tail_cut = code_sections(tail.split("\n"), mrkdwn)
+        fits = len(head_code) <= 1 and len(tail_code) <= 1
+        if (fits and not head_cut and not tail_cut) or chars <= 1:
+            return head, tail, head_code, tail_code
+        chars = chars * 2 // 3
+
+
+def _between(text: str, head: str, tail: str) -> str:
+    """What lies between the head and the tail: how many characters, and which lines, to find them in the file."""
+    start, end = len(head), len(text) - len(tail)
+    middle = text[start:end]
+    count = f"{len(middle):,} character{'s' if len(middle) != 1 else ''} in between"
+    total = text.count("\n") + 1
+    if not middle.strip("\n"):
+        return f"{count} (line breaks, of {total:,} lines)"
+    first = text.count("\n", 0, start + len(middle) - len(middle.lstrip("\n"))) + 1
+    last = text.count("\n", 0, end - (len(middle) - len(middle.rstrip("\n"))) - 1) + 1
+    lines = f"within line {first:,}" if first == last else f"lines {first:,} to {last:,}"
+    return f"{count} ({lines} of {total:,})"
+
+
+def _state_line(row: ApprovalRow, channel: str, job_run: bool) -> str:
     at = f" {when(row.decided_at)}" if row.decided_at else ""
     if row.state == ApprovalState.PENDING:
-        authors = ", ".join(f"<@{a}>" for a in row.requested_by.split(",")) if row.requested_by else ""
-        asked = f" · asked by {authors}" if authors else ""
+        asked = f" · asked by {requesters(row.requested_by)}" if row.requested_by else ""
         expires = f" · expires {when(row.expires_at)}" if row.expires_at else ""
         return f"{WAITING}{asked}{expires}"
     if row.decided_by == NO_APPROVERS:
         return NOBODY_MAY_APPROVE.format(channel=channel)
     if row.state == ApprovalState.APPROVED:
-        also = ", and every further call in this thread" if row.approve_all else ""
+        also = (
+            f", and every further call {requesters(None if job_run else row.requested_by)} asks for in this thread"
+            if row.approve_all
+            else ""
+        )
         return f"✅ Approved by <@{row.decided_by}>{also}{at}"
     if row.state == ApprovalState.REJECTED:
         return f"❌ Rejected by <@{row.decided_by}>{at}"

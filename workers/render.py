@@ -13,7 +13,8 @@ never slow the turn. One consumer task drains the queue in order and writes the 
   is posted at once and edited when it returns. Output longer than its preview is uploaded as a file (but
   not what read_file or read_skill return: a copy of the repository's own file or of a skill).
 - ApprovalAsked (the worker's, once the calls a turn waits for are recorded): one message per call, with its
-  buttons (workers/approval_message.py); the bot updates it once someone decides.
+  buttons (workers/approval_message.py); a text too long for it goes up first, whole, as a file (without that
+  file the message offers no Approve); the bot updates it once someone decides.
 - Error, and CallsDropped (an answer's calls beyond the cap): its line as a plain message. TurnFinished: the
   recap line (counters and tokens).
 
@@ -35,7 +36,7 @@ import logging
 import math
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from aiohttp import ClientError
@@ -58,7 +59,7 @@ from mm_core import (
     TurnFinished,
     display,
 )
-from workers.approval_message import ApprovalAsked, approval_blocks, details
+from workers.approval_message import ApprovalAsked, approval_blocks, file_title, layout
 from workers.blocks import (
     MENTION,
     clip,
@@ -156,6 +157,7 @@ class ThreadRenderer:
         on_error: Callable[[str, str], None] | None = None,
         session_id: str | None = None,
         on_approval_posted: Callable[[str, str], None] | None = None,
+        on_approval_file: Callable[[str, str], None] | None = None,
     ) -> None:
         self.client, self.channel, self.thread_ts = client, channel, thread_ts
         self.preview_lines = preview_lines
@@ -165,6 +167,7 @@ class ThreadRenderer:
         self.recipient_user, self.recipient_team = recipient_user, recipient_team
         self.on_error = on_error
         self.session_id, self.on_approval_posted = session_id, on_approval_posted
+        self.on_approval_file = on_approval_file
         # Slack streams to one person: in a DM that is clear, in a channel the recipient must be named.
         self._can_stream = channel.startswith("D") or bool(recipient_user and recipient_team)
         self._holdback = max([MIN_HOLDBACK, *(len(s) for s in self.secrets)])
@@ -491,24 +494,34 @@ class ThreadRenderer:
     def _tool_blocks(self, tool: _Tool) -> tuple[list[dict[str, Any]], str, bool]:
         """The call's message: its line, then its result lines in a code block; and whether the output is
         longer than what the message shows (it then goes up as a file)."""
-        line = self._mrkdwn_line(self._tool_line(tool))
+        call = self._tool_line(tool)
+        line = self._mrkdwn_line(call)
         blocks = [section_block(line)]
+        if call.invisible:
+            blocks.append(context_block(display.INVISIBLE_NOTE))
         event = tool.finished
         if event is None:
             return blocks, line, False
         shown = list(display.result_lines(event))[: max(self.preview_lines, 0)]
         code, cut = self._code(shown)
-        output = event.output.splitlines()
+        output, previewed = event.output.splitlines(), event.preview.splitlines()[: len(shown)]
         # The preview is the output's first lines (a tool may show something else: ask_agent's "answered").
-        longer = self.preview_lines > 0 and output[: len(shown)] == shown and len(output) > len(shown)
+        longer = self.preview_lines > 0 and output[: len(shown)] == previewed and len(output) > len(shown)
         return blocks + code, line, cut or (longer and event.tool not in COPIES)
 
     # -- permission prompts -------------------------------------------------------------------------------
 
     async def _ask(self, asked: ApprovalAsked) -> None:
-        """One message per waiting call: its line, what a person judges it by, who asked, until when, and the
-        buttons. Details too long for the message go up as a file after it."""
+        """One message per waiting call: its line, its whole text (or its head and tail), who asked, until when,
+        and the buttons. A text too long for the message goes up whole as a file first (on_approval_file records
+        it), so that Approve is offered only once it can be read."""
         for row in asked.rows:
+            if row.text_file is None and not (shown := layout(row, self.secrets)).whole:
+                file_id = await self._upload(shown.text, f"full-{shown.what}.txt", file_title(row))
+                if file_id is not None:
+                    row = replace(row, text_file=file_id)
+                    if self.on_approval_file is not None:
+                        self.on_approval_file(row.call_id, file_id)
             if row.message_ts is not None:
                 # Asked again (a turn resumed after its worker died): the message is there, keep it current.
                 await self.update_approval(row, asked.channel)
@@ -517,10 +530,6 @@ class ThreadRenderer:
             ts = await self._post_blocks(blocks, fallback)
             if ts is not None and self.on_approval_posted is not None:
                 self.on_approval_posted(row.call_id, ts)
-            title = row.title or row.tool
-            lines = details(title, row.preview or "")
-            if self._code(lines)[1]:
-                await self._upload("\n".join(lines), "details.txt", title)
 
     async def update_approval(self, row: ApprovalRow, channel: str) -> None:
         """Show a decision (or an expiry) on the call's message, without its buttons."""
@@ -610,8 +619,9 @@ class ThreadRenderer:
             first = first or ts
         return first
 
-    async def _upload(self, content: str, filename: str, title: str) -> None:
-        """Long output goes up as a file in the thread rather than as a wall of text."""
+    async def _upload(self, content: str, filename: str, title: str) -> str | None:
+        """Long output goes up as a file in the thread rather than as a wall of text; the file's id, or None when
+        it did not get there."""
 
         async def upload() -> Any:
             return await self.client.files_upload_v2(
@@ -622,8 +632,11 @@ class ThreadRenderer:
                 title=clip(self._scrub(title), 250),
             )
 
-        if await self._run_call("files.upload", upload()) is not None:
-            self._posted()
+        data = await self._run_call("files.upload", upload())
+        if data is None:
+            return None
+        self._posted()
+        return _file_id(data)
 
     async def _call(self, method: str, **params: Any) -> dict[str, Any] | None:
         """A Web API call; its answer, or None when it failed (reported through on_error)."""
@@ -685,6 +698,13 @@ class ThreadRenderer:
 def _ts(data: dict[str, Any] | None) -> str | None:
     ts = data.get("ts") if data else None
     return ts if isinstance(ts, str) else None
+
+
+def _file_id(data: dict[str, Any]) -> str | None:
+    """The id of the file an upload answered with (files_upload_v2 names one `file`, or several `files`)."""
+    file = data.get("file") or next(iter(data.get("files") or []), None)
+    found = file.get("id") if isinstance(file, dict) else None
+    return found if isinstance(found, str) and found else None
 
 
 def _cut_point(text: str, start: int, size: int) -> int:

@@ -56,6 +56,7 @@ from chatops.store import (
     record_error,
     release_lease,
     request_approval,
+    set_approval_file,
     set_approval_message,
     set_status,
 )
@@ -198,6 +199,7 @@ class SessionTurns:
             on_error=lambda where, message: record_error(engine, where, message, session_id=session_id),
             session_id=session_id,
             on_approval_posted=lambda call_id, ts: set_approval_message(engine, call_id, ts),
+            on_approval_file=lambda call_id, file_id: set_approval_file(engine, call_id, file_id),
         )
         self.finished = self.failure = None
         # The run a job's session carries, decided once a turn: its yolo, its time limit, what the turn takes.
@@ -403,7 +405,9 @@ class SessionTurns:
                 await renderer.update_approval(row, channel)
                 await renderer.notice(EXPIRED.format(title=_title(row.tool, row.arguments)))
             approved = row.state == ApprovalState.APPROVED
-            decisions.append(Decision(row.call_id, approved, row.decided_by or str(row.state), all=row.approve_all))
+            by = row.decided_by or str(row.state)
+            # Bound to what the person saw: a row without its digest (older than it) approves nothing.
+            decisions.append(Decision(row.call_id, approved, by, all=row.approve_all, shown=row.shown or ""))
         return decisions, undecided
 
     async def _expire(self, renderer: ThreadRenderer) -> None:
@@ -425,17 +429,18 @@ class SessionTurns:
         nobody = not channel.approvers and not service.approvals.requester_can_approve
         rows = []
         for call in event.calls:
-            prompt = display.prompt(call)
             prefix = f"{call.agent} · " if call.agent else ""
+            # Unescaped and whole: the message shows the title's head and the whole text, escaped (display).
             row = request_approval(
                 engine,
                 call_id=call.call_id,
                 session_id=self.session_id,
                 tool=call.tool,
-                title=prefix + prompt.line.text,
+                title=prefix + display.CallLine(call.icon, call.title).text,
                 arguments=json.dumps(call.arguments, ensure_ascii=False),
-                preview="\n".join(prompt.details),
+                preview=display.whole_text(call),
                 requested_by=author,
+                shown=call.shown,
                 timeout_s=timeout,
             )
             if nobody and decide_approval(engine, call.call_id, False, NO_APPROVERS):
@@ -521,7 +526,7 @@ class SessionTurns:
         yolo = self.config.service.channel(self.row.channel_id or "").yolo
         if (run := self.running) is not None:
             yolo = run.job.yolo  # the run's own prompt only (take_inbox): once it ends, the channel's policy
-        if self.row.yolo is not None:  # the thread's own (approve-all, `yolo on|off`) over the channel's
+        if self.row.yolo is not None:  # the thread's own (`yolo on|off`) over the channel's
             yolo = self.row.yolo
         return agent if yolo is None else agent.model_copy(update={"yolo": yolo})
 
@@ -627,12 +632,13 @@ def _undecided(engine: Engine, session_id: str) -> bool:
 
 
 def _title(tool: str, arguments: str | None) -> str:
+    """A call's short name for a sentence (`bash: make test`): its command's or path's first line, escaped."""
     try:
         args = json.loads(arguments or "{}")
     except ValueError:
         args = {}
     detail = args.get("command") or args.get("path") if isinstance(args, dict) else None
-    return f"{tool}: {detail}" if detail else tool
+    return display.head_line(display.visible(f"{tool}: {detail}" if detail else tool)[0])
 
 
 # --- housekeeping -----------------------------------------------------------------------------------------------

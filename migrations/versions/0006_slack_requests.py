@@ -12,8 +12,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0006"
-# TODO(merge): "0005" once the revision of that number is in the tree.
-down_revision = "0004"
+down_revision = "0005"
 branch_labels = None
 depends_on = None
 
