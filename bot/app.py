@@ -184,6 +184,7 @@ def register(app: AsyncApp, engine: Engine, config: Config, thread_contexts: han
         context[handlers.ENGINE] = engine
         context[handlers.HOME] = home
         context[handlers.REQUESTS] = requests
+        context[handlers.SECRETS] = secrets
         await next()
 
     # Before the assistant: its middleware runs the assistant listeners itself, which need the engine too.

@@ -32,14 +32,18 @@ from chatops.schema import ApprovalState, Session, SessionKind
 from chatops.store import ApprovalRow, approvals_of, decide_approval, get_approval
 from workers.approval_message import NO_APPROVERS, approvable, approval_blocks, layout, requesters, when
 from workers.metrics import waited
+from workers.mrkdwn import Mrkdwn
+from workers.slack_out import SlackOut
 
 log = logging.getLogger("mm.bot.approvals")
 
 NOT_OURS = "This button does not belong to a call of this thread, so nothing was changed."
 NOT_FOUND = "This call is no longer known (its session was removed), so nothing was changed."
-DECIDED = "This call was already {state} by <@{by}> {at}: your click changed nothing."
-EXPIRED = "This call is no longer waiting (it expired, or the turn was stopped) {at}: your click changed nothing."
-ALL_APPROVED = (
+DECIDED = Mrkdwn("This call was already {state} by <@{by}> {at}: your click changed nothing.")
+EXPIRED = Mrkdwn(
+    "This call is no longer waiting (it expired, or the turn was stopped) {at}: your click changed nothing."
+)
+ALL_APPROVED = Mrkdwn(
     "✅ <@{user}> approved every call {requesters} asks for in this thread: I run them without asking. A request "
     "from anyone else asks again; `@mm yolo off` or `@mm new` ends this."
 )
@@ -100,7 +104,7 @@ class ClickHandler:
         self.engine, self.approvers, self.secrets, self.enqueue = engine, approvers, secrets, enqueue
         self.enqueue_push = enqueue_push
 
-    async def handle(self, client: Any, click: Click) -> str | None:
+    async def handle(self, slack: SlackOut, click: Click) -> str | None:
         """Carry out a click; the sentence for the clicker when it changed nothing (None when it did)."""
         session = await asyncio.to_thread(self._session, click.value.session_id)
         if session is None:
@@ -108,9 +112,9 @@ class ClickHandler:
         if click.channel is not None and (click.channel != session.channel_id or click.thread_ts != session.thread_ts):
             return NOT_OURS
         if click.action == Action.STOP:
-            return await self._stop(client, click, session)
+            return await self._stop(slack, click, session)
         if click.action == Action.PUSH:
-            return await self.push(client, session.id, session.channel_id or "", click.user, None)
+            return await self.push(slack, session.id, session.channel_id or "", click.user, None)
         row = await asyncio.to_thread(get_approval, self.engine, click.value.call_id or "")
         if row is None or row.session_id != session.id:
             return NOT_OURS
@@ -125,7 +129,7 @@ class ClickHandler:
             where = "in App Home" if click.channel is None else "in this thread"
             return NOT_SHOWN.format(what=layout(row).what, where=where)
         check = self.approvers.may_approve if approve else self.approvers.may_reject
-        refusal = await check(client, channel, click.user, row.requested_by)
+        refusal = await check(slack.client, channel, click.user, row.requested_by)
         if refusal is not None:
             return refusal
         everything = click.action == Action.APPROVE_ALL
@@ -140,11 +144,11 @@ class ClickHandler:
         if everything:
             decided += await asyncio.to_thread(self._approve_the_rest, row, click.user)
         for call_id in decided:
-            await self._show(client, channel, call_id, session.job_run)
+            await self._show(slack, channel, call_id, session.job_run)
         if everything:
             whose = requesters(None if session.job_run else row.requested_by)
             said = ALL_APPROVED.format(user=click.user, requesters=whose)
-            await _say(client, channel, session.thread_ts, said)
+            await _say(slack, channel, session.thread_ts, said)
         if not await asyncio.to_thread(self._still_waiting, session.id):
             await self._enqueue(session.id)
         return None
@@ -178,22 +182,23 @@ class ClickHandler:
     def _still_waiting(self, session_id: str) -> bool:
         return any(r.state == ApprovalState.PENDING for r in approvals_of(self.engine, session_id))
 
-    async def _show(self, client: Any, channel: str, call_id: str, job_run: bool = False) -> None:
+    async def _show(self, slack: SlackOut, channel: str, call_id: str, job_run: bool = False) -> None:
         """The call's message as it now stands: the decision, who and when, no buttons."""
         row = await asyncio.to_thread(get_approval, self.engine, call_id)
         if row is None or row.message_ts is None:
             return
         blocks, text = approval_blocks(row, channel, self.secrets, job_run=job_run)
         try:
-            await client.chat_update(channel=channel, ts=row.message_ts, text=text, blocks=blocks)
+            await slack.update(channel, row.message_ts, text, blocks=blocks)
         except Exception as e:  # noqa: BLE001 - the decision stands; the message is only its display
             log.warning("could not show the decision on %s: %s", call_id, e)
 
-    async def push(self, client: Any, session_id: str, channel: str, user: str, branch: str | None) -> str | None:
+    async def push(self, slack: SlackOut, session_id: str, channel: str, user: str, branch: str | None) -> str | None:
         """Push the thread's changes (the button, and `push [branch]`): for the channel's approvers, and, as for
         an approval, not one of the thread's own writers unless the config allows it."""
         authors = ",".join(sorted(await asyncio.to_thread(writers, self.engine, session_id)))
-        refusal = await self.approvers.may_approve(client, channel, user, authors or None, "push a thread's changes")
+        what = "push a thread's changes"
+        refusal = await self.approvers.may_approve(slack.client, channel, user, authors or None, what)
         if refusal is not None:
             return refusal
         if self.enqueue_push is None:
@@ -201,8 +206,9 @@ class ClickHandler:
         await self.enqueue_push(session_id, branch, user)
         return None
 
-    async def _stop(self, client: Any, click: Click, session: _Session) -> str | None:
-        if not await may_stop(self.engine, self.approvers, client, session.channel_id or "", session.id, click.user):
+    async def _stop(self, slack: SlackOut, click: Click, session: _Session) -> str | None:
+        channel = session.channel_id or ""
+        if not await may_stop(self.engine, self.approvers, slack.client, channel, session.id, click.user):
             return MAY_NOT_STOP
         if not await asyncio.to_thread(request_stop, self.engine, session.id):
             return NOTHING_TO_STOP
@@ -224,7 +230,7 @@ async def may_stop(engine: Engine, approvers: Approvers, client: Any, channel: s
 
 
 def _already(row: ApprovalRow) -> str:
-    at = when(row.decided_at) if row.decided_at else ""
+    at = when(row.decided_at) if row.decided_at else Mrkdwn()
     if row.decided_by == NO_APPROVERS:
         return "This call was not run: nobody may approve calls in this channel, so your click changed nothing."
     if row.state == ApprovalState.EXPIRED or row.decided_by is None:
@@ -232,8 +238,8 @@ def _already(row: ApprovalRow) -> str:
     return DECIDED.format(state=row.state, by=row.decided_by, at=at)
 
 
-async def _say(client: Any, channel: str, thread_ts: str | None, text: str) -> None:
+async def _say(slack: SlackOut, channel: str, thread_ts: str | None, text: str) -> None:
     try:
-        await client.chat_postMessage(channel=channel, thread_ts=thread_ts, text=text)
+        await slack.post(channel, text, thread_ts=thread_ts)
     except Exception as e:  # noqa: BLE001 - a courtesy: the setting is recorded
         log.warning("could not tell %s/%s: %s", channel, thread_ts, e)

@@ -23,12 +23,13 @@ from collections.abc import Callable
 from typing import Any
 
 from chatops.config import ServiceConfig
+from workers.mrkdwn import Mrkdwn
 
 log = logging.getLogger("mm.bot.authorize")
 
 GROUP_TTL = 60.0
 FAILED_TTL = 10.0
-NOT_AN_APPROVER = "Only this channel's approvers may {what} ({who}). Nothing was changed."
+NOT_AN_APPROVER = Mrkdwn("Only this channel's approvers may {what} ({who}). Nothing was changed.")
 NO_APPROVERS = (
     "Nobody may {what} in this channel: whoever runs the bot lists approvers (user or group ids) under "
     "`channels.{channel}.approvers` in its config file. Nothing was changed."
@@ -85,7 +86,11 @@ class Approvers:
         approvers = self._service().channel(channel).approvers
         if not approvers:
             return NO_APPROVERS.format(what=what, channel=channel)
-        who = ", ".join(f"<!subteam^{a}>" if a.startswith("S") else f"<@{a}>" for a in approvers)
+        # A user group is named by its id, not mentioned: `<!subteam^…>` would notify the whole group.
+        who = Mrkdwn(", ").join(
+            Mrkdwn("the user group `{id}`").format(id=a) if a.startswith("S") else Mrkdwn("<@{id}>").format(id=a)
+            for a in approvers
+        )
         return NOT_AN_APPROVER.format(what=what, who=who) + problems
 
     async def _members(self, client: Any, group: str) -> frozenset[str]:

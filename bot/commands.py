@@ -36,7 +36,8 @@ from chatops.schema import InboxCommand, SessionStatus
 from chatops.store import DbStore, ensure_session, set_repo, set_yolo
 from mm_core.state import SessionState
 from workers.approval_message import line_of, requesters
-from workers.blocks import mrkdwn_of, neutralise
+from workers.mrkdwn import Mrkdwn, mrkdwn_of
+from workers.slack_out import SlackOut
 from workers.workspaces import public_url
 
 log = logging.getLogger("mm.bot.commands")
@@ -52,13 +53,13 @@ configured agents: {agents}), `yolo on` / `yolo off` (approvers: run calls witho
 `/mm COMMAND` does the same for your latest session there, and `/mm PROMPT` starts a new thread. \
 `/mm jobs` lists the scheduled jobs; `/mm job run|pause|resume NAME` (approvers) steers one."""
 NO_SESSION = "There is no session here yet: mention me with a request to start one."
-STOP_ASKED = "⏹ <@{user}> asked me to stop."
+STOP_ASKED = Mrkdwn("⏹ <@{user}> asked me to stop.")
 NOTHING_RUNS = "Nothing is running here."
-YOLO_ON = (
+YOLO_ON = Mrkdwn(
     "⚡ <@{user}> switched this thread to yolo: from the next turn on, I run commands and edits without asking. "
     "`yolo off` asks again."
 )
-YOLO_OFF = "🔐 <@{user}> switched yolo off: from the next turn on, I ask before commands and edits again."
+YOLO_OFF = Mrkdwn("🔐 <@{user}> switched yolo off: from the next turn on, I ask before commands and edits again.")
 REPO_SET = "📦 This thread works on {url}{branch}."
 REPO_USAGE = "Say `repo URL [BRANCH]`, with an https URL the channel allows."
 REPO_REFUSED = "I can't work on that repository: {reason}"
@@ -69,7 +70,8 @@ UNKNOWN_AGENT = "There is no agent named `{name}`; the agents are: {agents}."
 NO_AGENTS = "No agents are configured to ask (mmConfigs in the config)."
 ASK_USAGE = "Say `ask AGENT PROMPT`, for example `ask reviewer look at the last commit`."
 QUEUED_COMMAND = "`{command}` is queued: I do it after the current turn."
-STARTED = "<@{user}> asked: {prompt}"
+STARTED = Mrkdwn("<@{user}> asked: {prompt}")
+STARTED_FOR_REPO = Mrkdwn("<@{user}> started a thread for a repository.")
 PUSH_BRANCH = "`{branch}` is not a branch name I can push to (letters, digits, `._/-`)."
 SLASH_NEW = "Say `/mm PROMPT` to start a new thread, or `@mm new` in a thread to start its conversation again."
 
@@ -119,7 +121,7 @@ class Outcome:
     """What to answer: `public` goes to the thread for everyone, `private` to the person alone; `enqueue` the
     session to hand to the workers."""
 
-    public: str | None = None
+    public: str | None = None  # Mrkdwn where it holds mentions: a plain str reaches Slack escaped
     private: str | None = None
     enqueue: str | None = None
 
@@ -148,7 +150,7 @@ class Commands:
     def agents(self) -> str:
         return ", ".join(f"`{n}`" for n in self.config.agent.mmConfigs) or "none configured"
 
-    async def run(self, client: Any, command: Command, where: Where) -> Outcome:
+    async def run(self, slack: SlackOut, command: Command, where: Where) -> Outcome:
         """Carry out a command given in a thread (where.thread_ts is the thread)."""
         assert where.thread_ts is not None
         session = await asyncio.to_thread(session_of, self.engine, where.channel, where.thread_ts)
@@ -166,7 +168,7 @@ class Commands:
         if session is None:
             return Outcome(private=NO_SESSION)
         if name == "stop":
-            if not await may_stop(self.engine, self.approvers, client, where.channel, session, where.user):
+            if not await may_stop(self.engine, self.approvers, slack.client, where.channel, session, where.user):
                 return Outcome(private=MAY_NOT_STOP)
             if not await asyncio.to_thread(request_stop, self.engine, session):
                 return Outcome(private=NOTHING_RUNS)
@@ -174,9 +176,9 @@ class Commands:
         if name == "status":
             return Outcome(private=await asyncio.to_thread(self.status, session))
         if name == "push":
-            return await self._push(client, command, where, session)
+            return await self._push(slack, command, where, session)
         if name == "yolo":
-            refusal = await self.approvers.may_approve(client, where.channel, where.user, None, "switch yolo")
+            refusal = await self.approvers.may_approve(slack.client, where.channel, where.user, None, "switch yolo")
             if refusal:
                 return Outcome(private=refusal)
             on = command.args[0] == "on"
@@ -185,13 +187,13 @@ class Commands:
             return Outcome(public=(YOLO_ON if on else YOLO_OFF).format(user=where.user), enqueue=recorded.enqueue)
         return await self._record(where, InboxCommand(name), "")
 
-    async def _push(self, client: Any, command: Command, where: Where, session: str) -> Outcome:
+    async def _push(self, slack: SlackOut, command: Command, where: Where, session: str) -> Outcome:
         branch = command.args[0] if command.args else None
         if branch is not None and not is_branch_name(branch):
-            return Outcome(private=PUSH_BRANCH.format(branch=neutralise(branch[:100])))
+            return Outcome(private=PUSH_BRANCH.format(branch=branch[:100]))
         if self.clicks is None:
             return Outcome(private=PUSH_UNAVAILABLE)
-        refusal = await self.clicks.push(client, session, where.channel, where.user, branch)
+        refusal = await self.clicks.push(slack, session, where.channel, where.user, branch)
         return Outcome(private=refusal) if refusal else Outcome()
 
     def _ask_refusal(self, command: Command) -> str | None:
@@ -276,40 +278,43 @@ class Commands:
         channel = self.config.service.channel(summary.channel_id or "")
         repo = summary.repo or channel.repo
         yolo = summary.yolo if summary.yolo is not None else channel.yolo
+        branch = summary.branch or channel.branch
         lines = [
-            f"*Status:* {state}",
-            f"*Repository:* {public_url(repo) if repo else 'none (an empty workspace)'}"
-            + (f" (branch `{summary.branch or channel.branch}`)" if summary.branch or channel.branch else ""),
-            f"*Asks before commands and edits:* {self._asks(session_id, yolo)}",
-            f"*Tokens:* {prompt + completion:,} ({prompt:,} prompt, {completion:,} completion)",
+            Mrkdwn("*Status:* {state}").format(state=state),
+            Mrkdwn("*Repository:* {repo}").format(repo=public_url(repo) if repo else "none (an empty workspace)")
+            + (Mrkdwn(" (branch `{branch}`)").format(branch=branch) if branch else ""),
+            Mrkdwn("*Asks before commands and edits:* {asks}").format(asks=self._asks(session_id, yolo)),
+            Mrkdwn("*Tokens:* {all:,} ({prompt:,} prompt, {completion:,} completion)").format(
+                all=prompt + completion, prompt=prompt, completion=completion
+            ),
         ]
         if waiting:
-            titles = ", ".join(mrkdwn_of(line_of(p.row), self.secrets) for p in waiting)
-            lines.append(f"*Waiting for a decision:* {titles[:1000]}")
-        return "\n".join(lines)
+            titles = Mrkdwn(", ").join(mrkdwn_of(line_of(p.row), self.secrets) for p in waiting)
+            lines.append(Mrkdwn("*Waiting for a decision:* {titles}").format(titles=titles[:1000]))
+        return Mrkdwn("\n").join(lines)
 
-    def _asks(self, session_id: str, yolo: bool | None) -> str:
+    def _asks(self, session_id: str, yolo: bool | None) -> Mrkdwn:
         """Whether the thread asks before gated calls: `yolo` (the thread's switch, else the channel's) for
         everyone, and the requesters an approver's "Approve all" covers (read from the log, as the worker does)."""
         if yolo:
-            return "no (yolo)"
+            return Mrkdwn("no (yolo)")
         granted = SessionState.of(DbStore(self.engine).load(session_id)).grants()
         if not granted:
-            return "yes"
+            return Mrkdwn("yes")
         people = ",".join(sorted(p for p in granted if p)) or None
-        return f"yes, but not for {requesters(people)} (an approver approved all their calls)"
+        return Mrkdwn("yes, but not for {who} (an approver approved all their calls)").format(who=requesters(people))
 
     # -- /mm ----------------------------------------------------------------------------------------------------
 
     async def slash(
-        self, client: Any, text: str, channel: str, user: str, team: str | None, trigger: str, steps: Steps
+        self, slack: SlackOut, text: str, channel: str, user: str, team: str | None, trigger: str, steps: Steps
     ) -> Outcome:
         """`/mm …` in a channel: a command for the person's latest session there, the jobs' commands, or a prompt
         for a new thread. `steps`: what an earlier attempt at this invocation did."""
         if self.jobs is not None and is_job_command(text):
-            private, public = await self.jobs.answer(client, text, user, steps)
+            private, public = await self.jobs.answer(slack.client, text, user, steps)
             if public is not None:
-                await announce(client, public[0], None, public[1])
+                await announce(slack, public[0], None, public[1])
             return Outcome(private=private)
         command = parse(text)
         if not text.strip() or (command is not None and command.name == "help"):
@@ -321,19 +326,26 @@ class Commands:
         if command is not None and command.name == "repo" and (refusal := await self._repo_refusal(command, channel)):
             return Outcome(private=refusal)  # before a thread is started for it
         if command is None or command.name in ("ask", "repo"):
-            return await self._new_thread(client, command, text.strip(), channel, user, team, steps)
+            return await self._new_thread(slack, command, text.strip(), channel, user, team, steps)
         latest = await asyncio.to_thread(latest_session, self.engine, channel, user)
         if latest is None or latest.thread_ts is None:
             return Outcome(private=NO_SESSION)
         # The command's inbox row needs an id of its own: the invocation's trigger id is one.
         where = Where(channel, latest.thread_ts, "slash:" + hashlib.sha1(trigger.encode()).hexdigest()[:24], user, team)
-        outcome = await self.run(client, command, where)
+        outcome = await self.run(slack, command, where)
         if outcome.public:  # said in the session's thread, not at the top of the channel the command was typed in
-            await announce(client, channel, latest.thread_ts, outcome.public)
+            await announce(slack, channel, latest.thread_ts, outcome.public)
         return Outcome(private=outcome.private, enqueue=outcome.enqueue)
 
     async def _new_thread(
-        self, client: Any, command: Command | None, text: str, channel: str, user: str, team: str | None, steps: Steps
+        self,
+        slack: SlackOut,
+        command: Command | None,
+        text: str,
+        channel: str,
+        user: str,
+        team: str | None,
+        steps: Steps,
     ) -> Outcome:
         """A new thread for a prompt, an `ask`, or a `repo` (then the person continues in the thread). Its root
         is posted once: an attempt after a crash finds the root's ts in `steps` and goes on in that thread (the
@@ -341,25 +353,25 @@ class Commands:
         thread_ts = steps.done(ROOT)
         if thread_ts is None:
             if command is not None and command.name == "repo":
-                head = f"<@{user}> started a thread for a repository."
+                head = STARTED_FOR_REPO.format(user=user)
             else:
-                head = STARTED.format(user=user, prompt=neutralise(text[:2800]))
-            thread_ts = (await client.chat_postMessage(channel=channel, text=head))["ts"]
+                head = STARTED.format(user=user, prompt=text[:2800])
+            thread_ts = (await slack.post(channel, head))["ts"]
             await steps.keep(ROOT, thread_ts)
         where = Where(channel, thread_ts, thread_ts, user, team)
         if command is not None:
-            outcome = await self.run(client, command, where)
+            outcome = await self.run(slack, command, where)
         else:
             recorded = await self._keep(where, text)
             outcome = Outcome(enqueue=recorded.session_id)
         if outcome.public or outcome.private:
-            await client.chat_postMessage(channel=channel, thread_ts=thread_ts, text=outcome.public or outcome.private)
+            await slack.post(channel, outcome.public or outcome.private or "", thread_ts=thread_ts)
         return Outcome(enqueue=outcome.enqueue)
 
 
-async def announce(client: Any, channel: str, thread_ts: str | None, text: str) -> None:
+async def announce(slack: SlackOut, channel: str, thread_ts: str | None, text: str) -> None:
     """A command's line for everyone, in the thread (None: the channel) it is about."""
     try:
-        await client.chat_postMessage(channel=channel, thread_ts=thread_ts, text=text)
+        await slack.post(channel, text, thread_ts=thread_ts)
     except Exception as e:  # noqa: BLE001 - the change holds; its announcement is a courtesy
         log.warning("could not announce a change in %s/%s: %s", channel, thread_ts, e)

@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from typing import Any
 
-from slack_bolt.async_app import AsyncAck, AsyncBoltContext, AsyncSay, AsyncSetSuggestedPrompts
+from slack_bolt.async_app import AsyncAck, AsyncBoltContext
 from slack_bolt.context.assistant.thread_context import AssistantThreadContext
 from slack_bolt.context.assistant.thread_context_store.async_store import AsyncAssistantThreadContextStore
 from slack_sdk.web.async_client import AsyncWebClient
@@ -38,6 +38,7 @@ from chatops.inbox import Recorded, assistant_context, keep_assistant_context, r
 from chatops.requests import request_key
 from chatops.schema import RequestKind
 from chatops.store import record_slack_event
+from workers.slack_out import SlackOut
 from workers.tasks import enqueue_job_run, enqueue_push, enqueue_session
 
 log = logging.getLogger("mm.bot")
@@ -45,6 +46,7 @@ log = logging.getLogger("mm.bot")
 ENGINE = "engine"
 HOME = "home"
 REQUESTS = "requests"
+SECRETS = "secrets"
 # Set in a request's context once what it asks is recorded: an error after that is answered 200 (bot.app),
 # since the record is carried out all the same, and a retry would only find it recorded.
 RECORDED = "recorded"
@@ -91,11 +93,7 @@ async def on_message(ack: AsyncAck, event: dict[str, Any], context: AsyncBoltCon
 
 
 async def on_assistant_thread_started(
-    ack: AsyncAck,
-    body: dict[str, Any],
-    context: AsyncBoltContext,
-    say: AsyncSay,
-    set_suggested_prompts: AsyncSetSuggestedPrompts,
+    ack: AsyncAck, body: dict[str, Any], context: AsyncBoltContext, client: AsyncWebClient
 ) -> None:
     """Slack's assistant pane opened a thread: a greeting and prompts to start from; the session starts with
     the first message. A redelivered event (same event id) greets once."""
@@ -103,8 +101,10 @@ async def on_assistant_thread_started(
     event_id = body.get("event_id")
     first = await asyncio.to_thread(record_slack_event, _engine(context), event_id) if event_id else True
     await ack()
-    if first:
-        in_background(_greet(say, set_suggested_prompts))
+    thread = (body.get("event") or {}).get("assistant_thread") or {}
+    channel, thread_ts = thread.get("channel_id"), thread.get("thread_ts")
+    if first and isinstance(channel, str) and isinstance(thread_ts, str):
+        in_background(_greet(slack_out(context, client), channel, thread_ts))
 
 
 async def on_assistant_context_changed(ack: AsyncAck, body: dict[str, Any], context: AsyncBoltContext) -> None:
@@ -209,7 +209,7 @@ async def on_home_opened(
 ) -> None:
     await ack()
     if event.get("tab") == "home" and event.get("user"):
-        in_background(context[HOME].publish(client, event["user"]))
+        in_background(context[HOME].publish(slack_out(context, client), event["user"]))
 
 
 # --- the steps ----------------------------------------------------------------------------------------------
@@ -237,6 +237,11 @@ async def _in_followed_thread(context: AsyncBoltContext, event: dict[str, Any]) 
 
 def _engine(context: AsyncBoltContext) -> Engine:
     return context[ENGINE]
+
+
+def slack_out(context: AsyncBoltContext, client: AsyncWebClient) -> SlackOut:
+    """The request's Web API client behind the gateway every write to Slack goes through."""
+    return SlackOut(client, context[SECRETS])
 
 
 def _mentions_first(text: str, bot_user_id: str | None) -> bool:
@@ -296,7 +301,7 @@ async def _take(
     context[RECORDED] = True
     await ack()
     if recorded.new:
-        in_background(_hand_off(recorded, client, channel, thread_ts))
+        in_background(_hand_off(recorded, slack_out(context, client), channel, thread_ts))
     else:
         log.debug("message %s in %s already recorded (a redelivery, or a mention's twin)", event["ts"], channel)
 
@@ -317,12 +322,12 @@ async def _record_then_ack(
     context[RECORDED] = True
     await ack()
     if recorded is not None:
-        requests.start(client, recorded)
+        requests.start(slack_out(context, client), recorded)
     else:
         log.debug("the %s request %s was recorded before (a redelivery, or a mention's twin)", kind, key)
 
 
-async def _hand_off(recorded: Recorded, client: AsyncWebClient, channel: str, thread_ts: str) -> None:
+async def _hand_off(recorded: Recorded, slack: SlackOut, channel: str, thread_ts: str) -> None:
     try:
         await asyncio.get_running_loop().run_in_executor(_enqueuer, enqueue_session, recorded.session_id)
     except Exception as exc:  # noqa: BLE001 - the message is recorded: housekeeping enqueues it later
@@ -331,18 +336,24 @@ async def _hand_off(recorded: Recorded, client: AsyncWebClient, channel: str, th
         # The one Web API call of the inbound side: without it a message sent during a long turn would look
         # ignored until the turn ends.
         try:
-            await client.chat_postMessage(channel=channel, thread_ts=thread_ts, text=QUEUED)
+            await slack.post(channel, QUEUED, thread_ts=thread_ts)
         except Exception as exc:  # noqa: BLE001 - a courtesy: the message waits in the inbox all the same
             log.warning("could not tell %s/%s that its message is queued: %s", channel, thread_ts, exc)
 
 
-async def _greet(say: AsyncSay, set_suggested_prompts: AsyncSetSuggestedPrompts) -> None:
+async def _greet(slack: SlackOut, channel: str, thread_ts: str) -> None:
     # Two calls, each on its own: prompts Slack refuses must not cost the greeting.
     try:
-        await set_suggested_prompts(prompts=SUGGESTED_PROMPTS, title="Try one of these")
+        await slack.call(
+            "assistant.threads.setSuggestedPrompts",
+            channel_id=channel,
+            thread_ts=thread_ts,
+            prompts=SUGGESTED_PROMPTS,
+            title="Try one of these",
+        )
     except Exception as exc:  # noqa: BLE001 - a courtesy
         log.warning("could not set the assistant thread's suggested prompts: %s", exc)
     try:
-        await say(HELLO)
+        await slack.post(channel, HELLO, thread_ts=thread_ts)
     except Exception as exc:  # noqa: BLE001 - a courtesy
         log.warning("could not greet the assistant thread: %s", exc)

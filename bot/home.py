@@ -19,6 +19,8 @@ from bot.authorize import Approvers
 from bot.jobs import JobCommands
 from chatops.queries import PendingApproval, SessionSummary, pending_approvals, recent_sessions
 from workers.approval_message import approval_blocks, when
+from workers.mrkdwn import Mrkdwn
+from workers.slack_out import SlackOut
 
 log = logging.getLogger("mm.bot.home")
 
@@ -44,10 +46,10 @@ class Home:
         self.engine, self.approvers, self.secrets, self.jobs = engine, approvers, secrets, jobs
         self._links: dict[tuple[str, str], str] = {}  # a thread's permalink never changes
 
-    async def publish(self, client: Any, user: str, notice: str | None = None) -> None:
+    async def publish(self, slack: SlackOut, user: str, notice: str | None = None) -> None:
         try:
-            view = await self.view(client, user, notice)
-            await client.views_publish(user_id=user, view=view)
+            view = await self.view(slack.client, user, notice)
+            await slack.publish_home(user, view)
         except Exception as e:  # noqa: BLE001 - the page is a courtesy; the thread has everything
             log.warning("could not publish App Home for %s: %s", user, e)
 
@@ -56,7 +58,7 @@ class Home:
         waiting = await asyncio.to_thread(pending_approvals, self.engine, PENDING_READ)
         blocks: list[dict[str, Any]] = []
         if notice:
-            blocks.append(_context(f"⚠️ {notice}"))
+            blocks.append(_context(Mrkdwn("⚠️ ") + notice))
         blocks += [_header("Your sessions")]
         for session in sessions:
             blocks.append(_section(await self._session_line(client, session)))
@@ -77,17 +79,23 @@ class Home:
             blocks += [{"type": "divider"}, _header("Scheduled jobs"), _section(listing[:2900])]
         return {"type": "home", "blocks": blocks[:100]}
 
-    async def _session_line(self, client: Any, session: SessionSummary) -> str:
+    async def _session_line(self, client: Any, session: SessionSummary) -> Mrkdwn:
         link = await self._link(client, session.channel_id, session.thread_ts)
-        where = f"<{link}|thread in <#{session.channel_id}>>" if link else f"thread in <#{session.channel_id}>"
+        where = _where(link, "thread in {channel}", session.channel_id)
         status = STATUS.get(session.status, session.status)
-        return f"{where} · {status} · last active {when(session.updated_at)}"
+        return Mrkdwn("{where} · {status} · last active {when}").format(
+            where=where, status=status, when=when(session.updated_at)
+        )
 
     async def _approval(self, client: Any, pending: PendingApproval) -> list[dict[str, Any]]:
         # A call whose whole text the page cannot hold is shown without Approve: the thread has it (its file).
         blocks, _text = approval_blocks(pending.row, pending.channel_id, self.secrets, in_home=True)
         link = await self._link(client, pending.channel_id, pending.thread_ts)
-        where = f"<{link}|In a thread of <#{pending.channel_id}>>" if link else f"In <#{pending.channel_id}>"
+        where = (
+            _where(link, "In a thread of {channel}", pending.channel_id)
+            if link
+            else _where(None, "In {channel}", pending.channel_id)
+        )
         return [_context(where), *blocks]
 
     async def _link(self, client: Any, channel: str | None, ts: str | None) -> str | None:
@@ -104,6 +112,12 @@ class Home:
                 return None
             self._links[key] = str(response.get("permalink") or "")
         return self._links[key] or None
+
+
+def _where(link: str | None, label: str, channel: str | None) -> Mrkdwn:
+    """`label` naming the channel (`<#C…>`), as a link to the thread when there is one (Slack's permalink)."""
+    named = Mrkdwn(label).format(channel=Mrkdwn("<#{id}>").format(id=channel or ""))
+    return Mrkdwn("<{link}|{label}>").format(link=link, label=named) if link else named
 
 
 def _header(text: str) -> dict[str, Any]:

@@ -21,17 +21,20 @@ from chatops.jobs import overview, record_manual_run, running_run, set_paused
 from chatops.reload import ConfigFile
 from chatops.schedule import next_fire
 from chatops.schema import utcnow
+from workers.mrkdwn import Mrkdwn
 
 _JOB = re.compile(r"^job(?:\s+(run|pause|resume)(?:\s+(\S+))?)?$", re.IGNORECASE)
 
 NO_JOBS = "No jobs are configured (`jobs` in the config)."
 JOB_USAGE = "Say `/mm jobs`, or `/mm job run NAME`, `/mm job pause NAME`, `/mm job resume NAME`."
 UNKNOWN_JOB = "There is no job named `{name}`; the jobs are: {jobs}."
-RUN_ASKED = "🔧 <@{user}> started *{job}* now; its thread follows in <#{channel}>."
-PAUSED = "⏸ <@{user}> paused *{job}*: it runs only when asked (`/mm job run {job}`) until `/mm job resume {job}`."
-RESUMED = "▶️ <@{user}> resumed *{job}*: its next run is {next}."
+RUN_ASKED = Mrkdwn("🔧 <@{user}> started *{job}* now; its thread follows in <#{channel}>.")
+PAUSED = Mrkdwn(
+    "⏸ <@{user}> paused *{job}*: it runs only when asked (`/mm job run {job}`) until `/mm job resume {job}`."
+)
+RESUMED = Mrkdwn("▶️ <@{user}> resumed *{job}*: its next run is {next}.")
 ALREADY = "*{job}* is {state} already."
-STILL_RUNNING = (
+STILL_RUNNING = Mrkdwn(
     "*{job}* is running now (its thread is in <#{channel}>): a second run would be skipped, so none was started."
 )
 RUN = "job_run"  # the step of `/mm job run` that recorded the run: its id
@@ -91,14 +94,15 @@ class JobCommands:
         line = said.format(user=user, job=job.name, next=_next(job))
         return line, (job.channel, line)
 
-    def listing(self) -> str:
+    def listing(self) -> Mrkdwn:
         jobs = self.config.service.jobs
         states = overview(self.engine, [j.name for j in jobs])
         lines = []
         for job in jobs:
             state = states[job.name]
             if state.paused:
-                when = f"⏸ paused ({state.paused_reason or 'by a person'})"
+                # Only the service writes the reason (who paused it, or how many runs failed): its mention is meant.
+                when = Mrkdwn("⏸ paused ({why})").format(why=Mrkdwn(state.paused_reason or "by a person"))
             elif not job.enabled:
                 when = "disabled in the config"
             else:
@@ -108,8 +112,12 @@ class JobCommands:
                 if state.last_status and state.last_at
                 else "never run"
             )
-            lines.append(f"• *{job.name}* `{job.schedule}` ({job.timezone}) in <#{job.channel}> · {when} · {last}")
-        return "\n".join(lines)
+            lines.append(
+                Mrkdwn("• *{name}* `{schedule}` ({zone}) in <#{channel}> · {when} · {last}").format(
+                    name=job.name, schedule=job.schedule, zone=job.timezone, channel=job.channel, when=when, last=last
+                )
+            )
+        return Mrkdwn("\n").join(lines)
 
 
 def _next(job: JobConfig) -> str:

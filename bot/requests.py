@@ -27,6 +27,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from slack_bolt.context.respond.async_respond import AsyncRespond
+from slack_sdk.web.async_client import AsyncWebClient
 from sqlalchemy import Engine
 
 from bot.approvals import Click, ClickHandler
@@ -35,7 +36,7 @@ from bot.home import Home
 from chatops.buttons import LABELS
 from chatops.requests import MAX_ATTEMPTS, Request, claim_stale, finish, keep_progress, record, release, renew
 from chatops.schema import RequestKind, RequestState
-from workers.blocks import neutralise
+from workers.slack_out import SlackOut
 
 log = logging.getLogger("mm.bot.requests")
 
@@ -79,26 +80,26 @@ class Requests:
         a mention's twin): its first delivery's bot carries it out, or a replay does."""
         return await asyncio.to_thread(record, self.engine, kind, key, payload, self.owner)
 
-    def start(self, client: Any, request: Request) -> None:
-        in_background(self.carry_out(client, request))
+    def start(self, slack: SlackOut, request: Request) -> None:
+        in_background(self.carry_out(slack, request))
 
-    async def carry_out(self, client: Any, request: Request) -> None:
+    async def carry_out(self, slack: SlackOut, request: Request) -> None:
         """Carry the request out and mark it done. An attempt that raises is released for a replay; after
         MAX_ATTEMPTS (also of bots that died on it) the person is told, and the request kept as failed."""
         self._carrying.add(request.id)
         try:
             if request.attempts > MAX_ATTEMPTS:  # its bots died on every attempt
-                await self._give_up(client, request)
+                await self._give_up(slack, request)
                 return
             try:
-                await _CARRY[request.kind](self, client, request)
+                await _CARRY[request.kind](self, slack, request)
             except ClaimLost:
                 log.warning("the %s request %s was taken over by another bot", request.kind, request.id)
                 return
             except Exception:
                 log.exception("the %s request %s failed (attempt %d)", request.kind, request.id, request.attempts)
                 if request.attempts >= MAX_ATTEMPTS:
-                    await self._give_up(client, request)
+                    await self._give_up(slack, request)
                 else:
                     await self._keep_state(release, request)
                 return
@@ -106,9 +107,10 @@ class Requests:
         finally:
             self._carrying.discard(request.id)
 
-    async def keep(self, client: Any) -> None:
+    async def keep(self, client: AsyncWebClient) -> None:
         """Forever, every third of `bot.claimSeconds`: renew this process's claims, and carry out again the
-        requests nobody carries out."""
+        requests nobody carries out (through `client`, the app's own)."""
+        slack = SlackOut(client, self.commands.secrets)
         while True:
             claim = self.claim_seconds()
             await asyncio.sleep(claim / 3)
@@ -120,27 +122,27 @@ class Requests:
                 continue
             for request in left:
                 log.info("the %s request %s again (attempt %d)", request.kind, request.id, request.attempts)
-                self.start(client, request)
+                self.start(slack, request)
 
-    async def _give_up(self, client: Any, request: Request) -> None:
+    async def _give_up(self, slack: SlackOut, request: Request) -> None:
         """Tell the person, in one sentence, and keep the request as failed."""
         log.error("gave up on the %s request %s after %d attempts", request.kind, request.id, request.attempts)
         p = request.payload
         attempts = min(request.attempts, MAX_ATTEMPTS)
         if request.kind == RequestKind.SLASH:
-            what = neutralise(f"{SLASH_COMMAND} {p['text']}".strip()[:100])
-            await _respond(p, GAVE_UP.format(what=f"`{what}`", attempts=attempts))
+            what = f"{SLASH_COMMAND} {p['text']}".strip()[:100]
+            await _respond(slack, p, GAVE_UP.format(what=f"`{what}`", attempts=attempts))
         elif request.kind == RequestKind.COMMAND:
             where = Where(**p["where"])
             said = GAVE_UP.format(what=f"`{p['name']}`", attempts=attempts)
-            await tell(client, where.user, where.channel, where.thread_ts, said)
+            await tell(slack, where.user, where.channel, where.thread_ts, said)
         else:
             click = Click.of(p["action"], p["body"])
             said = GAVE_UP.format(what=f"your click on {LABELS[click.action]}", attempts=attempts)
             if click.channel is None:
-                await self.home.publish(client, click.user, notice=said)
+                await self.home.publish(slack, click.user, notice=said)
             else:
-                await tell(client, click.user, click.channel, click.thread_ts, said)
+                await tell(slack, click.user, click.channel, click.thread_ts, said)
         await self._keep_state(functools.partial(finish, state=RequestState.FAILED), request)
 
     async def _keep_state(self, write: Callable[[Engine, int, str], Any], request: Request) -> None:
@@ -153,32 +155,32 @@ class Requests:
 
     # -- the kinds ----------------------------------------------------------------------------------------------
 
-    async def _slash(self, client: Any, request: Request) -> None:
+    async def _slash(self, slack: SlackOut, request: Request) -> None:
         p, steps = request.payload, RecordedSteps(self, request)
         outcome = await self.commands.slash(
-            client, p["text"], p["channel_id"], p["user_id"], p["team_id"] or None, p["trigger_id"], steps
+            slack, p["text"], p["channel_id"], p["user_id"], p["team_id"] or None, p["trigger_id"], steps
         )
-        await self._answer(client, outcome, p["channel_id"], None, p["user_id"], p)
+        await self._answer(slack, outcome, p["channel_id"], None, p["user_id"], p)
 
-    async def _command(self, client: Any, request: Request) -> None:
+    async def _command(self, slack: SlackOut, request: Request) -> None:
         p = request.payload
         where = Where(**p["where"])
-        outcome = await self.commands.run(client, Command(p["name"], tuple(p["args"])), where)
-        await self._answer(client, outcome, where.channel, where.thread_ts, where.user)
+        outcome = await self.commands.run(slack, Command(p["name"], tuple(p["args"])), where)
+        await self._answer(slack, outcome, where.channel, where.thread_ts, where.user)
 
-    async def _click(self, client: Any, request: Request) -> None:
+    async def _click(self, slack: SlackOut, request: Request) -> None:
         click = Click.of(request.payload["action"], request.payload["body"])
-        refusal = await self.clicks.handle(client, click)
+        refusal = await self.clicks.handle(slack, click)
         if click.channel is None:  # App Home: the page shows the outcome (or the refusal) once published again
-            await self.home.publish(client, click.user, notice=refusal)
+            await self.home.publish(slack, click.user, notice=refusal)
         if refusal is None:
             return
         log.info("click %s of %s on %s refused: %s", click.action, click.user, click.value.session_id, refusal)
-        await tell(client, click.user, click.channel, click.thread_ts, refusal)
+        await tell(slack, click.user, click.channel, click.thread_ts, refusal)
 
     async def _answer(
         self,
-        client: Any,
+        slack: SlackOut,
         outcome: Outcome,
         channel: str,
         thread_ts: str | None,
@@ -192,11 +194,11 @@ class Requests:
                 log.warning("could not enqueue session %s (%s); housekeeping will", outcome.enqueue, exc)
         if outcome.private:
             if slash is not None:
-                await _respond(slash, outcome.private)
+                await _respond(slack, slash, outcome.private)
             else:
-                await tell(client, user, channel, thread_ts, outcome.private)
+                await tell(slack, user, channel, thread_ts, outcome.private)
         if outcome.public:
-            await announce(client, channel, thread_ts, outcome.public)
+            await announce(slack, channel, thread_ts, outcome.public)
 
 
 class RecordedSteps:
@@ -216,26 +218,26 @@ class RecordedSteps:
             raise ClaimLost
 
 
-_CARRY: dict[RequestKind, Callable[[Requests, Any, Request], Awaitable[None]]] = {
+_CARRY: dict[RequestKind, Callable[[Requests, SlackOut, Request], Awaitable[None]]] = {
     RequestKind.SLASH: Requests._slash,
     RequestKind.COMMAND: Requests._command,
     RequestKind.CLICK: Requests._click,
 }
 
 
-async def tell(client: Any, user: str, channel: str | None, thread_ts: str | None, text: str) -> None:
+async def tell(slack: SlackOut, user: str, channel: str | None, thread_ts: str | None, text: str) -> None:
     """An ephemeral sentence for one person, in the thread it is about."""
     if channel is None:
         return
     try:
-        await client.chat_postEphemeral(channel=channel, user=user, text=text, thread_ts=thread_ts)
+        await slack.ephemeral(channel, user, text, thread_ts=thread_ts)
     except Exception as e:  # noqa: BLE001 - a courtesy: nothing was changed either way
         log.warning("could not tell %s in %s: %s", user, channel, e)
 
 
-async def _respond(slash: dict[str, Any], text: str) -> None:
+async def _respond(slack: SlackOut, slash: dict[str, Any], text: str) -> None:
     """The answer to a slash command, for the person alone, through its response URL."""
     try:
-        await AsyncRespond(response_url=slash["response_url"] or None)(text=text, response_type="ephemeral")
+        await slack.respond(AsyncRespond(response_url=slash["response_url"] or None), text, response_type="ephemeral")
     except Exception as exc:  # noqa: BLE001 - a courtesy
         log.warning("could not answer %s: %s", SLASH_COMMAND, exc)

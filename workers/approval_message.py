@@ -27,7 +27,8 @@ from chatops.schema import ApprovalState
 from chatops.secrets import scrub
 from chatops.store import ApprovalRow
 from mm_core import display
-from workers.blocks import code_sections, context_block, mrkdwn_of, section_block
+from workers.blocks import code_sections, context_block, section_block
+from workers.mrkdwn import Mrkdwn, mrkdwn_of
 
 WAITING = "⏸ The turn waits for a decision"
 NO_APPROVERS = "no approvers configured"  # decided_by of a call that nobody in its channel may approve
@@ -64,7 +65,7 @@ class ApprovalAsked:
 class Layout:
     """How a call is shown in its message: its line and its whole text, inline or as a head and a tail."""
 
-    line: str  # mrkdwn: 🔐, the icon and the head of the title
+    line: Mrkdwn  # 🔐, the icon and the head of the title
     invisible: bool  # the title or the text held invisible or reordering characters (shown escaped)
     code: list[dict[str, Any]]  # the whole text's code sections; when it does not fit, its head's
     omitted: str | None  # mrkdwn: what lies between the head and the tail (None: the text is inline, whole)
@@ -78,10 +79,10 @@ class Layout:
         return self.omitted is None
 
 
-def when(moment: datetime) -> str:
+def when(moment: datetime) -> Mrkdwn:
     """A time every reader sees in their own time zone (Slack's date formatting), with a UTC fallback."""
     fallback = moment.strftime("%Y-%m-%d %H:%M UTC")
-    return f"<!date^{int(moment.timestamp())}^{{date_short_pretty}} at {{time}}|{fallback}>"
+    return Mrkdwn(f"<!date^{int(moment.timestamp())}^{{date_short_pretty}} at {{time}}|{fallback}>")
 
 
 def line_of(row: ApprovalRow) -> str:
@@ -92,13 +93,13 @@ def line_of(row: ApprovalRow) -> str:
 def layout(row: ApprovalRow, secrets: Sequence[str] = ()) -> Layout:
     """The one decision of how a call's text is shown (see the module's docstring)."""
 
-    def mrkdwn(text: str) -> str:
+    def mrkdwn(text: str) -> Mrkdwn:
         return mrkdwn_of(text, secrets)
 
     prompt = _prompt(row)
     what = display.WHAT.get(row.tool, "text")
     text = "\n".join(prompt.details)
-    line = f"{display.PROMPT_ICON} {mrkdwn(prompt.line.text)}"
+    line = Mrkdwn("{icon} {line}").format(icon=display.PROMPT_ICON, line=mrkdwn(prompt.line.text))
     # Whether it fits is decided on the text as it is, not as masked (masking only shortens it): the worker, the
     # bot and App Home, each with its own secrets, must agree on whether a call needs its file to be approved.
     fits, cut = code_sections(prompt.details, lambda piece: mrkdwn_of(piece, ()))
@@ -152,15 +153,20 @@ def approval_blocks(
                 "elements": [element(a, value) for a in actions],
             }
         )
-    fallback = f"{shown.line}: {_fallback_state(row)}"
+    fallback = Mrkdwn("{line}: {state}").format(line=shown.line, state=_fallback_state(row))
     return blocks, fallback[:3000]
 
 
-def requesters(requested_by: str | None) -> str:
+def requesters(requested_by: str | None) -> Mrkdwn:
     """Who asked for a call, as mentions (the comma-separated authors of a turn's messages); a job's prompt,
     which nobody wrote, when nobody."""
     people = [p for p in (requested_by or "").split(",") if p]
-    return ", ".join(f"<@{p}>" for p in people) if people else "the job's prompt"
+    return Mrkdwn(", ").join(mention(p) for p in people) if people else Mrkdwn("the job's prompt")
+
+
+def mention(user: str) -> Mrkdwn:
+    """A person's mention (`<@U…>`): Slack's user ids are letters and digits, anything else stays text."""
+    return Mrkdwn("<@{user}>").format(user=user)
 
 
 def _prompt(row: ApprovalRow) -> display.Prompt:
@@ -168,7 +174,7 @@ def _prompt(row: ApprovalRow) -> display.Prompt:
 
 
 def _head_and_tail(
-    text: str, mrkdwn: Callable[[str], str]
+    text: str, mrkdwn: Callable[[str], Mrkdwn]
 ) -> tuple[str, str, list[dict[str, Any]], list[dict[str, Any]]]:
     """The first and the last characters of `text` (PART_CHARS at most) that each fit one code section with no
     line cut, and their code sections. At least one character lies between them: `text` did not fit whole."""
@@ -197,24 +203,22 @@ def _between(text: str, head: str, tail: str) -> str:
     return f"{count} ({lines} of {total:,})"
 
 
-def _state_line(row: ApprovalRow, channel: str, job_run: bool) -> str:
-    at = f" {when(row.decided_at)}" if row.decided_at else ""
+def _state_line(row: ApprovalRow, channel: str, job_run: bool) -> Mrkdwn:
+    at = Mrkdwn(" ") + when(row.decided_at) if row.decided_at else Mrkdwn()
     if row.state == ApprovalState.PENDING:
-        asked = f" · asked by {requesters(row.requested_by)}" if row.requested_by else ""
-        expires = f" · expires {when(row.expires_at)}" if row.expires_at else ""
-        return f"{WAITING}{asked}{expires}"
+        asked = Mrkdwn(" · asked by ") + requesters(row.requested_by) if row.requested_by else Mrkdwn()
+        expires = Mrkdwn(" · expires ") + when(row.expires_at) if row.expires_at else Mrkdwn()
+        return Mrkdwn(WAITING) + asked + expires
     if row.decided_by == NO_APPROVERS:
-        return NOBODY_MAY_APPROVE.format(channel=channel)
+        return Mrkdwn.of(NOBODY_MAY_APPROVE.format(channel=channel))
+    by = mention(row.decided_by or "")
     if row.state == ApprovalState.APPROVED:
-        also = (
-            f", and every further call {requesters(None if job_run else row.requested_by)} asks for in this thread"
-            if row.approve_all
-            else ""
-        )
-        return f"✅ Approved by <@{row.decided_by}>{also}{at}"
+        who = requesters(None if job_run else row.requested_by)
+        also = Mrkdwn(", and every further call {who} asks for in this thread").format(who=who)
+        return Mrkdwn("✅ Approved by {by}{also}{at}").format(by=by, also=also if row.approve_all else Mrkdwn(), at=at)
     if row.state == ApprovalState.REJECTED:
-        return f"❌ Rejected by <@{row.decided_by}>{at}"
-    return f"⌛ Not decided: it expired, or the turn was stopped{at}"
+        return Mrkdwn("❌ Rejected by {by}{at}").format(by=by, at=at)
+    return Mrkdwn("⌛ Not decided: it expired, or the turn was stopped{at}").format(at=at)
 
 
 def _fallback_state(row: ApprovalRow) -> str:

@@ -1,41 +1,24 @@
-"""Block Kit pieces shared by the thread's renderer and the approval message: text from the model or a tool
-made safe to show (no secret, no `<…>` sequence, no mention that notifies), code blocks within Slack's limits.
+"""Block Kit pieces shared by the thread's renderer, the approval message and the bot: sections, context lines and
+code blocks within Slack's limits, of mrkdwn (workers/mrkdwn.py: a plain `str` handed to them is someone else's
+text, and the gateway escapes it).
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar, cast
 
-from chatops.secrets import scrub
+from workers.mrkdwn import ZWSP, Mrkdwn
 
 # Slack's limit is 3,000 characters a section: kept well under.
 SECTION_CHARS = 2900
 # Code sections a preview or a prompt's details may fill before the rest goes to a file instead.
 CODE_SECTIONS = 4
-ZWSP = "\u200b"
-# What would notify people: Slack's special mentions (`<!here>`, `<!subteam^S…>`) and the bare words. No
-# lookahead, so that a match never depends on text that has not arrived yet (see render's _stable).
-MENTION = re.compile(r"<!|@(?:channel|here|everyone)", re.IGNORECASE)
+FENCE = Mrkdwn("```")
+_Text = TypeVar("_Text", bound=str)
 
 
-def neutralise(text: str) -> str:
-    """`<!here>` → `<​!here>`, `@channel` → `@​channel`: shown as written, notifying nobody."""
-    return MENTION.sub(lambda m: m.group()[0] + ZWSP + m.group()[1:], text)
-
-
-def escape(text: str) -> str:
-    """mrkdwn's control characters as Slack wants them escaped: no `<…>` sequence survives."""
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-
-
-def mrkdwn_of(text: str, secrets: Sequence[str]) -> str:
-    """Text from the model or a tool as mrkdwn: without the secrets, its `<…>` escaped, notifying nobody."""
-    return neutralise(escape(scrub(text, list(secrets))))
-
-
-def code_sections(lines: Sequence[str], mrkdwn: Callable[[str], str]) -> tuple[list[dict[str, Any]], bool]:
+def code_sections(lines: Sequence[str], mrkdwn: Callable[[str], Mrkdwn]) -> tuple[list[dict[str, Any]], bool]:
     """`lines` in code blocks of at most SECTION_CHARS each, CODE_SECTIONS at most; whether some of them (or of
     a line) had to be left out."""
     room = SECTION_CHARS - len("```\n\n```")
@@ -57,7 +40,7 @@ def code_sections(lines: Sequence[str], mrkdwn: Callable[[str], str]) -> tuple[l
     else:
         if current:
             chunks.append(current)
-    return [section_block("```\n" + "\n".join(chunk) + "\n```") for chunk in chunks], cut
+    return [section_block(FENCE + "\n" + Mrkdwn("\n").join(chunk) + "\n" + FENCE) for chunk in chunks], cut
 
 
 def section_block(text: str) -> dict[str, Any]:
@@ -68,8 +51,10 @@ def context_block(text: str) -> dict[str, Any]:
     return {"type": "context", "elements": [{"type": "mrkdwn", "text": clip(text, SECTION_CHARS)}]}
 
 
-def clip(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+def clip(text: _Text, limit: int) -> _Text:
+    """`text` cut to `limit` characters, an ellipsis marking the cut; Mrkdwn stays Mrkdwn (a cut can break an entity
+    or a mention into text, never make one)."""
+    return text if len(text) <= limit else cast(_Text, text[: limit - 1] + "…")
 
 
 def duration(seconds: float) -> str:

@@ -61,14 +61,13 @@ from mm_core import (
 )
 from workers.approval_message import ApprovalAsked, approval_blocks, file_title, layout
 from workers.blocks import (
-    MENTION,
     clip,
     code_sections,
     context_block,
-    escape,
-    neutralise,
     section_block,
 )
+from workers.mrkdwn import MENTION, Mrkdwn, mrkdwn_of, neutralise
+from workers.slack_out import SlackOut
 
 log = logging.getLogger("mm.worker.render")
 
@@ -163,6 +162,7 @@ class ThreadRenderer:
         self.preview_lines = preview_lines
         # Longest first, so that a secret containing another is masked whole (as chatops.secrets does).
         self.secrets = sorted({s for s in secrets if s}, key=len, reverse=True)
+        self.out = SlackOut(client, self.secrets)  # every write to the thread leaves through it
         self.assistant_thread = assistant_thread
         self.recipient_user, self.recipient_team = recipient_user, recipient_team
         self.on_error = on_error
@@ -441,13 +441,13 @@ class ThreadRenderer:
         if self.recipient_user and self.recipient_team:
             params |= {"recipient_user_id": self.recipient_user, "recipient_team_id": self.recipient_team}
         try:
-            response = await self.client.api_call("chat.startStream", json=params)
+            response = await self.out.call("chat.startStream", **params)
         except (SlackApiError, SlackClientError) as e:
             # Streaming is not offered here (the plan, the app's features, an older Slack): post and edit.
             log.info("chat.startStream refused (%s): editing messages instead", self._scrub(_describe(e)))
             self._can_stream = False
             return None
-        return _ts(response.data if isinstance(response.data, dict) else None)
+        return _ts(response)
 
     # -- tool calls ---------------------------------------------------------------------------------------
 
@@ -584,7 +584,7 @@ class ThreadRenderer:
             # A failure is reported and not retried: the next status will try again.
             status.shown = status.sent = status.want
             return
-        text = escape(want)
+        text = Mrkdwn.of(want)
         # While the turn runs its status message carries the Stop button (the `stop` keyword does the same).
         blocks = [section_block(text)]
         if self.session_id is not None:
@@ -623,16 +623,8 @@ class ThreadRenderer:
         """Long output goes up as a file in the thread rather than as a wall of text; the file's id, or None when
         it did not get there."""
 
-        async def upload() -> Any:
-            return await self.client.files_upload_v2(
-                channel=self.channel,
-                thread_ts=self.thread_ts,
-                content=self._scrub(content),
-                filename=filename,
-                title=clip(self._scrub(title), 250),
-            )
-
-        data = await self._run_call("files.upload", upload())
+        upload = self.out.upload(self.channel, self.thread_ts, content, filename, clip(self._scrub(title), 250))
+        data = await self._run_call("files.upload", upload)
         if data is None:
             return None
         self._posted()
@@ -640,7 +632,7 @@ class ThreadRenderer:
 
     async def _call(self, method: str, **params: Any) -> dict[str, Any] | None:
         """A Web API call; its answer, or None when it failed (reported through on_error)."""
-        return await self._run_call(method, self.client.api_call(method, json=params))
+        return await self._run_call(method, self.out.call(method, **params))
 
     async def _run_call(self, method: str, call: Awaitable[Any]) -> dict[str, Any] | None:
         try:
@@ -648,7 +640,7 @@ class ThreadRenderer:
         except (SlackApiError, SlackClientError, ClientError, OSError, TimeoutError) as e:
             self._report(f"slack:{method}", f"{method}: {_describe(e)}")
             return None
-        data = getattr(response, "data", None)
+        data = response if isinstance(response, dict) else getattr(response, "data", None)
         return data if isinstance(data, dict) else {}
 
     def _where(self) -> dict[str, str]:
@@ -659,14 +651,14 @@ class ThreadRenderer:
     def _scrub(self, text: str) -> str:
         return scrub(text, self.secrets)
 
-    def _mrkdwn(self, text: str) -> str:
-        return neutralise(escape(self._scrub(text)))
+    def _mrkdwn(self, text: str) -> Mrkdwn:
+        return mrkdwn_of(text, self.secrets)
 
     def _prefix(self, agent: str | None) -> str:
         # An asked agent's lines carry its name, as in the terminal: `reviewer · …`.
         return f"{agent} · " if agent else ""
 
-    def _mrkdwn_line(self, line: display.CallLine) -> str:
+    def _mrkdwn_line(self, line: display.CallLine) -> Mrkdwn:
         return clip(self._mrkdwn(self._prefix(line.agent) + line.text), LINE_CHARS)
 
     def _code(self, lines: Sequence[str]) -> tuple[list[dict[str, Any]], bool]:
