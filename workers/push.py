@@ -133,7 +133,11 @@ def agent_of(config: Config, agent_name: str | None) -> AgentConfig:
     worker's git on its workspace gets the same sandbox and limits."""
     agent = config.agent
     if agent_name and agent_name in agent.mmConfigs:
-        return load_agent_file(agent.mmConfigs[agent_name])
+        try:
+            return load_agent_file(agent.mmConfigs[agent_name])
+        except (OSError, ValueError):
+            # Its turn could not start either (and said why): the strictest sandbox, never more than commands had.
+            return AgentConfig(sandbox="bwrap")
     return agent
 
 
