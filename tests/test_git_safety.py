@@ -2,21 +2,30 @@
 
 The workspace's `.git/config` (directly and through include.path / includeIf), its hooks and its
 `.gitattributes` name programs that leave a marker file when run, and the worker's own environment is polluted
-too. Every command the worker uses (clone, status, diff, log, fetch, push, credential) must run none of them,
-still do its work, and leave no credential anywhere in the workspace.
+too. Every command the worker runs on a workspace (status, diff, log, what a summary and a push run) must run
+none of them, still do its work, and leave no credential anywhere in the workspace. The workspace's git runs
+with `sandbox: none` here, as the workspace's owner: the overrides must hold without the sandbox to hide
+behind (the sandbox would not even see the programs; tests/test_git_links.py is about what it does see).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from mm_core.config import AgentConfig
 from workers import git
 from workers.git import Credentials, GitError
+from workers.push import changed_files, diff_stat, push_workspace
+from workers.workspaces import hand_over, prepare, start_commit
 
+AGENT = AgentConfig(sandbox="none")
 TOKEN = "tok-5ecret-9a7b"
 HOOKS = (
     "pre-commit",
@@ -57,11 +66,10 @@ class World:
         self.tmp = tmp
         self.markers = tmp / "markers"
         self.markers.mkdir()
+        self.markers.chmod(0o777)  # the programs would run as the workspace's owner
         self.origin = tmp / "origin"
-        self.mirror = tmp / "mirror.git"
         self.bare = tmp / "pushed.git"
         self.elsewhere = tmp / "elsewhere.git"
-        self.ws = tmp / "ws"
         self.origin.mkdir()
         sh("init", "-q", "-b", "main", cwd=self.origin)
         (self.origin / "a.txt").write_text("one\n")
@@ -69,9 +77,12 @@ class World:
         (self.origin / ".gitattributes").write_text("* filter=evil diff=evil merge=evil\n")
         sh("add", ".", cwd=self.origin)
         sh("commit", "-q", "-m", "first", cwd=self.origin)
-        sh("clone", "-q", "--mirror", str(self.origin), str(self.mirror))
         sh("init", "-q", "--bare", "-b", "main", str(self.bare))
         sh("init", "-q", "--bare", "-b", "main", str(self.elsewhere))
+        self.root = tmp / "workspaces"
+        self.session = "5" * 32
+        self.ws = prepare(self.root, self.session, str(self.origin), "main").path
+        (self.mirror,) = (self.root / ".mirrors").glob("*.git")
 
     def program(self, name: str) -> str:
         """A script that leaves markers/<name> and passes its input through (so a filter still 'works')."""
@@ -119,13 +130,16 @@ class World:
 
 
 @pytest.fixture
-def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> World:
-    w = World(tmp_path)
+def world(monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:
+    # Where the workspace's owner can reach its workspace and the programs (pytest's tmp_path is root's alone).
+    top = Path(tempfile.mkdtemp(prefix="mm-git-safety-"))
+    top.chmod(0o711)
+    w = World(top)
     # The worker's own environment is no safer: a hostile global config and git variables must be ignored.
-    home = tmp_path / "home"
+    home = top / "home"
     home.mkdir()
     (home / ".gitconfig").write_text(
-        f"[core]\n\thooksPath = {tmp_path / 'evil-hooks'}\n"
+        f"[core]\n\thooksPath = {top / 'evil-hooks'}\n"
         f'[filter "evil"]\n\tsmudge = {w.program("global-smudge")}\n'
         f"\tclean = {w.program('global-clean')}\n"
     )
@@ -134,7 +148,8 @@ def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> World:
     monkeypatch.setenv("GIT_SSH_COMMAND", w.program("env-ssh"))
     monkeypatch.setenv("GIT_CONFIG_PARAMETERS", f"'core.fsmonitor={w.program('env-fsmonitor')}'")
     monkeypatch.setenv("GIT_PAGER", w.program("env-pager"))
-    return w
+    yield w
+    shutil.rmtree(top)
 
 
 def make_hostile(w: World, key_values: list[tuple[str, str]], hooks: bool = True) -> None:
@@ -153,35 +168,36 @@ def make_hostile(w: World, key_values: list[tuple[str, str]], hooks: bool = True
     sh("config", "--file", str(gd / "config"), "include.path", str(included))
     sh("config", "--file", str(gd / "config"), f"includeIf.gitdir:{w.ws}/.path", str(included))
     (w.ws / "a.txt").write_text("one\ntwo\n")
+    hand_over(w.ws)  # the model wrote all this as the workspace's owner
+
+
+def push(w: World, branch: str, credentials: Credentials | None = None) -> str:
+    """The worker's push of the workspace to w.bare, as an approver's Push branch runs it; the commit pushed."""
+    start = start_commit(w.root, w.session)
+    return push_workspace(w.ws, AGENT, str(w.bare), branch, "work", credentials, start=start).commit
 
 
 def test_every_worker_command_ignores_a_hostile_workspace_and_still_works(world: World) -> None:
     w = world
-    git.clone(w.mirror, w.ws, timeout=30)
     assert (w.ws / "a.txt").read_text() == "one\n"
     assert w.ran() == []  # no smudge from the global config or the environment
     make_hostile(w, w.hostile_settings())
 
-    out = git.status(w.ws).stdout
+    out = git.status(w.ws, AGENT).stdout
     assert " M a.txt" in out
-    d = git.diff(w.ws).stdout
+    d = git.diff(w.ws, AGENT).stdout
     assert "+two" in d and "diff --git a/a.txt b/a.txt" in d
-    assert "+two" in git.diff(w.ws, "HEAD").stdout
-    assert "first" in git.log(w.ws, "-p", "-1").stdout
+    assert "+two" in git.diff(w.ws, AGENT, "HEAD").stdout
+    assert "first" in git.log(w.ws, AGENT, "-p", "-1").stdout
+    start = start_commit(w.root, w.session)
+    assert changed_files(w.ws, AGENT, start) == 1
+    assert "a.txt | 1 +" in diff_stat(w.ws, AGENT, start, 20)
 
-    # A new commit upstream reaches the workspace from the mirror named by the worker.
-    (w.origin / "b.txt").write_text("b\n")
-    sh("add", "b.txt", cwd=w.origin)
-    sh("commit", "-q", "-m", "second", cwd=w.origin)
-    sh("fetch", "-q", str(w.origin), "+refs/heads/*:refs/heads/*", cwd=w.mirror)
-    git.fetch(w.ws, w.mirror, "+refs/heads/main:refs/remotes/origin/main")
-    assert "second" in git.log(w.ws, "-1", "refs/remotes/origin/main").stdout
-
-    # Commit the change with plain git outside the test's hostile config (the model would, in the sandbox),
-    # then push it where the worker says: not where pushInsteadOf points.
-    git.run_git(w.ws, "-c", "user.name=t", "-c", "user.email=t@x", "commit", "-q", "-am", "work")
-    git.push(w.ws, w.bare, "HEAD:refs/heads/work", credentials=Credentials("bot", TOKEN))
-    assert "work" in sh("log", "--format=%s", "-1", "refs/heads/work", cwd=w.bare)
+    # The push commits the change in the workspace and pushes it where the worker says: not where the
+    # workspace's pushInsteadOf points, and the token never reaches the workspace's git.
+    commit = push(w, "work", Credentials("bot", TOKEN))
+    assert sh("rev-parse", "refs/heads/work", cwd=w.bare).strip() == commit
+    assert sh("show", "work:a.txt", cwd=w.bare) == "one\ntwo\n"
     assert sh("for-each-ref", cwd=w.elsewhere) == ""
 
     assert w.ran() == []
@@ -193,101 +209,87 @@ def test_every_worker_command_ignores_a_hostile_workspace_and_still_works(world:
 def test_each_hostile_setting_alone_runs_nothing(world: World, index: int) -> None:
     """One setting at a time (so that one neutralised key cannot hide another that still runs)."""
     w = world
-    git.clone(w.mirror, w.ws, timeout=30)
     settings = w.hostile_settings()
     key, value = settings[index]
     make_hostile(w, [(key, value)], hooks=index == 0)
-    (w.origin / "b.txt").write_text("b\n")
-    sh("add", "b.txt", cwd=w.origin)
-    sh("commit", "-q", "-m", "second", cwd=w.origin)
-    sh("fetch", "-q", str(w.origin), "+refs/heads/*:refs/heads/*", cwd=w.mirror)
-    git.status(w.ws)
-    git.diff(w.ws)
-    git.log(w.ws, "-p", "-1")
-    git.fetch(w.ws, w.mirror, "+refs/heads/main:refs/remotes/origin/main")  # a ref changes: transaction hooks
-    git.run_git(w.ws, "-c", "user.name=t", "-c", "user.email=t@x", "commit", "-q", "-am", "work")
-    git.push(w.ws, w.bare, "HEAD:refs/heads/main")
-    assert "work" in sh("log", "--format=%s", "-1", "main", cwd=w.bare)
+    git.status(w.ws, AGENT)
+    git.diff(w.ws, AGENT)
+    git.log(w.ws, AGENT, "-p", "-1")
+    start = start_commit(w.root, w.session)
+    diff_stat(w.ws, AGENT, start, 20)
+    # A checkout, an add, a commit (refs change: transaction hooks), a pack of the commit, a push.
+    commit = push(w, "work")
+    assert sh("rev-parse", "work", cwd=w.bare).strip() == commit
     assert sh("for-each-ref", cwd=w.elsewhere) == ""
     assert w.ran() == [], key
 
 
 def test_sanitize_keeps_the_harmless_config_and_drops_the_rest(world: World) -> None:
     w = world
-    git.clone(w.mirror, w.ws, timeout=30)
     make_hostile(w, [("user.name", "Model"), ("filter.evil.clean", w.program("clean"))])
     (w.ws / ".git" / "objects" / "info").mkdir(exist_ok=True)
     (w.ws / ".git" / "objects" / "info" / "alternates").write_text(str(w.elsewhere / "objects") + "\n")
     dropped = git.sanitize(w.ws)
     assert "filter.evil.clean" in dropped and "include.path" in dropped and "objects/info/alternates" in dropped
     config = sh("config", "--file", str(w.ws / ".git" / "config"), "--list")
-    assert "user.name=Model" in config and f"remote.origin.url={w.mirror}" in config
+    assert "user.name=Model" in config and f"remote.origin.url={w.origin}" in config
     assert "filter" not in config and "include" not in config
     assert git.sanitize(w.ws) == []  # clean now: nothing rewritten
 
 
 def test_credentials_reach_git_through_the_environment_only(world: World) -> None:
+    # Only the worker's own repositories ever get credentials (a push's private repository): its askpass
+    # answers git from the environment, and nothing is written anywhere.
     w = world
-    git.clone(w.mirror, w.ws, timeout=30)
-    make_hostile(
-        w,
-        [
-            ("credential.helper", w.program("credential.helper")),
-            ("credential.helper", f"store --file={w.ws / 'stolen'}"),
-        ],
-    )
     asked = git.run_git(
-        w.ws, "credential", "fill", stdin="protocol=https\nhost=127.0.0.1\n\n", credentials=Credentials("bot", TOKEN)
+        w.bare, "credential", "fill", stdin="protocol=https\nhost=127.0.0.1\n\n", credentials=Credentials("bot", TOKEN)
     )
     # git got the token from the worker's askpass (its own output is masked on the way out)...
     assert "username=bot" in asked.stdout and f"password={git.MASK}" in asked.stdout
     git.run_git(
-        w.ws,
+        w.bare,
         "credential",
         "approve",
         stdin=f"protocol=https\nhost=127.0.0.1\nusername=bot\npassword={TOKEN}\n\n",
         credentials=Credentials("bot", TOKEN),
     )
-    # ...and no helper of the workspace's ran or stored it.
+    # ...and no helper of the environment's ran or stored it.
     assert w.ran() == []
-    assert not (w.ws / "stolen").exists()
-    assert TOKEN not in _everything_in(w.ws)
+    assert TOKEN not in _everything_in(w.tmp)
 
 
 def test_a_failure_carries_gits_words_with_the_credentials_masked(world: World) -> None:
     w = world
-    git.clone(w.mirror, w.ws, timeout=30)
     url = f"https://bot:{TOKEN}@127.0.0.1:9/team/repo.git"  # loopback; nothing listens on port 9
     with pytest.raises(GitError) as failed:
-        git.push(w.ws, url, "HEAD:refs/heads/x", credentials=Credentials("bot", TOKEN), timeout=30)
+        git.push(w.mirror, url, "HEAD:refs/heads/x", credentials=Credentials("bot", TOKEN), timeout=30)
     text = failed.value.text
     assert text.startswith("[git: git push --no-verify failed (exit 128): ")
     assert "127.0.0.1" in text and TOKEN not in text and TOKEN not in repr(failed.value.result)
     with pytest.raises(GitError, match=r"protocol 'ext' is not supported|transport 'ext' not allowed"):
-        git.fetch(w.ws, f"ext::sh -c touch% {w.markers}/ext")
+        git.run_git(w.bare, "fetch", "--", f"ext::sh -c touch% {w.markers}/ext")
     assert w.ran() == []
 
 
 def test_a_git_dir_that_leads_elsewhere_is_refused(world: World) -> None:
     w = world
-    w.ws.mkdir()
+    shutil.rmtree(w.ws / ".git")
     (w.ws / ".git").symlink_to(w.mirror)
     with pytest.raises(GitError, match=r"\[git: \.git is a symlink"):
-        git.status(w.ws)
+        git.status(w.ws, AGENT)
     (w.ws / ".git").unlink()
     (w.ws / ".git").write_text(f"gitdir: {w.mirror}\n")
     with pytest.raises(GitError, match=r"\[git: \.git is not a directory"):
-        git.status(w.ws)
+        git.status(w.ws, AGENT)
 
 
 def test_a_command_past_its_timeout_is_stopped(world: World) -> None:
     # The model can make git hang: an index that is a named pipe blocks git's open() for ever.
     w = world
-    git.clone(w.mirror, w.ws, timeout=30)
     (w.ws / ".git" / "index").unlink()
     os.mkfifo(w.ws / ".git" / "index")
     with pytest.raises(GitError, match=r"\[git: git status --porcelain=v1 took more than 1s — stopped\]"):
-        git.status(w.ws, timeout=1)
+        git.status(w.ws, AGENT, timeout=1)
 
 
 def _everything_in(top: Path) -> str:

@@ -3,67 +3,68 @@ and git takes a URL given to push for the name of a remote when a section is so 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
-from threads_support import repositories
+from mm_core.config import AgentConfig
+from threads_support import git, repositories
 from workers.push import push_workspace
+from workers.workspaces import prepare
 
-
-def git(*args: str, cwd: Path | None = None) -> str:
-    done = subprocess.run(
-        # safe.directory: a root worker hands a workspace to the sandbox's user; this test acts as the model there.
-        ["git", "-c", "user.name=t", "-c", "user.email=t@example.com", "-c", "safe.directory=*", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return done.stdout
+AGENT = AgentConfig()  # sandbox: auto, as a session's agent config is by default
 
 
 def test_a_remote_named_like_the_push_url_in_the_workspace_config_does_not_redirect_the_push(tmp_path: Path) -> None:
     _, target = repositories(tmp_path)
     evil = tmp_path / "evil.git"
     git("init", "-q", "--bare", "-b", "main", str(evil))
-    workspace = tmp_path / "ws"
-    git("clone", "-q", str(target), str(workspace))
-    (workspace / "change.txt").write_text("changed\n")
-    # What the model could write: a remote named exactly as the URL the worker will push to.
-    url = f"file://{target}"
-    with (workspace / ".git" / "config").open("a") as config:
-        config.write(f'[remote "{url}"]\n\turl = {evil}\n[remote "origin"]\n\tpushurl = {evil}\n')
+    with workspaces() as root:
+        workspace = prepare(root, "0" * 32, str(target), "main").path
+        (workspace / "change.txt").write_text("changed\n")
+        # What the model could write: a remote named exactly as the URL the worker will push to.
+        url = f"file://{target}"
+        with (workspace / ".git" / "config").open("a") as config:
+            config.write(f'[remote "{url}"]\n\turl = {evil}\n[remote "origin"]\n\tpushurl = {evil}\n')
 
-    pushed = push_workspace(workspace, url, "mm/safe", "the change", None)
+        pushed = push_workspace(workspace, AGENT, url, "mm/safe", "the change", None)
     assert pushed.branch == "mm/safe" and pushed.files == 1
     assert git("--git-dir", str(target), "show", "mm/safe:change.txt") == "changed\n"
     assert git("--git-dir", str(evil), "branch", "--list") == ""  # nothing went there
 
 
-def test_the_model_s_own_commits_are_changes_and_are_pushed_with_what_it_left_uncommitted(tmp_path: Path) -> None:
-    seed, target = repositories(tmp_path)
-    top = Path(tempfile.mkdtemp(prefix="mm-workspaces-"))  # where the sandbox's user can reach its workspace
+@contextlib.contextmanager
+def workspaces() -> Iterator[Path]:
+    """A workspaces root where the sandbox's user can reach its workspace (pytest's tmp_path is root's alone)."""
+    top = Path(tempfile.mkdtemp(prefix="mm-workspaces-"))
     os.chmod(top, 0o711)
     try:
-        model_commits_and_edits(top / "workspaces", target, seed)
+        yield top / "workspaces"
     finally:
         shutil.rmtree(top)
 
 
+def test_the_model_s_own_commits_are_changes_and_are_pushed_with_what_it_left_uncommitted(tmp_path: Path) -> None:
+    seed, target = repositories(tmp_path)
+    with workspaces() as root:
+        model_commits_and_edits(root, target, seed)
+
+
 def model_commits_and_edits(root: Path, target: Path, seed: Path) -> None:
     from workers.push import NothingToPush, changed_files
-    from workers.workspaces import prepare, start_commit
+    from workers.workspaces import start_commit
 
     session = "0" * 32
     workspace = prepare(root, session, str(target), "main").path
     start = start_commit(root, session)
     assert start == git("rev-parse", "HEAD", cwd=seed).strip()
-    assert changed_files(workspace, start) == 0
+    assert changed_files(workspace, AGENT, start) == 0
     try:
-        push_workspace(workspace, str(target), "mm/nothing", "nothing", None, start=start)
+        push_workspace(workspace, AGENT, str(target), "mm/nothing", "nothing", None, start=start)
         raise AssertionError("an unchanged workspace was pushed")
     except NothingToPush:
         pass
@@ -73,11 +74,11 @@ def model_commits_and_edits(root: Path, target: Path, seed: Path) -> None:
     git("add", "committed.txt", cwd=workspace)
     git("commit", "-q", "-m", "the model's commit", cwd=workspace)
     assert git("status", "--porcelain", cwd=workspace) == ""  # git status alone would say nothing changed
-    assert changed_files(workspace, start) == 1
+    assert changed_files(workspace, AGENT, start) == 1
     (workspace / "README.md").write_text("edited after\n")
-    assert changed_files(workspace, start) == 2
+    assert changed_files(workspace, AGENT, start) == 2
 
-    pushed = push_workspace(workspace, str(target), "mm/both", "the rest", None, start=start)
+    pushed = push_workspace(workspace, AGENT, str(target), "mm/both", "the rest", None, start=start)
     assert pushed.files == 2
     assert git("--git-dir", str(target), "show", "mm/both:committed.txt") == "the model committed this\n"
     assert git("--git-dir", str(target), "show", "mm/both:README.md") == "edited after\n"
@@ -86,7 +87,7 @@ def model_commits_and_edits(root: Path, target: Path, seed: Path) -> None:
     (workspace / "later.txt").write_text("x\n")
     git("add", "later.txt", cwd=workspace)
     git("commit", "-q", "-m", "only a commit", cwd=workspace)
-    pushed = push_workspace(workspace, str(target), "mm/commits-only", "unused", None, start=start)
+    pushed = push_workspace(workspace, AGENT, str(target), "mm/commits-only", "unused", None, start=start)
     assert git("--git-dir", str(target), "log", "-1", "--format=%s", "mm/commits-only") == "only a commit\n"
 
 
@@ -175,14 +176,12 @@ def test_the_token_goes_only_to_repositories_the_config_names_and_only_to_their_
 
 def test_a_push_never_goes_to_the_branch_the_workspace_was_cloned_from(tmp_path: Path) -> None:
     from workers.push import BranchRefused, diff_stat, pull_request_page
-    from workers.workspaces import cloned_branch, prepare, start_commit
+    from workers.workspaces import cloned_branch, start_commit
 
     seed, target = repositories(tmp_path)
     git("push", "-q", str(target), "main:develop", cwd=seed)
-    top = Path(tempfile.mkdtemp(prefix="mm-workspaces-"))
-    os.chmod(top, 0o711)
-    try:
-        root, session = top / "workspaces", "1" * 32
+    with workspaces() as root:
+        session = "1" * 32
         workspace = prepare(root, session, str(target), "develop").path
         assert cloned_branch(root, session) == "develop"
         (workspace / "x.txt").write_text("x\n")
@@ -190,13 +189,11 @@ def test_a_push_never_goes_to_the_branch_the_workspace_was_cloned_from(tmp_path:
         git("commit", "-qm", "the model's", cwd=workspace)
         start = start_commit(root, session)
         try:
-            push_workspace(workspace, str(target), "develop", "m", None, start=start, cloned="develop")
+            push_workspace(workspace, AGENT, str(target), "develop", "m", None, start=start, cloned="develop")
             raise AssertionError("the cloned branch was pushed to")
         except BranchRefused as e:
             assert "`develop` is the repository's own branch" in str(e)
-        assert "x.txt" in diff_stat(workspace, start, 20)  # the summary counts the model's commit
+        assert "x.txt" in diff_stat(workspace, AGENT, start, 20)  # the summary counts the model's commit
         # A start commit the workspace no longer has (the model can rewrite .git): measured from HEAD, and said.
-        assert "the commit the workspace was cloned at is gone" in diff_stat(workspace, "0" * 40, 20)
-    finally:
-        shutil.rmtree(top)
+        assert "the commit the workspace was cloned at is gone" in diff_stat(workspace, AGENT, "0" * 40, 20)
     assert pull_request_page("https://github.com/acme/app/tree/x", "b") is None  # owner/repository only

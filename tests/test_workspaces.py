@@ -19,12 +19,13 @@ from pathlib import Path
 
 import pytest
 
+from mm_core.config import AgentConfig
 from mm_core.tools import bash as bash_module
 from mm_core.tools.bash import BashTool, walk_needed
 from mm_core.tools.sandbox import SANDBOX_UID, Usage
 from mm_testkit.fixtures_kit import needs_bwrap
 from tool_helpers import make_ctx
-from workers.git import Credentials, run_git, status
+from workers.git import Credentials, in_workspace, status
 from workers.workspaces import (
     MIRRORS,
     STAGING,
@@ -131,11 +132,13 @@ def test_a_first_turn_gets_a_complete_checkout_of_its_own(root: Path, origin: Or
     assert not (ws.path / ".git" / "objects" / "info" / "alternates").exists()
     assert inodes(ws.path).isdisjoint(inodes(root / MIRRORS))
     shutil.rmtree(root / MIRRORS)
-    # The worker's own git on the workspace (mm's, when the worker is root): no "dubious ownership".
-    assert run_git(ws.path, "fsck", "--full", "--strict").ok
-    assert status(ws.path).stdout == ""
+    # The worker's git on the workspace (with the model's power: as mm when the worker is root): no "dubious
+    # ownership".
+    agent = AgentConfig()
+    assert in_workspace(ws.path, agent, "fsck", "--full", "--strict").ok
+    assert status(ws.path, agent).stdout == ""
     # origin is the repository, not a mirror path the sandbox cannot see.
-    assert run_git(ws.path, "remote", "get-url", "origin").stdout.strip() == origin.url
+    assert in_workspace(ws.path, agent, "remote", "get-url", "origin").stdout.strip() == origin.url
     assert list((root / STAGING).iterdir()) == []
 
 

@@ -222,6 +222,24 @@ class Stack:
         raise AssertionError(f"timed out waiting: {message or what}\n{logs}")
 
 
+def git(*args: str, cwd: Path | None = None) -> str:
+    """Plain git with no config but the repository's; in `cwd` as its owner, as the model's commands run in a
+    workspace (a root worker's belong to the sandbox's user)."""
+    owner = os.stat(cwd).st_uid if cwd is not None and os.geteuid() == 0 else None
+    done = subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@example.com", *args],
+        cwd=cwd,
+        env={"PATH": os.environ["PATH"], "HOME": "/nonexistent", "GIT_CONFIG_NOSYSTEM": "1"},
+        user=owner,
+        group=owner,
+        extra_groups=[] if owner is not None else None,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return done.stdout
+
+
 def repositories(tmp: Path) -> tuple[Path, Path]:
     """A repository with one commit (README.md on main) and a bare clone of it, to clone from and push to."""
     origin = tmp / "origin"

@@ -1,34 +1,51 @@
-"""Every git command the worker runs on a workspace goes through here.
+"""Every git command the worker runs goes through here, in one of two ways.
 
-A workspace is model-writable: the model's sandboxed commands can edit `.git/config`, `.git/hooks`, the
-`.gitattributes` of the tree and anything else under it. The worker's own git runs *outside* the sandbox, with
-the worker's rights and, for a push, the team's credentials; so nothing the workspace says may make it run a
-program, read another file, send the credentials elsewhere or rewrite a URL. Three layers:
+**On a thread's workspace** (`in_workspace`), git has exactly the model's power. A workspace is model-writable:
+its commands can edit anything under it, `.git` included, and leave a symlink wherever git will later open,
+create or append to a file (`logs/HEAD`, `logs/refs`, `refs/heads/<x>`, `objects/<xx>`, `objects/info`,
+`packed-refs`, `worktrees`, `index`, `COMMIT_EDITMSG`, `FETCH_HEAD`, and whatever a later git adds). So the worker
+never runs git there with its own rights: git runs as the model's commands do (mm_core/tools/sandbox.git_launch),
+under bubblewrap when the session's sandbox is on (the system read-only, only that workspace read-write at its own
+path, a private /tmp, no network, no credentials), else as the workspace's owner, never root. Every link in
+`.git` then resolves inside the model's own view: git writes through it only where the model's own commands
+could write anyway, and reads only what they could read. That covers git's files today and any it adds
+later, with no list of them to keep up to date. Credentials and the network never reach a workspace's git: a
+push copies the commit's objects out (`copy_objects`) into a repository of the worker's own and pushes from there.
 
-1. **The repository's config is cut down to an allow-list before every command** (`sanitize`): git always
-   reads `.git/config`, and `-c` only wins for the keys it names, not for pattern keys (`url.<x>.insteadOf`,
-   `filter.<driver>.clean`, `diff.<driver>.textconv`, `credential.<url>.helper`, `remote.<n>.uploadpack`) nor
-   for `include.path` / `includeIf`. Only the keys in ALLOWED survive (layout, line ends, remotes' URLs and
-   refspecs, branches' upstreams, the author); the file is rewritten, atomically, only when something had to
-   go. Files that redirect git elsewhere (`commondir`, `config.worktree`, `objects/info/alternates`) are
-   removed; a `.git`, `objects` or `refs` that is a symlink or a `gitdir:` file is refused.
+What remains, as defence in depth and because the worker trusts git's output (it counts, shows and pushes what
+git says), are three layers on every command in a workspace:
+
+1. **The repository's config is cut down to an allow-list** (`sanitize`): git always reads `.git/config`, and
+   `-c` only wins for the keys it names, not for pattern keys (`url.<x>.insteadOf`, `filter.<driver>.clean`,
+   `diff.<driver>.textconv`, `credential.<url>.helper`, `remote.<n>.uploadpack`) nor for `include.path` /
+   `includeIf`. Only the keys in ALLOWED survive (layout, line ends, remotes' URLs and refspecs, branches'
+   upstreams, the author); the file is rewritten, atomically, only when something had to go. Files that
+   redirect git elsewhere (`commondir`, `config.worktree`, `objects/info/alternates`) are removed; a `.git`,
+   `objects` or `refs` that is a symlink or a `gitdir:` file is refused. `sanitize` itself runs as the worker,
+   so it never follows a link: every open, unlink and rename goes through directory descriptors opened with
+   O_NOFOLLOW, and a directory on its way that is a link is removed, never entered.
 2. **The command line overrides what remains dangerous** (OVERRIDES): hooks, fsmonitor, pager, editor,
    askpass, ssh command, credential helpers (an empty `credential.helper` empties the list), signing; `diff`,
    `log` and `show` get `--no-ext-diff --no-textconv`; the transports are limited by GIT_ALLOW_PROTOCOL.
 3. **A scrubbed environment**: no system or global config (`GIT_CONFIG_NOSYSTEM=1`,
-   `GIT_CONFIG_GLOBAL=/dev/null`, HOME an empty directory), no prompt (`GIT_TERMINAL_PROMPT=0`), explicit
-   `GIT_DIR` / `GIT_WORK_TREE` (so `core.worktree` and a `.git` file lead nowhere), no replace refs, no optional
-   locks, a timeout that kills the whole process group.
+   `GIT_CONFIG_GLOBAL=/dev/null`, HOME a directory that does not exist), no prompt (`GIT_TERMINAL_PROMPT=0`),
+   explicit `GIT_DIR` / `GIT_WORK_TREE` (so `core.worktree` and a `.git` file lead nowhere), no replace refs, no
+   optional locks, a timeout that kills the whole process group.
 
-Credentials are never written anywhere near the workspace: they travel per command in the environment, read
-by an askpass helper that lives outside the workspace (`GIT_ASKPASS`), and every text that leaves this module
-has them masked (chatops.secrets). The worker fetches from and pushes to URLs it passes itself, never to a
-remote named in the workspace's config.
+**On the worker's own repositories** (`run_git`): the mirrors, a clone being built in `.staging`, the private
+repository a push goes through. No sandbox reaches them and nothing the model wrote is in them but objects,
+which reach a private repository only through `git index-pack --strict` (a malformed object or a broken link is
+refused). Only here are there credentials: per command in the environment, read by an askpass helper that lives
+outside every workspace (`GIT_ASKPASS`), and every text that leaves this module has them masked
+(chatops.secrets). The worker fetches from and pushes to URLs it passes itself, never to a remote named in a
+workspace's config.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import functools
 import os
 import re
 import shutil
@@ -36,11 +53,16 @@ import signal
 import stat
 import subprocess
 import tempfile
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 from chatops.secrets import MASK, mask_url, scrub
+from mm_core.config import AgentConfig
+from mm_core.tools.base import ToolRefusal
+from mm_core.tools.sandbox import Launch, git_launch
 
 DEFAULT_TIMEOUT = 120.0
 # The transports the worker's git may use: a local mirror and HTTPS. ext::, ssh (core.sshCommand) and the rest
@@ -98,6 +120,9 @@ OVERRIDES = (
     *(f"protocol.{p}.allow=always" for p in PROTOCOLS),
     "gc.auto=0",
     "maintenance.auto=false",
+    # The worker's ref updates make no new reflog, and one whose file is not there (a link that leads nowhere in
+    # the model's view) is skipped instead of failing the push; an existing one is still appended to.
+    "core.logAllRefUpdates=false",
 )
 NO_DIFF_PROGRAMS = ("--no-ext-diff", "--no-textconv")
 DIFFING = frozenset({"diff", "log", "show"})
@@ -106,6 +131,8 @@ UNSAFE_LAYOUT = "[git: {path} is {what} — refused: the worker's git uses only 
 TIMED_OUT = "[git: {command} took more than {timeout:g}s — stopped]"
 FAILED = "[git: {command} failed (exit {code}): {words}]"
 CANNOT_RUN = "[git: cannot run {command}: {reason}]"
+NOT_A_COMMIT = "[git: {command} gave no commit: {words}]"
+CANNOT_CLEAN = "[git: cannot clean the workspace's .git: {reason}]"
 
 ASKPASS = """#!/bin/sh
 # The worker's askpass: answers git's prompts from the command's environment, so a secret is never on disk,
@@ -122,6 +149,7 @@ case "$1" in
   *) printf '%s\\n' "$MM_GIT_PASSWORD" ;;
 esac
 """
+_COMMIT = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
 _URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"]+")
 # A remote's or a branch's name as git writes them for a clone: never a URL or a path.
 _PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
@@ -168,20 +196,38 @@ def masked(text: str, secrets: Sequence[str] = ()) -> str:
 
 # -------------------------------------------------------------------------------------------- the layout
 
+# A directory opened by the worker in a workspace: never through a link.
+_DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
-def git_dir(workspace: Path) -> Path:
-    """The workspace's `.git`, checked to be a real directory with real `objects` and `refs` directories."""
-    gd = Path(workspace) / ".git"
-    for path, what in ((gd, ".git"), (gd / "objects", ".git/objects"), (gd / "refs", ".git/refs")):
-        try:
-            mode = os.lstat(path).st_mode
-        except OSError as e:
-            raise GitError(UNSAFE_LAYOUT.format(path=what, what=f"missing ({e.strerror})")) from None
+
+def _open_directory(name: str | Path, dir_fd: int | None, shown: str) -> int:
+    """`name` (relative to `dir_fd`) opened as a directory without following a link; GitError otherwise."""
+    try:
+        mode = os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode
         if stat.S_ISLNK(mode):
-            raise GitError(UNSAFE_LAYOUT.format(path=what, what="a symlink"))
+            raise GitError(UNSAFE_LAYOUT.format(path=shown, what="a symlink"))
         if not stat.S_ISDIR(mode):
-            raise GitError(UNSAFE_LAYOUT.format(path=what, what="not a directory"))
-    return gd
+            raise GitError(UNSAFE_LAYOUT.format(path=shown, what="not a directory"))
+        # O_NOFOLLOW: a directory swapped for a link since the look above is refused, not followed.
+        return os.open(name, _DIRECTORY, dir_fd=dir_fd)
+    except OSError as e:
+        raise GitError(UNSAFE_LAYOUT.format(path=shown, what=f"missing ({e.strerror})")) from None
+
+
+@contextlib.contextmanager
+def _git_directory(workspace: Path) -> Iterator[int]:
+    """The workspace's `.git`, open, checked to be a real directory with real `objects` and `refs`."""
+    top = _open_directory(workspace, None, "the workspace")
+    try:
+        gd = _open_directory(".git", top, ".git")
+    finally:
+        os.close(top)
+    try:
+        for name in ("objects", "refs"):
+            os.close(_open_directory(name, gd, f".git/{name}"))
+        yield gd
+    finally:
+        os.close(gd)
 
 
 def _allowed(key: str) -> bool:
@@ -195,34 +241,66 @@ def _allowed(key: str) -> bool:
     return pattern.lower() in ALLOWED
 
 
-def _read_nofollow(directory: Path, name: str) -> bytes | None:
-    """The bytes of directory/name, not following a symlink at the last step; None when it is no file."""
-    dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+def _read_nofollow(dir_fd: int, name: str) -> bytes | None:
+    """The bytes of `name` in the directory open at `dir_fd`, not following a link; None when it is no file."""
     try:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dfd)
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
     except OSError:
         return None
-    finally:
-        os.close(dfd)
     with os.fdopen(fd, "rb") as f:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             return None
         return f.read(1 << 20)
 
 
-def _config_entries(data: bytes, home: Path, env: Mapping[str, str]) -> list[tuple[str, str]] | None:
-    """(key, value) of a config file's text, includes not followed; None when git cannot parse it."""
-    copy = home / "config.copy"
-    copy.write_bytes(data)
-    done = subprocess.run(
-        ["git", "config", "--file", str(copy), "--no-includes", "--list", "-z"],
-        cwd=home,
-        env=dict(env),
-        capture_output=True,
-        timeout=30,
-        check=False,
-    )
-    copy.unlink()
+def _remove_redirect(gd: int, relative: str) -> str | None:
+    """Unlink `.git/<relative>` through directory descriptors: a directory on the way that is not one (a link,
+    a file) is itself removed, never entered. What was removed, or None."""
+    *directories, name = relative.split("/")
+    fd = os.dup(gd)
+    try:
+        for i, directory in enumerate(directories):
+            try:
+                inner = os.open(directory, _DIRECTORY, dir_fd=fd)
+            except FileNotFoundError:
+                return None
+            except OSError as e:
+                if e.errno not in (errno.ENOTDIR, errno.ELOOP):
+                    raise
+                os.unlink(directory, dir_fd=fd)
+                return "/".join(directories[: i + 1])
+            os.close(fd)
+            fd = inner
+        try:
+            os.unlink(name, dir_fd=fd)
+        except (FileNotFoundError, IsADirectoryError):
+            return None  # a directory there redirects nothing: git reads only a file of that name
+        return relative
+    finally:
+        os.close(fd)
+
+
+def _config_entries(data: bytes) -> tuple[tuple[str, str], ...] | None:
+    """(key, value) of a config file's text, includes not followed; None when git cannot parse it. A text seen
+    lately is not parsed again: most commands find the config as the previous one left it."""
+    return _parsed(data) if len(data) <= CACHED_CONFIG else _parse(data)
+
+
+CACHED_CONFIG = 64 * 1024  # bytes: a repository's config is a few hundred; bigger ones are parsed every time
+
+
+def _parse(data: bytes) -> tuple[tuple[str, str], ...] | None:
+    with _private_home() as home:
+        copy = home / "config.copy"
+        copy.write_bytes(data)
+        done = subprocess.run(
+            ["git", "config", "--file", str(copy), "--no-includes", "--list", "-z"],
+            cwd=home,
+            env=_base_env(home),
+            capture_output=True,
+            timeout=30,
+            check=False,
+        )
     if done.returncode != 0:
         return None
     entries = []
@@ -230,25 +308,30 @@ def _config_entries(data: bytes, home: Path, env: Mapping[str, str]) -> list[tup
         if item:
             key, _, value = item.partition("\n")
             entries.append((key, value))
-    return entries
+    return tuple(entries)
+
+
+_parsed = functools.lru_cache(maxsize=64)(_parse)
 
 
 def sanitize(workspace: Path) -> list[str]:
     """Cut the workspace's repository config down to ALLOWED and remove what redirects git elsewhere.
 
     Returns the keys and files that were dropped (empty when the workspace was clean, and then nothing is
-    written). Raises GitError when `.git`, its objects or refs are not plain directories.
+    written). Raises GitError when `.git`, its objects or refs are not plain directories. Never follows a link.
     """
-    gd = git_dir(workspace)
-    dropped: list[str] = []
-    for name in REDIRECTS:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(gd / name)
-            dropped.append(name)
-    with _private_home() as home:
-        env = _base_env(home)
+    try:
+        return _sanitize(workspace)
+    except OSError as e:  # a .git the worker may not change (a command made it read-only on the chart's worker)
+        reason = f"{e.strerror}: {e.filename}" if e.filename else (e.strerror or str(e))
+        raise GitError(CANNOT_CLEAN.format(reason=reason)) from None
+
+
+def _sanitize(workspace: Path) -> list[str]:
+    with _git_directory(workspace) as gd:
+        dropped = [name for name in (_remove_redirect(gd, r) for r in REDIRECTS) if name]
         data = _read_nofollow(gd, "config")
-        entries = _config_entries(data, home, env) if data is not None else None
+        entries = _config_entries(data) if data is not None else None
         if entries is None:
             kept: list[tuple[str, str]] = [("core.repositoryformatversion", "0"), ("core.bare", "false")]
             removed = ["config (unreadable)"]
@@ -261,29 +344,39 @@ def sanitize(workspace: Path) -> list[str]:
                 removed.append("core.bare")
         if not removed:
             return dropped
-        dropped += removed
-        fresh = home / "config.new"
-        fresh.write_bytes(b"")
-        for key, value in kept:
-            subprocess.run(
-                ["git", "config", "--file", str(fresh), "--add", key, value],
-                cwd=home,
-                env=env,
-                capture_output=True,
-                timeout=30,
-                check=True,
-            )
-        # Replaced by a rename: a symlink at .git/config is replaced, not followed.
-        fd, tmp = tempfile.mkstemp(prefix="config.mm-", dir=gd)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(fresh.read_bytes())
-            os.replace(tmp, gd / "config")
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
-    return dropped
+        with _private_home() as home:
+            env = _base_env(home)
+            fresh = home / "config.new"
+            fresh.write_bytes(b"")
+            for key, value in kept:
+                subprocess.run(
+                    ["git", "config", "--file", str(fresh), "--add", key, value],
+                    cwd=home,
+                    env=env,
+                    capture_output=True,
+                    timeout=30,
+                    check=True,
+                )
+            _replace(gd, "config", fresh.read_bytes())
+        return [*dropped, *removed]
+
+
+def _replace(dir_fd: int, name: str, data: bytes) -> None:
+    """Write `name` in the directory open at `dir_fd` anew, by a rename (a link there is replaced, not followed),
+    owned as the directory is: a root worker's copy must stay the workspace owner's to read and write."""
+    owner = os.fstat(dir_fd)
+    temporary = f"{name}.mm-{os.urandom(8).hex()}"
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=dir_fd)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            if os.geteuid() == 0:
+                os.fchown(f.fileno(), owner.st_uid, owner.st_gid)
+            f.write(data)
+        os.rename(temporary, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary, dir_fd=dir_fd)
+        raise
 
 
 # ------------------------------------------------------------------------------------------- running git
@@ -297,6 +390,10 @@ def _private_home():
         yield home
     finally:
         shutil.rmtree(home, ignore_errors=True)
+
+
+# HOME of a workspace's git: no directory, so nothing of the worker's or the model's is read from it.
+NO_HOME = Path("/nonexistent")
 
 
 def _base_env(home: Path) -> dict[str, str]:
@@ -328,8 +425,69 @@ def _command(args: Sequence[str]) -> str:
     return "git " + " ".join(args[:2])
 
 
+def _argv(args: Sequence[str], extra: Sequence[str] = ()) -> list[str]:
+    """git's command line: the overrides (then `extra` settings), and no diff programs for a diffing command."""
+    if args and args[0] in DIFFING:
+        args = (args[0], *NO_DIFF_PROGRAMS, *args[1:])
+    return ["git", "--no-pager", *(x for o in (*OVERRIDES, *extra) for x in ("-c", o)), *args]
+
+
+def _start(
+    launch: Launch,
+    *,
+    stdin: int | IO[bytes] | None = subprocess.PIPE,
+    stdout: int | IO[bytes] | None = subprocess.PIPE,
+    stderr: int | IO[bytes] | None = subprocess.PIPE,
+) -> subprocess.Popen[bytes]:
+    """git (or the launch's sandbox around it) started in a process group of its own: a timeout kills all of it."""
+    return subprocess.Popen(
+        launch.argv,
+        cwd=launch.cwd,
+        env=launch.env,
+        stdin=stdin,
+        stdout=stdout,
+        stderr=stderr,
+        start_new_session=True,
+        user=launch.user,
+        group=launch.group,
+        extra_groups=[] if launch.user is not None else None,
+        preexec_fn=launch.preexec,
+    )
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _communicate(
+    proc: subprocess.Popen[bytes], shown: tuple[str, ...], stdin: str | None, timeout: float
+) -> tuple[bytes, bytes]:
+    try:
+        return proc.communicate(stdin.encode() if stdin is not None else None, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _stop(proc)
+        proc.communicate()
+        raise GitError(TIMED_OUT.format(command=_command(shown), timeout=timeout)) from None
+
+
+def _result(
+    shown: tuple[str, ...], code: int, out: bytes, err: bytes, secrets: Sequence[str], check: bool
+) -> GitResult:
+    result = GitResult(
+        shown,
+        code,
+        masked(out.decode("utf-8", "replace"), secrets),
+        masked(err.decode("utf-8", "replace"), secrets),
+    )
+    if check and not result.ok:
+        words = result.stderr.strip() or result.stdout.strip() or "no message"
+        raise GitError(FAILED.format(command=_command(shown), code=result.returncode, words=words), result)
+    return result
+
+
 def run_git(
-    workspace: Path | None,
+    repository: Path | None,
     *args: str,
     credentials: Credentials | None = None,
     timeout: float = DEFAULT_TIMEOUT,
@@ -337,21 +495,18 @@ def run_git(
     stdin: str | None = None,
     cwd: Path | None = None,
 ) -> GitResult:
-    """Run `git <args>` on `workspace` (None: no repository, for clone) the safe way; see the module's text.
+    """Run `git <args>` as the worker, on `repository` (a git directory: a mirror, a clone being built in
+    .staging, a private push repository; None: no repository, for clone, init and ls-remote). Never a thread's
+    workspace: that is `in_workspace`, with the model's power.
 
     Returns the result; with `check`, a non-zero exit raises GitError carrying git's own words, masked.
     """
     secrets = credentials.secrets() if credentials else []
     shown = tuple(masked(a, secrets) for a in args)
-    if workspace is not None:
-        sanitize(workspace)
-    if args and args[0] in DIFFING:
-        args = (args[0], *NO_DIFF_PROGRAMS, *args[1:])
     with _private_home() as home:
         env = _base_env(home)
-        if workspace is not None:
-            env["GIT_DIR"] = str(Path(workspace) / ".git")
-            env["GIT_WORK_TREE"] = str(workspace)
+        if repository is not None:
+            env["GIT_DIR"] = str(repository)
         if credentials is not None:
             helper = home / "askpass"
             helper.write_text(ASKPASS)
@@ -363,37 +518,164 @@ def run_git(
                 "MM_GIT_HOST": credentials.host or "",
             }
         # With a token, a redirect is not followed: it could lead the token's next prompt to another host.
-        overrides = (*OVERRIDES, *(("http.followRedirects=false",) if credentials is not None else ()))
-        argv = ["git", "--no-pager", *(x for o in overrides for x in ("-c", o)), *args]
+        argv = _argv(args, ("http.followRedirects=false",) if credentials is not None else ())
         try:
-            proc = subprocess.Popen(
-                argv,
-                cwd=cwd or workspace or home,
-                env=env,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                start_new_session=True,
-            )
+            proc = _start(Launch(argv=argv, env=env, cwd=str(cwd or home), pass_fds=()))
         except OSError as e:
             raise GitError(CANNOT_RUN.format(command=_command(shown), reason=e.strerror or e)) from None
+        out, err = _communicate(proc, shown, stdin, timeout)
+    return _result(shown, proc.returncode, out, err, secrets, check)
+
+
+def _workspace_launch(workspace: Path, agent: AgentConfig, argv: list[str], shown: Sequence[str]) -> Launch:
+    """The launch of `argv` (git, or a script of git commands) in `workspace` with the model's power, after
+    `sanitize`; GitError when the session's sandbox cannot be had (`sandbox: bwrap` without bubblewrap, a
+    root-owned workspace without it)."""
+    sanitize(workspace)
+    env = _base_env(NO_HOME) | {"GIT_DIR": str(Path(workspace) / ".git"), "GIT_WORK_TREE": str(workspace)}
+    try:
+        return git_launch(agent, Path(workspace), argv, env)
+    except ToolRefusal as e:
+        reason = e.text.removeprefix("[error: ").removesuffix("]")
+        raise GitError(CANNOT_RUN.format(command=_command(shown), reason=reason)) from None
+
+
+def _run_in(
+    workspace: Path, agent: AgentConfig, argv: list[str], shown: tuple[str, ...], stdin: str | None, timeout: float
+) -> tuple[int, bytes, bytes]:
+    launch = _workspace_launch(workspace, agent, argv, shown)
+    try:
+        proc = _start(launch)
+    except OSError as e:
+        raise GitError(CANNOT_RUN.format(command=_command(shown), reason=e.strerror or e)) from None
+    out, err = _communicate(proc, shown, stdin, timeout)
+    return proc.returncode, out, err
+
+
+def in_workspace(
+    workspace: Path,
+    agent: AgentConfig,
+    *args: str,
+    timeout: float = DEFAULT_TIMEOUT,
+    check: bool = True,
+    stdin: str | None = None,
+) -> GitResult:
+    """Run `git <args>` on a thread's workspace with the model's power (see the module's text): in the sandbox
+    of `agent` (the session's agent config: its `sandbox` and `bash.limits`) or as the workspace's owner, never
+    with credentials or a network.
+
+    Returns the result; with `check`, a non-zero exit raises GitError carrying git's own words, masked.
+    """
+    code, out, err = _run_in(workspace, agent, _argv(args), tuple(args), stdin, timeout)
+    return _result(tuple(args), code, out, err, (), check)
+
+
+# A push's steps in the workspace, in one start of its sandbox (a start costs more than a small git command):
+# `$1` the branch, `$2` the message, `$3` and `$4` the author's name and email, then git's own options. A step
+# that fails ends it with `failed <exit> <step>` on stdout, git's words on stderr; else HEAD's commit is printed.
+COMMIT_ALL = r"""
+branch=$1 message=$2 name=$3 email=$4; shift 4; options=("$@")
+step() {
+  local shown=$1; shift
+  git "${options[@]}" "$@" && return
+  printf 'failed %d %s\n' $? "$shown"; exit 0
+}
+step "checkout -q" checkout -q -B "$branch"
+step "add --all" add --all
+if ! git "${options[@]}" diff --no-ext-diff --no-textconv --cached --quiet; then
+  step "commit -q" -c "user.name=$name" -c "user.email=$email" commit -q --no-verify -m "$message"
+fi
+step "rev-parse --verify" rev-parse --verify 'HEAD^{commit}'
+"""
+
+
+def commit_all(
+    workspace: Path,
+    agent: AgentConfig,
+    branch: str,
+    message: str,
+    author: tuple[str, str],
+    timeout: float = DEFAULT_TIMEOUT,
+) -> str:
+    """Put the workspace on `branch` (made or moved to HEAD), and commit everything it holds there, when
+    anything is left to commit, as `author` (on the command line: never written into the workspace's config);
+    with the model's power, as `in_workspace`. Returns the commit; GitError with the failed step's words."""
+    argv = ["bash", "-c", COMMIT_ALL, "mm-commit", branch, message, *author, *_argv(())[1:]]
+    code, out, err = _run_in(workspace, agent, argv, ("checkout", "-q"), None, timeout)
+    said = out.decode("utf-8", "replace").strip()
+    if said.startswith("failed "):
+        _, step_code, step = said.split(" ", 2)
+        _result(tuple(step.split()), int(step_code), b"", err, (), check=True)
+    if code != 0 or not _COMMIT.fullmatch(said):
+        _result(("commit", "-q"), code or 1, b"", err or out, (), check=True)
+    return said
+
+
+def copy_objects(
+    workspace: Path,
+    agent: AgentConfig,
+    repository: Path,
+    commit: str,
+    since: str | None,
+    timeout: float = DEFAULT_TIMEOUT,
+) -> None:
+    """Copy `commit` and everything it needs from the workspace into `repository` (the worker's own): `git
+    pack-objects` runs in the workspace with the model's power, and its pack goes over a pipe into `git
+    index-pack --strict` run by the worker in `repository`, which refuses a malformed object or a link to one it
+    has not got. What `since` already has is left out while `repository` has it (through its alternates: the
+    mirror); otherwise everything is copied."""
+    if not _COMMIT.fullmatch(commit):
+        raise GitError(NOT_A_COMMIT.format(command="git rev-parse", words=masked(commit[:200])))
+    attempts = [[commit, f"^{since}"], [commit]] if since else [[commit]]
+    failure = None
+    for revisions in attempts:
         try:
-            out, err = proc.communicate(stdin.encode() if stdin is not None else None, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
-            raise GitError(TIMED_OUT.format(command=_command(shown), timeout=timeout)) from None
-    result = GitResult(
-        shown,
-        proc.returncode,
-        masked(out.decode("utf-8", "replace"), secrets),
-        masked(err.decode("utf-8", "replace"), secrets),
-    )
-    if check and not result.ok:
-        words = result.stderr.strip() or result.stdout.strip() or "no message"
-        raise GitError(FAILED.format(command=_command(shown), code=result.returncode, words=words), result)
-    return result
+            _copy(workspace, agent, repository, revisions, timeout)
+            return
+        except GitError as e:
+            failure = e
+    assert failure is not None
+    raise failure
+
+
+def _copy(workspace: Path, agent: AgentConfig, repository: Path, revisions: list[str], timeout: float) -> None:
+    sending = ("pack-objects", "--revs", "--stdout", "-q")
+    receiving = ("index-pack", "--stdin", "--strict")
+    if (most := agent.bash.limits.workspaceMB) is not None:  # a pack of the workspace's objects is no larger
+        receiving += (f"--max-input-size={most * 1024 * 1024}",)
+    launch = _workspace_launch(workspace, agent, _argv(sending), sending)
+    deadline = time.monotonic() + timeout
+    with _private_home() as home, tempfile.TemporaryFile() as sent_err, tempfile.TemporaryFile() as got_err:
+        env = _base_env(home) | {"GIT_DIR": str(repository)}
+        try:
+            sender = _start(launch, stderr=sent_err)
+        except OSError as e:
+            raise GitError(CANNOT_RUN.format(command=_command(sending), reason=e.strerror or e)) from None
+        assert sender.stdin is not None and sender.stdout is not None
+        try:
+            own = Launch(argv=_argv(receiving), env=env, cwd=str(home), pass_fds=())
+            receiver = _start(own, stdin=sender.stdout, stdout=subprocess.DEVNULL, stderr=got_err)
+        except OSError as e:
+            _stop(sender)
+            sender.wait()
+            raise GitError(CANNOT_RUN.format(command=_command(receiving), reason=e.strerror or e)) from None
+        sender.stdout.close()  # the receiver's now: it sees the end when the sender ends
+        with contextlib.suppress(BrokenPipeError):  # a sender that died early says why on its stderr
+            sender.stdin.write("".join(f"{r}\n" for r in revisions).encode())
+        with contextlib.suppress(BrokenPipeError):
+            sender.stdin.close()
+        for proc, shown in ((sender, sending), (receiver, receiving)):
+            try:
+                proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                for each in (sender, receiver):
+                    _stop(each)
+                    each.wait()
+                raise GitError(TIMED_OUT.format(command=_command(shown), timeout=timeout)) from None
+        for proc, shown, err in ((sender, sending, sent_err), (receiver, receiving, got_err)):
+            if proc.returncode != 0:
+                err.seek(0)
+                _result(shown, proc.returncode, b"", err.read(1 << 16), (), check=True)
 
 
 # ------------------------------------------------------------------------------------------------ helpers
@@ -421,50 +703,31 @@ def clone(
     )
 
 
-def status(workspace: Path, timeout: float = DEFAULT_TIMEOUT) -> GitResult:
+def status(workspace: Path, agent: AgentConfig, timeout: float = DEFAULT_TIMEOUT) -> GitResult:
     """`git status --porcelain=v1 -z --untracked-files=all`, without touching the index."""
-    return run_git(workspace, "status", "--porcelain=v1", "-z", "--untracked-files=all", timeout=timeout)
+    return in_workspace(workspace, agent, "status", "--porcelain=v1", "-z", "--untracked-files=all", timeout=timeout)
 
 
-def diff(workspace: Path, *revisions: str, timeout: float = DEFAULT_TIMEOUT) -> GitResult:
+def diff(workspace: Path, agent: AgentConfig, *revisions: str, timeout: float = DEFAULT_TIMEOUT) -> GitResult:
     """`git diff` of the work tree (against `revisions` when given), with no external diff or textconv."""
-    return run_git(workspace, "diff", *revisions, timeout=timeout)
+    return in_workspace(workspace, agent, "diff", *revisions, timeout=timeout)
 
 
-def log(workspace: Path, *args: str, timeout: float = DEFAULT_TIMEOUT) -> GitResult:
-    return run_git(workspace, "log", *args, timeout=timeout)
-
-
-def fetch(
-    workspace: Path,
-    url: str | Path,
-    *refspecs: str,
-    credentials: Credentials | None = None,
-    timeout: float = DEFAULT_TIMEOUT,
-) -> GitResult:
-    """Fetch from `url` as the worker names it, never a remote named in the workspace's config."""
-    return run_git(
-        workspace,
-        "fetch",
-        "--no-recurse-submodules",
-        "--",
-        str(url),
-        *refspecs,
-        credentials=credentials,
-        timeout=timeout,
-    )
+def log(workspace: Path, agent: AgentConfig, *args: str, timeout: float = DEFAULT_TIMEOUT) -> GitResult:
+    return in_workspace(workspace, agent, "log", *args, timeout=timeout)
 
 
 def push(
-    workspace: Path,
+    repository: Path,
     url: str | Path,
     *refspecs: str,
     credentials: Credentials | None = None,
     timeout: float = DEFAULT_TIMEOUT,
 ) -> GitResult:
-    """Push `refspecs` to `url` as the worker names it; no hooks run, credentials only in the environment."""
+    """Push `refspecs` from `repository` (the worker's own) to `url` as the worker names it; no hooks run,
+    credentials only in the environment."""
     return run_git(
-        workspace, "push", "--no-verify", "--", str(url), *refspecs, credentials=credentials, timeout=timeout
+        repository, "push", "--no-verify", "--", str(url), *refspecs, credentials=credentials, timeout=timeout
     )
 
 
@@ -475,9 +738,10 @@ __all__ = [
     "GitError",
     "GitResult",
     "clone",
+    "commit_all",
+    "copy_objects",
     "diff",
-    "fetch",
-    "git_dir",
+    "in_workspace",
     "log",
     "masked",
     "push",

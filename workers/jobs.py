@@ -44,10 +44,11 @@ from chatops.schema import (
 from chatops.secrets import scrub
 from chatops.store import approvals_of, ensure_session, record_error, set_yolo
 from mm_core import display
+from mm_core.config import AgentConfig
 from mm_core.events import TurnFinished
 from mm_core.log import Outcome
 from workers import blocks, git
-from workers.push import BranchRefused, NothingToPush, credentials, diff_stat, push_workspace
+from workers.push import BranchRefused, NothingToPush, agent_of, credentials, diff_stat, push_workspace
 from workers.workspaces import cloned_branch, start_commit
 
 log = logging.getLogger("mm.worker.jobs")
@@ -258,12 +259,13 @@ async def finish_run(
     recap = display.recap(finished) if finished is not None else None
     lines = [f"{outcome} · {recap}" if recap else outcome]
     start = start_commit(config.workspaces_root, session_id)
-    if workspace is not None and (changes := await asyncio.to_thread(diff_stat, workspace, start, DIFF_LINES)):
+    agent = agent_of(config, job.agent)  # the run's workspace's git runs in the sandbox its commands ran in
+    if workspace is not None and (changes := await asyncio.to_thread(diff_stat, workspace, agent, start, DIFF_LINES)):
         lines.append(f"Changes:\n```\n{changes}\n```")
     pushed_branch = None
     if job.push is not None and reason is None and workspace is not None:
         cloned = cloned_branch(config.workspaces_root, session_id)
-        pushed_branch, said, reason = await _push(config, found, workspace, start, cloned)
+        pushed_branch, said, reason = await _push(config, found, workspace, agent, start, cloned)
         lines.append(said)
         if reason is not None:  # the outcome line changes: the run failed after all
             lines[0] = FAILED.format(job=job.name, duration=duration, reason=reason) + (f" · {recap}" if recap else "")
@@ -330,7 +332,7 @@ def close_stale_runs(engine: Engine, now: datetime, quiet_s: float = STALE_S) ->
 
 
 async def _push(
-    config: Config, run: RunningJob, workspace: Path, start: str | None, cloned: str | None
+    config: Config, run: RunningJob, workspace: Path, agent: AgentConfig, start: str | None, cloned: str | None
 ) -> tuple[str | None, str, str | None]:
     """Push the run's changes as the job says: the branch pushed (or None), the summary's line, and the reason
     the run failed when the push did."""
@@ -344,8 +346,9 @@ async def _push(
     message = f"{job.name}: run {run.run_id} of {local:%Y-%m-%d %H:%M} {job.timezone}\n\n{prompt_of(job)[:2000]}"
     try:
         base = job.branch or config.service.channel(job.channel).branch
+        token = credentials(config, remote)
         pushed = await asyncio.to_thread(
-            push_workspace, workspace, remote, branch, message, credentials(config, remote), base, start, cloned
+            push_workspace, workspace, agent, remote, branch, message, token, base, start, cloned
         )
     except BranchRefused as e:
         return None, f"the push was refused: {e}", f"the push was refused: {e}"

@@ -1,24 +1,34 @@
 """Changes leave the worker: a workspace's changes committed to a new branch and pushed to a remote.
 
-The worker's git does it (workers/git.py: the repository's hooks, filters and helpers never run), under the
-bot's own identity, to a remote the operator named (the job's `push.remote`, else its repository): never a
-remote of the workspace's config, which the model can write. Credentials come from the worker's environment
-(`MM_GIT_TOKEN`, and `MM_GIT_USERNAME`, default `x-access-token`), reach git through its askpass only, and are
-masked in every text git's words end up in.
+Two halves, so that credentials and the network never enter a workspace and the worker's git never follows a
+link the model made (workers/git.py):
+
+1. **In the workspace, with the model's power** (`git.in_workspace`: the session's sandbox, or the workspace's
+   owner): `checkout -B <branch>`, `add --all`, a commit under the bot's own identity (given on the command
+   line, never written into the workspace's config), and a pack of the new commit's objects written to a pipe.
+2. **In a private repository of the worker's** (`workspaces.private_repository`, in the root's .staging,
+   borrowing the mirror's objects read only): the pack is checked object by object (`index-pack --strict`) as
+   it arrives, and the commit is pushed from there to a remote the operator named (the job's `push.remote`,
+   else its repository): never a remote of the workspace's config, which the model can write. Credentials come
+   from the worker's environment (`MM_GIT_TOKEN`, and `MM_GIT_USERNAME`, default `x-access-token`), reach git
+   through its askpass only, and are masked in every text git's words end up in.
 """
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote, urlsplit
 
 from chatops.config import Config
+from mm_core.config import AgentConfig
+from mm_core.tools.ask_agent import load_agent_file
 from workers import git
-from workers.workspaces import hand_over, public_url
+from workers.workspaces import private_repository, public_url
 
-AUTHOR = ("mm", "mm@localhost")
+AUTHOR = ("mm", "mm@localhost")  # the bot's identity for its commit: on that command's line, never in a config
 
 
 class NothingToPush(Exception):
@@ -118,27 +128,45 @@ def _normal(url: str) -> str | None:
     return f"https://{parts.netloc.lower()}{parts.path.rstrip('/').removesuffix('.git')}"
 
 
-def changed_files(workspace: Path, start: str | None) -> int:
+def agent_of(config: Config, agent_name: str | None) -> AgentConfig:
+    """The agent config a session's commands run under (a job's own `mmConfigs` agent, else the config's): the
+    worker's git on its workspace gets the same sandbox and limits."""
+    agent = config.agent
+    if agent_name and agent_name in agent.mmConfigs:
+        try:
+            return load_agent_file(agent.mmConfigs[agent_name])
+        except (OSError, ValueError):
+            # Its turn could not start either (and said why): the strictest sandbox, never more than commands had.
+            return AgentConfig(sandbox="bwrap")
+    return agent
+
+
+def changed_files(workspace: Path, agent: AgentConfig, start: str | None) -> int:
     """How many files the workspace differs in from the commit it started from (`start`, workspaces'
     `start_commit`): the model's commits and its uncommitted edits alike, new files included. 0 for a workspace
-    that is no repository."""
+    that is no repository, or whose git cannot run. Git runs with the model's power (`agent`: the session's
+    agent config)."""
     try:
-        base = _base(workspace, start)
-        tracked = git.run_git(workspace, "diff", "--name-only", "-z", "--no-renames", base, check=False)
-        new = git.run_git(workspace, "ls-files", "--others", "--exclude-standard", "-z", check=False)
+        return _changed(workspace, agent, start)
     except git.GitError:
         return 0
+
+
+def _changed(workspace: Path, agent: AgentConfig, start: str | None) -> int:
+    base = _base(workspace, agent, start)
+    tracked = git.in_workspace(workspace, agent, "diff", "--name-only", "-z", "--no-renames", base, check=False)
+    new = git.in_workspace(workspace, agent, "ls-files", "--others", "--exclude-standard", "-z", check=False)
     paths = {p for result in (tracked, new) if result.ok for p in result.stdout.split("\0") if p}
     return len(paths)
 
 
-def diff_stat(workspace: Path, start: str | None, most: int) -> str:
+def diff_stat(workspace: Path, agent: AgentConfig, start: str | None, most: int) -> str:
     """What changed since `start`, as a summary shows it: `git diff --stat` and the new files, `most` lines at
     most ("" for a workspace that is no repository)."""
     try:
-        base = _base(workspace, start)
-        stat = git.run_git(workspace, "diff", "--stat", base, check=False)
-        added = git.run_git(workspace, "ls-files", "--others", "--exclude-standard", check=False)
+        base = _base(workspace, agent, start)
+        stat = git.in_workspace(workspace, agent, "diff", "--stat", base, check=False)
+        added = git.in_workspace(workspace, agent, "ls-files", "--others", "--exclude-standard", check=False)
     except git.GitError:
         return ""
     lines = stat.stdout.rstrip().splitlines() if stat.ok else []
@@ -150,15 +178,16 @@ def diff_stat(workspace: Path, start: str | None, most: int) -> str:
     return "\n".join(lines)
 
 
-def _base(workspace: Path, start: str | None) -> str:
+def _base(workspace: Path, agent: AgentConfig, start: str | None) -> str:
     """`start` while the workspace still has it (the model can rewrite .git), else HEAD."""
-    if start and git.run_git(workspace, "cat-file", "-e", f"{start}^{{commit}}", check=False).ok:
+    if start and git.in_workspace(workspace, agent, "cat-file", "-e", f"{start}^{{commit}}", check=False).ok:
         return start
     return "HEAD"
 
 
 def push_workspace(
     workspace: Path,
+    agent: AgentConfig,
     remote: str,
     branch: str,
     message: str,
@@ -169,23 +198,17 @@ def push_workspace(
 ) -> Pushed:
     """Commit everything the workspace changed onto `branch` (after the model's own commits, if it made any) and
     push it to `remote`; raises BranchRefused (the repository's own branch, `base` among them), NothingToPush,
-    or git.GitError with git's own (masked) words. `start` and `cloned`: the commit and the branch the workspace
-    was cloned at."""
+    or git.GitError with git's own (masked) words. `agent`: the session's agent config, whose sandbox the
+    workspace's git runs in. `start` and `cloned`: the commit and the branch the workspace was cloned at."""
     check_branch(branch, base, cloned)
-    changed = changed_files(workspace, start)
+    if not os.path.lexists(workspace / ".git"):
+        raise NothingToPush  # no repository: nothing it could have changed
+    # Raises what keeps git from running (the sandbox the session requires is missing): said, not "nothing".
+    changed = _changed(workspace, agent, start)
     if not changed:
         raise NothingToPush
-    name, email = AUTHOR
-    for key, value in (("user.name", name), ("user.email", email)):
-        git.run_git(workspace, "config", key, value)  # the workspace's own identity, if any, is the model's
-    try:
-        git.run_git(workspace, "checkout", "-q", "-B", branch)
-        git.run_git(workspace, "add", "--all")
-        if not git.run_git(workspace, "diff", "--cached", "--quiet", check=False).ok:  # else: all committed
-            git.run_git(workspace, "commit", "-q", "--no-verify", "-m", message)
-        commit = git.run_git(workspace, "rev-parse", "HEAD").stdout.strip()
-        git.push(workspace, remote, f"HEAD:refs/heads/{branch}", credentials=credentials)
-    finally:
-        # A root worker's git wrote into .git: the workspace's later commands (its own user's) must still write there.
-        hand_over(workspace / ".git")
+    commit = git.commit_all(workspace, agent, branch, message, AUTHOR)
+    with private_repository(workspace) as repository:
+        git.copy_objects(workspace, agent, repository, commit, start)
+        git.push(repository, remote, f"{commit}:refs/heads/{branch}", credentials=credentials)
     return Pushed(branch, commit, public_url(remote), changed)

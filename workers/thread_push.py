@@ -11,12 +11,14 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from sqlalchemy import select
+
 from chatops import logs
-from chatops.schema import SessionStatus
+from chatops.schema import Session, SessionStatus
 from chatops.secrets import scrub
 from chatops.store import acquire_lease, record_error, release_lease
 from workers import git
-from workers.push import BranchRefused, NothingToPush, credentials, push_workspace
+from workers.push import BranchRefused, NothingToPush, agent_of, credentials, push_workspace
 from workers.slack_client import web_client
 from workers.turns import Process, SessionFacts, process, session_facts
 from workers.workspaces import cloned_branch, public_url, start_commit, workspace_path
@@ -78,7 +80,8 @@ def _push(proc: Process, facts: SessionFacts, session_id: str, branch: str, user
         start = start_commit(config.workspaces_root, session_id)
         cloned = cloned_branch(config.workspaces_root, session_id)
         token = credentials(config, remote)
-        pushed = push_workspace(workspace, remote, branch, message, token, base, start, cloned)
+        agent = agent_of(config, _agent_name(proc, session_id))
+        pushed = push_workspace(workspace, agent, remote, branch, message, token, base, start, cloned)
     except BranchRefused as e:
         return f"The push was refused: {e}"
     except NothingToPush:
@@ -91,6 +94,12 @@ def _push(proc: Process, facts: SessionFacts, session_id: str, branch: str, user
         )
         + pushed.said
     )
+
+
+def _agent_name(proc: Process, session_id: str) -> str | None:
+    """The session's own agent (a job's), whose sandbox its workspace's git runs in as its commands do."""
+    with proc.engine.connect() as conn:
+        return conn.execute(select(Session.agent_name).where(Session.id == session_id)).scalar_one_or_none()
 
 
 async def _say(proc: Process, facts: SessionFacts, text: str, session_id: str) -> None:

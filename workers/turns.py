@@ -473,7 +473,7 @@ class SessionTurns:
         if not (self.row.repo or self.config.service.channel(self.row.channel_id or "").repo):
             return
         start = start_commit(self.config.workspaces_root, self.session_id)
-        changed = await asyncio.to_thread(changed_files, workspace, start)
+        changed = await asyncio.to_thread(changed_files, workspace, self._agent_config(), start)
         if not changed:
             return
         text = PUSH_OFFER.format(files=changed)

@@ -7,14 +7,15 @@ only its own workspace, can reach nothing the worker keeps for itself:
     <root>/.mirrors/<name>.git      a bare mirror per repository, fetched from its URL, cloned from locally
     <root>/.mirrors/<name>.lock     its fcntl lock (one fetch or clone at a time); its mtime: last used
     <root>/.meta/<session id>.json  what the workspace was prepared from; its mtime: last used
-    <root>/.staging/                where a workspace or mirror is built (and one removed) out of sight
+    <root>/.staging/                where a workspace or mirror is built (and one removed) out of sight, and
+                                    a push's private repository lives (private_repository)
 
 A workspace is a full clone of the mirror: no alternates (the sandbox cannot see the mirror) and no hard links
 (a command could write through a shared inode into the mirror, and so into every later thread's checkout).
 On a root worker it is handed to the sandbox's user (uid and gid SANDBOX_UID, `mm`), so that commands run as
-that user; the mirrors, the metadata and the root stay root's. The worker's own git keeps working on an
-mm-owned workspace: workers/git.py names GIT_DIR explicitly, and git checks ownership only when it discovers
-a repository.
+that user; the mirrors, the metadata and the root stay root's. Once in place, a workspace is the model's: the
+worker's git on it runs with the model's power (workers/git.py, `in_workspace`), and what the worker does to
+its files here (removing it, measuring it) goes by directory descriptor and follows no link.
 """
 
 from __future__ import annotations
@@ -27,12 +28,11 @@ import json
 import math
 import os
 import re
-import shutil
 import stat
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -109,11 +109,7 @@ def prepare(
         replaced = REPLACED.format(old=_describe(meta), new=_describe(wanted)) if old is not None else None
         box = Path(tempfile.mkdtemp(prefix=f"{session_id}-", dir=root / STAGING))
         try:
-            built, stale = _build(root, box / "ws", repo, branch, credentials)
-            # The commit it starts from, kept out of the sandbox's reach: what the thread changed is measured
-            # from it, the model's own commits included (they move HEAD, and the model can rewrite .git).
-            start = run_git(built, "rev-parse", "HEAD").stdout.strip() if repo else None
-            cloned = run_git(built, "rev-parse", "--abbrev-ref", "HEAD").stdout.strip() if repo else None
+            built, stale, start, cloned = _build(root, box / "ws", repo, branch, credentials)
             _write_meta(root, session_id, {**wanted, "commit": start, "cloned_branch": cloned})
             if old is not None:
                 os.rename(old, box / "old")
@@ -203,6 +199,31 @@ def hand_over(path: Path) -> None:
             os.chown(name, SANDBOX_UID, SANDBOX_UID, dir_fd=dir_fd, follow_symlinks=False)
 
 
+@contextlib.contextmanager
+def private_repository(workspace: Path) -> Iterator[Path]:
+    """A bare repository of the worker's own for a push of `workspace` (workers/push.py), removed afterwards.
+
+    It lives in the workspaces root's .staging (mode 0700, never bound into a sandbox, a path the model cannot
+    name), and borrows the objects of the workspace's mirror through `objects/info/alternates`, read only, so
+    that only what the thread made has to be copied in. The mirror is never written.
+    """
+    workspace = Path(workspace)
+    root, session_id = workspace.parent, workspace.name
+    if workspace_path(root, session_id) != workspace or not _is_dir(root / STAGING):
+        raise ValueError(f"not a prepared workspace: {workspace}")
+    repo = (_read_meta(root, session_id) or {}).get("repo")
+    box = Path(tempfile.mkdtemp(prefix=f"push-{session_id}-", dir=root / STAGING))
+    try:
+        repository = box / "push.git"
+        run_git(None, "init", "-q", "--bare", "--template=", str(repository))
+        mirror = root / MIRRORS / f"{_mirror_name(repo)}.git" if repo else None
+        if mirror is not None and _is_dir(mirror):
+            (repository / "objects" / "info" / "alternates").write_text(f"{mirror / 'objects'}\n")
+        yield repository
+    finally:
+        _remove(box)
+
+
 def public_url(url: str) -> str:
     """The repository's URL without its user part (a password, or a token given as the user name, as GitHub
     takes one): what a workspace's `origin`, the metadata, the mirror's name and the thread's texts show."""
@@ -220,19 +241,25 @@ def public_url(url: str) -> str:
 
 def _build(
     root: Path, target: Path, repo: str | None, branch: str | None, credentials: Credentials | None
-) -> tuple[Path, str | None]:
-    stale = None
+) -> tuple[Path, str | None, str | None, str | None]:
+    """The workspace built at `target` in .staging, where only the worker reaches it (so its own git may run
+    there); with the note of a stale mirror, and the commit and branch it was cloned at."""
+    stale = start = cloned = None
     if repo:
         with _locked(root / MIRRORS / f"{_mirror_name(repo)}.lock") as held:
             assert held
             mirror, stale = _mirror(root, repo, credentials)
             clone(mirror, target, branch=branch, timeout=CLONE_TIMEOUT)
         # The mirror's path means nothing inside the sandbox; the repository's URL does.
-        run_git(target, "remote", "set-url", "origin", public_url(repo))
+        run_git(target / ".git", "remote", "set-url", "origin", public_url(repo))
+        # The commit it starts from, kept out of the sandbox's reach: what the thread changed is measured from
+        # it, the model's own commits included (they move HEAD, and the model can rewrite .git).
+        start = run_git(target / ".git", "rev-parse", "HEAD").stdout.strip()
+        cloned = run_git(target / ".git", "rev-parse", "--abbrev-ref", "HEAD").stdout.strip()
     else:
         target.mkdir()
     hand_over(target)
-    return target, stale
+    return target, stale, start, cloned
 
 
 def _mirror(root: Path, repo: str, credentials: Credentials | None) -> tuple[Path, str | None]:
@@ -262,10 +289,10 @@ def _update(mirror: Path, repo: str, credentials: Credentials | None) -> None:
     listed = run_git(None, "ls-remote", "--symref", "--", repo, "HEAD", credentials=credentials)
     # --update-head-ok: workers/git.py forces core.bare=false, under which git guards the "checked-out" HEAD.
     fetch = ("fetch", "--update-head-ok", "--prune", "--no-recurse-submodules", "--", repo, *MIRROR_REFSPECS)
-    run_git(None, f"--git-dir={mirror}", *fetch, credentials=credentials, timeout=MIRROR_TIMEOUT)
+    run_git(mirror, *fetch, credentials=credentials, timeout=MIRROR_TIMEOUT)
     head = _HEAD.search(listed.stdout)
     if head:  # a clone without a branch checks out what the mirror's HEAD names: the repository's default
-        run_git(None, f"--git-dir={mirror}", "symbolic-ref", "HEAD", head.group(1))
+        run_git(mirror, "symbolic-ref", "HEAD", head.group(1))
 
 
 def _mirror_name(repo: str) -> str:
@@ -443,22 +470,98 @@ def _describe(meta: dict[str, str | None] | None) -> str:
 
 
 def _remove(path: Path) -> None:
-    """Delete a tree even when a command left directories without write or search permission in it."""
+    """Delete a tree, even when a command left directories without write or search permission in it.
 
-    def retry(_func: object, failed: str, _exc: object) -> None:
+    By directory descriptor, never following a link: a command may still run in a workspace being removed
+    (a background job) and swap a directory for a link; what such a link names is never entered, chmodded or
+    deleted, only the link itself. Best effort: what cannot be removed stays (the next sweep tries again).
+    """
+    with contextlib.suppress(OSError):
+        if not _is_dir(path):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+            return
+        parent = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            _remove_in(parent, path.name)
+        finally:
+            os.close(parent)
+
+
+_DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _remove_in(parent: int, name: str) -> None:
+    """Remove the directory `name` of the directory open at `parent` and everything under it, depth first,
+    holding one descriptor per level."""
+    top = _open_removable(parent, name)
+    if top is None:
         with contextlib.suppress(OSError):
-            os.chmod(os.path.dirname(failed), 0o700)
-            if os.path.isdir(failed) and not os.path.islink(failed):
-                os.chmod(failed, 0o700)
-                shutil.rmtree(failed, ignore_errors=True)
-            else:
-                os.unlink(failed)
-
-    if path.is_symlink() or not path.exists():
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
+            _retry(parent, os.unlink, name)
         return
-    shutil.rmtree(path, onerror=retry)
+    stack = [(parent, name, top, _unlink_files(top))]
+    while stack:
+        above, below, fd, subdirectories = stack[-1]
+        if subdirectories:
+            child_name = subdirectories.pop()
+            child = _open_removable(fd, child_name)
+            if child is None:  # no longer a directory (a link now): the entry itself goes
+                with contextlib.suppress(OSError):
+                    _retry(fd, os.unlink, child_name)
+            else:
+                stack.append((fd, child_name, child, _unlink_files(child)))
+            continue
+        stack.pop()
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            _retry(above, os.rmdir, below)
+
+
+def _unlink_files(fd: int) -> list[str]:
+    """Unlink every entry but the directories of the directory open at `fd`; the names of those."""
+    subdirectories = []
+    try:
+        with os.scandir(fd) as listing:
+            entries = list(listing)
+    except OSError:
+        return []
+    for entry in entries:
+        if entry.is_dir(follow_symlinks=False):
+            subdirectories.append(entry.name)
+        else:
+            with contextlib.suppress(OSError):
+                _retry(fd, os.unlink, entry.name)
+    return subdirectories
+
+
+def _open_removable(parent: int, name: str) -> int | None:
+    """The directory `name` opened (never through a link), given u+rwx first when its owner's bits keep the
+    worker out (a root worker is never kept out); None when it is no directory or cannot be opened."""
+    try:
+        return os.open(name, _DIRECTORY, dir_fd=parent)
+    except PermissionError:
+        pass
+    except OSError:
+        return None
+    try:  # O_PATH needs no permission on the directory itself; its chmod goes through /proc, never a link
+        path_fd = os.open(name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+        try:
+            os.chmod(f"/proc/self/fd/{path_fd}", 0o700)
+            return os.open(f"/proc/self/fd/{path_fd}", _DIRECTORY & ~os.O_NOFOLLOW)
+        finally:
+            os.close(path_fd)
+    except OSError:
+        return None
+
+
+def _retry(directory: int, remove: Callable[..., None], name: str) -> None:
+    """`remove` (unlink or rmdir) the entry `name` of the directory open at `directory`; once more after giving
+    that directory u+rwx when the first try was refused."""
+    try:
+        remove(name, dir_fd=directory)
+    except PermissionError:
+        os.fchmod(directory, stat.S_IMODE(os.fstat(directory).st_mode) | 0o700)
+        remove(name, dir_fd=directory)
 
 
 def _git_words(error: GitError) -> str:
@@ -482,6 +585,7 @@ __all__ = [
     "cloned_branch",
     "hand_over",
     "prepare",
+    "private_repository",
     "public_url",
     "start_commit",
     "sweep",

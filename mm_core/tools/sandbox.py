@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import os
 import pwd
 import resource
@@ -52,6 +53,11 @@ ROOT_SERVER = (
     "this worker runs as root and the workspace {workspace} belongs to root, so without the bwrap "
     "sandbox the language server would run as root: give the workspaces to an unprivileged user "
     "(chown -R mm: {workspace}), or install bubblewrap"
+)
+ROOT_GIT = (
+    "this worker runs as root and the workspace {workspace} belongs to root, so without the bwrap sandbox "
+    "git would run as root: give the workspaces to an unprivileged user (chown -R mm: {workspace}), or install "
+    "bubblewrap"
 )
 
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -286,14 +292,7 @@ def prepare(config: AgentConfig, workspace: Path, command: str, status_fd: int) 
     would run as root.
     """
     ws = os.path.realpath(workspace)
-    bwrap = bwrap_path(config)
-    uid, gid, user = _identity(Path(ws))
-    root_owned = uid is None and os.geteuid() == 0
-    if root_owned and not bwrap:
-        raise ToolRefusal(ROOT_WORKSPACE.format(workspace=ws))
-    inner_uid = SANDBOX_UID if root_owned else None
-    if inner_uid is not None:
-        user = _user_name(inner_uid)
+    bwrap, uid, gid, inner_uid, user = _confined(config, ws, ROOT_WORKSPACE)
     env = scrubbed_env(config, Path(ws), user)
     preexec = _limits(config)
     if not bwrap:
@@ -322,21 +321,44 @@ def server_launch(config: AgentConfig, workspace: Path, argv: list[str]) -> Laun
     (it loads code and configuration from there), the system read-only, a scrubbed environment, never root,
     no network; plus its own installation, read-only. Raises ToolRefusal as `prepare` does."""
     ws = os.path.realpath(workspace)
-    bwrap = bwrap_path(config)
-    uid, gid, user = _identity(Path(ws))
-    root_owned = uid is None and os.geteuid() == 0
-    if root_owned and not bwrap:
-        raise ToolRefusal(ROOT_SERVER.format(workspace=ws))
-    env = scrubbed_env(config, Path(ws), _user_name(SANDBOX_UID) if root_owned else user)
+    bwrap, uid, gid, inner_uid, user = _confined(config, ws, ROOT_SERVER)
+    env = scrubbed_env(config, Path(ws), user)
     env["PATH"] = f"{Path(argv[0]).parent}:{SAFE_PATH}"
     # Caches go to the sandbox's own /tmp, not into the repository.
     env["HOME"] = "/tmp" if bwrap else tempfile.gettempdir()
     preexec = _limits(config, server=True)
     if not bwrap:
         return Launch(argv=argv, env=env, cwd=ws, pass_fds=(), user=uid, group=gid, preexec=preexec)
-    inner_uid = SANDBOX_UID if root_owned else None
     args = _bwrap_args(bwrap, config, ws, inner_uid, None, installation(argv[0]))
     return Launch(argv=args + argv, env=env, cwd=ws, pass_fds=(), user=uid, group=gid, preexec=preexec, sandboxed=True)
+
+
+def git_launch(config: AgentConfig, workspace: Path, argv: list[str], env: dict[str, str]) -> Launch:
+    """The launch of the worker's own git on `workspace` (workers/git.py), with the model's power and no more:
+    in the sandbox a command gets when the session's has one (only that workspace read-write, the system
+    read-only, a private /tmp, no network), else as the workspace's owner; never root. So a link the model left
+    in `.git` leads git only where the model's own commands reach. `env` is git's whole environment. Its limits
+    are a language server's: no CPU limit (the worker's timeout stops git), memory bounded by what it writes
+    rather than what it maps (git maps its packs). Raises ToolRefusal as `prepare` does."""
+    ws = os.path.realpath(workspace)
+    bwrap, uid, gid, inner_uid, _user = _confined(config, ws, ROOT_GIT)
+    preexec = _limits(config, server=True)
+    if not bwrap:
+        return Launch(argv=argv, env=env, cwd=ws, pass_fds=(), user=uid, group=gid, preexec=preexec)
+    args = _bwrap_args(bwrap, config, ws, inner_uid, None)
+    return Launch(argv=args + argv, env=env, cwd=ws, pass_fds=(), user=uid, group=gid, preexec=preexec, sandboxed=True)
+
+
+def _confined(config: AgentConfig, ws: str, refused: str) -> tuple[str | None, int | None, int | None, int | None, str]:
+    """Who a process in workspace `ws` runs as: (bwrap or None, the uid and gid to start it as, the uid inside
+    the sandbox, the user's name). Raises ToolRefusal (`refused`, plain words) when it would run as root."""
+    bwrap = bwrap_path(config)
+    uid, gid, user = _identity(Path(ws))
+    root_owned = uid is None and os.geteuid() == 0
+    if root_owned and not bwrap:
+        raise ToolRefusal(refused.format(workspace=ws))
+    inner_uid = SANDBOX_UID if root_owned else None
+    return bwrap, uid, gid, inner_uid, _user_name(inner_uid) if inner_uid is not None else user
 
 
 def installation(executable: str) -> tuple[str, ...]:
@@ -382,44 +404,85 @@ class Usage:
 
 def measure_workspace(root: str, budget: float = MEASURE_BUDGET) -> Usage:
     """The disk space the files under `root` hold (allocated blocks: a sparse file counts what it uses, a
-    hard-linked file once), walked with os.scandir without following symlinks, for at most `budget` seconds.
+    hard-linked file once), for at most `budget` seconds.
 
     On the way it clears the setuid and setgid bits of every file: a command could have set them on a file it
     owns, and nothing the model writes may run as its owner on the worker (inside the sandbox, no_new_privs
     and the nosuid mount already void them).
+
+    Walked by directory file descriptor, never by path: each directory is opened relative to its parent's with
+    O_NOFOLLOW, so one a command swaps for a symlink between the listing and the descent (a background job can)
+    is not entered, and the walk never counts or changes a file outside `root`. It holds one descriptor per
+    level of the directory it is in.
     """
     deadline = time.monotonic() + budget
-    total, cleared, seen = 0, 0, set()
-    stack = [root]
-    while stack:
-        if time.monotonic() > deadline:
-            return Usage(total, False, cleared)
-        top = stack.pop()
+    walk = _Walk()
+    try:
+        top = os.open(root, _DIRECTORY)
+    except OSError:
+        return Usage(0, True, 0)
+    stack = [(top, walk.list(top))]
+    try:
+        while stack:
+            fd, subdirectories = stack[-1]
+            if not subdirectories:
+                os.close(stack.pop()[0])
+                continue
+            if time.monotonic() > deadline:
+                return Usage(walk.bytes, False, walk.cleared)
+            try:
+                child = os.open(subdirectories.pop(), _DIRECTORY, dir_fd=fd)
+            except OSError as e:
+                if e.errno in (errno.EMFILE, errno.ENFILE):  # nested deeper than descriptors last: a lower bound
+                    return Usage(walk.bytes, False, walk.cleared)
+                continue  # gone, or no longer a directory (a symlink now): not entered
+            stack.append((child, walk.list(child)))
+    finally:
+        for fd, _ in stack:
+            os.close(fd)
+    return Usage(walk.bytes, True, walk.cleared)
+
+
+_DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class _Walk:
+    """What measure_workspace counted so far."""
+
+    def __init__(self) -> None:
+        self.bytes = 0
+        self.cleared = 0
+        self.seen: set[tuple[int, int]] = set()
+
+    def list(self, fd: int) -> list[str]:
+        """Count the entries of the directory open at `fd`; the names of its subdirectories."""
+        subdirectories = []
         try:
-            with os.scandir(top) as entries:
+            with os.scandir(fd) as entries:
                 for entry in entries:
                     try:
                         st = entry.stat(follow_symlinks=False)
                     except OSError:
                         continue
                     if st.st_nlink > 1:
-                        if (st.st_dev, st.st_ino) in seen:
+                        if (st.st_dev, st.st_ino) in self.seen:
                             continue
-                        seen.add((st.st_dev, st.st_ino))
-                    total += st.st_blocks * 512
+                        self.seen.add((st.st_dev, st.st_ino))
+                    self.bytes += st.st_blocks * 512
                     if stat.S_ISDIR(st.st_mode):
-                        stack.append(entry.path)
+                        subdirectories.append(entry.name)
                     elif stat.S_ISREG(st.st_mode) and st.st_mode & (stat.S_ISUID | stat.S_ISGID):
-                        cleared += _clear_setuid(entry.path)
+                        self.cleared += _clear_setuid(fd, entry.name)
         except OSError:
-            continue
-    return Usage(total, True, cleared)
+            pass
+        return subdirectories
 
 
-def _clear_setuid(path: str) -> int:
-    # O_NOFOLLOW: a file swapped for a symlink since the walk saw it is left alone.
+def _clear_setuid(dir_fd: int, name: str) -> int:
+    # O_NOFOLLOW, relative to the directory the walk holds: a file swapped for a symlink since the walk saw it
+    # is left alone.
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
     except OSError:
         return 0
     try:
