@@ -71,3 +71,28 @@ def test_an_approver_pushes_a_thread_s_changes_with_the_button_or_the_keyword(th
     sender.app_mention("<@U0BOT> push chores/notes", channel=CHANNEL, user=APPROVER, thread_ts=root)
     s.wait(lambda: "pushed `chores/notes`" in s.thread_text(root), message="the keyword's push")
     assert show(bare, "chores/notes:more.txt") == "second\n" and show(bare, "chores/notes:notes.txt") == "first\n"
+
+
+def test_a_push_failure_in_git_s_words_notifies_nobody(thread) -> None:
+    """git's words are the repository's and the model's text: a directory named `<!channel> URGENT` that makes the
+    push fail reaches the thread as text, never as a channel-wide notification in the bot's voice."""
+    s, sender, _bare = thread
+    root = sender.new_ts()
+    # An embedded repository with no commit: `git add --all` refuses it, naming the directory.
+    command = "mkdir -p '<!channel> URGENT' && git -C '<!channel> URGENT' init -q && echo x > '<!channel> URGENT/x'"
+    sender.app_mention(f"<@U0BOT> run: {command}", channel=CHANNEL, user=ALICE, ts=root)
+    offer = s.wait(
+        lambda: next((m for m in s.slack.messages(CHANNEL, root) if "changed file(s)" in m.get("text", "")), None),
+        message="the Push branch button",
+    )
+    sender.block_action(
+        "push", buttons(offer)["push"], user=APPROVER, channel=CHANNEL, message_ts=offer["ts"], thread_ts=root
+    )
+    failed = s.wait(
+        lambda: next((m for m in s.slack.messages(CHANNEL, root) if "failed" in m.get("text", "")), None),
+        message="the push's failure",
+    )
+    assert "does not have a commit checked out" in failed["text"]
+    assert "&lt;!channel&gt; URGENT" in failed["text"]
+    posted = [m.get("text", "") for m in s.slack.messages(CHANNEL, root)]
+    assert not any("<!channel>" in text for text in posted), posted

@@ -48,13 +48,15 @@ from mm_core.config import AgentConfig
 from mm_core.events import TurnFinished
 from mm_core.log import Outcome
 from workers import blocks, git
+from workers.mrkdwn import Mrkdwn
 from workers.push import BranchRefused, NothingToPush, agent_of, credentials, diff_stat, push_workspace
+from workers.slack_out import SlackOut
 from workers.workspaces import cloned_branch, start_commit
 
 log = logging.getLogger("mm.worker.jobs")
 
-STARTED = "🔧 *{job}* started{by} · `{schedule}` ({zone})"
-BY_HAND = " by <@{user}>"
+STARTED = Mrkdwn("🔧 *{job}* started{by} · `{schedule}` ({zone})")
+BY_HAND = Mrkdwn(" by <@{user}>")
 SUCCEEDED = "✅ *{job}* succeeded in {duration}"
 FAILED = "❌ *{job}* failed after {duration}: {reason}"
 PAUSED = (
@@ -69,7 +71,7 @@ REASONS = {
 }
 EXPIRED = "a call waited for a decision until it expired"
 DIFF_LINES = 20  # of `git diff --stat` in the summary
-PUSHED = "⬆️ Pushed `{branch}` to {remote} ({commit})."
+PUSHED = Mrkdwn("⬆️ Pushed `{branch}` to {remote} ({commit}).")
 NOTHING_PUSHED = "Nothing to push: the run changed no file."
 NO_REMOTE = "there is nowhere to push: the job has no repository and no `push.remote`"
 REMOVED_REASON = "its job was removed from the config while it ran"
@@ -137,14 +139,14 @@ def _job(config: Config, name: str) -> JobConfig | None:
     return next((j for j in config.service.jobs if j.name == name), None)
 
 
-async def start_run(engine: Engine, client: Any, start: RunStart) -> str | None:
+async def start_run(engine: Engine, slack: SlackOut, start: RunStart) -> str | None:
     """Post the run's root message and give its thread the prompt; the session's id (to enqueue), or None when
     the run could not start (then it is recorded failed)."""
     job = start.job
-    by = BY_HAND.format(user=start.requested_by) if start.requested_by else ""
+    by = BY_HAND.format(user=start.requested_by) if start.requested_by else Mrkdwn()
     text = STARTED.format(job=job.name, by=by, schedule=job.schedule, zone=job.timezone)
     try:
-        posted = await client.chat_postMessage(channel=job.channel, text=text)
+        posted = await slack.post(job.channel, text)
     except Exception as e:  # noqa: BLE001 - the run fails, with Slack's words, and the job's failures count it
         reason = f"its message could not be posted in <#{job.channel}>: {e}"
         record_error(engine, "job", f"{job.name}: {reason}")
@@ -257,19 +259,24 @@ async def finish_run(
         else FAILED.format(job=job.name, duration=duration, reason=reason)
     )
     recap = display.recap(finished) if finished is not None else None
-    lines = [f"{outcome} · {recap}" if recap else outcome]
+    # The summary is the service's mrkdwn (a pull request's link); job names, git's words and file names in it
+    # are values, escaped.
+    lines: list[str] = [
+        Mrkdwn("{outcome} · {recap}").format(outcome=outcome, recap=recap) if recap else Mrkdwn.of(outcome)
+    ]
     start = start_commit(config.workspaces_root, session_id)
     agent = agent_of(config, job.agent)  # the run's workspace's git runs in the sandbox its commands ran in
     if workspace is not None and (changes := await asyncio.to_thread(diff_stat, workspace, agent, start, DIFF_LINES)):
-        lines.append(f"Changes:\n```\n{changes}\n```")
+        lines.append(Mrkdwn("Changes:\n```\n{changes}\n```").format(changes=changes))
     pushed_branch = None
     if job.push is not None and reason is None and workspace is not None:
         cloned = cloned_branch(config.workspaces_root, session_id)
         pushed_branch, said, reason = await _push(config, found, workspace, agent, start, cloned)
         lines.append(said)
         if reason is not None:  # the outcome line changes: the run failed after all
-            lines[0] = FAILED.format(job=job.name, duration=duration, reason=reason) + (f" · {recap}" if recap else "")
-    summary = scrub("\n".join(lines), secrets)
+            failed = FAILED.format(job=job.name, duration=duration, reason=reason)
+            lines[0] = Mrkdwn("{failed} · {recap}").format(failed=failed, recap=recap) if recap else Mrkdwn.of(failed)
+    summary = scrub(Mrkdwn("\n").join(lines), secrets)
     status = JobRunStatus.SUCCEEDED if reason is None else JobRunStatus.FAILED
     closed = _close(
         engine,
@@ -351,13 +358,14 @@ async def _push(
             push_workspace, workspace, agent, remote, branch, message, token, base, start, cloned
         )
     except BranchRefused as e:
-        return None, f"the push was refused: {e}", f"the push was refused: {e}"
+        return None, Mrkdwn.of(f"the push was refused: {e}"), f"the push was refused: {e}"
     except NothingToPush:
-        return None, NOTHING_PUSHED, None
+        return None, Mrkdwn.of(NOTHING_PUSHED), None
     except git.GitError as e:
         reason = f"the push of `{branch}` failed: {e.text}"
-        return None, reason, reason
-    return branch, PUSHED.format(branch=branch, remote=pushed.remote, commit=pushed.commit[:10]) + pushed.said, None
+        return None, Mrkdwn.of(reason), reason
+    pushed_line = PUSHED.format(branch=branch, remote=pushed.remote, commit=pushed.commit[:10]) + pushed.said
+    return branch, pushed_line, None
 
 
 def undelivered_runs(engine: Engine, now: datetime, quiet_s: float = REDELIVER_S) -> list[int]:

@@ -26,6 +26,7 @@ from chatops.config import Config
 from mm_core.config import AgentConfig
 from mm_core.tools.ask_agent import load_agent_file
 from workers import git
+from workers.mrkdwn import Mrkdwn
 from workers.workspaces import private_repository, public_url
 
 AUTHOR = ("mm", "mm@localhost")  # the bot's identity for its commit: on that command's line, never in a config
@@ -58,10 +59,10 @@ class Pushed:
     files: int
 
     @property
-    def said(self) -> str:
+    def said(self) -> Mrkdwn:
         """The link to open a pull request, as a thread's text ends with it ("" where the forge is unknown)."""
         page = pull_request_page(self.remote, self.branch)
-        return f" <{page}|Open a pull request>." if page else ""
+        return Mrkdwn(" <{page}|Open a pull request>.").format(page=page) if page else Mrkdwn()
 
 
 # The page where a forge opens a pull request for a pushed branch (no API call, no token: the person clicks it).

@@ -35,13 +35,14 @@ def run_job(run_id: int) -> None:
 
     from workers.jobs import claim_run, start_run
     from workers.slack_client import web_client
+    from workers.slack_out import SlackOut
     from workers.turns import process
 
     proc = process()
     start = claim_run(proc.engine, proc.config_file, run_id)
     if start is None:
         return
-    session_id = asyncio.run(start_run(proc.engine, web_client(proc.config), start))
+    session_id = asyncio.run(start_run(proc.engine, SlackOut(web_client(proc.config), proc.secrets), start))
     if session_id is not None:
         enqueue_session(session_id)
 

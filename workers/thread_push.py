@@ -15,21 +15,22 @@ from sqlalchemy import select
 
 from chatops import logs
 from chatops.schema import Session, SessionStatus
-from chatops.secrets import scrub
 from chatops.store import acquire_lease, record_error, release_lease
 from workers import git
+from workers.mrkdwn import Mrkdwn
 from workers.push import BranchRefused, NothingToPush, agent_of, credentials, push_workspace
 from workers.slack_client import web_client
+from workers.slack_out import SlackOut
 from workers.turns import Process, SessionFacts, process, session_facts
 from workers.workspaces import cloned_branch, public_url, start_commit, workspace_path
 
 log = logging.getLogger("mm.worker.push")
 
-PUSHED = "⬆️ <@{user}> pushed `{branch}` to {remote} ({commit}): {files} file(s) changed."
+PUSHED = Mrkdwn("⬆️ <@{user}> pushed `{branch}` to {remote} ({commit}): {files} file(s) changed.")
 NOTHING = "There is nothing to push: this thread's workspace has no change."
 BUSY = "⏳ A turn is running in this thread: ask again to push once it has finished."
 NO_REPO = "There is nowhere to push: this thread works on no repository."
-FAILED = "The push of `{branch}` failed: {words}"
+FAILED = "The push of `{branch}` failed: {words}"  # git's words: posted as text, never as markup
 OWNER = "push"
 LEASE_S = 120.0
 
@@ -63,7 +64,7 @@ def _push_thread(session_id: str, branch: str | None, user: str) -> None:
             said = _push(proc, facts, session_id, branch, user)
         finally:
             release_lease(engine, session_id, token)
-    asyncio.run(_say(proc, facts, scrub(said, list(proc.secrets)), session_id))
+    asyncio.run(_say(proc, facts, said, session_id))
 
 
 def _push(proc: Process, facts: SessionFacts, session_id: str, branch: str, user: str) -> str:
@@ -103,8 +104,8 @@ def _agent_name(proc: Process, session_id: str) -> str | None:
 
 
 async def _say(proc: Process, facts: SessionFacts, text: str, session_id: str) -> None:
-    client = web_client(proc.config)
+    slack = SlackOut(web_client(proc.config), proc.secrets)  # scrubs the token and the rest from git's words
     try:
-        await client.chat_postMessage(channel=facts.channel_id or "", thread_ts=facts.thread_ts, text=text)
+        await slack.post(facts.channel_id or "", text, thread_ts=facts.thread_ts)
     except Exception as e:  # noqa: BLE001 - the push happened (or not); the errors table keeps the message
         record_error(proc.engine, "slack", f"chat.postMessage: {e}", session_id=session_id)

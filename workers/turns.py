@@ -73,6 +73,7 @@ from workers.leases import Cancelled, LeaseKeeper
 from workers.push import changed_files, credentials
 from workers.render import ThreadRenderer
 from workers.slack_client import TIMEOUT, web_client
+from workers.slack_out import SlackOut
 from workers.workspaces import WorkspaceError, prepare, public_url, start_commit, sweep
 
 log = logging.getLogger("mm.worker")
@@ -187,6 +188,7 @@ class SessionTurns:
         # One connection pool for the turn's Slack calls: without a session, slack_sdk opens an aiohttp session
         # and a connection for every call (and closes them after it). Closed below.
         client.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT))
+        slack = SlackOut(client, self.proc.secrets)
         renderer = ThreadRenderer(
             client,
             self.row.channel_id or "",
@@ -207,12 +209,12 @@ class SessionTurns:
         try:
             more = await self._next(renderer, client)
             if self.row.kind == SessionKind.JOB and self.ending == SessionStatus.IDLE:
-                await self._finish_job(renderer, client)
+                await self._finish_job(renderer, slack)
             return more
         finally:
             await renderer.aclose()
             if self.row.kind != SessionKind.JOB and self.ending == SessionStatus.IDLE:
-                await self._offer_push(client)
+                await self._offer_push(slack)
             session = getattr(client, "session", None)
             if session is not None:
                 await session.close()
@@ -464,7 +466,7 @@ class SessionTurns:
                 await renderer.notice(f"⚠️ Could not compact: {scrub(describe_error(e), list(self.proc.secrets))}")
         return None
 
-    async def _offer_push(self, client: Any) -> None:
+    async def _offer_push(self, slack: SlackOut) -> None:
         """After a turn that ran commands or edits, when the workspace differs from its repository: the button
         that pushes it to a branch (for an approver; `push [branch]` does the same)."""
         finished, workspace = self.finished, self.workspace
@@ -483,13 +485,11 @@ class SessionTurns:
             {"type": "actions", "block_id": "push", "elements": [element(Action.PUSH, value)]},
         ]
         try:
-            await client.chat_postMessage(
-                channel=self.row.channel_id, thread_ts=self.row.thread_ts, text=text, blocks=blocks
-            )
+            await slack.post(self.row.channel_id or "", text, thread_ts=self.row.thread_ts, blocks=blocks)
         except Exception as e:  # noqa: BLE001 - a courtesy: `push` in the thread does the same
             record_error(self.proc.engine, "slack", f"chat.postMessage: {e}", session_id=self.session_id)
 
-    async def _finish_job(self, renderer: ThreadRenderer, client: Any) -> None:
+    async def _finish_job(self, renderer: ThreadRenderer, slack: SlackOut) -> None:
         """A job run's turn ended: its summary in the thread, and in the channel the job pausing itself."""
 
         async def post(text: str, in_channel: bool = False) -> None:
@@ -497,7 +497,7 @@ class SessionTurns:
                 await renderer.notice(text)
                 return
             try:
-                await client.chat_postMessage(channel=self.row.channel_id, text=text)
+                await slack.post(self.row.channel_id or "", text)
             except Exception as e:  # noqa: BLE001 - the pause holds; its announcement is a courtesy
                 record_error(self.proc.engine, "slack", f"chat.postMessage: {e}", session_id=self.session_id)
 
