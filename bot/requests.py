@@ -26,7 +26,6 @@ import uuid
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
-from slack_bolt.context.respond.async_respond import AsyncRespond
 from slack_sdk.web.async_client import AsyncWebClient
 from sqlalchemy import Engine
 
@@ -238,6 +237,6 @@ async def tell(slack: SlackOut, user: str, channel: str | None, thread_ts: str |
 async def _respond(slack: SlackOut, slash: dict[str, Any], text: str) -> None:
     """The answer to a slash command, for the person alone, through its response URL."""
     try:
-        await slack.respond(AsyncRespond(response_url=slash["response_url"] or None), text, response_type="ephemeral")
+        await slack.respond(slash["response_url"] or None, text, response_type="ephemeral")
     except Exception as exc:  # noqa: BLE001 - a courtesy
         log.warning("could not answer %s: %s", SLASH_COMMAND, exc)

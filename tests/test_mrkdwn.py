@@ -5,8 +5,20 @@ from __future__ import annotations
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from slack_sdk.web.async_client import AsyncWebClient
 
-from workers.mrkdwn import ZWSP, Mrkdwn, escape, mrkdwn_of, safe_markdown, safe_mrkdwn, safe_plain
+from workers.mrkdwn import (
+    ZWSP,
+    Mrkdwn,
+    code_block,
+    escape,
+    mrkdwn_of,
+    quiet_markdown,
+    safe_markdown,
+    safe_mrkdwn,
+    safe_plain,
+)
+from workers.render import ThreadRenderer
 from workers.slack_out import outgoing
 
 SECRET = "xoxb-secret-token-1234"
@@ -111,3 +123,34 @@ def test_whatever_anyone_writes_reaches_slack_without_markup(text: str) -> None:
     # Nothing is lost: unescaping gives the text back but for the zero-width spaces.
     back = sent.replace(ZWSP, "").replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")
     assert back == text.replace(ZWSP, "")
+
+
+@pytest.mark.parametrize("text", ["echo ````", "```", "a ``` b", "`````x`````", "x`\n```"])
+def test_no_run_of_backticks_survives_inside_a_code_block(text: str) -> None:
+    block = code_block(text)
+    body = block.removeprefix("```\n").removesuffix("\n```")
+    assert "``" not in body, body  # neither a fence nor an empty code span can end the block early
+    assert body.replace(ZWSP, "") == text
+
+
+def test_quiet_markdown_leaves_slack_s_markup_as_text() -> None:
+    said = "see <https://evil.example|docs.python.org>, <@U0ADMIN>, <#C1>, <!here> and a < b <c>"
+    quiet = quiet_markdown(said)
+    assert "<https:" not in quiet and "<@" not in quiet and "<#" not in quiet and "<!" not in quiet
+    assert "a < b <c>" in quiet  # markdown's own `<` stays as written
+    assert (
+        quiet.replace(ZWSP, "")
+        == "see <https://evil.example|docs.python.org>, <@U0ADMIN>, <#C1>, <!here> and a < b <c>"
+    )
+
+
+@given(st.text(alphabet="<@!#:/hHtTpPsSeErRcCaAnNlLyYoOvV ab-", max_size=80))
+def test_a_streamed_answer_shows_a_prefix_that_only_grows(raw: str) -> None:
+    """The renderer sends a stream piece by piece: what it has shown must stay the start of what it shows next,
+    whatever arrives after (render's _stable holds back more than quiet_markdown looks ahead)."""
+    renderer = ThreadRenderer(AsyncWebClient(), "C1", "1.0", preview_lines=3)
+    shown = [renderer._stable(raw[:i], False) for i in range(len(raw) + 1)]
+    final = renderer._stable(raw, True)
+    for before, after in zip(shown, [*shown[1:], final], strict=True):
+        assert after.startswith(before), (before, after)
+    assert final == quiet_markdown(raw)

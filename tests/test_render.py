@@ -39,7 +39,7 @@ from mm_core import (
 from playground.model_server import ModelServer, Reply, ToolCall
 from playground.slack_api import SlackEmulator
 from workers.approval_message import WAITING, ApprovalAsked
-from workers.blocks import ZWSP
+from workers.mrkdwn import ZWSP
 from workers.render import MARKDOWN_CHARS, ThreadRenderer
 from workers.slack_client import web_client
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar, cast
 
-from workers.mrkdwn import ZWSP, Mrkdwn
+from workers.mrkdwn import Mrkdwn, unfenced
 
 # Slack's limit is 3,000 characters a section: kept well under.
 SECTION_CHARS = 2900
@@ -26,7 +26,7 @@ def code_sections(lines: Sequence[str], mrkdwn: Callable[[str], Mrkdwn]) -> tupl
     current: list[str] = []
     size, cut = 0, False
     for raw in lines:
-        line = mrkdwn(raw).replace("```", f"`{ZWSP}``")  # a fence in the output must not end ours
+        line = unfenced(mrkdwn(raw))  # a fence (or any run of backticks) in the output must not end ours
         if len(line) > room:
             line, cut = line[: room - 1] + "…", True
         if current and size + len(line) + 1 > room:

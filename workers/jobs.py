@@ -48,7 +48,7 @@ from mm_core.config import AgentConfig
 from mm_core.events import TurnFinished
 from mm_core.log import Outcome
 from workers import blocks, git
-from workers.mrkdwn import Mrkdwn
+from workers.mrkdwn import Mrkdwn, code_block
 from workers.push import BranchRefused, NothingToPush, agent_of, credentials, diff_stat, push_workspace
 from workers.slack_out import SlackOut
 from workers.workspaces import cloned_branch, start_commit
@@ -267,7 +267,7 @@ async def finish_run(
     start = start_commit(config.workspaces_root, session_id)
     agent = agent_of(config, job.agent)  # the run's workspace's git runs in the sandbox its commands ran in
     if workspace is not None and (changes := await asyncio.to_thread(diff_stat, workspace, agent, start, DIFF_LINES)):
-        lines.append(Mrkdwn("Changes:\n```\n{changes}\n```").format(changes=changes))
+        lines.append(Mrkdwn("Changes:\n{changes}").format(changes=code_block(changes)))
     pushed_branch = None
     if job.push is not None and reason is None and workspace is not None:
         cloned = cloned_branch(config.workspaces_root, session_id)

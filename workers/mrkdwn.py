@@ -27,6 +27,11 @@ ZWSP = "\u200b"
 MENTION = re.compile(r"<!|@(?:channel|here|everyone)", re.IGNORECASE)
 # In the service's own mrkdwn, `<!` is only ever a date (`<!date^…>`): any other special mention is broken.
 _SPECIAL = re.compile(r"<!(?!date\^)|@(?:channel|here|everyone)", re.IGNORECASE)
+# In markdown (the streamed answer), Slack's own markup that would notify or pose as one of its links: `<!…>`,
+# `<@U…>`, `<#C…>`, `<https://…|…>`. Markdown's `<` needs no other escape. The lookahead is short (a scheme of
+# at most ten characters), so that a stream's held-back tail (render's _stable) always decides it.
+_ANGLED = re.compile(r"<(?=[!@#]|[a-z][a-z0-9+.-]{0,9}:)", re.IGNORECASE)
+_BACKTICKS = re.compile(r"`(?=`)")
 
 
 def escape(text: str) -> str:
@@ -91,6 +96,18 @@ class _Escaping(string.Formatter):
 _ESCAPING = _Escaping()
 
 
+def unfenced(text: Mrkdwn) -> Mrkdwn:
+    """Escaped text made safe to stand inside a code block: no two backticks stay side by side, so neither a
+    fence (```, or a run of four) nor an inline code span in it can close the block and turn the rest into
+    mrkdwn drawn as the bot's own prose."""
+    return Mrkdwn(_BACKTICKS.sub("`" + ZWSP, text))
+
+
+def code_block(text: str) -> Mrkdwn:
+    """Someone else's text as one mrkdwn code block: escaped, and unable to end the block early."""
+    return Mrkdwn("```\n{body}\n```").format(body=unfenced(Mrkdwn.of(text)))
+
+
 def mrkdwn_of(text: str, secrets: Sequence[str]) -> Mrkdwn:
     """Text from the model, a tool or a person as mrkdwn: without the secrets, escaped, notifying nobody."""
     return Mrkdwn.of(scrub(text, list(secrets)))
@@ -106,10 +123,17 @@ def safe_mrkdwn(text: str, secrets: Sequence[str]) -> str:
     return str(Mrkdwn.of(scrub(str(text), hidden)))
 
 
+def quiet_markdown(text: str) -> str:
+    """Markdown notifying nobody and without Slack's angle-bracket markup (a mention, a channel, a link whose label
+    hides its address): a zero-width space after each such `<` (and after the `@` of `@here`…) leaves it as text.
+    Each change depends on at most ten characters after it, so the result of a longer text starts with that of
+    its prefix but for those last characters: a stream can send it piece by piece."""
+    return neutralise(_ANGLED.sub("<" + ZWSP, text))
+
+
 def safe_markdown(text: str, secrets: Sequence[str]) -> str:
-    """Markdown (`markdown_text`: the streamed answer) as the gateway sends it: scrubbed, notifying nobody. Slack's
-    markdown has no `<…>` markup to escape; the mentions are broken as in mrkdwn."""
-    return neutralise(scrub(str(text), sorted(set(secrets), key=len, reverse=True)))
+    """Markdown (`markdown_text`: the streamed answer) as the gateway sends it: scrubbed, then quiet."""
+    return quiet_markdown(scrub(str(text), sorted(set(secrets), key=len, reverse=True)))
 
 
 def safe_plain(text: str, secrets: Sequence[str]) -> str:
@@ -122,10 +146,13 @@ __all__ = [
     "MENTION",
     "ZWSP",
     "Mrkdwn",
+    "code_block",
     "escape",
     "mrkdwn_of",
     "neutralise",
+    "quiet_markdown",
     "safe_markdown",
     "safe_mrkdwn",
     "safe_plain",
+    "unfenced",
 ]

@@ -66,7 +66,7 @@ from workers.blocks import (
     context_block,
     section_block,
 )
-from workers.mrkdwn import MENTION, Mrkdwn, mrkdwn_of, neutralise
+from workers.mrkdwn import Mrkdwn, mrkdwn_of, quiet_markdown
 from workers.slack_out import SlackOut
 
 log = logging.getLogger("mm.worker.render")
@@ -372,17 +372,12 @@ class ThreadRenderer:
             self._texts = [t for t in self._texts if t.dirty or not t.ended]
 
     def _stable(self, raw: str, final: bool) -> str:
-        """The text as it may be shown: scrubbed, mentions neutralised, and — unless it is final — without its
-        last few characters, where a secret or a mention may still be arriving. What this returns only ever
-        grows as raw grows, so a stream can send just the difference."""
-        text = self._scrub(raw)
-        if final:
-            return neutralise(text)
-        cut = max(0, len(text) - self._holdback)
-        for match in MENTION.finditer(text, max(0, cut - MIN_HOLDBACK)):
-            if match.start() < cut < match.end():
-                cut = match.start()
-        return neutralise(text[:cut])
+        """The text as it may be shown: scrubbed, quiet (no mention, no Slack link markup), and — unless it is
+        final — without its last few characters, where a secret, a mention or a link may still be arriving. What
+        this returns only ever grows as raw grows, so a stream can send just the difference: quiet_markdown
+        decides each change from at most ten characters after it, fewer than are held back."""
+        text = quiet_markdown(self._scrub(raw))
+        return text if final else text[: max(0, len(text) - self._holdback)]
 
     async def _write_text(self, text: _Text) -> None:
         text.dirty = False

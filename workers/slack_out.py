@@ -18,9 +18,10 @@ anywhere but here.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
+from slack_bolt.context.respond.async_respond import AsyncRespond
 from slack_sdk.web.async_client import AsyncWebClient
 
 from workers.mrkdwn import safe_markdown, safe_mrkdwn, safe_plain
@@ -28,7 +29,7 @@ from workers.mrkdwn import safe_markdown, safe_mrkdwn, safe_plain
 # Fields of a method's arguments, by what Slack makes of them.
 MRKDWN_FIELDS = frozenset({"text", "initial_comment"})
 MARKDOWN_FIELDS = frozenset({"markdown_text"})
-PLAIN_FIELDS = frozenset({"status", "title", "content", "loading_messages"})
+PLAIN_FIELDS = frozenset({"status", "title", "content", "filename", "loading_messages"})
 BLOCK_FIELDS = frozenset({"blocks", "view", "prompts", "attachments"})
 
 
@@ -72,7 +73,9 @@ def _blocks(value: Any, secrets: Sequence[str]) -> Any:
             # Shown as written in plain_text and in rich text's text elements; read as mrkdwn anywhere else.
             literal = kind in ("plain_text", "text")
             out[key] = safe_plain(item, secrets) if literal else safe_mrkdwn(item, secrets)
-        elif key in ("title", "message") and isinstance(item, str):  # a suggested prompt
+        elif key in ("action_id", "block_id", "type", "value"):  # the service's own ids and the buttons' values
+            out[key] = item
+        elif isinstance(item, str):  # a URL, an alt text, a prompt's title or message: shown, or followed, as is
             out[key] = safe_plain(item, secrets)
         else:
             out[key] = _blocks(item, secrets)
@@ -106,14 +109,12 @@ class SlackOut:
 
     async def upload(self, channel: str, thread_ts: str | None, content: str, filename: str, title: str) -> Any:
         """A file in the thread (files.getUploadURLExternal, the upload, files.completeUploadExternal)."""
-        safe = outgoing({"content": content, "title": title}, self.secrets)
-        return await self.client.files_upload_v2(
-            channel=channel, thread_ts=thread_ts, content=safe["content"], filename=filename, title=safe["title"]
-        )
+        safe = outgoing({"content": content, "title": title, "filename": filename}, self.secrets)
+        return await self.client.files_upload_v2(channel=channel, thread_ts=thread_ts, **safe)
 
-    async def respond(self, respond: Callable[..., Awaitable[Any]], text: str, **more: Any) -> Any:
-        """An answer through a slash command's or a click's response_url (bolt's `respond`)."""
-        return await respond(**outgoing({"text": text, **more}, self.secrets))
+    async def respond(self, response_url: str | None, text: str, **more: Any) -> Any:
+        """An answer through a slash command's or a click's response_url (bolt's own `respond`)."""
+        return await AsyncRespond(response_url=response_url)(**outgoing({"text": text, **more}, self.secrets))
 
 
 __all__ = ["SlackOut", "outgoing"]
