@@ -9,6 +9,7 @@ probed the way bolt itself routes a request: each listener's matchers, on a mini
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import inspect
 import itertools
@@ -263,23 +264,49 @@ def subscribed_requests(manifest: dict[str, Any]) -> list[tuple[str, dict[str, A
 # --- the Web API methods the code calls ---------------------------------------------------------------------
 
 CLIENT_METHOD = re.compile(r"\.([a-z]+_[A-Za-z0-9_]+)\(")
-NAMED_CALL = re.compile(r"\b(?:api_call|_call)\(\s*[\"']([a-z]+(?:\.[A-Za-z]+)+)[\"']")
+NAMED_CALL = re.compile(r"\b(?:api_call|_call|call)\(\s*[\"']([a-z]+(?:\.[A-Za-z]+)+)[\"']")
+# Writes leave through the gateway (workers/slack_out.py): `slack.post(…)`, `self.out.upload(…)`.
+GATEWAY = ROOT / "workers" / "slack_out.py"
+GATEWAY_CALL = re.compile(r"\b(?:slack|out)\.([a-z_]+)\(")
+
+
+def _methods_in(text: str) -> list[str]:
+    """The Web API methods `text` names: in a call (`client.api_call("chat.startStream", …)`, `slack.call(…)`)
+    and as slack_sdk's methods (`client.chat_postMessage(…)`)."""
+    methods: list[str] = NAMED_CALL.findall(text)
+    for name in CLIENT_METHOD.findall(text):
+        if name != "api_call" and callable(getattr(AsyncWebClient, name, None)):
+            methods += SDK_HELPERS.get(name, (name.replace("_", "."),))
+    return methods
+
+
+def gateway_methods() -> dict[str, list[str]]:
+    """What each of the gateway's methods calls (`post` → chat.postMessage), read off its source."""
+    tree = ast.parse(GATEWAY.read_text(encoding="utf-8"))
+    gateway = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "SlackOut")
+    return {
+        f.name: _methods_in(ast.get_source_segment(GATEWAY.read_text(encoding="utf-8"), f) or "")
+        for f in gateway.body
+        if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef)
+    }
 
 
 def source_calls() -> dict[str, set[str]]:
     """The Web API methods the source calls, each with the files that call it: slack_sdk's methods
-    (`client.chat_postMessage(…)`) and methods named in a call (`client.api_call("chat.startStream", …)`)."""
+    (`client.chat_postMessage(…)`), methods named in a call (`client.api_call("chat.startStream", …)`) and the
+    gateway's writes (`slack.post(…)`)."""
+    through_gateway = gateway_methods()
     found: dict[str, set[str]] = {}
     for folder in SOURCES:
         for path in sorted((ROOT / folder).rglob("*.py")):
+            if path == GATEWAY:
+                continue
             text = path.read_text(encoding="utf-8")
-            where = str(path.relative_to(ROOT))
-            methods: list[str] = NAMED_CALL.findall(text)
-            for name in CLIENT_METHOD.findall(text):
-                if name != "api_call" and callable(getattr(AsyncWebClient, name, None)):
-                    methods += SDK_HELPERS.get(name, (name.replace("_", "."),))
+            methods = _methods_in(text)
+            for name in GATEWAY_CALL.findall(text):
+                methods += through_gateway.get(name, [])
             for method in methods:
-                found.setdefault(method, set()).add(where)
+                found.setdefault(method, set()).add(str(path.relative_to(ROOT)))
     return found
 
 
@@ -426,4 +453,6 @@ def test_the_source_scan_finds_the_calls_it_is_there_to_find() -> None:
     calls = source_calls()
     for method in ("chat.postMessage", "chat.startStream", "views.publish", "files.getUploadURLExternal"):
         assert method in calls, f"the scan of {SOURCES} no longer finds {method}"
+    assert gateway_methods()["ephemeral"] == ["chat.postEphemeral"]
+    assert "workers/slack_out.py" not in {where for places in calls.values() for where in places}
     assert "files.upload" not in calls  # a label for a slack_sdk helper's error, not a call
