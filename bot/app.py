@@ -27,8 +27,9 @@ from slack_bolt.error import BoltUnhandledRequestError
 from slack_bolt.request.async_request import AsyncBoltRequest
 from slack_bolt.response import BoltResponse
 from slack_sdk.web.async_client import AsyncWebClient
+from sqlalchemy.exc import DataError
 
-from bot import handlers
+from bot import handlers, shapes
 from bot.approvals import ClickHandler
 from bot.authorize import Approvers
 from bot.commands import SLASH_COMMAND, Commands
@@ -120,10 +121,11 @@ _BOT_USER = "mm_bot_user_hint"
 _SOURCE = str(Path(__file__).resolve().parent.parent)
 
 
-def create_app(config: Config, engine: Engine) -> SlackApp:
+def create_app(config: Config, engine: Engine, inbound: Engine | None = None) -> SlackApp:
     """A bolt app that verifies signatures with the signing secret, calls the Web API at
     `config.slack_api_url` (Slack itself, GovSlack, or the test emulator) and records what arrives through
-    `engine` (the process's one engine).
+    `inbound` before the ack (an engine whose waits are bounded: bot.before_ack), and works after it through
+    `engine`.
 
     Needs SLACK_BOT_TOKEN and SLACK_SIGNING_SECRET; callers check `config.missing_slack_secrets()` first.
     """
@@ -132,7 +134,8 @@ def create_app(config: Config, engine: Engine) -> SlackApp:
         token=config.slack_bot_token, base_url=api_base(config.slack_api_url), retry_handlers=counted_only()
     )
     identity = Identity(client)
-    thread_contexts = handlers.ThreadContexts(engine)
+    inbound = inbound or engine
+    thread_contexts = handlers.ThreadContexts(inbound)
 
     # Bolt passes what a function names (a method's `self` is not one of its arguments).
     async def before_authorize(body: dict[str, Any], context: AsyncBoltContext, next: Callable) -> None:
@@ -144,7 +147,7 @@ def create_app(config: Config, engine: Engine) -> SlackApp:
     ) -> AuthorizeResult:
         return identity.authorize(context, enterprise_id, team_id, user_id)
 
-    app = AsyncApp(
+    app = _CheckedApp(
         client=client,
         signing_secret=config.slack_signing_secret,
         authorize=authorize,
@@ -161,13 +164,34 @@ def create_app(config: Config, engine: Engine) -> SlackApp:
         logger=bolt_log,
     )
     app.error(_error)
-    requests = register(app, engine, config, thread_contexts)
+    requests = register(app, engine, config, thread_contexts, inbound)
     return SlackApp(app, identity, requests)
 
 
-def register(app: AsyncApp, engine: Engine, config: Config, thread_contexts: handlers.ThreadContexts) -> Requests:
+class _CheckedApp(AsyncApp):
+    """Bolt's app, which first checks that a request has the shape its listeners read (bot.shapes), over HTTP
+    and the socket alike: one that does not is acked and dropped in one line, before bolt reads any of it
+    (bolt builds a middleware's arguments — the click's first action, say — from the body before it runs)."""
+
+    async def async_dispatch(self, req: AsyncBoltRequest) -> BoltResponse:
+        body = req.body if isinstance(req.body, dict) else {}
+        if (wrong := shapes.problem(body)) is not None:
+            bolt_log.warning("dropped a signed Slack request of a shape no listener reads (%s); acked", wrong)
+            return BoltResponse(status=200, body="")
+        return await super().async_dispatch(req)
+
+
+def register(
+    app: AsyncApp,
+    engine: Engine,
+    config: Config,
+    thread_contexts: handlers.ThreadContexts,
+    inbound: Engine | None = None,
+) -> Requests:
     """The listeners, by kind: assistant threads, events, button clicks, the slash command, App Home. The
-    process's requests (bot.requests), for its background loop."""
+    process's requests (bot.requests), for its background loop. `inbound`: the engine of the work before the
+    ack (`engine` when not given)."""
+    inbound = inbound or engine
     # An edit of the config file reaches the bot's checks and commands within a second (chatops/reload.py).
     config_file = ConfigFile(config)
     approvers = Approvers(lambda: config_file.current().service)
@@ -177,11 +201,17 @@ def register(app: AsyncApp, engine: Engine, config: Config, thread_contexts: han
     home = Home(engine, approvers, secrets, jobs)
     commands = Commands(engine, config_file, approvers, handlers.enqueue, secrets, jobs, clicks)
     requests = Requests(
-        engine, commands, clicks, home, handlers.enqueue, lambda: config_file.current().service.bot.claimSeconds
+        engine,
+        commands,
+        clicks,
+        home,
+        handlers.enqueue,
+        lambda: config_file.current().service.bot.claimSeconds,
+        inbound,
     )
 
     async def attach_engine(context: AsyncBoltContext, next: Callable[[], Awaitable[None]]) -> None:
-        context[handlers.ENGINE] = engine
+        context[handlers.ENGINE] = inbound  # the listeners' own work is before the ack
         context[handlers.HOME] = home
         context[handlers.REQUESTS] = requests
         context[handlers.SECRETS] = secrets
@@ -217,6 +247,10 @@ async def _error(error: Exception, request: AsyncBoltRequest) -> BoltResponse | 
         event = body.get("event")
         kind = event.get("type") if isinstance(event, dict) else body.get("type") or body.get("command")
         bolt_log.debug("nothing here takes a Slack request of type %.40s; acked", kind)
+        return BoltResponse(status=200, body="")
+    if isinstance(error, DataError | UnicodeError):
+        # What it holds cannot be kept (bot.shapes keeps the known cases out): no retry would change that.
+        bolt_log.warning("dropped a signed Slack request the database cannot keep (%s); acked", type(error).__name__)
         return BoltResponse(status=200, body="")
     frames = traceback.extract_tb(error.__traceback__)
     # The innermost frame of our own code says most; a library's (bolt's, the driver's) when none is ours.

@@ -18,13 +18,15 @@ the worker resumes it from the approvals table, wherever it runs, even if the wo
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Engine, select
+from sqlalchemy import Connection, Engine, select
 
 from bot.authorize import Approvers
+from bot.steps import NoSteps, Steps, courtesy
 from chatops.buttons import Action, BadButton, ButtonValue
 from chatops.inbox import request_stop
 from chatops.queries import writers
@@ -54,6 +56,9 @@ NOT_SHOWN = (
 NOTHING_TO_STOP = "Nothing is running in this thread."
 PUSH_UNAVAILABLE = "Pushing is not available here."
 MAY_NOT_STOP = "Only the people in this conversation and the channel's approvers may stop it."
+# The steps of a click (bot.steps): the decision (the calls it decided, as JSON; [] when another click won), the
+# stop ("yes", or "no": nothing ran), and the "Approve all" line in the thread.
+DECIDED_STEP, STOPPED_STEP, ALL_SAID_STEP = "decided", "stopped", "all_approved"
 
 
 @dataclass(frozen=True)
@@ -104,15 +109,18 @@ class ClickHandler:
         self.engine, self.approvers, self.secrets, self.enqueue = engine, approvers, secrets, enqueue
         self.enqueue_push = enqueue_push
 
-    async def handle(self, slack: SlackOut, click: Click) -> str | None:
-        """Carry out a click; the sentence for the clicker when it changed nothing (None when it did)."""
+    async def handle(self, slack: SlackOut, click: Click, steps: Steps | None = None) -> str | None:
+        """Carry out a click; the sentence for the clicker when it changed nothing (None when it did). `steps`:
+        what an earlier attempt at the same click did (a decision it made is shown and handed on, not refused
+        as already made)."""
+        steps = steps or NoSteps(self.engine)
         session = await asyncio.to_thread(self._session, click.value.session_id)
         if session is None:
             return NOT_FOUND
         if click.channel is not None and (click.channel != session.channel_id or click.thread_ts != session.thread_ts):
             return NOT_OURS
         if click.action == Action.STOP:
-            return await self._stop(slack, click, session)
+            return await self._stop(slack, click, session, steps)
         if click.action == Action.PUSH:
             return await self.push(slack, session.id, session.channel_id or "", click.user, None)
         row = await asyncio.to_thread(get_approval, self.engine, click.value.call_id or "")
@@ -120,38 +128,51 @@ class ClickHandler:
             return NOT_OURS
         if click.message_ts is not None and row.message_ts is not None and click.message_ts != row.message_ts:
             return NOT_OURS
-        if row.state != ApprovalState.PENDING:
-            return _already(row)
         channel = session.channel_id or ""
         approve = click.action != Action.REJECT
-        if approve and not approvable(row, in_home=click.channel is None):
-            # The button is not offered there (approval_message): a click that says otherwise changes nothing.
-            where = "in App Home" if click.channel is None else "in this thread"
-            return NOT_SHOWN.format(what=layout(row).what, where=where)
-        check = self.approvers.may_approve if approve else self.approvers.may_reject
-        refusal = await check(slack.client, channel, click.user, row.requested_by)
-        if refusal is not None:
-            return refusal
         everything = click.action == Action.APPROVE_ALL
-        won = await asyncio.to_thread(
-            decide_approval, self.engine, row.call_id, approve, click.user, approve_all=everything
-        )
-        if not won:
+        if steps.done(DECIDED_STEP) is None:
+            if row.state != ApprovalState.PENDING:
+                return _already(row)
+            if approve and not approvable(row, in_home=click.channel is None):
+                # The button is not offered there (approval_message): a click that says otherwise changes nothing.
+                where = "in App Home" if click.channel is None else "in this thread"
+                return NOT_SHOWN.format(what=layout(row).what, where=where)
+            check = self.approvers.may_approve if approve else self.approvers.may_reject
+            refusal = await check(slack.client, channel, click.user, row.requested_by)
+            if refusal is not None:
+                return refusal
+            clicked = row
+
+            def decide(conn: Connection) -> str:
+                return json.dumps(self._decide(conn, clicked, approve, everything, click.user))
+
+            decided: list[str] = json.loads(await steps.take(DECIDED_STEP, decide))
+            for call_id in decided:
+                if (won := await asyncio.to_thread(get_approval, self.engine, call_id)) is not None:
+                    waited(won, "approved" if approve else "rejected")
+        else:  # an earlier attempt decided: what it left (the messages, the line, the hand-off) is done now
+            decided = json.loads(steps.done(DECIDED_STEP) or "[]")
+        if not decided:
             row = await asyncio.to_thread(get_approval, self.engine, row.call_id)
             return _already(row) if row is not None else NOT_FOUND
-        waited(row, "approved" if approve else "rejected")
-        decided = [row.call_id]
-        if everything:
-            decided += await asyncio.to_thread(self._approve_the_rest, row, click.user)
         for call_id in decided:
             await self._show(slack, channel, call_id, session.job_run)
         if everything:
             whose = requesters(None if session.job_run else row.requested_by)
             said = ALL_APPROVED.format(user=click.user, requesters=whose)
-            await _say(slack, channel, session.thread_ts, said)
+            async with courtesy(f"tell {channel}/{session.thread_ts} whom an approval covers"):
+                await steps.post(slack, ALL_SAID_STEP, channel, said, session.thread_ts)
         if not await asyncio.to_thread(self._still_waiting, session.id):
             await self._enqueue(session.id)
         return None
+
+    def _decide(self, conn: Connection, row: ApprovalRow, approve: bool, everything: bool, user: str) -> list[str]:
+        """The click's decision, by compare-and-set, in the caller's transaction: the calls it decided (none when
+        another decision came first)."""
+        if not decide_approval(conn, row.call_id, approve, user, approve_all=everything):
+            return []
+        return [row.call_id, *(self._approve_the_rest(conn, row, user) if everything else [])]
 
     # -- the steps ------------------------------------------------------------------------------------------
 
@@ -162,22 +183,19 @@ class ClickHandler:
             ).first()
         return _Session(row.id, row.channel_id, row.thread_ts, row.kind == SessionKind.JOB) if row else None
 
-    def _approve_the_rest(self, clicked: ApprovalRow, user: str) -> list[str]:
+    def _approve_the_rest(self, conn: Connection, clicked: ApprovalRow, user: str) -> list[str]:
         """Approve all: the other waiting calls of the same requesters are approved too, those whose whole text
         the thread shows (the others wait for a decision of their own). Their later calls run without asking:
         the worker hands the decision to the log, where mm_core.state derives whom it covers; the session's own
         yolo is `yolo on|off`'s alone."""
-        rest = [
-            row
-            for row in approvals_of(self.engine, clicked.session_id)
+        return [
+            row.call_id
+            for row in approvals_of(conn, clicked.session_id)
             if row.state == ApprovalState.PENDING
             and row.requested_by == clicked.requested_by
             and approvable(row)
-            and decide_approval(self.engine, row.call_id, True, user)
+            and decide_approval(conn, row.call_id, True, user)
         ]
-        for row in rest:
-            waited(row, "approved")
-        return [row.call_id for row in rest]
 
     def _still_waiting(self, session_id: str) -> bool:
         return any(r.state == ApprovalState.PENDING for r in approvals_of(self.engine, session_id))
@@ -188,10 +206,9 @@ class ClickHandler:
         if row is None or row.message_ts is None:
             return
         blocks, text = approval_blocks(row, channel, self.secrets, job_run=job_run)
-        try:
+        # The decision stands either way; the message is only its display (shown again after an outage).
+        async with courtesy(f"show the decision on {call_id}"):
             await slack.update(channel, row.message_ts, text, blocks=blocks)
-        except Exception as e:  # noqa: BLE001 - the decision stands; the message is only its display
-            log.warning("could not show the decision on %s: %s", call_id, e)
 
     async def push(self, slack: SlackOut, session_id: str, channel: str, user: str, branch: str | None) -> str | None:
         """Push the thread's changes (the button, and `push [branch]`): for the channel's approvers, and, as for
@@ -206,11 +223,14 @@ class ClickHandler:
         await self.enqueue_push(session_id, branch, user)
         return None
 
-    async def _stop(self, slack: SlackOut, click: Click, session: _Session) -> str | None:
+    async def _stop(self, slack: SlackOut, click: Click, session: _Session, steps: Steps) -> str | None:
         channel = session.channel_id or ""
-        if not await may_stop(self.engine, self.approvers, slack.client, channel, session.id, click.user):
+        if steps.done(STOPPED_STEP) is None and not await may_stop(
+            self.engine, self.approvers, slack.client, channel, session.id, click.user
+        ):
             return MAY_NOT_STOP
-        if not await asyncio.to_thread(request_stop, self.engine, session.id):
+        stopped = await steps.take(STOPPED_STEP, lambda conn: "yes" if request_stop(conn, session.id) else "no")
+        if stopped != "yes":
             return NOTHING_TO_STOP
         await self._enqueue(session.id)  # a turn that waits for a decision has no worker to tell
         return None
@@ -236,10 +256,3 @@ def _already(row: ApprovalRow) -> str:
     if row.state == ApprovalState.EXPIRED or row.decided_by is None:
         return EXPIRED.format(at=at).replace("  ", " ")
     return DECIDED.format(state=row.state, by=row.decided_by, at=at)
-
-
-async def _say(slack: SlackOut, channel: str, thread_ts: str | None, text: str) -> None:
-    try:
-        await slack.post(channel, text, thread_ts=thread_ts)
-    except Exception as e:  # noqa: BLE001 - a courtesy: the setting is recorded
-        log.warning("could not tell %s/%s: %s", channel, thread_ts, e)

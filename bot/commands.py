@@ -26,7 +26,7 @@ from sqlalchemy import Engine
 from bot.approvals import MAY_NOT_STOP, PUSH_UNAVAILABLE, ClickHandler, may_stop
 from bot.authorize import Approvers
 from bot.jobs import JobCommands, is_job_command
-from bot.steps import Steps
+from bot.steps import NoSteps, Steps, courtesy
 from chatops.config import Config, is_branch_name
 from chatops.inbox import Recorded, has_messages, record_message, request_stop, session_of
 from chatops.queries import latest_session, log_length, pending_approvals, session_summary, tokens_used
@@ -127,6 +127,9 @@ class Outcome:
 
 
 ROOT = "root_ts"  # the step of `/mm PROMPT` that posted the new thread's root: its ts
+SAID = "said"  # the step of `/mm PROMPT` (an `ask`, a `repo`) that posted its outcome in the new thread
+STOPPED = "stopped"  # the step of `stop` that asked the turn to stop: "yes", or "no" (nothing ran)
+ANNOUNCED = "announced"  # the step that posted a command's line for everyone
 
 
 class Commands:
@@ -150,9 +153,11 @@ class Commands:
     def agents(self) -> str:
         return ", ".join(f"`{n}`" for n in self.config.agent.mmConfigs) or "none configured"
 
-    async def run(self, slack: SlackOut, command: Command, where: Where) -> Outcome:
-        """Carry out a command given in a thread (where.thread_ts is the thread)."""
+    async def run(self, slack: SlackOut, command: Command, where: Where, steps: Steps | None = None) -> Outcome:
+        """Carry out a command given in a thread (where.thread_ts is the thread). `steps`: what an earlier
+        attempt at the same request did."""
         assert where.thread_ts is not None
+        steps = steps or NoSteps(self.engine)
         session = await asyncio.to_thread(session_of, self.engine, where.channel, where.thread_ts)
         name = command.name
         if name == "help":
@@ -168,9 +173,13 @@ class Commands:
         if session is None:
             return Outcome(private=NO_SESSION)
         if name == "stop":
-            if not await may_stop(self.engine, self.approvers, slack.client, where.channel, session, where.user):
+            if steps.done(STOPPED) is None and not await may_stop(
+                self.engine, self.approvers, slack.client, where.channel, session, where.user
+            ):
                 return Outcome(private=MAY_NOT_STOP)
-            if not await asyncio.to_thread(request_stop, self.engine, session):
+            # Kept with the stop itself: a replay says what this attempt did, not that nothing runs any more.
+            stopped = await steps.take(STOPPED, lambda conn: "yes" if request_stop(conn, session) else "no")
+            if stopped != "yes":
                 return Outcome(private=NOTHING_RUNS)
             return Outcome(public=STOP_ASKED.format(user=where.user), enqueue=session)
         if name == "status":
@@ -314,7 +323,7 @@ class Commands:
         if self.jobs is not None and is_job_command(text):
             private, public = await self.jobs.answer(slack.client, text, user, steps)
             if public is not None:
-                await announce(slack, public[0], None, public[1])
+                await announce(slack, steps, public[0], None, public[1])
             return Outcome(private=private)
         command = parse(text)
         if not text.strip() or (command is not None and command.name == "help"):
@@ -332,9 +341,9 @@ class Commands:
             return Outcome(private=NO_SESSION)
         # The command's inbox row needs an id of its own: the invocation's trigger id is one.
         where = Where(channel, latest.thread_ts, "slash:" + hashlib.sha1(trigger.encode()).hexdigest()[:24], user, team)
-        outcome = await self.run(slack, command, where)
+        outcome = await self.run(slack, command, where, steps)
         if outcome.public:  # said in the session's thread, not at the top of the channel the command was typed in
-            await announce(slack, channel, latest.thread_ts, outcome.public)
+            await announce(slack, steps, channel, latest.thread_ts, outcome.public)
         return Outcome(private=outcome.private, enqueue=outcome.enqueue)
 
     async def _new_thread(
@@ -348,30 +357,25 @@ class Commands:
         steps: Steps,
     ) -> Outcome:
         """A new thread for a prompt, an `ask`, or a `repo` (then the person continues in the thread). Its root
-        is posted once: an attempt after a crash finds the root's ts in `steps` and goes on in that thread (the
-        rest is idempotent: the inbox row is unique)."""
-        thread_ts = steps.done(ROOT)
-        if thread_ts is None:
-            if command is not None and command.name == "repo":
-                head = STARTED_FOR_REPO.format(user=user)
-            else:
-                head = STARTED.format(user=user, prompt=text[:2800])
-            thread_ts = (await slack.post(channel, head))["ts"]
-            await steps.keep(ROOT, thread_ts)
+        is posted once (bot.steps: an attempt after a crash finds it and goes on in that thread; the rest is
+        idempotent: the inbox row is unique)."""
+        if command is not None and command.name == "repo":
+            head = STARTED_FOR_REPO.format(user=user)
+        else:
+            head = STARTED.format(user=user, prompt=text[:2800])
+        thread_ts = await steps.post(slack, ROOT, channel, head)
         where = Where(channel, thread_ts, thread_ts, user, team)
         if command is not None:
-            outcome = await self.run(slack, command, where)
+            outcome = await self.run(slack, command, where, steps)
         else:
             recorded = await self._keep(where, text)
             outcome = Outcome(enqueue=recorded.session_id)
         if outcome.public or outcome.private:
-            await slack.post(channel, outcome.public or outcome.private or "", thread_ts=thread_ts)
+            await steps.post(slack, SAID, channel, outcome.public or outcome.private or "", thread_ts)
         return Outcome(enqueue=outcome.enqueue)
 
 
-async def announce(slack: SlackOut, channel: str, thread_ts: str | None, text: str) -> None:
-    """A command's line for everyone, in the thread (None: the channel) it is about."""
-    try:
-        await slack.post(channel, text, thread_ts=thread_ts)
-    except Exception as e:  # noqa: BLE001 - the change holds; its announcement is a courtesy
-        log.warning("could not announce a change in %s/%s: %s", channel, thread_ts, e)
+async def announce(slack: SlackOut, steps: Steps, channel: str, thread_ts: str | None, text: str) -> None:
+    """A command's line for everyone, in the thread (None: the channel) it is about, once (bot.steps)."""
+    async with courtesy(f"announce a change in {channel}/{thread_ts}"):
+        await steps.post(slack, ANNOUNCED, channel, text, thread_ts)

@@ -10,7 +10,11 @@ task of its own: nothing here waits on a broker, a model, a tool or the Web API,
 within 3 seconds and a Web API that fails must not fail the ack.
 
 The database is synchronous (SQLAlchemy), so its calls run in threads, off the event loop that serves every
-other request. Duplicates need no bookkeeping of their own: the inbox keeps one row per message of a thread,
+other request: those before the ack on threads of their own, bounded in time (bot.before_ack), so that a slow
+or silent database gets an answer to Slack within its 3 seconds either way — a slash command then says in one
+sentence that nothing was done, an event or a click is not acked.
+
+Duplicates need no bookkeeping of their own: the inbox keeps one row per message of a thread,
 so a retried HTTP delivery, a Socket Mode envelope sent twice and the `message` twin of an `app_mention` all
 find the row there (`Recorded.new` is False) and start nothing; a request's key does the same for requests.
 """
@@ -18,8 +22,10 @@ find the row there (`Recorded.new` is False) and start nothing; a request's key 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import re
+import traceback
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from typing import Any
@@ -31,14 +37,17 @@ from slack_sdk.web.async_client import AsyncWebClient
 from sqlalchemy import Engine
 
 from bot.approvals import Click
-from bot.commands import Where, parse
+from bot.before_ack import Unsure, bounded, silent
+from bot.commands import SLASH_COMMAND, Where, parse
 from bot.requests import Requests, in_background
+from bot.shapes import MAX_TEXT, kept
 from chatops.buttons import BadButton
 from chatops.inbox import Recorded, assistant_context, keep_assistant_context, record_message, session_of
 from chatops.requests import request_key
 from chatops.schema import RequestKind
 from chatops.store import record_slack_event
-from workers.slack_out import SlackOut
+from workers.mrkdwn import Mrkdwn
+from workers.slack_out import SlackOut, outgoing
 from workers.tasks import enqueue_job_run, enqueue_push, enqueue_session
 
 log = logging.getLogger("mm.bot")
@@ -58,6 +67,11 @@ SUGGESTED_PROMPTS = [
     {"title": "Run the tests", "message": "Run the test suite and tell me what fails, and why."},
     {"title": "Find a bug", "message": "Read the code that changed most recently and look for bugs."},
 ]
+# A slash command answered in the ack itself, when it was not taken (nothing was recorded, nothing will be done).
+NOT_TAKEN = Mrkdwn("I could not take `{what}`: my database {why}; nothing was done, try again.")
+TOO_LONG = Mrkdwn(
+    "I could not take `{what}…`: it is {length:,} characters long and I take at most {most:,}; nothing was done."
+)
 # Message subtypes that are a person writing: everything else (edits, deletions, joins, bots) starts nothing.
 PERSON_SUBTYPES = (None, "file_share", "thread_broadcast")
 
@@ -99,7 +113,7 @@ async def on_assistant_thread_started(
     the first message. A redelivered event (same event id) greets once."""
     await _keep_context(context, body, changed=False)
     event_id = body.get("event_id")
-    first = await asyncio.to_thread(record_slack_event, _engine(context), event_id) if event_id else True
+    first = await bounded(record_slack_event, _engine(context), event_id) if event_id else True
     await ack()
     thread = (body.get("event") or {}).get("assistant_thread") or {}
     channel, thread_ts = thread.get("channel_id"), thread.get("thread_ts")
@@ -120,7 +134,8 @@ async def _keep_context(context: AsyncBoltContext, body: dict[str, Any], changed
         return
     channel, thread_ts, seen = thread.get("channel_id"), thread.get("thread_ts"), thread.get("context")
     if isinstance(channel, str) and isinstance(thread_ts, str) and isinstance(seen, dict):
-        await asyncio.to_thread(keep_assistant_context, _engine(context), channel, thread_ts, seen, changed=changed)
+        keep = functools.partial(keep_assistant_context, changed=changed)
+        await bounded(keep, _engine(context), channel, thread_ts, seen)
 
 
 class ThreadContexts(AsyncAssistantThreadContextStore):
@@ -131,10 +146,10 @@ class ThreadContexts(AsyncAssistantThreadContextStore):
         self.engine = engine
 
     async def save(self, *, channel_id: str, thread_ts: str, context: dict[str, str]) -> None:
-        await asyncio.to_thread(keep_assistant_context, self.engine, channel_id, thread_ts, context)
+        await bounded(keep_assistant_context, self.engine, channel_id, thread_ts, context)
 
     async def find(self, *, channel_id: str, thread_ts: str) -> AssistantThreadContext | None:
-        found = await asyncio.to_thread(assistant_context, self.engine, channel_id, thread_ts)
+        found = await bounded(assistant_context, self.engine, channel_id, thread_ts)
         return AssistantThreadContext(found) if found else None
 
 
@@ -198,7 +213,11 @@ async def on_command(ack: AsyncAck, command: dict[str, Any], context: AsyncBoltC
     """`/mm …`: recorded, acked, then carried out from the record; the answer comes through the command's
     response URL, for the person alone."""
     fields = ("text", "channel_id", "user_id", "team_id", "trigger_id", "response_url")
-    payload = {name: str(command.get(name) or "") for name in fields}
+    payload = {name: kept(str(command.get(name) or "")) for name in fields}
+    if len(payload["text"]) > MAX_TEXT:  # longer than a message could be: refused before anything is kept
+        what = f"{SLASH_COMMAND} {payload['text'][:60]}"
+        await ack(text=_said(context, TOO_LONG.format(what=what, length=len(payload["text"]), most=MAX_TEXT)))
+        return
     # Each invocation has a trigger id of its own; a redelivered envelope carries the same.
     key = request_key(RequestKind.SLASH, *payload.values())
     await _record_then_ack(ack, context, client, RequestKind.SLASH, key, payload)
@@ -232,7 +251,7 @@ async def _in_followed_thread(context: AsyncBoltContext, event: dict[str, Any]) 
     if not thread_ts or thread_ts == event["ts"]:
         # Top level: one that mentions the bot is taken by on_mention (its app_mention twin), the rest is talk.
         return False
-    return await asyncio.to_thread(session_of, _engine(context), event["channel"], thread_ts) is not None
+    return await bounded(session_of, _engine(context), event["channel"], thread_ts) is not None
 
 
 def _engine(context: AsyncBoltContext) -> Engine:
@@ -271,7 +290,7 @@ async def _take(
     message addressed to the bot that is exactly a command is recorded as a request instead, and carried out
     after the ack."""
     channel = event["channel"]
-    text = without_mention(event.get("text") or "", context.bot_user_id)
+    text = kept(without_mention(event.get("text") or "", context.bot_user_id))
     command = parse(text) if addressed else None
     if command is not None:
         where = Where(
@@ -287,7 +306,7 @@ async def _take(
         key = request_key(RequestKind.COMMAND, channel, event["ts"])
         await _record_then_ack(ack, context, client, RequestKind.COMMAND, key, payload)
         return
-    recorded = await asyncio.to_thread(
+    keep = functools.partial(
         record_message,
         _engine(context),
         channel_id=channel,
@@ -298,6 +317,7 @@ async def _take(
         team_id=context.team_id or event.get("team"),
         assistant_thread=assistant_thread,
     )
+    recorded = await bounded(keep)
     context[RECORDED] = True
     await ack()
     if recorded.new:
@@ -314,17 +334,50 @@ async def _record_then_ack(
     key: str,
     payload: dict[str, Any],
 ) -> None:
-    """A request recorded (claimed by this process), acked, then carried out. A failed record propagates: not
-    acked (HTTP 500, no ack on the socket), so Slack sends an event again; a slash command or a click it does
-    not send again, and the person sees Slack's own failure, which is honest."""
+    """A request recorded (claimed by this process), acked, then carried out.
+
+    A record that failed, or that the database did not answer in time (nothing kept, bot.before_ack): a slash
+    command is answered in one sentence that says so (safe: nothing will be done); an event or a click is not
+    acked (HTTP 500, no ack on the socket), so Slack sends an event again, and a person who clicked sees
+    Slack's own failure, which is honest. A record whose commit was under way at the deadline (Unsure) is
+    carried out if it was kept, once its thread returns; a slash command or a click is acked (Slack would not
+    send it again anyway), an event is not (its retry finds the record, or makes it)."""
     requests: Requests = context[REQUESTS]
-    recorded = await requests.record(kind, key, payload)
+    try:
+        recorded = await requests.record(kind, key, payload)
+    except Unsure as unsure:
+        in_background(requests.start_once_kept(slack_out(context, client), unsure.outcome))
+        if kind == RequestKind.COMMAND:
+            raise
+        log.warning("the %s request %s: the database did not answer while keeping it; acked", kind, key)
+        context[RECORDED] = True
+        await ack()
+        return
+    except Exception as exc:
+        if kind != RequestKind.SLASH:
+            raise
+        why = "did not answer" if silent(exc) else "failed"
+        log.error("could not record %s (%s); the person is told that nothing was done", SLASH_COMMAND, _what(exc))
+        said = NOT_TAKEN.format(what=f"{SLASH_COMMAND} {payload['text']}".strip()[:100], why=why)
+        await ack(text=_said(context, said))
+        return
     context[RECORDED] = True
     await ack()
     if recorded is not None:
         requests.start(slack_out(context, client), recorded)
     else:
         log.debug("the %s request %s was recorded before (a redelivery, or a mention's twin)", kind, key)
+
+
+def _said(context: AsyncBoltContext, text: str) -> str:
+    """A sentence said in the ack itself, made safe as every text leaving for Slack is (workers.slack_out)."""
+    return outgoing({"text": text}, context[SECRETS])["text"]
+
+
+def _what(exc: BaseException) -> str:
+    """An error's type and where it was raised, never its message (which may quote the request)."""
+    frame = traceback.extract_tb(exc.__traceback__)[-1:] if exc.__traceback__ else []
+    return f"{type(exc).__name__} at {frame[0].name}" if frame else type(exc).__name__
 
 
 async def _hand_off(recorded: Recorded, slack: SlackOut, channel: str, thread_ts: str) -> None:

@@ -17,7 +17,7 @@ from sqlalchemy import Engine
 from bot.authorize import Approvers
 from bot.steps import NoSteps, Steps
 from chatops.config import Config, JobConfig
-from chatops.jobs import overview, record_manual_run, running_run, set_paused
+from chatops.jobs import overview, record_manual_run, run_of_request, running_run, set_paused
 from chatops.reload import ConfigFile
 from chatops.schedule import next_fire
 from chatops.schema import utcnow
@@ -37,7 +37,7 @@ ALREADY = "*{job}* is {state} already."
 STILL_RUNNING = Mrkdwn(
     "*{job}* is running now (its thread is in <#{channel}>): a second run would be skipped, so none was started."
 )
-RUN = "job_run"  # the step of `/mm job run` that recorded the run: its id
+STEERED = "job_steered"  # the step of `/mm job pause|resume` that changed the job: "yes", or "no" (it already was)
 OUTCOME = {"succeeded": "✅ succeeded", "failed": "❌ failed", "skipped": "⏭ skipped", "missed": "⌛ missed"}
 
 
@@ -59,7 +59,7 @@ class JobCommands:
     ) -> tuple[str, tuple[str, str] | None]:
         """The private answer, and a public line for a channel (channel, text) when a job was steered. `steps`:
         what an earlier attempt at the same `/mm` did (a run it recorded is handed over, not recorded again)."""
-        steps = steps or NoSteps()
+        steps = steps or NoSteps(self.engine)
         text = text.strip()
         jobs = {j.name: j for j in self.config.service.jobs}
         if text.lower() == "jobs":
@@ -77,18 +77,21 @@ class JobCommands:
             return refusal, None
         now = utcnow()
         if action == "run":
-            recorded = steps.done(RUN)
-            if recorded is None:
+            # The run is recorded under the request's key: a replay finds the one its earlier attempt recorded
+            # (even one that attempt could not keep as a step), and hands that one over.
+            run_id = await asyncio.to_thread(run_of_request, self.engine, steps.key) if steps.key else None
+            if run_id is None:
                 if (running := await asyncio.to_thread(running_run, self.engine, job.name)) is not None:
                     return STILL_RUNNING.format(job=job.name, channel=running[0] or job.channel), None
-                run_id = await asyncio.to_thread(record_manual_run, self.engine, job.name, user, now)
-                await steps.keep(RUN, str(run_id))
-            else:
-                run_id = int(recorded)
+                run_id = await asyncio.to_thread(record_manual_run, self.engine, job.name, user, now, steps.key)
             await self.enqueue_run(run_id)  # a run handed over twice starts once (workers.jobs.claim_run)
             return RUN_ASKED.format(user=user, job=job.name, channel=job.channel), None
         pause = action == "pause"
-        if not await asyncio.to_thread(set_paused, self.engine, job.name, pause, user, now):
+        # Kept with the change itself: a replay announces what this attempt did, not that it already was so.
+        steered = await steps.take(
+            STEERED, lambda conn: "yes" if set_paused(conn, job.name, pause, user, now) else "no"
+        )
+        if steered != "yes":
             return ALREADY.format(job=job.name, state="paused" if pause else "running"), None
         said = PAUSED if pause else RESUMED
         line = said.format(user=user, job=job.name, next=_next(job))

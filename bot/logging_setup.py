@@ -8,6 +8,10 @@ rotated secret holds a person's message. That line is rewritten to say only that
 slack_sdk's Socket Mode client logs an envelope it could not read (not JSON, nested past the recursion limit,
 a payload of another shape) with a traceback of the library's frames; the client goes on, and so does the bot.
 Those lines keep their one-line message (the error, never the envelope), without the traceback.
+
+aiohttp's server logs a request it could not parse (headers too large, bad chunking, a line that is not HTTP)
+as "Error handling request" with a traceback whose error quotes the stranger's bytes, at ERROR. Those lines
+become one warning naming the error's type alone.
 """
 
 from __future__ import annotations
@@ -30,6 +34,9 @@ VERIFICATION_LOGGER = f"slack_bolt.{RequestVerification.__name__}"
 # What slack_sdk's Socket Mode client says (through bolt's logger, the app's) of an envelope it could not read.
 SOCKET_FAILURES = ("Failed to process a message", "Failed to run message listeners", "Failed to run a request listener")
 BOLT_LOGGER = "mm.bot.bolt"
+# aiohttp's server (aiohttp.log.server_logger) and what it says of a request it could not handle.
+AIOHTTP_SERVER_LOGGER = "aiohttp.server"
+MALFORMED_HTTP = ("Error handling request", "Unhandled exception")
 
 
 class WithoutBody(logging.Filter):
@@ -52,7 +59,23 @@ class WithoutTraceback(logging.Filter):
         return True
 
 
+class WithoutBytes(logging.Filter):
+    """aiohttp's lines about a request it could not handle, in one warning: the error's type, not its message
+    (which quotes what the stranger sent), nor the traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        said = str(record.msg)
+        if said.startswith(MALFORMED_HTTP):
+            error = record.exc_info[1] if record.exc_info else None
+            what = "refused a malformed HTTP request" if said.startswith("Error") else "an HTTP request failed"
+            record.msg, record.args = f"{what} (%s)", (type(error).__name__ if error is not None else "no error",)
+            record.exc_info, record.exc_text = None, None
+            record.levelno, record.levelname = logging.WARNING, logging.getLevelName(logging.WARNING)
+        return True
+
+
 def setup_logging(secrets: list[str]) -> None:
     logs.setup_logging(secrets)
     logging.getLogger(VERIFICATION_LOGGER).addFilter(WithoutBody())
     logging.getLogger(BOLT_LOGGER).addFilter(WithoutTraceback())
+    logging.getLogger(AIOHTTP_SERVER_LOGGER).addFilter(WithoutBytes())

@@ -6,8 +6,15 @@ requests arrive over the socket instead of /slack/events.
 A request to /slack/events is checked before anything reads it: its signature (Slack's, with the signing
 secret, over the raw body, its timestamp within five minutes) or 401, then its shape (UTF-8, the JSON or form
 Slack sends, an object) or 400; no stranger's body reaches a parser, and no body of any shape reaches bolt's
-listeners unparsed or makes a traceback. Bolt checks the signature again (defence in depth). Beside the
-server run who the bot is (bot.app.Identity) and the replay of requests left unfinished (bot.requests).
+listeners unparsed or makes a traceback. A body that cannot be read (a connection dropped in the middle of it)
+is a 400; bodies are taken as sent (`auto_decompress` off: Slack never compresses, and a stranger's compressed
+body is only bytes whose signature does not verify). Bolt checks the signature again (defence in depth).
+Beside the server run who the bot is (bot.app.Identity) and the replay of requests left unfinished
+(bot.requests).
+
+The process ends when the server has shut down, without waiting for threads still blocked in a call that no
+timeout ends (a database that accepts connections and never answers): nothing they could finish matters once
+the server is gone, and a SIGTERM must end the pod.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import logging
 import os
 import socket
 import sys
+import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -29,6 +37,7 @@ from slack_sdk.signature import SignatureVerifier
 from sqlalchemy import text
 
 from bot.app import IDENTITY_TIMEOUT, SlackApp, create_app
+from bot.before_ack import WAIT_S
 from bot.logging_setup import REFUSED, setup_logging
 from chatops.config import SLACK_DOCS
 from chatops.secrets import secrets_of
@@ -42,6 +51,10 @@ log = logging.getLogger("mm.bot")
 EVENTS_PATH = "/slack/events"
 HEALTH_PATH = "/healthz"
 DB_PROBE_TIMEOUT = 2.0
+# How long the shutdown waits for the engines to close their idle connections.
+DISPOSE_TIMEOUT = 5.0
+# The process's engine for the work after the ack: connecting waits this long at most (a silent database).
+CONNECT_TIMEOUT_S = 10
 
 
 def build_web_app(config: Config, socket_mode: bool = False) -> web.Application:
@@ -51,15 +64,18 @@ def build_web_app(config: Config, socket_mode: bool = False) -> web.Application:
 
     web_app = web.Application()
     missing = config.missing_slack_secrets(socket_mode=socket_mode)
-    engine = db.engine_for(config.database_url)
-    slack = None if missing else create_app(config, engine)
+    engine = db.engine_for(config.database_url, **_connect_timeout(config.database_url))
+    # The work before the ack, on an engine of its own whose every wait is bounded (bot.before_ack).
+    inbound = db.engine_for(config.database_url, wait_s=WAIT_S)
+    slack = None if missing else create_app(config, engine, inbound)
     verifier = SignatureVerifier(config.slack_signing_secret) if config.slack_signing_secret else None
+    probe = _Probe(engine)
 
     async def health(_request: web.Request) -> web.Response:
         # Liveness must not flap with the database (restarting the bot would not fix it), so this is
         # always 200 and says what it knows; `mm-bot doctor` explains a failure. The pid lets `mm-bot dev`
         # tell its own bot from another process that answers on the same port.
-        reachable = await _database_reachable(engine)
+        reachable = await probe.reachable()
         return web.json_response(
             {"ok": True, "database": reachable, "slack": not missing, "missing": missing, "pid": os.getpid()}
         )
@@ -71,7 +87,19 @@ def build_web_app(config: Config, socket_mode: bool = False) -> web.Application:
         return await _events(slack, verifier, request)
 
     async def dispose(_app: web.Application) -> None:
-        await asyncio.to_thread(engine.dispose)
+        # On a thread of its own: the default executor may be full of threads a silent database holds.
+        done = asyncio.get_running_loop().create_future()
+
+        def close() -> None:
+            for each in (inbound, engine):
+                each.dispose()
+            done.get_loop().call_soon_threadsafe(lambda: done.done() or done.set_result(None))
+
+        threading.Thread(target=close, name="mm-dispose", daemon=True).start()
+        try:
+            await asyncio.wait_for(done, DISPOSE_TIMEOUT)
+        except TimeoutError:
+            log.warning("the database connections did not close within %.0f s; leaving them", DISPOSE_TIMEOUT)
 
     web_app.router.add_get(HEALTH_PATH, health)
     if not socket_mode:
@@ -84,8 +112,18 @@ def build_web_app(config: Config, socket_mode: bool = False) -> web.Application:
     return web_app
 
 
+def _connect_timeout(url: str) -> dict:
+    """PostgreSQL's connection attempts bounded (libpq waits forever by default); SQLite needs none."""
+    return {"connect_args": {"connect_timeout": CONNECT_TIMEOUT_S}} if "postgres" in url.split(":", 1)[0] else {}
+
+
 async def _events(slack: SlackApp, verifier: SignatureVerifier, request: web.Request) -> web.Response:
-    body = await request.read()  # at most aiohttp's client_max_size (1 MiB): a larger body is a 413
+    try:
+        body = await request.read()  # at most aiohttp's client_max_size (1 MiB): a larger body is a 413
+    except web.HTTPException:
+        raise
+    except Exception as exc:  # noqa: BLE001 - whatever broke it (a dropped connection, bad chunking), unreadable
+        return _refused(400, "unreadable request body", f"its body could not be read ({type(exc).__name__})")
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError:  # Slack signs and sends UTF-8 only
@@ -138,17 +176,27 @@ def _beside(slack: SlackApp) -> Callable:
     return context
 
 
-async def _database_reachable(engine) -> bool:
-    def probe() -> None:
-        with engine.connect() as connection:
+class _Probe:
+    """Whether the database answers, for /healthz: one probe at a time, so that a database that never answers
+    holds one thread, however often the probes ask (each waits DB_PROBE_TIMEOUT at most)."""
+
+    def __init__(self, engine) -> None:
+        self.engine = engine
+        self._running: asyncio.Future[None] | None = None
+
+    def _probe(self) -> None:
+        with self.engine.connect() as connection:
             connection.execute(text("SELECT 1"))
 
-    try:
-        await asyncio.wait_for(asyncio.to_thread(probe), DB_PROBE_TIMEOUT)
-        return True
-    except Exception as exc:  # noqa: BLE001 - any failure means "not reachable"; the reason goes to the log
-        log.warning("database not reachable: %s", exc)
-        return False
+    async def reachable(self) -> bool:
+        if self._running is None or self._running.done():
+            self._running = asyncio.ensure_future(asyncio.to_thread(self._probe))
+        try:
+            await asyncio.wait_for(asyncio.shield(self._running), DB_PROBE_TIMEOUT)
+            return True
+        except Exception as exc:  # noqa: BLE001 - any failure means "not reachable"; the reason goes to the log
+            log.warning("database not reachable: %s", exc or type(exc).__name__)
+            return False
 
 
 class CannotListen(Exception):
@@ -248,7 +296,8 @@ def serve(config: Config, host: str, port: int, socket_mode: bool = False, quiet
             flush=True,
         )
     try:
-        web.run_app(web_app, host=host, port=port, print=announce, access_log=None)
+        # Slack never compresses what it sends: bodies are taken as sent (a compressed one does not verify).
+        web.run_app(web_app, host=host, port=port, print=announce, access_log=None, auto_decompress=False)
     except OSError as exc:
         if exc.errno != errno.EADDRINUSE:  # taken since check_port looked
             raise
@@ -256,3 +305,18 @@ def serve(config: Config, host: str, port: int, socket_mode: bool = False, quiet
     except SocketModeRefused as exc:
         print(f"mm-bot serve: {exc}", file=sys.stderr, flush=True)
         raise SystemExit(2) from None
+    _end_without_stuck_threads()
+
+
+def _end_without_stuck_threads() -> None:
+    """The server has shut down: end the process now when threads are still blocked (a database or a broker
+    that never answers: no timeout of theirs ends such a call, and Python would wait for them at exit)."""
+    left = [t for t in threading.enumerate() if t is not threading.current_thread() and not t.daemon]
+    if not left:
+        return
+    # Idle pool threads would end at exit; one blocked in a call never would. Which is which is not known here.
+    log.info("ending without waiting for %d worker thread(s) (any may be blocked on the database)", len(left))
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

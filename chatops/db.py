@@ -64,6 +64,27 @@ def connect(url: str, **kwargs: Any) -> Iterator[Connection]:
         engine.dispose()
 
 
+@contextmanager
+def transaction(bind: Engine | Connection) -> Iterator[Connection]:
+    """A transaction: the engine's own (committed on leaving), or the caller's when given its connection, so that
+    a change and what the caller keeps of it commit together."""
+    if isinstance(bind, Connection):
+        yield bind
+        return
+    with bind.begin() as conn:
+        yield conn
+
+
+@contextmanager
+def reading(bind: Engine | Connection) -> Iterator[Connection]:
+    """A connection to read on: the engine's own (returned on leaving), or the caller's, inside its transaction."""
+    if isinstance(bind, Connection):
+        yield bind
+        return
+    with bind.connect() as conn:
+        yield conn
+
+
 def normalize_url(url: str) -> str:
     """`postgresql://` and `postgres://` mean psycopg 3 here (the driver installed), not psycopg2."""
     parsed = make_url(url.replace("postgres://", "postgresql://", 1) if url.startswith("postgres://") else url)
@@ -72,28 +93,42 @@ def normalize_url(url: str) -> str:
     return parsed.render_as_string(hide_password=False)
 
 
-def engine_for(url: str, *, foreign_keys: bool = True, **kwargs: Any) -> Engine:
+def engine_for(url: str, *, foreign_keys: bool = True, wait_s: float | None = None, **kwargs: Any) -> Engine:
     """An engine for the service's database; make one per process and share it.
 
     On SQLite: the file's directory is created, foreign keys are enforced, and every transaction starts with
     BEGIN IMMEDIATE, so writers queue on the busy timeout instead of failing when a read turns into a write.
     DatabaseUnavailable when it can never work: a URL that does not parse, a driver that is not installed, an
     SQLite directory that cannot be created. A server that is down is only found on connecting.
+
+    `wait_s`: how long one step may wait — connecting (PostgreSQL counts in whole seconds, two at least), a
+    connection from the pool, a statement or a lock on PostgreSQL (the server ends it), a lock on SQLite — for
+    work that must answer in time (the bot's, before it acks Slack). None: the defaults, which wait long.
     """
     try:
-        return _engine_for(url, foreign_keys, **kwargs)
+        return _engine_for(url, foreign_keys, wait_s, **kwargs)
     except (ArgumentError, OSError, ImportError) as exc:
         raise DatabaseUnavailable(url, exc) from exc
 
 
-def _engine_for(url: str, foreign_keys: bool, **kwargs: Any) -> Engine:
+def _engine_for(url: str, foreign_keys: bool, wait_s: float | None, **kwargs: Any) -> Engine:
     url = normalize_url(url)
     parsed = make_url(url)
     if parsed.get_backend_name() != "sqlite":
+        if wait_s is not None:
+            ms = max(1, round(wait_s * 1000))
+            kwargs.setdefault("pool_timeout", wait_s)
+            kwargs["connect_args"] = {
+                "connect_timeout": max(2, round(wait_s)),
+                "options": f"-c statement_timeout={ms} -c lock_timeout={ms}",
+            } | kwargs.get("connect_args", {})
         return create_engine(url, pool_pre_ping=True, **kwargs)
     if parsed.database and parsed.database != ":memory:" and not parsed.database.startswith("file:"):
         Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
-    engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_S}, **kwargs)
+    if wait_s is not None:
+        kwargs.setdefault("pool_timeout", wait_s)
+    busy = SQLITE_BUSY_TIMEOUT_S if wait_s is None else wait_s
+    engine = create_engine(url, connect_args={"timeout": busy}, **kwargs)
 
     @event.listens_for(engine, "connect")
     def _connect(dbapi_connection: Any, _record: Any) -> None:

@@ -13,11 +13,12 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Engine, and_, bindparam, exists, insert, or_, select, update
+from sqlalchemy import Connection, Engine, and_, bindparam, delete, exists, insert, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.sql.expression import Exists
 
+from chatops.db import transaction
 from chatops.schema import (
     Approval,
     ApprovalState,
@@ -27,6 +28,7 @@ from chatops.schema import (
     Session,
     SessionKind,
     SessionStatus,
+    db_clock,
     new_id,
     utcnow,
 )
@@ -159,9 +161,10 @@ def _untaken(session_id: object) -> Exists:
 # --- stop -------------------------------------------------------------------------------------------------------
 
 
-def request_stop(engine: Engine, session_id: str) -> bool:
-    """Ask the session's turn to stop; True when a turn is running or waiting (there is something to stop)."""
-    with engine.begin() as conn:
+def request_stop(bind: Engine | Connection, session_id: str) -> bool:
+    """Ask the session's turn to stop; True when a turn is running or waiting (there is something to stop).
+    Given a connection, in its transaction (a request keeps that it stopped with the stop: bot.steps)."""
+    with transaction(bind) as conn:
         return bool(
             conn.execute(
                 update(Session)
@@ -287,6 +290,18 @@ def keep_assistant_context(
             if changed
             else statement.on_conflict_do_nothing(index_elements=keys)
         )
+
+
+# An assistant thread's context is forgotten once the thread has been quiet this long (Slack says it again when
+# the person comes back to the thread and looks at a channel).
+CONTEXTS_KEPT = timedelta(days=30)
+
+
+def forget_assistant_contexts(engine: Engine, kept: timedelta = CONTEXTS_KEPT) -> int:
+    """Forget the contexts of assistant threads untouched for `kept` (housekeeping); how many."""
+    with engine.begin() as conn:
+        cutoff = db_clock(-kept.total_seconds())
+        return conn.execute(delete(AssistantContext).where(AssistantContext.updated_at <= cutoff)).rowcount
 
 
 def assistant_context(engine: Engine, channel_id: str, thread_ts: str) -> dict[str, Any] | None:

@@ -21,6 +21,7 @@ from sqlalchemy import Connection, Engine, delete, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from chatops.config import JobConfig
+from chatops.db import transaction
 from chatops.schedule import fires
 from chatops.schema import JobRun, JobRunStatus, JobState, JobTrigger, SchedulerLease
 
@@ -198,19 +199,39 @@ class JobOverview:
     last_at: datetime | None
 
 
-def record_manual_run(engine: Engine, job: str, user: str, now: datetime) -> int:
-    """A run asked for now (`/mm job run`), also for a paused or disabled job; its id, to dispatch."""
+def record_manual_run(engine: Engine, job: str, user: str, now: datetime, request_key: str | None = None) -> int:
+    """A run asked for now (`/mm job run`), also for a paused or disabled job; its id, to dispatch. With the
+    asking request's key, once: a replay of the request finds the run its earlier attempt recorded."""
     with engine.begin() as conn:
-        return conn.execute(
-            insert(JobRun)
-            .values(job_name=job, scheduled_for=now, trigger=JobTrigger.MANUAL, requested_by=user)
-            .returning(JobRun.id)
-        ).scalar_one()
+        try:
+            with conn.begin_nested():
+                return conn.execute(
+                    insert(JobRun)
+                    .values(
+                        job_name=job,
+                        scheduled_for=now,
+                        trigger=JobTrigger.MANUAL,
+                        requested_by=user,
+                        request_key=request_key,
+                    )
+                    .returning(JobRun.id)
+                ).scalar_one()
+        except IntegrityError:
+            if request_key is None:
+                raise
+        # Another attempt at the same request recorded it meanwhile (a replica that took it over).
+        return conn.execute(select(JobRun.id).where(JobRun.request_key == request_key)).scalar_one()
 
 
-def set_paused(engine: Engine, job: str, paused: bool, user: str, now: datetime) -> bool:
+def run_of_request(engine: Engine, request_key: str) -> int | None:
+    """The run a `/mm job run` request recorded, if an attempt did."""
+    with engine.connect() as conn:
+        return conn.execute(select(JobRun.id).where(JobRun.request_key == request_key)).scalar()
+
+
+def set_paused(bind: Engine | Connection, job: str, paused: bool, user: str, now: datetime) -> bool:
     """Pause or resume a job; False when it already was so. Resuming clears its failures in a row, and the time
-    it happens is where a scheduler starting later catches up from."""
+    it happens is where a scheduler starting later catches up from. Given a connection, in its transaction."""
     values = {
         "paused": paused,
         "paused_by": user if paused else None,
@@ -218,7 +239,7 @@ def set_paused(engine: Engine, job: str, paused: bool, user: str, now: datetime)
         "updated_at": now,
         **({} if paused else {"consecutive_failures": 0}),
     }
-    with engine.begin() as conn:
+    with transaction(bind) as conn:
         ensure_state(conn, job)
         return (
             conn.execute(

@@ -17,7 +17,9 @@ from sqlalchemy import (
     BigInteger,
     Boolean,
     CheckConstraint,
+    ColumnElement,
     DateTime,
+    Float,
     ForeignKey,
     Index,
     Integer,
@@ -27,9 +29,13 @@ from sqlalchemy import (
     TypeDecorator,
     UniqueConstraint,
     false,
+    literal,
     text,
 )
+from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.functions import FunctionElement
 from sqlalchemy.types import TypeEngine
 
 NAMING_CONVENTION = {
@@ -134,6 +140,34 @@ class UTCDateTime(TypeDecorator[datetime]):
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
+
+
+class db_clock(FunctionElement[datetime]):
+    """The database's clock, `offset` seconds from now (a number, or a bound parameter), in SQL.
+
+    What several processes compare — a claim's age, a retry's time — is read from the one clock they share, never
+    from each process's own (a bot whose clock is ahead would find live claims stale). PostgreSQL: the statement's
+    start; SQLite: `'now'` (one value within a statement), formatted as SQLAlchemy stores a datetime there, so that
+    the two compare as strings."""
+
+    type = UTCDateTime()
+    inherit_cache = True
+    name = "db_clock"
+
+    def __init__(self, offset: Any = 0.0) -> None:
+        super().__init__(offset if isinstance(offset, ColumnElement) else literal(float(offset), Float()))
+
+
+@compiles(db_clock, "postgresql")
+def _db_clock_pg(element: db_clock, compiler: SQLCompiler, **kw: Any) -> str:
+    offset = compiler.process(element.clauses, **kw)
+    return f"(statement_timestamp() + make_interval(secs => CAST({offset} AS double precision)))"
+
+
+@compiles(db_clock, "sqlite")
+def _db_clock_sqlite(element: db_clock, compiler: SQLCompiler, **kw: Any) -> str:
+    offset = compiler.process(element.clauses, **kw)
+    return f"strftime('%Y-%m-%d %H:%M:%f000', 'now', printf('%+.3f seconds', {offset}))"
 
 
 def new_id() -> str:
@@ -338,10 +372,15 @@ class SlackRequest(Base):
     progress: Mapped[dict[str, Any] | None]
     state: Mapped[str] = mapped_column(String(16), default=RequestState.RECEIVED)
     received_at: Mapped[datetime] = mapped_column(default=utcnow)
-    # The bot process carrying it out (compare-and-set), and when it last said so; None: released for a retry.
+    # The bot process carrying it out (compare-and-set), and when it last said so (the database's clock); None:
+    # released for a retry, which may come from `retry_at` on.
     claimed_by: Mapped[str | None] = mapped_column(String(200))
     claimed_at: Mapped[datetime | None]
+    retry_at: Mapped[datetime | None]
+    # Claims so far (tries: a replay looks for what an earlier one posted), and the failures among them that
+    # count toward giving up (our own errors, and bots that died on it; not Slack's outages).
     attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    failures: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     done_at: Mapped[datetime | None]
 
 
@@ -351,6 +390,8 @@ class AssistantContext(Base):
     asks Slack before the ack. Nothing reads it yet."""
 
     __tablename__ = "assistant_contexts"
+    # Housekeeping forgets the contexts of threads untouched for a while.
+    __table_args__ = (Index(None, "updated_at"),)
 
     channel_id: Mapped[str] = mapped_column(String(32), primary_key=True)
     thread_ts: Mapped[str] = mapped_column(String(32), primary_key=True)
@@ -393,6 +434,9 @@ class JobRun(Base):
     root_ts: Mapped[str | None] = mapped_column(String(32))
     error: Mapped[str | None] = mapped_column(Text)
     pushed_branch: Mapped[str | None] = mapped_column(String(255))
+    # The `/mm job run` that asked for it (chatops.requests' key): a replay of the command finds its run here
+    # instead of recording a second one.
+    request_key: Mapped[str | None] = mapped_column(String(64), unique=True)
 
 
 class JobState(Base):

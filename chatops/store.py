@@ -18,10 +18,11 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Engine, FromClause, bindparam, func, insert, or_, select, update
+from sqlalchemy import Connection, Engine, FromClause, bindparam, delete, func, insert, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 
+from chatops.db import reading, transaction
 from chatops.schema import (
     Approval,
     ApprovalState,
@@ -36,6 +37,7 @@ from chatops.schema import (
     SessionStatus,
     SlackEvent,
     ToolCall,
+    db_clock,
     utcnow,
 )
 from mm_core.agent import ask_entries
@@ -400,6 +402,17 @@ def record_slack_event(engine: Engine, event_id: str) -> bool:
         return False
 
 
+# Slack retries an event within minutes (and gives up after three tries, about an hour): its id is kept a day.
+EVENTS_KEPT = timedelta(days=1)
+
+
+def forget_seen_events(engine: Engine, kept: timedelta = EVENTS_KEPT) -> int:
+    """Forget the event ids seen more than `kept` ago (housekeeping): no retry of theirs can come; how many."""
+    with engine.begin() as conn:
+        cutoff = db_clock(-kept.total_seconds())
+        return conn.execute(delete(SlackEvent).where(SlackEvent.received_at <= cutoff)).rowcount
+
+
 def record_error(
     engine: Engine, where: str, message: str, *, session_id: str | None = None, detail: Any = None
 ) -> None:
@@ -535,15 +548,15 @@ def request_approval(
     return found
 
 
-def get_approval(engine: Engine, call_id: str) -> ApprovalRow | None:
-    with engine.connect() as conn:
+def get_approval(bind: Engine | Connection, call_id: str) -> ApprovalRow | None:
+    with reading(bind) as conn:
         row = conn.execute(select(*APPROVAL_COLUMNS).where(Approval.call_id == call_id)).first()
     return approval_from(row._asdict()) if row else None
 
 
-def approvals_of(engine: Engine, session_id: str) -> list[ApprovalRow]:
+def approvals_of(bind: Engine | Connection, session_id: str) -> list[ApprovalRow]:
     """The session's approvals, oldest first: what a resumed turn decides its waiting calls by."""
-    with engine.connect() as conn:
+    with reading(bind) as conn:
         rows = conn.execute(
             select(*APPROVAL_COLUMNS).where(Approval.session_id == session_id).order_by(Approval.created_at)
         ).all()
@@ -576,13 +589,19 @@ def set_approval_message(engine: Engine, call_id: str, message_ts: str) -> None:
 
 
 def decide_approval(
-    engine: Engine, call_id: str, approved: bool, by: str, now: datetime | None = None, *, approve_all: bool = False
+    bind: Engine | Connection,
+    call_id: str,
+    approved: bool,
+    by: str,
+    now: datetime | None = None,
+    *,
+    approve_all: bool = False,
 ) -> bool:
     """Approve or reject; True only for the one decision that won (pending and not yet expired). `approve_all`:
     the approval also covers every further call of the same requesters (the worker records it in the log with
-    the decision, where mm_core.state derives whom it covers)."""
+    the decision, where mm_core.state derives whom it covers). Given a connection, in its transaction."""
     now = now or utcnow()
-    with engine.begin() as conn:
+    with transaction(bind) as conn:
         result = conn.execute(
             update(Approval)
             .where(

@@ -78,6 +78,11 @@ READ_ONLY = frozenset(
 CONNECTIONS_OPEN = "apps.connections.open"
 
 
+# hold(method + ANSWER): the call is carried out, its answer held; hold(RESPONSE_URL): answers to response URLs.
+ANSWER = ":answer"
+RESPONSE_URL = "response_url"
+
+
 class SlackError(Exception):
     """Raised by a method handler: answered as `{"ok": false, "error": <error>}`."""
 
@@ -353,7 +358,11 @@ class SlackEmulator(ThreadedAiohttpServer):
     def hold(self, method: str) -> None:
         """Keep every call of `method` waiting, unanswered and not carried out, until `release(method)`: as if it
         were still on its way to Slack. A call whose caller is gone by then (its connection closed: a process
-        killed while it waited) is dropped, never carried out, as a request that never reached Slack."""
+        killed while it waited) is dropped, never carried out, as a request that never reached Slack.
+
+        `method + ANSWER` holds the answer instead: the call is carried out (what it posts is there), and its
+        caller waits for Slack's answer (a process killed then did what it asked without knowing it).
+        RESPONSE_URL holds the answers posted to response URLs, as a method's calls."""
         with self._lock:
             self._holds.setdefault(method, asyncio.Event())
 
@@ -444,6 +453,7 @@ class SlackEmulator(ThreadedAiohttpServer):
                 call.status, call.response, headers = self._answer(method, params, request.headers)
         if call.response.get("ok") and method not in READ_ONLY:
             self._touch()
+        await self._held(method + ANSWER, request)
         return web.json_response(call.response, status=call.status, headers=headers)
 
     def _answer(self, method: str, params: Params, headers: Any) -> tuple[int, dict[str, Any], dict[str, str]]:
@@ -481,6 +491,8 @@ class SlackEmulator(ThreadedAiohttpServer):
         return web.Response(text=f"OK - {len(data)}")
 
     async def _response_url_post(self, request: web.Request) -> web.Response:
+        if not await self._held(RESPONSE_URL, request):
+            return web.Response(status=503, text="the caller went away")  # nobody reads it
         try:
             body = await request.json()
         except ValueError:
@@ -882,14 +894,14 @@ class SlackEmulator(ThreadedAiohttpServer):
         found = self._find(channel, ts)
         if found is None:
             raise SlackError("thread_not_found")
-        thread = self.messages(channel, found.get("thread_ts", ts))
+        thread = _as_read(params, self.messages(channel, found.get("thread_ts", ts)))
         return {"messages": thread, "has_more": False, "response_metadata": {"next_cursor": ""}}
 
     def _history(self, params: Params) -> dict[str, Any]:
         [channel] = self._require(params, "channel")
         if channel not in self.channels:
             raise SlackError("channel_not_found")
-        newest_first = list(reversed(self.messages(channel)))
+        newest_first = list(reversed(_as_read(params, self.messages(channel))))
         return {"messages": newest_first, "has_more": False, "pin_count": 0, "response_metadata": {"next_cursor": ""}}
 
     def _conversation_info(self, params: Params) -> dict[str, Any]:
@@ -1008,6 +1020,18 @@ class _PayloadBuilder(SlackEventSender):
 
     def send(self, *_args: Any, **_kwargs: Any) -> Any:  # the sender's callers ignore it here
         return None
+
+
+def _as_read(params: Params, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Messages as conversations.history and .replies answer: since `oldest` (a ts, exclusive), with their
+    metadata only when `include_all_metadata` asks for it."""
+    oldest = float(params.get("oldest") or 0)
+    with_metadata = str(params.get("include_all_metadata") or "").lower() in ("1", "true")
+    return [
+        m if with_metadata else {k: v for k, v in m.items() if k != "metadata"}
+        for m in messages
+        if float(m.get("ts") or 0) > oldest
+    ]
 
 
 def _chunk_text(params: Params) -> str:

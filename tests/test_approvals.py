@@ -180,7 +180,7 @@ def test_ten_concurrent_clicks_make_one_decision(gated) -> None:
     assert len(decisions) == 1
     threads.wait(lambda: len(ephemerals_to(threads, APPROVER) + ephemerals_to(threads, LEAD)) == 9, message="9 told")
     told = ephemerals_to(threads, APPROVER) + ephemerals_to(threads, LEAD)
-    assert all("already" in t for t in told)
+    assert all("already" in t for t in told), told
 
 
 def test_a_click_after_the_expiry_is_refused(gated) -> None:

@@ -29,6 +29,7 @@ from playground.signed import SlackEventSender
 from playground.slack_api import SlackEmulator
 from test_bot_serve import SIGNING_SECRET, Bot
 from test_bot_socket import socket_env
+from test_record_before_ack import waiting_on
 
 TURNS_QUEUE = "turns"
 # The broker's database on the test Redis: the bot's task messages land in its `turns` list, where the tests
@@ -404,7 +405,7 @@ def test_the_ack_waits_for_the_record_and_the_server_stays_responsive(
         # A slow database: inserts into the inbox wait for this transaction.
         blocker.execute(text("LOCK TABLE inbox IN EXCLUSIVE MODE"))
         answer = pool.submit(mention, sender, channel)
-        time.sleep(1.0)
+        wait_for(lambda: waiting_on("inbox", blocker), "the record, waiting for the lock")
         assert not answer.done(), "acked before the message was recorded"
         # The record waits in a thread: the event loop still answers.
         assert httpx.get(f"{bot.base}/healthz", timeout=2).json()["database"] is True

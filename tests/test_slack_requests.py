@@ -1,33 +1,42 @@
 """The record of what acts after its ack (chatops.requests), on SQLite and PostgreSQL: recorded once, claimed by
-compare-and-set, renewed, released, finished only by its holder, forgotten by housekeeping; and a step kept in
-it that a replay does not take again."""
+compare-and-set on the database's clock (whatever the bots' own clocks say), renewed, released until a time,
+finished only by its holder, forgotten by housekeeping; and a step kept in it that a replay does not take
+again. Time passes here by moving a row's times back on the database's clock."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import uuid
-from collections.abc import Callable
-from datetime import timedelta
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TypeVar
 
-from sqlalchemy import Engine, select
+import pytest
+from sqlalchemy import Engine, select, update
 
+from bot.steps import NoSteps
+from chatops import requests as requests_module
+from chatops import schema
 from chatops.config import load_config
+from chatops.inbox import CONTEXTS_KEPT, assistant_context, forget_assistant_contexts, keep_assistant_context
 from chatops.requests import (
     KEPT,
     MAX_ATTEMPTS,
     claim_stale,
     finish,
     forget_finished,
+    hold,
     keep_progress,
     record,
     release,
     renew,
     request_key,
 )
-from chatops.schema import JobRun, RequestKind, RequestState, SlackRequest, utcnow
+from chatops.schema import AssistantContext, JobRun, RequestKind, RequestState, SlackEvent, SlackRequest, db_clock
+from chatops.store import forget_seen_events, record_slack_event
 
 T = TypeVar("T")
 
@@ -70,28 +79,63 @@ def test_a_key_depends_on_what_slack_gives_and_not_on_its_length() -> None:
     assert len(request_key(RequestKind.COMMAND, "x" * 5000)) < 64
 
 
+def aged(engine: Engine, request_id: int, seconds: float, column: str = "claimed_at") -> None:
+    """Move one of the request's times `seconds` into the past, on the database's clock (the one claims use)."""
+    with engine.begin() as conn:
+        conn.execute(update(SlackRequest).where(SlackRequest.id == request_id).values({column: db_clock(-seconds)}))
+
+
+@contextlib.contextmanager
+def python_clock_ahead(monkeypatch: pytest.MonkeyPatch, minutes: float) -> Iterator[None]:
+    """What runs inside is a bot whose own (Python) clock is `minutes` ahead: every `utcnow` the request code
+    could read says so."""
+    ahead = timedelta(minutes=minutes)
+    with monkeypatch.context() as patch:
+        for module in (schema, requests_module):
+            patch.setattr(module, "utcnow", lambda: datetime.now(UTC) + ahead, raising=False)
+        yield
+
+
+def test_a_bot_whose_clock_is_ahead_takes_over_no_live_claim(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two bots, one's clock ten minutes ahead of the other's (and of the database's): neither finds the other's
+    fresh claims stale, whichever records, renews or looks."""
+    behind = record(engine, RequestKind.SLASH, key(), {}, "behind")
+    with python_clock_ahead(monkeypatch, 10):
+        ahead = record(engine, RequestKind.SLASH, key(), {}, "ahead")
+        assert ahead is not None
+        renew(engine, "ahead", {ahead.id})
+        taken_by_ahead = claim_stale(engine, "ahead", 30)
+    assert behind is not None
+    taken_by_behind = claim_stale(engine, "behind", 30)
+    assert behind.id not in {r.id for r in taken_by_ahead}
+    assert ahead.id not in {r.id for r in taken_by_behind}
+
+
 def test_a_stale_claim_goes_to_one_replica_and_a_live_one_to_none(engine: Engine) -> None:
-    now = utcnow()
-    stale = record(engine, RequestKind.CLICK, key(), {}, "dead", now=now - timedelta(seconds=60))
-    live = record(engine, RequestKind.CLICK, key(), {}, "alive", now=now - timedelta(seconds=60))
+    stale = record(engine, RequestKind.CLICK, key(), {}, "dead")
+    live = record(engine, RequestKind.CLICK, key(), {}, "alive")
     assert stale is not None and live is not None
-    renew(engine, "alive", {live.id}, now=now)
-    claims = together(4, lambda i: claim_stale(engine, f"replica{i}", 30, 10, now=now))
+    aged(engine, stale.id, 60)
+    aged(engine, live.id, 60)
+    renew(engine, "alive", {live.id})
+    claims = together(4, lambda i: claim_stale(engine, f"replica{i}", 30))
     won = [r for claimed in claims for r in claimed if r.id == stale.id]
-    assert len(won) == 1 and won[0].attempts == 2
+    assert len(won) == 1 and won[0].attempts == 2 and won[0].failures == 1  # its bot died: a failure that counts
     assert not [r for claimed in claims for r in claimed if r.id == live.id]
 
 
-def test_only_the_holder_keeps_progress_and_finishes(engine: Engine) -> None:
-    now = utcnow()
-    request = record(engine, RequestKind.SLASH, key(), {}, "old", now=now - timedelta(seconds=60))
+def test_only_the_holder_keeps_progress_posts_and_finishes(engine: Engine) -> None:
+    request = record(engine, RequestKind.SLASH, key(), {}, "old")
     assert request is not None
-    [taken] = [r for r in claim_stale(engine, "new", 30, 10, now=now) if r.id == request.id]
+    aged(engine, request.id, 60)
+    [taken] = [r for r in claim_stale(engine, "new", 30) if r.id == request.id]
+    assert not hold(engine, request.id, "old")  # the stalled bot posts nothing: it stops before its post
     assert not keep_progress(engine, request.id, "old", {"root_ts": "1.1"})  # taken over: the old bot stops
+    assert hold(engine, request.id, "new")
     assert keep_progress(engine, request.id, "new", {"root_ts": "1.2"})
     assert not finish(engine, request.id, "old")
     assert finish(engine, request.id, "new")
-    assert request.id not in {r.id for r in claim_stale(engine, "later", 0, 0, now=now + timedelta(hours=1))}
+    assert request.id not in {r.id for r in claim_stale(engine, "later", 0)}
     with engine.connect() as conn:
         row = conn.execute(
             select(SlackRequest.state, SlackRequest.progress, SlackRequest.attempts).where(SlackRequest.id == taken.id)
@@ -99,24 +143,27 @@ def test_only_the_holder_keeps_progress_and_finishes(engine: Engine) -> None:
     assert tuple(row) == (RequestState.DONE, {"root_ts": "1.2"}, 2)
 
 
-def test_a_released_request_is_tried_again_soon_and_counted(engine: Engine) -> None:
-    now = utcnow()
-    request = record(engine, RequestKind.COMMAND, key(), {}, "bot", now=now)
+def test_a_released_request_is_tried_again_at_its_time_and_counted_only_for_our_failures(engine: Engine) -> None:
+    request = record(engine, RequestKind.COMMAND, key(), {}, "bot")
     assert request is not None
-    release(engine, request.id, "bot", now=now)
-    assert request.id not in {r.id for r in claim_stale(engine, "bot", 30, 10, now=now + timedelta(seconds=5))}
-    again = [r for r in claim_stale(engine, "bot", 30, 10, now=now + timedelta(seconds=11)) if r.id == request.id]
-    assert [r.attempts for r in again] == [2]
+    release(engine, request.id, "bot", retry_in_s=30, counted=False)  # Slack failed: a wait, not a failure
+    assert request.id not in {r.id for r in claim_stale(engine, "bot", 30)}
+    aged(engine, request.id, 31, "retry_at")
+    [again] = [r for r in claim_stale(engine, "bot", 30) if r.id == request.id]
+    assert (again.attempts, again.failures) == (2, 0)
+    release(engine, request.id, "bot", retry_in_s=0, counted=True)  # ours: counted
+    [third] = [r for r in claim_stale(engine, "bot", 30) if r.id == request.id]
+    assert (third.attempts, third.failures) == (3, 1)
     assert MAX_ATTEMPTS == 3
 
 
 def test_housekeeping_forgets_finished_requests_after_a_while(engine: Engine) -> None:
-    now = utcnow()
-    old, recent, open_ = (record(engine, RequestKind.CLICK, key(), {}, "bot", now=now) for _ in range(3))
+    old, recent, open_ = (record(engine, RequestKind.CLICK, key(), {}, "bot") for _ in range(3))
     assert old is not None and recent is not None and open_ is not None
-    finish(engine, old.id, "bot", now=now - KEPT - timedelta(minutes=1))
-    finish(engine, recent.id, "bot", state=RequestState.FAILED, now=now)
-    forget_finished(engine, now=now)
+    finish(engine, old.id, "bot")
+    aged(engine, old.id, KEPT.total_seconds() + 60, "done_at")
+    finish(engine, recent.id, "bot", state=RequestState.FAILED)
+    forget_finished(engine)
     with engine.connect() as conn:
         left = set(
             conn.execute(select(SlackRequest.id).where(SlackRequest.id.in_([old.id, recent.id, open_.id]))).scalars()
@@ -124,10 +171,34 @@ def test_housekeeping_forgets_finished_requests_after_a_while(engine: Engine) ->
     assert left == {recent.id, open_.id}
 
 
+def test_housekeeping_forgets_seen_events_and_quiet_assistant_contexts(engine: Engine) -> None:
+    channel = f"D{uuid.uuid4().hex[:8]}"
+    old_event, new_event = f"Ev{uuid.uuid4().hex[:10]}", f"Ev{uuid.uuid4().hex[:10]}"
+    for event_id in (old_event, new_event):
+        assert record_slack_event(engine, event_id)
+    keep_assistant_context(engine, channel, "1.1", {"channel_id": "C1"})
+    keep_assistant_context(engine, channel, "2.2", {"channel_id": "C2"})
+    with engine.begin() as conn:
+        conn.execute(
+            update(SlackEvent).where(SlackEvent.event_id == old_event).values(received_at=db_clock(-86_400 - 60))
+        )
+        conn.execute(
+            update(AssistantContext)
+            .where(AssistantContext.channel_id == channel, AssistantContext.thread_ts == "1.1")
+            .values(updated_at=db_clock(-CONTEXTS_KEPT.total_seconds() - 60))
+        )
+    assert forget_seen_events(engine) >= 1 and forget_assistant_contexts(engine) >= 1
+    assert not record_slack_event(engine, new_event)  # still seen: a retry of it is still a retry
+    assert record_slack_event(engine, old_event)  # forgotten
+    assert assistant_context(engine, channel, "1.1") is None
+    assert assistant_context(engine, channel, "2.2") == {"channel_id": "C2"}
+
+
 def test_a_job_run_asked_again_by_a_replay_is_recorded_once_and_handed_over_again(
     tmp_path: Path, engine: Engine
 ) -> None:
-    """`/mm job run` carried out twice from one record (its bot died after recording the run): one run."""
+    """`/mm job run` carried out twice from one record (its bot died after recording the run, before keeping
+    anything of it): one run, handed over twice (a run handed over twice starts once)."""
     from bot.authorize import Approvers
     from bot.jobs import JobCommands
     from chatops.reload import ConfigFile
@@ -144,19 +215,18 @@ def test_a_job_run_asked_again_by_a_replay_is_recorded_once_and_handed_over_agai
     async def hand_over(run_id: int) -> None:
         handed.append(run_id)
 
-    class Kept:  # what the record keeps between attempts (bot.requests.RecordedSteps)
-        def __init__(self) -> None:
-            self.steps: dict[str, str] = {}
+    class Forgetful(NoSteps):
+        """What the record keeps between attempts (bot.requests.RecordedSteps), of a bot killed after it
+        recorded the run and before it could keep anything of it: nothing but the request's key."""
 
-        def done(self, step: str) -> str | None:
-            return self.steps.get(step)
+        @property
+        def key(self) -> str | None:
+            return request
 
-        async def keep(self, step: str, value: str) -> None:
-            self.steps[step] = value
-
-    jobs, kept = JobCommands(engine, config_file, Approvers(lambda: config_file.current().service), hand_over), Kept()
+    request = key()
+    jobs = JobCommands(engine, config_file, Approvers(lambda: config_file.current().service), hand_over)
     for _ in range(2):
-        said, _public = asyncio.run(jobs.answer(None, f"job run {name}", "U0BOB", kept))
+        said, _public = asyncio.run(jobs.answer(None, f"job run {name}", "U0BOB", Forgetful(engine)))
         assert said.startswith("🔧 <@U0BOB> started")
     with engine.connect() as conn:
         runs = list(conn.execute(select(JobRun.id).where(JobRun.job_name == name)).scalars())

@@ -7,8 +7,11 @@ that is the caller's to report (the renderer hands it to its on_error), never a 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import aiohttp
+from slack_sdk.errors import SlackApiError
 from slack_sdk.http_retry.async_handler import AsyncRetryHandler
 from slack_sdk.http_retry.builtin_async_handlers import (
     AsyncConnectionErrorRetryHandler,
@@ -74,6 +77,43 @@ def retry_handlers() -> list[AsyncRetryHandler]:
         AsyncServerErrorRetryHandler(max_retry_count=SERVER_ERROR_RETRIES),
         AsyncConnectionErrorRetryHandler(max_retry_count=CONNECTION_RETRIES),
     ]
+
+
+# What Slack answers for its own trouble rather than for what was asked: a later try may work.
+SLACK_TROUBLE = frozenset({"ratelimited", "internal_error", "fatal_error", "service_unavailable", "request_timeout"})
+
+
+@dataclass(frozen=True)
+class Outage:
+    """Slack, or the way to it, failing for a while; `retry_after_s`: what Slack asked to wait, when it said."""
+
+    retry_after_s: float | None = None
+
+
+def outage(error: BaseException) -> Outage | None:
+    """The outage `error` says Slack has (a 429, a 5xx, an error of Slack's own trouble, a connection that failed
+    or timed out), or None: an answer about what was asked (`channel_not_found`, `invalid_blocks`…), which no
+    retry changes, or an error that is not Slack's."""
+    if isinstance(error, SlackApiError):
+        response = error.response
+        status = getattr(response, "status_code", 200)
+        code = response.get("error") if isinstance(getattr(response, "data", None), dict) else None
+        if status == 429 or status >= 500 or code in SLACK_TROUBLE:
+            headers = {str(k).lower(): v for k, v in (getattr(response, "headers", None) or {}).items()}
+            return Outage(_seconds(headers.get("retry-after")))
+        return None
+    if isinstance(error, aiohttp.ClientError | TimeoutError | ConnectionError):
+        return Outage()
+    return None
+
+
+def _seconds(value: object) -> float | None:
+    if isinstance(value, list):
+        value = value[0] if value else None
+    try:
+        return max(0.0, float(str(value)))
+    except ValueError:
+        return None
 
 
 def api_base(url: str) -> str:

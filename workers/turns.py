@@ -35,6 +35,7 @@ from chatops.config import Config, load_config
 from chatops.inbox import (
     clear_stop,
     expire_pending,
+    forget_assistant_contexts,
     release_expired_leases,
     sessions_with_work,
     stop_requested,
@@ -52,6 +53,7 @@ from chatops.store import (
     approvals_of,
     decide_approval,
     expire_approvals,
+    forget_seen_events,
     get_approval,
     record_error,
     release_lease,
@@ -659,7 +661,9 @@ def housekeep() -> list[str]:
     if time.monotonic() - _forgot[0] > FORGET_EVERY_S:  # a scan of job_runs: hourly is enough
         _forgot[0] = time.monotonic()
         forget_unrun(engine, utcnow())
-        forget_finished(engine, utcnow())
+        forget_finished(engine)
+        forget_seen_events(engine)
+        forget_assistant_contexts(engine)
     gone = expire_approvals(engine)
     for row in gone:
         metrics.waited(row, "expired")
