@@ -142,7 +142,7 @@ class ClickHandler:
         waited(row, "approved" if approve else "rejected")
         decided = [row.call_id]
         if everything:
-            decided += await asyncio.to_thread(self._approve_the_rest, row, click.user)
+            decided += await asyncio.to_thread(self._approve_the_rest, row, click.user, click.channel is None)
         for call_id in decided:
             await self._show(slack, channel, call_id, session.job_run)
         if everything:
@@ -162,9 +162,10 @@ class ClickHandler:
             ).first()
         return _Session(row.id, row.channel_id, row.thread_ts, row.kind == SessionKind.JOB) if row else None
 
-    def _approve_the_rest(self, clicked: ApprovalRow, user: str) -> list[str]:
+    def _approve_the_rest(self, clicked: ApprovalRow, user: str, in_home: bool) -> list[str]:
         """Approve all: the other waiting calls of the same requesters are approved too, those whose whole text
-        the thread shows (the others wait for a decision of their own). Their later calls run without asking:
+        can be read where the click came from (the thread, or App Home, which holds no file: there only those its
+        messages show whole); the others wait for a decision of their own. Their later calls run without asking:
         the worker hands the decision to the log, where mm_core.state derives whom it covers; the session's own
         yolo is `yolo on|off`'s alone."""
         rest = [
@@ -172,7 +173,7 @@ class ClickHandler:
             for row in approvals_of(self.engine, clicked.session_id)
             if row.state == ApprovalState.PENDING
             and row.requested_by == clicked.requested_by
-            and approvable(row)
+            and approvable(row, in_home=in_home)
             and decide_approval(self.engine, row.call_id, True, user)
         ]
         for row in rest:
