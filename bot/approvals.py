@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -99,7 +100,12 @@ class ClickHandler:
     """The bot process's click handling: its engine, config, approvers cache and the Web API client."""
 
     def __init__(
-        self, engine: Engine, approvers: Approvers, secrets: list[str], enqueue: Any, enqueue_push: Any = None
+        self,
+        engine: Engine,
+        approvers: Approvers,
+        secrets: Callable[[], Sequence[str]],
+        enqueue: Any,
+        enqueue_push: Any = None,
     ) -> None:
         self.engine, self.approvers, self.secrets, self.enqueue = engine, approvers, secrets, enqueue
         self.enqueue_push = enqueue_push
@@ -188,7 +194,7 @@ class ClickHandler:
         row = await asyncio.to_thread(get_approval, self.engine, call_id)
         if row is None or row.message_ts is None:
             return
-        blocks, text = approval_blocks(row, channel, self.secrets, job_run=job_run)
+        blocks, text = approval_blocks(row, channel, self.secrets(), job_run=job_run)
         try:
             await slack.update(channel, row.message_ts, text, blocks=blocks)
         except Exception as e:  # noqa: BLE001 - the decision stands; the message is only its display

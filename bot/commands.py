@@ -18,6 +18,7 @@ import hashlib
 import json
 import logging
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -136,7 +137,7 @@ class Commands:
         config_file: ConfigFile,
         approvers: Approvers,
         enqueue: Any,
-        secrets: list[str],
+        secrets: Callable[[], Sequence[str]],
         jobs: JobCommands | None = None,
         clicks: ClickHandler | None = None,
     ) -> None:
@@ -289,7 +290,7 @@ class Commands:
             ),
         ]
         if waiting:
-            titles = Mrkdwn(", ").join(mrkdwn_of(line_of(p.row), self.secrets) for p in waiting)
+            titles = Mrkdwn(", ").join(mrkdwn_of(line_of(p.row), self.secrets()) for p in waiting)
             lines.append(Mrkdwn("*Waiting for a decision:* {titles}").format(titles=titles[:1000]))
         return Mrkdwn("\n").join(lines)
 

@@ -43,7 +43,7 @@ from chatops.jobs import forget_unrun
 from chatops.reload import ConfigFile
 from chatops.requests import forget_finished
 from chatops.schema import ApprovalState, InboxCommand, Session, SessionKind, SessionStatus, utcnow
-from chatops.secrets import describe_error, scrub, secrets_of
+from chatops.secrets import describe_error, known_secrets, scrub, secrets_of
 from chatops.store import (
     ApprovalRow,
     DbStore,
@@ -107,10 +107,9 @@ class Process:
 
     @property
     def secrets(self) -> tuple[str, ...]:
-        """What is never posted nor logged: the secrets known at start and those a reload brought (a new
-        `model.apiKeyEnv`, a password in `model.url`), longest first."""
-        known = {*self.start_secrets, *secrets_of(self.config)}
-        return tuple(sorted(known, key=len, reverse=True))
+        """What is never posted nor logged (chatops.secrets.known_secrets): the secrets known at start and those a
+        reload brought."""
+        return known_secrets(self.start_secrets, self.config)
 
 
 _process_lock = threading.Lock()
