@@ -114,14 +114,16 @@ class DbStore:
         except _NothingTaken:
             return None
 
-    def take_command(self, session_id: str) -> TakenCommand | None:
+    def take_command(self, session_id: str, people: bool = True) -> TakenCommand | None:
         """The session's next inbox row when it is a command (else None), taken. The log entries a command
         stands for (`new`: a Reset; `yolo`: a YoloSet; `ask`: the request and its ask_agent call) are appended
         in the same transaction, so that a crash leaves the command either waiting or done, never half done.
-        `compact` has no entry of its own until the model has summarised: a crash before that forgets it."""
+        `compact` has no entry of its own until the model has summarised: a crash before that forgets it.
+        `people=False` (a job's run) takes none: a person's command waits for the run's end, as their messages do
+        (take_inbox), so an `ask` never rides on the job's yolo."""
         with self.engine.begin() as conn:
             row = conn.execute(_UNTAKEN.limit(1), {"p_session_id": session_id}).first()
-            if row is None or row.command is None:
+            if row is None or row.command is None or (not people and row.user_id is not None):
                 return None
             taken = TakenCommand(InboxCommand(row.command), row.text, row.user_id)
             for entry in taken.entries():

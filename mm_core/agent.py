@@ -53,7 +53,7 @@ from mm_core.log import (
 )
 from mm_core.loopdetect import STOP_AT, LoopDetector, stop_text
 from mm_core.model import ModelClient, ModelError
-from mm_core.state import SessionState
+from mm_core.state import SessionState, asking
 from mm_core.tools import build_tools
 from mm_core.tools.base import CANCELLED, Caller, Plan, SessionResources, SuspendTurn, Tool, ToolCancelled, ToolContext
 
@@ -122,8 +122,12 @@ class Agent:
         oneshot: bool = False,
         depth: int = 0,
         name: str | None = None,
+        granted: frozenset[str | None] = frozenset(),
     ):
         self.config, self.store, self.session_id = config, store, session_id
+        # Requesters whose calls run without asking besides those an approver granted in the conversation: the
+        # front end's standing grant (a job's yolo covers the job's prompt, which nobody wrote: {None}).
+        self.granted = granted
         self.workspace = Path(workspace)
         self.emit, self.oneshot, self.depth, self.name = emit, oneshot, depth, name
         self.resources = resources or SessionResources()
@@ -322,12 +326,10 @@ class Agent:
         return []
 
     def _yolo(self, state: SessionState) -> bool:
-        """Whether the turn's gated calls run without asking: an approver's "Approve all" covers everyone who
-        asked for this turn, else `yolo on|off` said in the conversation, else the config."""
-        if state.granted():
-            return True
-        chosen = state.yolo()
-        return self.config.yolo if chosen is None else chosen
+        """Whether the turn's gated calls run without asking (mm_core.state.asking): `yolo on|off` said in the
+        conversation, else the config, for everyone; an approver's "Approve all" (and the front end's standing
+        grant) for the turns everyone who asked for is covered by."""
+        return not asking(state, self.config.yolo, self.granted).asks(state.requesters())
 
     def _context(self, call: ToolCallRequest, tool: Tool) -> ToolContext:
         caller = None

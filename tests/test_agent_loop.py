@@ -711,3 +711,18 @@ def test_an_approved_edit_is_checked_after_its_start_is_recorded_right_before_it
     [result] = [e for e in store.load("s1") if isinstance(e, ToolResult)]
     assert (result.output, result.status) == (CHANGED, "error")
 
+
+def test_a_front_end_s_standing_grant_covers_the_turns_of_its_requesters_alone(model_server, tmp_path):
+    """Issue 21, second round: a job's yolo is given to the loop as a grant to the prompt nobody wrote: a turn a
+    person asked for in the run's thread (a reply, an `ask`) asks, whenever it is taken."""
+    model_server.script(
+        Reply(tool_calls=[bash("touch prompt.txt", "a")]),
+        Reply(text="done"),
+        Reply(tool_calls=[bash("touch eve.txt", "b")]),
+        Reply(text="never"),
+    )
+    store = MemoryStore()
+    agent = make_agent(agent_config(model_server.url, yolo=False), store, tmp_path, granted=frozenset({None}))
+    assert run(agent.send("the job's prompt")).outcome == "answered"
+    assert run(agent.send("me too", author="U0EVE")).outcome == "suspended"
+    assert (tmp_path / "prompt.txt").exists() and not (tmp_path / "eve.txt").exists()
