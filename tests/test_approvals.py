@@ -474,7 +474,7 @@ def test_approve_all_in_app_home_leaves_the_calls_whose_whole_text_only_the_thre
         message="the calls in App Home",
     )[-1]
     short_call, long_call = (
-        ButtonValue.decode(buttons(m)["reject"]).call_id for m in approval_messages(threads, posted.thread_ts)
+        ButtonValue.decode(buttons(m)["reject"]).call_id or "" for m in approval_messages(threads, posted.thread_ts)
     )
     home_click(sender, home, "approve_all", APPROVER, short_call)
 

@@ -206,3 +206,16 @@ class Tool(ABC):
     @abstractmethod
     async def run(self, args: dict[str, Any], ctx: ToolContext) -> str:
         """Run the call and return the text for the model. Never raises for an ordinary failure."""
+
+
+class PlannedTool(Tool):
+    """A tool whose calls are worked out first, then carried out as worked out (write_file, edit_file, lsp): its
+    preview is its plan's, and running it carries out the plan it works out then, as an approved call does."""
+
+    async def preview(self, args: dict[str, Any], ctx: ToolContext) -> str:
+        return (await self.plan(args, ctx)).preview
+
+    async def run(self, args: dict[str, Any], ctx: ToolContext) -> str:
+        carry_out = (await self.plan(args, ctx)).carry_out
+        assert carry_out is not None, f"{self.name}: its plan has nothing to carry out"
+        return await carry_out()

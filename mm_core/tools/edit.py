@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mm_core.tools.args import check_object, check_text, get_bool
-from mm_core.tools.base import Plan, Tool, ToolContext, ToolRefusal
+from mm_core.tools.base import Plan, PlannedTool, ToolContext, ToolRefusal
 from mm_core.tools.diff import Diff
 from mm_core.tools.files import UNFORESEEN, PlannedWrite, path_arg, plan_write, read_text, unforeseen, written
 from mm_core.tools.text import plural, show
@@ -405,7 +405,7 @@ def parse_edits(args: dict[str, Any]) -> list[Edit]:
 # ------------------------------------------------------------------------------------------------ tool
 
 
-class EditFileTool(Tool):
+class EditFileTool(PlannedTool):
     name = "edit_file"
     counter = "file_ops"
     emoji = "📝"
@@ -492,11 +492,3 @@ class EditFileTool(Tool):
             return written(e.text, ctx)
         planned = await asyncio.to_thread(self._plan, args, ctx, dry_run)
         return written(planned, ctx, write=not dry_run)
-
-    async def preview(self, args: dict[str, Any], ctx: ToolContext) -> str:
-        return (await self.plan(args, ctx)).preview
-
-    async def run(self, args: dict[str, Any], ctx: ToolContext) -> str:
-        carry_out = (await self.plan(args, ctx)).carry_out
-        assert carry_out is not None
-        return await carry_out()

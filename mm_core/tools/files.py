@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from mm_core.tools.args import check_object, get_bool, get_int, get_str
-from mm_core.tools.base import Plan, Tool, ToolContext, ToolRefusal
+from mm_core.tools.base import Plan, PlannedTool, Tool, ToolContext, ToolRefusal
 from mm_core.tools.diff import Diff, diff, split_lines
 from mm_core.tools.text import plural, show, truncate
 from mm_core.tools.workspace import (
@@ -246,7 +246,7 @@ def commit_write(ctx: ToolContext, plan: PlannedWrite) -> str | None:
     return None
 
 
-class WriteFileTool(Tool):
+class WriteFileTool(PlannedTool):
     name = "write_file"
     counter = "file_ops"
     emoji = "📝"
@@ -305,11 +305,3 @@ class WriteFileTool(Tool):
     async def plan(self, args: dict[str, Any], ctx: ToolContext) -> Plan:
         planned = await asyncio.to_thread(self._plan, args, ctx)
         return written(planned, ctx)
-
-    async def preview(self, args: dict[str, Any], ctx: ToolContext) -> str:
-        return (await self.plan(args, ctx)).preview
-
-    async def run(self, args: dict[str, Any], ctx: ToolContext) -> str:
-        carry_out = (await self.plan(args, ctx)).carry_out
-        assert carry_out is not None
-        return await carry_out()

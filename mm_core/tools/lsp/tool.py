@@ -20,7 +20,7 @@ from urllib.parse import unquote, urlparse
 from lsprotocol import types
 
 from mm_core.config import AgentConfig, LspServer
-from mm_core.tools.base import Plan, Tool, ToolContext
+from mm_core.tools.base import Plan, PlannedTool, ToolContext
 from mm_core.tools.lsp.client import LspClient, RequestFailed, ServerGone, read_document
 from mm_core.tools.lsp.manager import LspManager, extension_map, server_command
 from mm_core.tools.lsp.positions import UTF16, from_wire, line_starts, offset, split_lines, to_wire
@@ -138,7 +138,7 @@ def parse(args: dict[str, Any]) -> Call | str:
 # ---- the tool ----------------------------------------------------------------------------------------------
 
 
-class LspTool(Tool):
+class LspTool(PlannedTool):
     name = "lsp"
     counter = "lsp"
     emoji = "🔎"
@@ -230,14 +230,9 @@ class LspTool(Tool):
 
         return Plan(outcome, refuse)
 
-    async def preview(self, args: dict[str, Any], ctx: ToolContext) -> str:
-        return (await self.plan(args, ctx)).preview
-
     async def run(self, args: dict[str, Any], ctx: ToolContext) -> str:
         if self.needs_approval(args):  # a rename writes the plan it works out, as an approved one does
-            carry_out = (await self.plan(args, ctx)).carry_out
-            assert carry_out is not None
-            return await carry_out()
+            return await super().run(args, ctx)
         outcome = await self._guarded(args, ctx)
         assert isinstance(outcome, str)
         return truncate(outcome, self.config.maxOutput)
