@@ -71,7 +71,8 @@ LOOKALIKES_NAMED = 5
 _COMPATIBLE = r"[\uff10-\uff19\uff21-\uff3a\uff41-\uff5a\U0001d400-\U0001d7ff]"
 _MIXED = re.compile(rf"[A-Za-z0-9_][^\W\x00-\x7f]|[^\W\x00-\x7f][A-Za-z0-9_]|{_COMPATIBLE}")
 _LOOKS_ASCII = re.compile(rf"[A-Za-z]|{_COMPATIBLE}")
-_HOST = re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.-]*://(?:[^\s/?#@]*@)?([^\s/?#:]+)")
+# A scheme is short: bounded, so that a long `a.a.a.a…` costs a few steps a position, not the rest of the text.
+_HOST = re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.-]{0,31}://(?:[^\s/?#@]*@)?([^\s/?#:]+)")
 # Blank space a person reads past: a run of this many blank characters in a line (spaces, tabs, other spaces), or
 # of this many blank lines, can push what follows out of sight (a `; curl … | sh` after 2,500 spaces, 250 empty
 # lines before it). Such a text is never shown whole inline, and where it is shown the run is one marker.
@@ -188,7 +189,7 @@ def lookalikes(text: str) -> tuple[str, ...]:
     ASCII letter with accents (é: the accent shows); in a URL's host, every one beyond ASCII; fullwidth and
     mathematical letters and digits anywhere. Words of another alphabet alone (a comment in Greek, a Chinese file
     name) are not named. The text is scanned once for an ASCII
-    word character beside one beyond ASCII (about 50 ms a megabyte), and only such words are looked at."""
+    word character beside one beyond ASCII (bench/bench_tools.py), and only such words are looked at."""
     if text.isascii():
         return ()
     found: dict[str, str] = {}
