@@ -1,4 +1,5 @@
-"""Figures for the tools (not a test): edit_file's worst case, write_file's diff, the cost of the bash sandbox.
+"""Figures for the tools (not a test): edit_file's worst case, write_file's diff, the cost of the bash sandbox,
+and what showing a call's text to an approver costs (escapes, look-alikes, blank runs) on large and hostile texts.
 
 Run: .venv/bin/python bench/bench_tools.py [bash calls per mode, default 30]
 """
@@ -16,6 +17,7 @@ from collections.abc import Awaitable
 from pathlib import Path
 from typing import TypeVar
 
+from mm_core import display
 from mm_core.config import AgentConfig, BashConfig
 from mm_core.tools.base import ToolContext
 from mm_core.tools.bash import BashTool
@@ -145,8 +147,29 @@ def bench_write_rewrite(ws: Path) -> None:
     )
 
 
+def bench_showing() -> None:
+    """What a person is shown of a call's text, per megabyte: display.visible (escapes), lookalikes, padded and
+    collapsed (blank runs), on a plain diff, a diff of accented and CJK text, and texts made to be slow."""
+    texts = {
+        "ASCII diff": "".join(f"+{i} │ x = compute({i})  # note\n" for i in range(30_000)),
+        "accented and CJK diff": "".join(f"+{i} │ café = résumé({i})  # 中文注释\n" for i in range(30_000)),
+        "look-alike words only": "r\u0430w " * 250_000,
+        "a.a.a.a… (a scheme's search)": "é" + "a." * 500_000,
+        "blank runs": ("x" + " " * 100 + "\n" * 20) * 8_000,
+    }
+    for name, text in texts.items():
+        started = time.perf_counter()
+        display.visible(text)
+        display.lookalikes(text)
+        display.padded(text)
+        display.collapsed(text)
+        took = time.perf_counter() - started
+        print(f"showing {name}: {took * 1000 / (len(text) / 1e6):.0f} ms a million characters ({len(text):,})")
+
+
 def main() -> None:
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 30
+    bench_showing()
     with tempfile.TemporaryDirectory() as tmp:
         bench_edit_no_match(Path(tmp))
         bench_write_rewrite(Path(tmp))

@@ -39,7 +39,7 @@ from bot.logging_setup import BOLT_LOGGER
 from bot.requests import Requests
 from chatops.buttons import ACTION_PATTERN
 from chatops.reload import ConfigFile
-from chatops.secrets import secrets_of
+from chatops.secrets import LiveSecrets
 from workers.slack_client import api_base, counted_only
 
 if TYPE_CHECKING:
@@ -195,7 +195,8 @@ def register(
     # An edit of the config file reaches the bot's checks and commands within a second (chatops/reload.py).
     config_file = ConfigFile(config)
     approvers = Approvers(lambda: config_file.current().service)
-    secrets = secrets_of(config)
+    # The secrets of the config as it stands (those a reload brings too), asked at each use.
+    secrets = LiveSecrets(config_file.current)
     clicks = ClickHandler(engine, approvers, secrets, handlers.enqueue, handlers.enqueue_thread_push)
     jobs = JobCommands(engine, config_file, approvers, handlers.enqueue_run)
     home = Home(engine, approvers, secrets, jobs)

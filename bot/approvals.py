@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -104,7 +105,12 @@ class ClickHandler:
     """The bot process's click handling: its engine, config, approvers cache and the Web API client."""
 
     def __init__(
-        self, engine: Engine, approvers: Approvers, secrets: list[str], enqueue: Any, enqueue_push: Any = None
+        self,
+        engine: Engine,
+        approvers: Approvers,
+        secrets: Callable[[], Sequence[str]],
+        enqueue: Any,
+        enqueue_push: Any = None,
     ) -> None:
         self.engine, self.approvers, self.secrets, self.enqueue = engine, approvers, secrets, enqueue
         self.enqueue_push = enqueue_push
@@ -145,7 +151,7 @@ class ClickHandler:
             clicked = row
 
             def decide(conn: Connection) -> str:
-                return json.dumps(self._decide(conn, clicked, approve, everything, click.user))
+                return json.dumps(self._decide(conn, clicked, approve, everything, click.user, click.channel is None))
 
             decided: list[str] = json.loads(await steps.take(DECIDED_STEP, decide))
             for call_id in decided:
@@ -167,12 +173,14 @@ class ClickHandler:
             await self._enqueue(session.id)
         return None
 
-    def _decide(self, conn: Connection, row: ApprovalRow, approve: bool, everything: bool, user: str) -> list[str]:
+    def _decide(
+        self, conn: Connection, row: ApprovalRow, approve: bool, everything: bool, user: str, in_home: bool
+    ) -> list[str]:
         """The click's decision, by compare-and-set, in the caller's transaction: the calls it decided (none when
         another decision came first)."""
         if not decide_approval(conn, row.call_id, approve, user, approve_all=everything):
             return []
-        return [row.call_id, *(self._approve_the_rest(conn, row, user) if everything else [])]
+        return [row.call_id, *(self._approve_the_rest(conn, row, user, in_home) if everything else [])]
 
     # -- the steps ------------------------------------------------------------------------------------------
 
@@ -183,9 +191,10 @@ class ClickHandler:
             ).first()
         return _Session(row.id, row.channel_id, row.thread_ts, row.kind == SessionKind.JOB) if row else None
 
-    def _approve_the_rest(self, conn: Connection, clicked: ApprovalRow, user: str) -> list[str]:
+    def _approve_the_rest(self, conn: Connection, clicked: ApprovalRow, user: str, in_home: bool) -> list[str]:
         """Approve all: the other waiting calls of the same requesters are approved too, those whose whole text
-        the thread shows (the others wait for a decision of their own). Their later calls run without asking:
+        can be read where the click came from (the thread, or App Home, which holds no file: there only those its
+        messages show whole); the others wait for a decision of their own. Their later calls run without asking:
         the worker hands the decision to the log, where mm_core.state derives whom it covers; the session's own
         yolo is `yolo on|off`'s alone."""
         return [
@@ -193,7 +202,7 @@ class ClickHandler:
             for row in approvals_of(conn, clicked.session_id)
             if row.state == ApprovalState.PENDING
             and row.requested_by == clicked.requested_by
-            and approvable(row)
+            and approvable(row, in_home=in_home)
             and decide_approval(conn, row.call_id, True, user)
         ]
 
@@ -205,7 +214,7 @@ class ClickHandler:
         row = await asyncio.to_thread(get_approval, self.engine, call_id)
         if row is None or row.message_ts is None:
             return
-        blocks, text = approval_blocks(row, channel, self.secrets, job_run=job_run)
+        blocks, text = approval_blocks(row, channel, self.secrets(), job_run=job_run)
         # The decision stands either way; the message is only its display (shown again after an outage).
         async with courtesy(f"show the decision on {call_id}"):
             await slack.update(channel, row.message_ts, text, blocks=blocks)

@@ -18,6 +18,7 @@ import hashlib
 import json
 import logging
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,9 +34,9 @@ from chatops.queries import latest_session, log_length, pending_approvals, sessi
 from chatops.reload import ConfigFile
 from chatops.repos import RepoRefused, check_repo
 from chatops.schema import InboxCommand, SessionStatus
-from chatops.store import DbStore, ensure_session, set_repo, set_yolo
-from mm_core.state import SessionState
-from workers.approval_message import line_of, requesters
+from chatops.store import ensure_session, set_repo, set_yolo
+from workers.approval_message import JOB_PROMPT, line_of, mention
+from workers.asking import thread_asking
 from workers.mrkdwn import Mrkdwn, mrkdwn_of
 from workers.slack_out import SlackOut
 from workers.workspaces import public_url
@@ -139,7 +140,7 @@ class Commands:
         config_file: ConfigFile,
         approvers: Approvers,
         enqueue: Any,
-        secrets: list[str],
+        secrets: Callable[[], Sequence[str]],
         jobs: JobCommands | None = None,
         clicks: ClickHandler | None = None,
     ) -> None:
@@ -286,32 +287,37 @@ class Commands:
         }.get(SessionStatus(summary.status), summary.status)
         channel = self.config.service.channel(summary.channel_id or "")
         repo = summary.repo or channel.repo
-        yolo = summary.yolo if summary.yolo is not None else channel.yolo
         branch = summary.branch or channel.branch
         lines = [
             Mrkdwn("*Status:* {state}").format(state=state),
             Mrkdwn("*Repository:* {repo}").format(repo=public_url(repo) if repo else "none (an empty workspace)")
             + (Mrkdwn(" (branch `{branch}`)").format(branch=branch) if branch else ""),
-            Mrkdwn("*Asks before commands and edits:* {asks}").format(asks=self._asks(session_id, yolo)),
+            Mrkdwn("*Asks before commands and edits:* {asks}").format(asks=self._asks(session_id)),
             Mrkdwn("*Tokens:* {all:,} ({prompt:,} prompt, {completion:,} completion)").format(
                 all=prompt + completion, prompt=prompt, completion=completion
             ),
         ]
         if waiting:
-            titles = Mrkdwn(", ").join(mrkdwn_of(line_of(p.row), self.secrets) for p in waiting)
+            titles = Mrkdwn(", ").join(mrkdwn_of(line_of(p.row), self.secrets()) for p in waiting)
             lines.append(Mrkdwn("*Waiting for a decision:* {titles}").format(titles=titles[:1000]))
         return Mrkdwn("\n").join(lines)
 
-    def _asks(self, session_id: str, yolo: bool | None) -> Mrkdwn:
-        """Whether the thread asks before gated calls: `yolo` (the thread's switch, else the channel's) for
-        everyone, and the requesters an approver's "Approve all" covers (read from the log, as the worker does)."""
-        if yolo:
-            return Mrkdwn("no (yolo)")
-        granted = SessionState.of(DbStore(self.engine).load(session_id)).grants()
-        if not granted:
+    def _asks(self, session_id: str) -> Mrkdwn:
+        """Whether the thread asks before gated calls, and for whom: the worker's own answer (workers.asking),
+        from the thread's, a running job's, the channel's and the config's yolo and from the conversation (`yolo
+        on|off` said in it, the requesters an approver's "Approve all" covers)."""
+        found = thread_asking(self.engine, self.config, session_id)
+        if found is None:
             return Mrkdwn("yes")
-        people = ",".join(sorted(p for p in granted if p)) or None
-        return Mrkdwn("yes, but not for {who} (an approver approved all their calls)").format(who=requesters(people))
+        answer, setting = found
+        if answer.everyone:
+            return Mrkdwn("no (yolo)")
+        if not answer.granted:
+            return Mrkdwn("yes")
+        people = sorted(p for p in answer.granted if p)
+        who = [mention(p) for p in people] + ([JOB_PROMPT] if None in answer.granted else [])
+        why = "an approver approved all their calls" if set(answer.granted) - setting.standing else "the job's yolo"
+        return Mrkdwn("yes, but not for {who} ({why})").format(who=Mrkdwn(", ").join(who), why=why)
 
     # -- /mm ----------------------------------------------------------------------------------------------------
 

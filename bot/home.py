@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from sqlalchemy import Engine
@@ -41,7 +42,11 @@ NO_APPROVALS = "Nothing waits for your decision."
 
 class Home:
     def __init__(
-        self, engine: Engine, approvers: Approvers, secrets: list[str], jobs: JobCommands | None = None
+        self,
+        engine: Engine,
+        approvers: Approvers,
+        secrets: Callable[[], Sequence[str]],
+        jobs: JobCommands | None = None,
     ) -> None:
         self.engine, self.approvers, self.secrets, self.jobs = engine, approvers, secrets, jobs
         self._links: dict[tuple[str, str], str] = {}  # a thread's permalink never changes
@@ -89,7 +94,7 @@ class Home:
 
     async def _approval(self, client: Any, pending: PendingApproval) -> list[dict[str, Any]]:
         # A call whose whole text the page cannot hold is shown without Approve: the thread has it (its file).
-        blocks, _text = approval_blocks(pending.row, pending.channel_id, self.secrets, in_home=True)
+        blocks, _text = approval_blocks(pending.row, pending.channel_id, self.secrets(), in_home=True)
         link = await self._link(client, pending.channel_id, pending.thread_ts)
         where = (
             _where(link, "In a thread of {channel}", pending.channel_id)

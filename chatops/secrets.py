@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl, urlsplit
 
@@ -52,6 +53,24 @@ def secrets_of(config: Config) -> list[str]:
             values.append(urlsplit(url).password)
     # Longest first, so that a secret containing another is masked whole.
     return sorted({v for v in values if v and len(v) >= 4}, key=len, reverse=True)
+
+
+def known_secrets(start: Iterable[str], config: Config) -> tuple[str, ...]:
+    """What a long-running process never posts nor logs: the secrets it knew at its start and those of its config
+    as it stands now (a reload may bring a new `model.apiKeyEnv`, a password in `model.url`), longest first."""
+    return tuple(sorted({*start, *secrets_of(config)}, key=len, reverse=True))
+
+
+class LiveSecrets:
+    """known_secrets of a process whose config is read again on change (`config`: its ConfigFile's `current`),
+    asked anew each time: what the bot's gateway and its texts scrub, as the workers' do (workers.turns.Process)."""
+
+    def __init__(self, config: Callable[[], Config]) -> None:
+        self.config = config
+        self.start = tuple(secrets_of(config()))
+
+    def __call__(self) -> tuple[str, ...]:
+        return known_secrets(self.start, self.config())
 
 
 def scrub(text: str, secrets: list[str]) -> str:

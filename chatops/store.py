@@ -116,14 +116,16 @@ class DbStore:
         except _NothingTaken:
             return None
 
-    def take_command(self, session_id: str) -> TakenCommand | None:
+    def take_command(self, session_id: str, people: bool = True) -> TakenCommand | None:
         """The session's next inbox row when it is a command (else None), taken. The log entries a command
         stands for (`new`: a Reset; `yolo`: a YoloSet; `ask`: the request and its ask_agent call) are appended
         in the same transaction, so that a crash leaves the command either waiting or done, never half done.
-        `compact` has no entry of its own until the model has summarised: a crash before that forgets it."""
+        `compact` has no entry of its own until the model has summarised: a crash before that forgets it.
+        `people=False` (a job's run) takes none: a person's command waits for the run's end, as their messages do
+        (take_inbox), so an `ask` never rides on the job's yolo."""
         with self.engine.begin() as conn:
             row = conn.execute(_UNTAKEN.limit(1), {"p_session_id": session_id}).first()
-            if row is None or row.command is None:
+            if row is None or row.command is None or (not people and row.user_id is not None):
                 return None
             taken = TakenCommand(InboxCommand(row.command), row.text, row.user_id)
             for entry in taken.entries():
@@ -494,11 +496,26 @@ class ApprovalRow:
 
 
 APPROVAL_COLUMNS = [getattr(Approval, f) for f in ApprovalRow.__dataclass_fields__]
+# What a person is shown of a call is kept exactly: a NUL or a lone surrogate (which PostgreSQL text cannot hold,
+# and _fit would make U+FFFD) is stored as U+FFFD and its four hex digits, and so is U+FFFD itself, so that the
+# text read back is the text as it was: mm_core.display shows the NUL as `\u0000`, with its warning.
+_SHOWN_TEXTS = ("title", "arguments", "preview")
+_UNKEPT = re.compile("[\x00\ud800-\udfff\ufffd]")
+_KEPT = re.compile("\ufffd([0-9a-f]{4})")
+
+
+def _keep(text: str | None) -> str | None:
+    return _UNKEPT.sub(lambda m: f"\ufffd{ord(m.group()):04x}", text) if text is not None else None
+
+
+def _kept(text: str | None) -> str | None:
+    return _KEPT.sub(lambda m: chr(int(m.group(1), 16)), text) if text is not None else None
 
 
 def approval_from(values: dict[str, Any]) -> ApprovalRow:
     """An ApprovalRow from a result row's APPROVAL_COLUMNS (`row._asdict()`)."""
-    return ApprovalRow(**{**values, "state": ApprovalState(values["state"])})
+    texts = {name: _kept(values[name]) for name in _SHOWN_TEXTS}
+    return ApprovalRow(**{**values, **texts, "state": ApprovalState(values["state"])})
 
 
 def request_approval(
@@ -524,14 +541,10 @@ def request_approval(
                 insert(Approval).values(
                     call_id=call_id,
                     session_id=session_id,
-                    **_fit(
-                        Approval.__table__,
-                        tool=tool,
-                        title=title,
-                        arguments=arguments,
-                        preview=preview,
-                        requested_by=requested_by,
-                    ),
+                    **_fit(Approval.__table__, tool=tool, requested_by=requested_by),
+                    title=_keep(title),
+                    arguments=_keep(arguments),
+                    preview=_keep(preview),
                     shown=shown,
                     state=ApprovalState.PENDING,
                     expires_at=now + timedelta(seconds=timeout_s) if timeout_s is not None else None,

@@ -100,6 +100,8 @@ def ask(event: PermissionRequested, out: TextIO, read: Callable[[str], str] = in
         out.write(f"{display.PROMPT_ICON} {shown.line.text}\n")
         if shown.invisible:
             out.write(f"   {display.INVISIBLE_NOTE}\n")
+        if shown.lookalikes:
+            out.write(f"   {display.lookalike_note(shown.lookalikes)}\n")
         if shown.details:
             out.write("\n".join("   " + line for line in shown.details) + "\n")
         try:

@@ -53,9 +53,9 @@ from mm_core.log import (
 )
 from mm_core.loopdetect import STOP_AT, LoopDetector, stop_text
 from mm_core.model import ModelClient, ModelError
-from mm_core.state import SessionState
+from mm_core.state import SessionState, asking
 from mm_core.tools import build_tools
-from mm_core.tools.base import CANCELLED, Caller, SessionResources, SuspendTurn, Tool, ToolCancelled, ToolContext
+from mm_core.tools.base import CANCELLED, Caller, Plan, SessionResources, SuspendTurn, Tool, ToolCancelled, ToolContext
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are mm, a coding agent working in a checkout of the user's repository (your working directory). "
@@ -96,6 +96,10 @@ class _LoopStopped(Exception):
     pass
 
 
+class _Changed(Exception):
+    """An approved call would now show something else than its approver was shown: it does not run (CHANGED)."""
+
+
 def ask_entries(agent: str, prompt: str, author: str | None = None) -> list[Entry]:
     """The log entries of `ask <agent> <prompt>`: the request, and the ask_agent call that carries it."""
     call = ToolCallRequest(f"call_{uuid.uuid4().hex[:20]}", "ask_agent", json.dumps({"agent": agent, "prompt": prompt}))
@@ -118,8 +122,12 @@ class Agent:
         oneshot: bool = False,
         depth: int = 0,
         name: str | None = None,
+        granted: frozenset[str | None] = frozenset(),
     ):
         self.config, self.store, self.session_id = config, store, session_id
+        # Requesters whose calls run without asking besides those an approver granted in the conversation: the
+        # front end's standing grant (a job's yolo covers the job's prompt, which nobody wrote: {None}).
+        self.granted = granted
         self.workspace = Path(workspace)
         self.emit, self.oneshot, self.depth, self.name = emit, oneshot, depth, name
         self.resources = resources or SessionResources()
@@ -302,29 +310,26 @@ class Agent:
                 self._result(call, problem or "", CallStatus.ERROR)
                 continue
             decision = decisions.get(call.id)
+            shown = None  # the digest of what the approver was shown, when the call must still show it to run
             if tool.needs_approval(args) and (decision is not None or not yolo):
                 if decision is None and not self.oneshot:
                     return await self._waiting(pending[i:], decisions)
                 if decision is None or not decision.approved:
                     self._result(call, tool.refusal(args), CallStatus.REJECTED)
                     continue
-                if decision.shown is not None and decision.shown != await self._shown(call, tool, args):
-                    self._result(call, CHANGED, CallStatus.ERROR)
-                    continue
+                shown = decision.shown
             try:
-                await self._execute(call, tool, args, detector)
+                await self._execute(call, tool, args, detector, shown)
             except SuspendTurn as suspended:  # an asked agent waits for approvals of its own
                 self._append(ToolSuspended(call.id, call.name))
                 return list(suspended.calls)
         return []
 
     def _yolo(self, state: SessionState) -> bool:
-        """Whether the turn's gated calls run without asking: an approver's "Approve all" covers everyone who
-        asked for this turn, else `yolo on|off` said in the conversation, else the config."""
-        if state.granted():
-            return True
-        chosen = state.yolo()
-        return self.config.yolo if chosen is None else chosen
+        """Whether the turn's gated calls run without asking (mm_core.state.asking): `yolo on|off` said in the
+        conversation, else the config, for everyone; an approver's "Approve all" (and the front end's standing
+        grant) for the turns everyone who asked for is covered by."""
+        return not asking(state, self.config.yolo, self.granted).asks(state.requesters())
 
     def _context(self, call: ToolCallRequest, tool: Tool) -> ToolContext:
         caller = None
@@ -352,12 +357,17 @@ class Agent:
             self.workspace, self.config, call.id, self.resources, self.emit, self.depth, self.name, caller
         )
 
-    async def _execute(self, call: ToolCallRequest, tool: Tool, args: dict, detector: LoopDetector) -> None:
+    async def _execute(
+        self, call: ToolCallRequest, tool: Tool, args: dict, detector: LoopDetector, shown: str | None = None
+    ) -> None:
         self._append(ToolStarted(call.id, call.name, self.name))
         self.emit(ToolCallStarted(call.id, call.name, args, tool.emoji, tool.title(args), self.name))
         began, status = time.monotonic(), CallStatus.OK
         try:
-            output = await tool.run(args, self._context(call, tool))
+            output = await self._carry_out(call, tool, args, shown)
+        except _Changed:
+            self._result(call, CHANGED, CallStatus.ERROR, began)
+            return
         except ToolCancelled as e:
             self._result(call, e.output, CallStatus.CANCELLED, began)
             raise asyncio.CancelledError from None
@@ -387,6 +397,20 @@ class Agent:
         preview = shown or ("\n".join(lines) if output.strip() else "(no output)")
         self.emit(ToolCallFinished(call.id, call.name, output, preview, status, self.name))
 
+    async def _carry_out(self, call: ToolCallRequest, tool: Tool, args: dict[str, Any], shown: str | None) -> str:
+        """Run the call; an approved one only while it would still show what the approver was shown (`shown`, the
+        digest). That check is the last step before the change: after ToolStarted is appended (a database commit),
+        and the plan checked is the plan carried out when the tool has one (write_file, edit_file, lsp rename
+        write the very text whose diff was approved); other tools run again from their arguments (bash's preview
+        is the command itself)."""
+        ctx = self._context(call, tool)
+        if shown is None:
+            return await tool.run(args, ctx)
+        plan = await self._plan(call, tool, args)
+        if shown_digest(call.name, args, plan.preview) != shown:
+            raise _Changed
+        return await (plan.carry_out() if plan.carry_out is not None else tool.run(args, ctx))
+
     async def _waiting(self, calls: list[ToolCallRequest], decisions: Mapping[str, Decision]) -> list[PendingCall]:
         waiting = []
         for call in calls:
@@ -394,23 +418,20 @@ class Agent:
             args, problem = _parse(call, tool, list(self.tools))
             if tool is None or problem or call.id in decisions or not tool.needs_approval(args):
                 continue
-            preview = await self._preview(call, tool, args)
+            preview = (await self._plan(call, tool, args)).preview
             shown = shown_digest(call.name, args, preview)
             title = tool.title(args)
             waiting.append(PendingCall(call.id, call.name, args, tool.emoji, title, preview, self.name, shown))
         return waiting
 
-    async def _preview(self, call: ToolCallRequest, tool: Tool, args: dict[str, Any]) -> str:
-        """What a person judges the call by, computed now without writing anything (Tool.preview)."""
+    async def _plan(self, call: ToolCallRequest, tool: Tool, args: dict[str, Any]) -> Plan:
+        """What a person judges the call by, computed now without writing anything, and how to carry out just that
+        (Tool.plan)."""
         ctx = ToolContext(self.workspace, self.config, call.id, self.resources, self.emit, self.depth, self.name)
         try:
-            return await tool.preview(args, ctx)
+            return await tool.plan(args, ctx)
         except Exception as e:  # noqa: BLE001 - a person still decides, with what we could show
-            return f"{tool.title(args)}\n(preview failed: {e})"
-
-    async def _shown(self, call: ToolCallRequest, tool: Tool, args: dict[str, Any]) -> str:
-        """The digest of what a person would be shown of the call now, to compare with the one they approved."""
-        return shown_digest(call.name, args, await self._preview(call, tool, args))
+            return Plan(f"{tool.title(args)}\n(preview failed: {e})")
 
     # -- endings ----------------------------------------------------------------------------------
     def _suspend(self, waiting: list[PendingCall]) -> TurnFinished:

@@ -5,7 +5,8 @@
 - A tool call with no result is pending; one with a ToolStarted and no result was interrupted.
 - Who asked for the turn (its requesters) are the authors of its user messages. "Approve all" (a Decision with
   `all`) grants them: their later turns run without asking, until `yolo off` or `new`; a turn that anyone else
-  asked for too asks again. `yolo on|off` is the switch for everyone.
+  asked for too asks again. `yolo on|off` is the switch for everyone. `asking` is the one answer to "does this
+  turn ask, and for whom", for the loop and for what a front end says of it.
 
 The loop asks these questions at every step and the log only grows, so the answers are kept up to date as
 entries are appended (`append`) rather than found again by scanning the whole log: a step then costs the same
@@ -16,6 +17,7 @@ entries are kept in tests/test_state_incremental.py, which checks that both agre
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
@@ -293,6 +295,28 @@ class _Transcript:
         for piece in self.pieces:
             messages += piece
         return messages
+
+
+@dataclass(frozen=True)
+class Asking:
+    """Whether a conversation's gated calls run without asking, and for whom."""
+
+    everyone: bool  # yolo: nobody is asked
+    granted: frozenset[str | None]  # the requesters whose calls run without asking (None: a message nobody wrote)
+
+    def asks(self, requesters: frozenset[str | None]) -> bool:
+        """Whether a turn asked for by `requesters` asks before its gated calls: unless nobody is asked, or every
+        one of them is granted (a turn that someone else asked for too asks again)."""
+        return not (self.everyone or (requesters and requesters <= self.granted))
+
+
+def asking(state: SessionState, default: bool, standing: frozenset[str | None] = frozenset()) -> Asking:
+    """Whether the conversation asks, and for whom: `yolo on|off` said in it, else `default` (the front end's
+    setting: the config, the channel, the thread's switch), for everyone; and the requesters an approver's "Approve
+    all" granted, with `standing` (the front end's own grant: a job's yolo covers the job's prompt, `{None}`) while
+    nobody said `yolo on|off` in the conversation (`yolo off` takes every grant back)."""
+    chosen = state.yolo()
+    return Asking(default if chosen is None else chosen, state.grants() | (standing if chosen is None else frozenset()))
 
 
 def requesters_of(author: str | None) -> frozenset[str | None]:

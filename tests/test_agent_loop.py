@@ -30,6 +30,7 @@ from mm_core.log import (
     Outcome,
     ToolCallRequest,
     ToolResult,
+    ToolStarted,
     TurnEnded,
     UserMessage,
     shown_digest,
@@ -676,3 +677,52 @@ def test_an_asked_agent_obeys_the_asking_agent_s_cap(model_server, tmp_path):
     assert [e for e in events if isinstance(e, CallsDropped)] == [CallsDropped(5, 2, "reviewer")]
     reviewer_tools = [m for m in model_server.messages(2) if m["role"] == "tool"]
     assert [m["content"] for m in reviewer_tools[2:]] == [dropped_text(5, 2)] * 3
+
+
+class RacingStore(MemoryStore):
+    """A log whose recording of a call's start takes long enough for another writer to change the call's file:
+    what a database commit before the write leaves open."""
+
+    def __init__(self, target: Path, text: str) -> None:
+        super().__init__()
+        self.target, self.text = target, text
+
+    def append(self, session_id: str, entry) -> None:
+        super().append(session_id, entry)
+        if isinstance(entry, ToolStarted):
+            self.target.write_text(self.text)
+
+
+def test_an_approved_edit_is_checked_after_its_start_is_recorded_right_before_it_writes(model_server, tmp_path):
+    """Issue 21, second round: the check of what was approved came before ToolStarted's append (a commit), and the
+    tool then worked its change out again: a file changed during the commit got an edit nobody saw. The check is
+    now the last step before the write, and the edit written is the one checked."""
+    edit = {"path": "f.txt", "edits": [{"old": "one", "new": "two"}]}
+    model_server.script(Reply(tool_calls=[ToolCall("edit_file", edit, id="e1")]), Reply(text="could not"))
+    target = tmp_path / "f.txt"
+    target.write_text("one\nkept\n")
+    store = RacingStore(target, "one\nwritten by someone else while the start was recorded\n")
+    events: list = []
+    agent = make_agent(agent_config(model_server.url, yolo=False), store, tmp_path, events=events)
+    assert run(agent.send("go")).outcome == "suspended"
+    [asked] = [e for e in events if isinstance(e, PermissionRequested)][-1].calls
+    assert run(agent.resume([Decision(asked.call_id, True, "U1", shown=asked.shown)])).outcome == "answered"
+    assert target.read_text() == "one\nwritten by someone else while the start was recorded\n"
+    [result] = [e for e in store.load("s1") if isinstance(e, ToolResult)]
+    assert (result.output, result.status) == (CHANGED, "error")
+
+
+def test_a_front_end_s_standing_grant_covers_the_turns_of_its_requesters_alone(model_server, tmp_path):
+    """Issue 21, second round: a job's yolo is given to the loop as a grant to the prompt nobody wrote: a turn a
+    person asked for in the run's thread (a reply, an `ask`) asks, whenever it is taken."""
+    model_server.script(
+        Reply(tool_calls=[bash("touch prompt.txt", "a")]),
+        Reply(text="done"),
+        Reply(tool_calls=[bash("touch eve.txt", "b")]),
+        Reply(text="never"),
+    )
+    store = MemoryStore()
+    agent = make_agent(agent_config(model_server.url, yolo=False), store, tmp_path, granted=frozenset({None}))
+    assert run(agent.send("the job's prompt")).outcome == "answered"
+    assert run(agent.send("me too", author="U0EVE")).outcome == "suspended"
+    assert (tmp_path / "prompt.txt").exists() and not (tmp_path / "eve.txt").exists()

@@ -241,3 +241,30 @@ def test_cancel_while_the_asked_agent_runs_a_tool(tmp_path, model_server):
     )
     # The next conversation is consistent: the cancelled call has its result.
     assert [m["role"] for m in model_server.messages(2)] == ["system", "user", "assistant", "tool", "user"]
+
+
+def test_the_preview_says_when_the_conversation_goes_along_and_where(tmp_path, model_server):
+    """Issue 21, second round: `with_context: true` sends the whole conversation to the asked agent, maybe to
+    another endpoint, and the approver was shown the same as without it. The preview (and so the digest) says it,
+    and names the endpoint when it is not this agent's."""
+    from mm_core.tools.base import ToolContext
+
+    config = setup(tmp_path, model_server)
+    tool = make_agent(config, MemoryStore(), tmp_path).tools["ask_agent"]
+    ctx = ToolContext(workspace=tmp_path, config=config)
+    args = {"agent": "reviewer", "prompt": "Review the change in app.py"}
+    alone = asyncio.run(tool.preview(args, ctx))
+    along = asyncio.run(tool.preview({**args, "with_context": True}, ctx))
+    assert alone != along and "with_context" not in alone
+    assert along.splitlines()[1] == (
+        "⚠ with_context: this conversation so far (its questions, answers and tool calls, up to 20,000 characters) "
+        "is sent to reviewer too."
+    )
+    # The asked agent on another endpoint: the preview names it.
+    (tmp_path / "agents" / "reviewer.yaml").write_text("model: {url: 'https://models.example:8443/v1', name: big}\n")
+    elsewhere = asyncio.run(tool.preview({**args, "with_context": True}, ctx))
+    assert elsewhere.splitlines()[1].endswith(
+        "is sent to reviewer too, at models.example:8443 (model big), another endpoint than this agent's."
+    )
+    # What runs reads the flag as the preview does: a string "false" is true to both.
+    assert "with_context" in asyncio.run(tool.preview({**args, "with_context": "false"}, ctx))

@@ -352,3 +352,126 @@ def test_a_sandboxed_server_cannot_read_what_the_workspace_links_to(tmp_path: Pa
         unchanged(attack)
     finally:
         gen.close()
+
+
+# ---- issue 21, second round: a rename is approved whole, and written as approved ------------------------------------
+
+
+def rename_workspace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, files: int) -> tuple[Path, AgentConfig, LspTool]:
+    """A module `lib` whose `helper` `files` modules use, and the lsp tool on it (maxOutput small: what the model
+    reads is cut, what the approver reads must not be)."""
+    monkeypatch.setattr(lsp_tool, "server_launch", unsandboxed)
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "lib.py").write_text(LIB)
+    for i in range(files):
+        (ws / f"m{i:02}.py").write_text(f"from lib import helper\n\nprint(helper())  # module {i}\n")
+    server = {"command": str(BIN / "pylsp"), "args": [], "extensions": [".py"]}
+    config = AgentConfig.model_validate(
+        {"lsp": {"servers": {"pylsp": server}}, "maxOutput": 300, "yolo": False, "model": {"url": "http://x"}}
+    )
+    available, _ = find_servers(config)
+    return ws, config, LspTool(config, available)
+
+
+RENAME = {"action": "rename", "path": "lib.py", "symbol": "helper", "new_name": "assist"}
+
+
+def test_a_rename_is_shown_whole_and_a_change_in_any_file_of_it_stops_it(tmp_path, monkeypatch, model_server):
+    """The reviewer's attack: the preview was cut at maxOutput, so the approver (and the digest) saw part of a
+    13-file rename; a file changed in the unseen part after the approval was renamed all the same. Now the
+    preview is the whole plan, and a change anywhere in it is caught before anything is written."""
+    from agent_support import make_agent
+    from mm_core.agent import CHANGED
+    from mm_core.events import PermissionRequested
+    from mm_core.log import Decision, MemoryStore, ToolResult
+    from playground.model_server import Reply, ToolCall
+
+    ws, config, tool = rename_workspace(tmp_path, monkeypatch, 13)
+    config = config.model_copy(update={"model": config.model.model_copy(update={"url": model_server.url})})
+    model_server.script(Reply(tool_calls=[ToolCall("lsp", RENAME)]), Reply(text="renamed"))
+    store, events = MemoryStore(), []
+    agent = make_agent(config, store, ws, tools=[tool], events=events)
+    try:
+        assert asyncio.run(agent.send("rename helper to assist")).outcome == "suspended"
+        [asked] = [e for e in events if isinstance(e, PermissionRequested)][-1].calls
+        assert len(asked.preview) > config.maxOutput and "output truncated" not in asked.preview
+        assert asked.preview.startswith("rename helper → assist: 14 edit(s) in 14 file(s)\n")
+        assert all(f"+++ b/m{i:02}.py" in asked.preview for i in range(13))
+        # After the approval, the last file (where a cut preview ended long before) changes.
+        (ws / "m12.py").write_text("from lib import helper\n\nprint(helper())  # changed behind your back\n")
+        decision = Decision(asked.call_id, True, "U0GRACE", shown=asked.shown)
+        assert asyncio.run(agent.resume([decision])).outcome == "answered"
+        [result] = [e for e in store.load("s1") if isinstance(e, ToolResult)]
+        assert result.output == CHANGED
+        assert "helper" in (ws / "lib.py").read_text() and "assist" not in (ws / "m00.py").read_text()
+    finally:
+        asyncio.run(agent.resources.aclose())
+
+
+def test_an_approved_rename_writes_the_plan_it_showed_and_the_model_reads_the_short_report(tmp_path, monkeypatch):
+    ws, config, tool = rename_workspace(tmp_path, monkeypatch, 3)
+    ctx = ToolContext(workspace=ws, config=config)
+
+    async def approve_and_run() -> tuple[str, str]:
+        try:
+            plan = await tool.plan(RENAME, ctx)
+            assert plan.carry_out is not None
+            return plan.preview, await plan.carry_out()
+        finally:
+            await ctx.resources.aclose()
+
+    shown, answer = asyncio.run(approve_and_run())
+    assert answer == (
+        "renamed to assist: 4 edit(s) in 4 file(s)\nlib.py: 1 edit(s)\nm00.py: 1 edit(s)\nm01.py: 1 edit(s)\n"
+        "m02.py: 1 edit(s)"
+    )
+    assert "-print(helper())  # module 2\n+print(assist())  # module 2" in shown
+    assert (ws / "m02.py").read_text() == "from lib import assist\n\nprint(assist())  # module 2\n"
+
+
+def test_a_rename_too_large_to_show_is_refused_whole(tmp_path, monkeypatch):
+    """A plan whose diff is more than a person can check is not shown in part: it is refused, and nothing is
+    written, approved or not."""
+    ws, config, tool = rename_workspace(tmp_path, monkeypatch, 13)
+    monkeypatch.setattr(lsp_tool, "MAX_RENAME_CHARS", 1000)
+    ctx = ToolContext(workspace=ws, config=config)
+
+    async def both() -> tuple[str, str]:
+        try:
+            return await tool.preview(RENAME, ctx), await tool.run(RENAME, ctx)
+        finally:
+            await ctx.resources.aclose()
+
+    shown, answer = asyncio.run(both())
+    refused = (
+        "[lsp: the rename helper → assist would make 14 edit(s) in 14 file(s), a diff longer than 1,000 characters: "
+        "more than a person can check before approving it — nothing renamed; rename it in parts with edit_file, a "
+        "few files at a time]"
+    )
+    assert shown == answer == refused
+    assert all("assist" not in path.read_text() for path in ws.glob("*.py"))
+
+
+def test_a_rename_through_a_symlink_names_the_file_it_writes(tmp_path, monkeypatch):
+    """Issue 21, second round: a module reached through a linked directory (`pkg -> real_pkg`) is shown as the
+    link and the file written."""
+    monkeypatch.setattr(lsp_tool, "server_launch", unsandboxed)
+    ws = tmp_path / "ws"
+    (ws / "real_pkg").mkdir(parents=True)
+    (ws / "real_pkg" / "__init__.py").write_text("")
+    (ws / "real_pkg" / "mod.py").write_text(LIB)
+    (ws / "pkg").symlink_to("real_pkg")
+    (ws / "app.py").write_text("from pkg.mod import helper\n\nprint(helper())\n")
+    server = {"command": str(BIN / "pylsp"), "args": [], "extensions": [".py"]}
+    config = AgentConfig.model_validate({"lsp": {"servers": {"pylsp": server}}})
+    available, _ = find_servers(config)
+    tool, ctx = LspTool(config, available), ToolContext(workspace=ws, config=config)
+
+    async def shown() -> str:
+        try:
+            return await tool.preview({**RENAME, "path": "app.py"}, ctx)
+        finally:
+            await ctx.resources.aclose()
+
+    assert "+++ b/pkg/mod.py → real_pkg/mod.py (symlink)\n" in asyncio.run(shown())

@@ -240,3 +240,25 @@ def test_app_home_shows_the_user_s_sessions_and_the_approvals_they_may_decide(bo
     view = threads.wait(lambda: [v for v in threads.slack.views if v.get("user_id") == ALICE], message="the home")
     text = str(view[-1]["blocks"])
     assert "Your sessions" in text and "idle" in text and "Nothing waits for your decision" in text
+
+
+def test_the_bot_scrubs_a_secret_a_config_reload_brought(
+    tmp_path: Path, fresh_pg_url: str, own_redis: OwnRedis
+) -> None:
+    """Issue 21, second round: the bot computed its secrets once, at start, while the workers follow the config's
+    reloads. An edit that names a new `model.apiKeyEnv` makes that key a secret of the bot's gateway too."""
+    later = "sk-later-9f3c1e7a2b"
+    text = config("{yolo: true}", "mmConfigs: {reviewer: {config: reviewer.yaml}}")
+    with stack(tmp_path, fresh_pg_url, own_redis.url, config=text, extra_env={"MM_LATER_KEY": later}) as threads:
+        (tmp_path / "reviewer.yaml").write_text(f"model: {{url: {threads.model.url}, name: test-model}}\n")
+        threads.slack.add_user(ALICE, "alice")
+        base = threads.start_bot()
+        with SlackEventSender(base, SECRET, response_url=threads.slack.response_url) as sender:
+            mention(sender, f"ask {later} do it")  # not a secret yet: said as written
+            threads.wait(lambda: any(later in t for t in ephemerals(threads, ALICE)), message="the first answer")
+            (tmp_path / "mm.yaml").write_text(text + "model: {apiKeyEnv: MM_LATER_KEY}\n")
+            time.sleep(1.5)  # the bot looks at its file once a second
+            mention(sender, f"ask {later} do it")
+            threads.wait(lambda: len(ephemerals(threads, ALICE)) == 2, message="the second answer")
+            second = ephemerals(threads, ALICE)[1]
+            assert "There is no agent named `***`" in second and later not in second

@@ -5,6 +5,7 @@ time limit."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -20,12 +21,27 @@ import pytest
 from kombu.connection import Connection
 from sqlalchemy import insert, select
 
-from chatops.schema import JobRun, JobState, JobTrigger, SchedulerLease, Session
+from chatops.inbox import record_message
+from chatops.schema import (
+    Approval,
+    InboxCommand,
+    JobRun,
+    JobRunStatus,
+    JobState,
+    JobTrigger,
+    SchedulerLease,
+    Session,
+    SessionKind,
+    ToolCall,
+)
+from chatops.store import DbStore, ensure_session
+from mm_core.log import AssistantMessage, Outcome, TurnEnded, UserMessage
 from mm_testkit.redis_server import OwnRedis
 from mmbot_helpers import MM_BOT
 from playground.model_server import Reply
 from playground.signed import SlackEventSender
 from threads_support import CHANNEL, SECRET, Stack, approval_messages, click, config, policy, repositories, stack
+from workers.jobs import NO_END
 
 APPROVER, ALICE = "U0BOB", "U0ALICE"
 JOBS = f"""jobs:
@@ -295,3 +311,100 @@ def test_an_approval_nobody_answers_expires_and_fails_the_run(
         assert run.status == "failed" and run.error == "a call waited for a decision until it expired"
         thread = s.thread_text(run.root_ts)
         assert "nobody-approves" in thread and "❌ *unattended* failed after" in thread
+
+
+# -- issue 21, second round: nobody rides on a job's yolo, and `status` says what the worker does ----------------------
+
+EVE = "U0EVE"
+
+
+def test_a_person_s_ask_in_a_run_s_thread_never_rides_on_the_job_s_yolo(
+    tmp_path: Path, fresh_pg_url: str, own_redis: OwnRedis
+) -> None:
+    """The reviewer's attack: between a run's turn ending and its close (its worker stopped there), the run is still
+    running; a person's `ask` in its thread was taken then (take_command held back no one's command) and ran with
+    the job's yolo: the asked agent worked, nobody approving. Now the command waits for the run's end, as messages
+    do, and then asks; and the loop grants the job's yolo to the prompt nobody wrote alone."""
+    jobs = f'jobs:\n  - {{name: tidy, schedule: "0 3 29 2 *", channel: {CHANNEL}, yolo: true, prompt: "hello"}}'
+    text = config(f"{{yolo: false, approvers: [{APPROVER}]}}", "mmConfigs: {reviewer: {config: reviewer.yaml}}", jobs)
+    with stack(tmp_path, fresh_pg_url, own_redis.url, config=text) as s:
+        (tmp_path / "reviewer.yaml").write_text(f"model: {{url: {s.model.url}, name: test-model}}\nsandbox: none\n")
+        s.model.always(policy)
+        # The run as a worker that stopped after its turn left it: the run running, its thread's turn ended.
+        root = s.slack.add_message(CHANNEL, "🔧 *tidy* started", "U0BOT")["ts"]
+        session = ensure_session(s.engine, channel_id=CHANNEL, thread_ts=root, kind=SessionKind.JOB)
+        for entry in (UserMessage("hello"), AssistantMessage("answer: hello"), TurnEnded(Outcome.ANSWERED)):
+            DbStore(s.engine).append(session, entry)
+        now = datetime.now(UTC)
+        with s.engine.begin() as conn:
+            run_id = conn.execute(
+                insert(JobRun)
+                .values(
+                    job_name="tidy",
+                    scheduled_for=now,
+                    trigger=JobTrigger.MANUAL,
+                    status=JobRunStatus.RUNNING,
+                    started_at=now,
+                    session_id=session,
+                    channel_id=CHANNEL,
+                    root_ts=root,
+                )
+                .returning(JobRun.id)
+            ).scalar_one()
+        # Eve's `@mm ask reviewer run: touch eve.txt`, as the bot records it.
+        asked = s.slack.add_message(CHANNEL, "<@U0BOT> ask reviewer run: touch eve.txt", EVE, thread_ts=root)["ts"]
+        request = {"agent": "reviewer", "prompt": "run: touch eve.txt"}
+        record_message(
+            s.engine,
+            channel_id=CHANNEL,
+            thread_ts=root,
+            message_ts=asked,
+            user_id=EVE,
+            text=json.dumps(request),
+            command=InboxCommand.ASK,
+        )
+        s.start_worker()
+        s.enqueue(session)
+        # The run is closed first (its end was never recorded); then Eve's request asks an approver.
+        s.wait(lambda: approval_messages(s, root), message="Eve's request waiting for an approver")
+        assert (run_row(s, run_id).status, run_row(s, run_id).error) == ("failed", NO_END)
+        with s.engine.connect() as conn:
+            assert conn.execute(select(Approval.tool, Approval.requested_by)).all() == [("ask_agent", EVE)]
+            assert conn.execute(select(ToolCall.decision).where(ToolCall.tool == "ask_agent")).scalar_one() is None
+        time.sleep(1)
+        assert not (s.workspace(session) / "eve.txt").exists()
+        asked_model = [r for r in s.model.requests if "run: touch eve.txt" in json.dumps(r.json["messages"][-1])]
+        assert asked_model == []  # the reviewer never ran
+
+
+def test_yolo_said_during_a_run_outlives_it_and_status_says_what_the_worker_does(jobs: Stack) -> None:
+    """The reviewer's finding: `status` read the thread's setting (sessions.yolo) while the worker let the log's
+    `yolo on|off` win, and a run's end reset the thread's setting even when an approver had said `yolo on` in it.
+    The approver's switch is kept, and `status` asks the worker's own function."""
+    base = jobs.start_bot()
+    run_id = run_now(jobs, "gated")
+    root = jobs.wait(lambda: run_row(jobs, run_id).root_ts, message="the run's thread")
+    prompt = jobs.wait(lambda: approval_messages(jobs, root), message="the approval message")[0]
+    with SlackEventSender(base, SECRET, response_url=jobs.slack.response_url) as sender:
+        sender.app_mention("<@U0BOT> yolo on", channel=CHANNEL, user=APPROVER, thread_ts=root)
+        jobs.wait(lambda: "switched this thread to yolo" in jobs.thread_text(root), message="yolo on")
+        click(sender, prompt, "approve", APPROVER, root)
+        assert finished(jobs, run_id).status == "succeeded"
+        session = run_row(jobs, run_id).session_id
+        jobs.wait(lambda: "yolo" in jobs.log_kinds(session), message="the switch taken into the log after the run")
+        with jobs.engine.connect() as conn:
+            assert conn.execute(select(Session.yolo).where(Session.id == session)).scalar_one() is True
+        sender.app_mention("<@U0BOT> status", channel=CHANNEL, user=ALICE, thread_ts=root)
+
+        def status() -> list[str]:
+            return [m["text"] for m in jobs.slack.ephemerals if "*Status:*" in (m.get("text") or "")]
+
+        said = jobs.wait(status, message="the status")[0]
+        assert "*Asks before commands and edits:* no (yolo)" in said
+    # And the worker does what it says: Alice's request runs without asking.
+    jobs.post("run: echo after-the-run", thread_ts=root, user=ALICE)
+    jobs.wait(
+        lambda: "after-the-run\n" in [m["content"] for m in jobs.model.messages() if m["role"] == "tool"],
+        message="Alice's request, run without asking",
+    )
+    assert len(approval_messages(jobs, root)) == 1

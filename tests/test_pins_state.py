@@ -25,7 +25,7 @@ from mm_core.log import (
     to_dict,
 )
 from mm_core.loopdetect import LoopDetector
-from mm_core.state import SUMMARY_PREFIX, SessionState
+from mm_core.state import SUMMARY_PREFIX, SessionState, asking
 
 
 def ask(*calls: tuple[str, str], text: str = "", tokens: tuple[int, int] = (0, 0)) -> AssistantMessage:
@@ -170,6 +170,23 @@ def test_approve_all_covers_its_requesters_turns_and_no_one_else_s() -> None:
     alone = [UserMessage("go"), ask(("a", "bash")), Decision("a", True, all=True), TurnEnded(Outcome.ANSWERED)]
     assert SessionState([*alone, UserMessage("more")]).granted()
     assert not SessionState([*alone, UserMessage("reply", "U0LINUS")]).granted()
+
+
+def test_a_standing_grant_covers_its_requesters_alone_until_yolo_is_said() -> None:
+    """Issue 21: a job's yolo is a standing grant to its prompt, which nobody wrote ({None}): a turn a person asked
+    for (an `ask`, a reply) asks; a turn of the prompt does not; `yolo off` takes it back, `yolo on` is everyone."""
+    job = frozenset({None})
+    prompt = SessionState([UserMessage("the job's prompt")])
+    person = SessionState([UserMessage("Ask the agent reviewer: do it", "U0EVE")])
+    assert not asking(prompt, False, job).asks(prompt.requesters())
+    assert asking(person, False, job).asks(person.requesters())
+    assert asking(person, False).asks(person.requesters()) and not asking(person, True).asks(person.requesters())
+    off = SessionState([YoloSet(False, "U0GRACE"), UserMessage("the job's prompt")])
+    assert asking(off, True, job).asks(off.requesters())
+    on = SessionState([YoloSet(True, "U0GRACE"), UserMessage("mine", "U0EVE")])
+    assert not asking(on, False).asks(on.requesters())
+    # What `status` reads: everyone, or whom.
+    assert asking(person, False, job).granted == job and not asking(person, False, job).everyone
 
 
 def test_decisions_are_keyed_by_call() -> None:

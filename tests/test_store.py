@@ -240,6 +240,30 @@ def test_approval_first_decision_wins(engine: Engine, session_id: str) -> None:
     assert shown is not None and shown.message_ts == "1700000000.000200"
 
 
+def test_what_an_approval_shows_survives_storage_exactly_nul_included(engine: Engine, session_id: str) -> None:
+    """Issue 21, second round: a NUL in a preview became U+FFFD on its way into the row (PostgreSQL text cannot hold
+    it), so the message showed `�` and no warning. The row keeps it (and a lone surrogate, and U+FFFD itself)
+    reversibly: the message shows `\\u0000` and says so."""
+    from workers.approval_message import approval_blocks, layout
+
+    command = "printf 'a\x00b' > f; echo \ufffd0000 \udc80"
+    row = store.request_approval(
+        engine,
+        call_id=f"call-{uuid.uuid4()}",
+        session_id=session_id,
+        tool="bash",
+        title=f"🛠️ bash: {command}",
+        arguments=json.dumps({"command": command}, ensure_ascii=False),
+        preview=command,
+    )
+    assert (row.preview, row.title) == (command, f"🛠️ bash: {command}")
+    assert json.loads(row.arguments or "")["command"] == command
+    shown = layout(row)
+    assert shown.invisible and shown.text == "printf 'a\\u0000b' > f; echo \ufffd0000 \\udc80"
+    blocks, _ = approval_blocks(row, "C1")
+    assert "invisible or reordering characters" in json.dumps(blocks)
+
+
 def test_approvals_expire_once_and_cannot_be_decided_late(engine: Engine, session_id: str) -> None:
     t0 = utcnow()
     soon, later = f"soon-{uuid.uuid4()}", f"later-{uuid.uuid4()}"
@@ -317,7 +341,8 @@ def test_hostile_text_never_fails_an_append(engine: Engine, session_id: str) -> 
         preview="ELF\x00\udc80",
         requested_by="U" * 100,
     )
-    assert (approval.tool, approval.arguments, approval.preview) == ("t" * 100, "\ufffd", "ELF\ufffd\ufffd")
+    # What a person is shown is kept exactly (issue 21): the row's texts read back as they were given.
+    assert (approval.tool, approval.arguments, approval.preview) == ("t" * 100, "\x00", "ELF\x00\udc80")
 
 
 def test_approval_for_an_unknown_session_says_so(engine: Engine) -> None:

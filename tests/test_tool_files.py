@@ -195,3 +195,38 @@ def test_bytes_that_are_not_utf8_are_shown_replaced_and_never_rewritten(ws):
     out = call(WRITE, {"path": "lat.txt", "content": "caf\ufffd\nline2\n"}, ctx)
     assert out == "wrote lat.txt: 2 lines, +1 -1\n@@ -1,2 +1,2 @@\n-1 │ caf\ufffd\n+1 │ caf\ufffd\n 2 │ line2"
     assert (ws / "lat.txt").read_bytes() == "caf\ufffd\nline2\n".encode()
+
+
+def test_a_write_through_a_symlink_names_the_file_it_lands_in_to_the_approver(ws):
+    """Issue 21, second round: the repository commits `docs/notes.md -> ../.github/workflows/release.yml`; the
+    approver read "new file docs/notes.md" while the bytes went into the workflow. The preview (and so the
+    approval's digest) names the target; the model's text stays the reference's."""
+    from mm_core.tools.fetch.tool import FetchContentTool
+
+    (ws / "docs").mkdir()
+    (ws / "docs" / "notes.md").symlink_to("../.github/workflows/release.yml")  # dangling: the file is new
+    args = {"path": "docs/notes.md", "content": "on: push\n"}
+    ctx = make_ctx(ws)
+    assert preview(WRITE, args, ctx) == (
+        "would write docs/notes.md → .github/workflows/release.yml (symlink): new file, 1 line\n"
+        "@@ -0,0 +1,1 @@\n+1 │ on: push"
+    )
+    # A directory on the way that is a link, and an existing target: the same.
+    (ws / ".github" / "workflows").mkdir(parents=True)
+    (ws / "ci").symlink_to(".github/workflows")
+    (ws / ".github" / "workflows" / "test.yml").write_text("on: pull_request\n")
+    assert preview(WRITE, {"path": "ci/test.yml", "content": "x\n"}, ctx).startswith(
+        "would write ci/test.yml → .github/workflows/test.yml (symlink): 1 line, +1 -1\n"
+    )
+    # A path that names the file itself is shown as given.
+    assert preview(WRITE, {"path": "./plain.md", "content": "x\n"}, ctx).startswith("would write ./plain.md: new")
+    # What the model reads is unchanged: the path it gave.
+    assert call(WRITE, args, ctx) == "wrote docs/notes.md: new file, 1 line\n@@ -0,0 +1,1 @@\n+1 │ on: push"
+    assert (ws / ".github" / "workflows" / "release.yml").read_text() == "on: push\n"
+    # fetch_content's output: its preview names the target too (nothing is fetched to say so).
+    fetch = FetchContentTool(ctx.config)
+    page = {"url": "https://docs.example/x", "output": "docs/notes.md"}
+    assert preview(fetch, page, ctx) == (
+        "fetch_content: https://docs.example/x → docs/notes.md → .github/workflows/release.yml (symlink)"
+    )
+    assert preview(fetch, {**page, "output": "plain.md"}, ctx) == fetch.title({**page, "output": "plain.md"})

@@ -291,6 +291,9 @@ def _readable(message: dict[str, Any]) -> str:
 
     def walk(node: Any) -> None:
         if isinstance(node, dict):
+            if node.get("type") == "rich_text_section":  # one line of rich text: its elements side by side
+                texts.append("".join(e.get("text") or "" for e in node.get("elements") or []))
+                return
             if isinstance(node.get("text"), str):
                 texts.append(node["text"])
             for key, value in node.items():

@@ -42,7 +42,7 @@ from chatops.schema import (
     utcnow,
 )
 from chatops.secrets import scrub
-from chatops.store import approvals_of, ensure_session, record_error, set_yolo
+from chatops.store import approvals_of, ensure_session, record_error
 from mm_core import display
 from mm_core.config import AgentConfig
 from mm_core.events import TurnFinished
@@ -243,7 +243,6 @@ async def finish_run(
     found = job_of_session(engine, config, session_id)
     if found is None:
         if await asyncio.to_thread(_close_removed, engine, session_id):
-            await asyncio.to_thread(set_yolo, engine, session_id, None)
             await post(REMOVED)
         return
     run_id, job, started = found.run_id, found.job, found.started_at
@@ -290,8 +289,9 @@ async def finish_run(
     )
     if not closed:
         return  # another worker closed it
-    # An approver's "Approve all" in the run's thread was for the run: after it, the channel's policy.
-    await asyncio.to_thread(set_yolo, engine, session_id, None)
+    # Nothing of the run's yolo is left to undo: the job's yolo covered its prompt alone (workers.asking), an
+    # "Approve all" in its thread the run's prompt (mm_core.state), and the thread's own `yolo on|off`, a person's
+    # explicit switch, stays.
     await post(summary)
     failures = count_run(engine, job, failed=reason is not None)
     if failures >= job.maxFailures and pause_job(engine, job, failures):

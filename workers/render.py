@@ -59,7 +59,7 @@ from mm_core import (
     TurnFinished,
     display,
 )
-from workers.approval_message import ApprovalAsked, approval_blocks, file_title, layout
+from workers.approval_message import ApprovalAsked, approval_blocks, file_name, file_title, layout
 from workers.blocks import (
     clip,
     code_sections,
@@ -512,7 +512,7 @@ class ThreadRenderer:
         it), so that Approve is offered only once it can be read."""
         for row in asked.rows:
             if row.text_file is None and not (shown := layout(row, self.secrets)).whole:
-                file_id = await self._upload(shown.text, f"full-{shown.what}.txt", file_title(row))
+                file_id = await self._upload(shown.text, file_name(row), file_title(row))
                 if file_id is not None:
                     row = replace(row, text_file=file_id)
                     if self.on_approval_file is not None:

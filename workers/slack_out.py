@@ -18,7 +18,7 @@ anywhere but here.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from slack_bolt.context.respond.async_respond import AsyncRespond
@@ -83,11 +83,18 @@ def _blocks(value: Any, secrets: Sequence[str]) -> Any:
 
 
 class SlackOut:
-    """A Web API client and the secrets never to post: the service's writes to Slack, each through `outgoing`."""
+    """A Web API client and the secrets never to post: the service's writes to Slack, each through `outgoing`.
+    `secrets` may be a function, asked at each write: the secrets of the config as it stands (a reload may add
+    one; chatops.secrets.LiveSecrets)."""
 
-    def __init__(self, client: AsyncWebClient, secrets: Sequence[str]) -> None:
+    def __init__(self, client: AsyncWebClient, secrets: Sequence[str] | Callable[[], Sequence[str]]) -> None:
         self.client = client
-        self.secrets = sorted({s for s in secrets if s}, key=len, reverse=True)
+        self._secrets = secrets
+
+    @property
+    def secrets(self) -> list[str]:
+        known = self._secrets() if callable(self._secrets) else self._secrets
+        return sorted({s for s in known if s}, key=len, reverse=True)
 
     async def call(self, method: str, **params: Any) -> dict[str, Any]:
         """Any write, by its Web API name (`chat.postMessage`); Slack's answer. Raises as slack_sdk does."""

@@ -44,7 +44,7 @@ from chatops.jobs import forget_unrun
 from chatops.reload import ConfigFile
 from chatops.requests import forget_finished
 from chatops.schema import ApprovalState, InboxCommand, Session, SessionKind, SessionStatus, utcnow
-from chatops.secrets import describe_error, scrub, secrets_of
+from chatops.secrets import describe_error, known_secrets, scrub, secrets_of
 from chatops.store import (
     ApprovalRow,
     DbStore,
@@ -63,12 +63,14 @@ from chatops.store import (
     set_status,
 )
 from mm_core import Agent, display
+from mm_core.config import AgentConfig
 from mm_core.events import Event, PermissionRequested, TurnFinished
 from mm_core.log import Decision, ErrorRecord, Fenced, Outcome, TurnEnded
 from mm_core.state import SessionState
 from mm_core.tools.ask_agent import load_agent_file
 from workers import metrics
 from workers.approval_message import NO_APPROVERS, ApprovalAsked
+from workers.asking import thread_setting
 from workers.blocks import duration
 from workers.jobs import NO_END, RunningJob, close_stale_runs, finish_run, job_of_session, time_left
 from workers.leases import Cancelled, LeaseKeeper
@@ -109,10 +111,9 @@ class Process:
 
     @property
     def secrets(self) -> tuple[str, ...]:
-        """What is never posted nor logged: the secrets known at start and those a reload brought (a new
-        `model.apiKeyEnv`, a password in `model.url`), longest first."""
-        known = {*self.start_secrets, *secrets_of(self.config)}
-        return tuple(sorted(known, key=len, reverse=True))
+        """What is never posted nor logged (chatops.secrets.known_secrets): the secrets known at start and those a
+        reload brought."""
+        return known_secrets(self.start_secrets, self.config)
 
 
 _process_lock = threading.Lock()
@@ -258,8 +259,9 @@ class SessionTurns:
                 # Recorded before the message is posted: a click always finds its row.
                 renderer.emit(ApprovalAsked(self._ask(agent.state(), event), self.row.channel_id or ""))
 
+        config, granted = self._setting()
         agent = Agent(
-            self._agent_config(), self.store, session_id, workspace, api_key=self.config.model_api_key, emit=emit
+            config, self.store, session_id, workspace, api_key=self.config.model_api_key, emit=emit, granted=granted
         )
         try:
             state = agent.load()
@@ -270,7 +272,7 @@ class SessionTurns:
                 if self.row.status != SessionStatus.AWAITING_APPROVAL:
                     await renderer.notice(RESUMED)
                 run = agent.resume(decisions)
-            elif (command := self.store.take_command(session_id)) is not None:
+            elif (command := self.store.take_command(session_id, people=self.running is None)) is not None:
                 run = await self._command(agent, command, renderer)
                 if run is None:
                     self.ending = SessionStatus.IDLE
@@ -521,16 +523,18 @@ class SessionTurns:
             )
 
     def _agent_config(self) -> Any:
+        return self._setting()[0]
+
+    def _setting(self) -> tuple[AgentConfig, frozenset[str | None]]:
+        """The agent config the turn runs with, its yolo the thread's (workers.asking), and the requesters whose
+        calls run without asking besides those an approver granted (a running job's prompt, under its yolo)."""
         agent = self.config.agent
         if self.row.agent_name and self.row.agent_name in agent.mmConfigs:  # a job's own agent
             agent = load_agent_file(agent.mmConfigs[self.row.agent_name])
         agent = agent.with_tool_call_cap(self.config.service.worker.maxToolCallsPerAnswer)
-        yolo = self.config.service.channel(self.row.channel_id or "").yolo
-        if (run := self.running) is not None:
-            yolo = run.job.yolo  # the run's own prompt only (take_inbox): once it ends, the channel's policy
-        if self.row.yolo is not None:  # the thread's own (`yolo on|off`) over the channel's
-            yolo = self.row.yolo
-        return agent if yolo is None else agent.model_copy(update={"yolo": yolo})
+        job = self.running.job if self.running is not None else None
+        setting = thread_setting(self.config, agent, self.row.channel_id or "", self.row.yolo, job)
+        return agent.model_copy(update={"yolo": setting.default}), setting.standing
 
     def _running_job(self) -> RunningJob | None:
         def reread() -> Config:

@@ -31,6 +31,15 @@ DESCRIPTION = (
 )
 
 
+# Said in the preview of a call that sends the conversation along: the approver approves that too.
+WITH_CONTEXT = (
+    "⚠ with_context: this conversation so far (its questions, answers and tool calls, up to {limit:,} characters) "
+    "is sent to {agent} too{where}."
+)
+ELSEWHERE = ", at {endpoint} (model {model}), another endpoint than this agent's"
+OTHER_MODEL = ", to its model {model}"
+
+
 def load_agent_file(ref: AgentRef) -> AgentConfig:
     """The asked agent's config file: the operator's, never the workspace's (see config.with_refs_from, which
     made the path absolute when the config naming it was read). Its own mmConfigs are relative to it."""
@@ -107,7 +116,25 @@ class AskAgentTool(Tool):
         return f"{args.get('agent')} answered ({len(output)} characters)"
 
     async def preview(self, args: dict[str, Any], ctx: ToolContext) -> str:
-        return f"{self.title(args)}\n\n{args.get('prompt', '')}"
+        head = self.title(args)
+        if _with_context(args):
+            head += "\n" + self._context_note(str(args.get("agent", "")), ctx)
+        return f"{head}\n\n{args.get('prompt', '')}"
+
+    def _context_note(self, name: str, ctx: ToolContext) -> str:
+        """WITH_CONTEXT, naming where the conversation goes when that is not where this agent's goes."""
+        where = ""
+        ref = self.config.mmConfigs.get(name)
+        if ref is not None:
+            try:
+                model = load_agent_file(ref).model
+            except (OSError, ValueError, ValidationError):
+                model = None
+            if model is not None and model.url != ctx.config.model.url:
+                where = ELSEWHERE.format(endpoint=urlsplit(model.url).netloc or model.url, model=model.name)
+            elif model is not None and model.name != ctx.config.model.name:
+                where = OTHER_MODEL.format(model=model.name)
+        return WITH_CONTEXT.format(limit=self.config.maxOutput, agent=name, where=where)
 
     async def run(self, args: dict[str, Any], ctx: ToolContext) -> str:
         name, prompt = args.get("agent"), args.get("prompt")
@@ -127,7 +154,7 @@ class AskAgentTool(Tool):
         except (OSError, ValueError, ValidationError) as e:
             return f"[ask_agent: {name} failed: cannot load {ref.config}: {_first_line(e)}]"
         config = config.model_copy(update={"yolo": ref.yolo if ref.yolo is not None else ctx.caller.yolo})
-        return await self._ask(ctx.caller, name, config, prompt, bool(args.get("with_context")), ctx)
+        return await self._ask(ctx.caller, name, config, prompt, _with_context(args), ctx)
 
     async def _ask(
         self, caller: Caller, name: str, config: AgentConfig, prompt: str, with_context: bool, ctx: ToolContext
@@ -200,6 +227,11 @@ class AskAgentTool(Tool):
         if not kept:
             return ""
         return "The conversation so far:\n" + "\n".join(reversed(kept)) + "\n\nYour task:\n"
+
+
+def _with_context(args: dict[str, Any]) -> bool:
+    """Whether the call sends the conversation along: what runs and what the approver is shown read it alike."""
+    return bool(args.get("with_context"))
 
 
 def _answer(state: SessionState) -> str:

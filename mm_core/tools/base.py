@@ -129,6 +129,17 @@ class Caller:
     ask: Callable[[str, AgentConfig, str | None, Emit], AskedAgent]
 
 
+@dataclass(frozen=True)
+class Plan:
+    """A gated call worked out without doing anything: what a person judges it by (its preview), and, for a tool
+    that can, how to carry out exactly that change. The loop checks the preview against what the approver was
+    shown, then carries out this plan: the change that was checked is the change that is made, with no second
+    working-out in between. Without `carry_out`, `Tool.run` works the change out again when it runs."""
+
+    preview: str
+    carry_out: Callable[[], Awaitable[str]] | None = None
+
+
 @dataclass
 class ToolContext:
     """What a tool may use while it runs."""
@@ -179,8 +190,14 @@ class Tool(ABC):
 
     async def preview(self, args: dict[str, Any], ctx: ToolContext) -> str:
         """What a person needs to judge the call before it runs (the command, the diff), computed without
-        writing anything."""
+        writing anything. Whole: never cut to maxOutput (that bounds what the model reads), since a person
+        approves all of it."""
         return self.title(args)
+
+    async def plan(self, args: dict[str, Any], ctx: ToolContext) -> Plan:
+        """The call worked out now, without writing anything (see Plan): its preview, and the way to make exactly
+        that change when the tool can (write_file, edit_file, lsp rename)."""
+        return Plan(await self.preview(args, ctx))
 
     def shown(self, args: dict[str, Any], output: str) -> str | None:
         """What front ends show of a result in place of its first `previewLines` lines; None for those."""
@@ -189,3 +206,16 @@ class Tool(ABC):
     @abstractmethod
     async def run(self, args: dict[str, Any], ctx: ToolContext) -> str:
         """Run the call and return the text for the model. Never raises for an ordinary failure."""
+
+
+class PlannedTool(Tool):
+    """A tool whose calls are worked out first, then carried out as worked out (write_file, edit_file, lsp): its
+    preview is its plan's, and running it carries out the plan it works out then, as an approved call does."""
+
+    async def preview(self, args: dict[str, Any], ctx: ToolContext) -> str:
+        return (await self.plan(args, ctx)).preview
+
+    async def run(self, args: dict[str, Any], ctx: ToolContext) -> str:
+        carry_out = (await self.plan(args, ctx)).carry_out
+        assert carry_out is not None, f"{self.name}: its plan has nothing to carry out"
+        return await carry_out()

@@ -22,11 +22,11 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from mm_core.tools.args import check_object, check_text, get_bool, get_str
-from mm_core.tools.base import Tool, ToolContext, ToolRefusal
+from mm_core.tools.args import check_object, check_text, get_bool
+from mm_core.tools.base import Plan, PlannedTool, ToolContext, ToolRefusal
 from mm_core.tools.diff import Diff
-from mm_core.tools.files import UNFORESEEN, PlannedWrite, commit_write, path_arg, plan_write, read_text, unforeseen
-from mm_core.tools.text import plural, show, truncate
+from mm_core.tools.files import UNFORESEEN, PlannedWrite, path_arg, plan_write, read_text, unforeseen, written
+from mm_core.tools.text import plural, show
 from mm_core.tools.workspace import resolve
 
 NOT_FOUND = (
@@ -405,7 +405,7 @@ def parse_edits(args: dict[str, Any]) -> list[Edit]:
 # ------------------------------------------------------------------------------------------------ tool
 
 
-class EditFileTool(Tool):
+class EditFileTool(PlannedTool):
     name = "edit_file"
     counter = "file_ops"
     emoji = "📝"
@@ -475,29 +475,20 @@ class EditFileTool(Tool):
             return UNCHANGED.format(path=path)
         loose = sum(e.relaxed for e in located)
 
-        def headline(d: Diff) -> str:
-            template = DRY_RUN if dry_run else EDITED
+        def headline(d: Diff, name: str, approving: bool) -> str:
+            # A person approving reads it as a dry run: nothing is written until they approve.
+            template = DRY_RUN if dry_run or approving else EDITED
             head = template.format(
-                path=path, edits=plural(len(edits), "edit"), added=d.added, deleted=d.deleted, line=d.first_line
+                path=name, edits=plural(len(edits), "edit"), added=d.added, deleted=d.deleted, line=d.first_line
             )
             return head + (RELAXED.format(count=loose) if loose else "")
 
-        return plan_write(path, real, text, new, headline)
+        return plan_write(ctx.workspace, path, real, text, new, headline)
 
-    async def preview(self, args: dict[str, Any], ctx: ToolContext) -> str:
-        plan = await asyncio.to_thread(self._plan, args, ctx, dry_run=True)
-        return plan if isinstance(plan, str) else plan.report
-
-    async def run(self, args: dict[str, Any], ctx: ToolContext) -> str:
+    async def plan(self, args: dict[str, Any], ctx: ToolContext) -> Plan:
         try:
             dry_run = get_bool(check_object(args, self.name), self.name, "dry_run")
         except ToolRefusal as e:
-            return e.text
-        plan = await asyncio.to_thread(self._plan, args, ctx, dry_run)
-        if isinstance(plan, str):
-            return plan
-        if not dry_run:
-            failure = commit_write(ctx, get_str(args, self.name, "path"), plan)
-            if failure:
-                return failure
-        return truncate(plan.report, ctx.config.maxOutput)
+            return written(e.text, ctx)
+        planned = await asyncio.to_thread(self._plan, args, ctx, dry_run)
+        return written(planned, ctx, write=not dry_run)

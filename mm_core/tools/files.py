@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from mm_core.tools.args import check_object, get_bool, get_int, get_str
-from mm_core.tools.base import Tool, ToolContext, ToolRefusal
+from mm_core.tools.base import Plan, PlannedTool, Tool, ToolContext, ToolRefusal
 from mm_core.tools.diff import Diff, diff, split_lines
 from mm_core.tools.text import plural, show, truncate
 from mm_core.tools.workspace import (
@@ -21,6 +21,7 @@ from mm_core.tools.workspace import (
     WorkspaceError,
     open_regular,
     resolve,
+    shown_path,
     write_bytes,
 )
 
@@ -188,22 +189,49 @@ class ReadFileTool(Tool):
 
 @dataclass(frozen=True)
 class PlannedWrite:
-    """A change worked out but not yet written: what the model and the approver are shown, and the bytes."""
+    """A change worked out but not yet written: what the model will read once it is written, what a person
+    approving it reads (the same change, the file it lands in named: shown_path), and the bytes."""
 
+    path: str  # as the model gave it
     real: Path
     data: bytes | None  # None when there is nothing to write
     report: str
+    preview: str
 
 
-def plan_write(path: str, real: Path, old: str | None, new: str, headline: Callable[[Diff], str]) -> PlannedWrite:
+def plan_write(
+    ws: Path, path: str, real: Path, old: str | None, new: str, headline: Callable[[Diff, str, bool], str]
+) -> PlannedWrite:
+    """The change from `old` to `new`, diffed once. `headline(diff, name, approving)`: the first line, naming the
+    file `name`, for the model (approving: False) or for a person approving it (True)."""
+    name = shown_path(ws, path, real)
     if old is not None and old == new:
-        return PlannedWrite(real, None, IDENTICAL.format(path=path))
+        return PlannedWrite(path, real, None, IDENTICAL.format(path=path), IDENTICAL.format(path=name))
     d = diff(old or "", new)
-    head = headline(d)
-    return PlannedWrite(real, new.encode("utf-8", "surrogateescape"), show(f"{head}\n{d.text}" if d.text else head))
+    body = f"\n{d.text}" if d.text else ""
+    data = new.encode("utf-8", "surrogateescape")
+    return PlannedWrite(path, real, data, show(headline(d, path, False) + body), show(headline(d, name, True) + body))
 
 
-def commit_write(ctx: ToolContext, path: str, plan: PlannedWrite) -> str | None:
+def written(planned: PlannedWrite | str, ctx: ToolContext, write: bool = True) -> Plan:
+    """The Plan of a planned write (or of a refusal, which writes nothing and answers with itself): carrying it out
+    writes exactly the bytes whose diff the preview shows (unless not `write`: a dry run), and answers with the
+    report."""
+    if isinstance(planned, str):
+
+        async def refuse() -> str:
+            return planned
+
+        return Plan(planned, refuse)
+
+    async def carry_out() -> str:
+        failure = commit_write(ctx, planned) if write else None
+        return failure or truncate(planned.report, ctx.config.maxOutput)
+
+    return Plan(planned.preview, carry_out)
+
+
+def commit_write(ctx: ToolContext, plan: PlannedWrite) -> str | None:
     """Write a planned change; the failure text, or None."""
     if plan.data is None:
         return None
@@ -212,13 +240,13 @@ def commit_write(ctx: ToolContext, path: str, plan: PlannedWrite) -> str | None:
     except WorkspaceError as e:
         return e.text
     except OSError as e:
-        return CANNOT.format(verb="write", path=path, reason=e.strerror or e)
+        return CANNOT.format(verb="write", path=plan.path, reason=e.strerror or e)
     except UNFORESEEN as e:
-        return unforeseen("write", {"path": path}, e)
+        return unforeseen("write", {"path": plan.path}, e)
     return None
 
 
-class WriteFileTool(Tool):
+class WriteFileTool(PlannedTool):
     name = "write_file"
     counter = "file_ops"
     emoji = "📝"
@@ -263,20 +291,17 @@ class WriteFileTool(Tool):
         except ToolRefusal as e:
             return e.text
         lines = plural(len(split_lines(content)), "line")
-        if old is None:
-            return plan_write(path, real, old, content, lambda d: WROTE_NEW.format(path=path, lines=lines))
-        return plan_write(
-            path, real, old, content, lambda d: WROTE.format(path=path, lines=lines, added=d.added, deleted=d.deleted)
-        )
 
-    async def preview(self, args: dict[str, Any], ctx: ToolContext) -> str:
-        plan = await asyncio.to_thread(self._plan, args, ctx)
-        # The person approving must not read "wrote": nothing is written until they approve.
-        return plan if isinstance(plan, str) else "would " + plan.report.replace("wrote", "write", 1)
+        def headline(d: Diff, name: str, approving: bool) -> str:
+            if old is None:
+                head = WROTE_NEW.format(path=name, lines=lines)
+            else:
+                head = WROTE.format(path=name, lines=lines, added=d.added, deleted=d.deleted)
+            # The person approving must not read "wrote": nothing is written until they approve.
+            return "would " + head.replace("wrote", "write", 1) if approving else head
 
-    async def run(self, args: dict[str, Any], ctx: ToolContext) -> str:
-        plan = await asyncio.to_thread(self._plan, args, ctx)
-        if isinstance(plan, str):
-            return plan
-        failure = commit_write(ctx, args["path"], plan)
-        return failure or truncate(plan.report, ctx.config.maxOutput)
+        return plan_write(ctx.workspace, path, real, old, content, headline)
+
+    async def plan(self, args: dict[str, Any], ctx: ToolContext) -> Plan:
+        planned = await asyncio.to_thread(self._plan, args, ctx)
+        return written(planned, ctx)

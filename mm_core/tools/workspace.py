@@ -21,6 +21,9 @@ OUTSIDE = "[error: {path} is outside the workspace]"
 EMPTY_PATH = "[error: {tool} needs a path, relative to the working directory]"
 SPECIAL = "[error: {path} is not a regular file ({kind}) — the file tools read and write only regular files]"
 LOOP = "[error: {path} goes through more than {limit} symlinks (a symlink loop?) — the file tools do not follow it]"
+# How a path that goes through a symlink is named to a person approving a write to it: the file written is the
+# link's target, and that is what they must see (`docs/notes.md → .github/workflows/release.yml (symlink)`).
+LINKED = "{path} → {target} (symlink)"
 # The kernel's own limit on symlinks followed in one lookup (Linux's MAXSYMLINKS).
 MAX_SYMLINKS = 40
 
@@ -96,6 +99,21 @@ def real_path(path: str | os.PathLike[str]) -> str:
 def relative(workspace: Path, real: Path) -> Path:
     """`real` (from resolve) relative to the workspace's real path."""
     return real.relative_to(real_path(workspace))
+
+
+def shown_path(workspace: Path, path: str, real: Path) -> str:
+    """`path` as a person approving a write is shown it: as given when it names the file written (`real`, from
+    resolve), else with the file it lands in (LINKED): it goes through a symlink (itself one, or a directory on
+    the way), and the preview, and so the approval's digest, must name what is written. Only for people: the
+    model's texts name the path it gave."""
+    target = relative(workspace, real).as_posix()
+    local = "." + path[1:] if path == "~" or path.startswith("~/") else path
+    if os.path.isabs(local):
+        for base in (os.path.abspath(workspace), real_path(workspace)):
+            if local == base or local.startswith(base + os.sep):
+                local = os.path.relpath(local, base)
+                break
+    return path if os.path.normpath(local) == os.path.normpath(target) else LINKED.format(path=path, target=target)
 
 
 def _walk_dirs(root_fd: int, parts: tuple[str, ...], create: bool) -> int:

@@ -149,6 +149,18 @@ class FetchContentTool(Tool):
         line = f"{self.name}: {args.get('url', '')}"
         return f"{line} → {args['output']}" if args.get("output") else line
 
+    async def preview(self, args: dict[str, Any], ctx: ToolContext) -> str:
+        """The title; when `output` goes through a symlink, naming the file the page is written to."""
+        output = args.get("output") if isinstance(args, dict) else None
+        if not isinstance(output, str) or not output.strip():
+            return self.title(args)
+        try:
+            real = workspace.resolve(ctx.workspace, output.strip())
+        except workspace.WorkspaceError:
+            return self.title(args)  # refused when it runs, in the tool's words
+        named = workspace.shown_path(ctx.workspace, output.strip(), real)
+        return self.title(args) if named == output.strip() else f"{self.name}: {args.get('url', '')} → {named}"
+
     async def run(self, args: dict[str, Any], ctx: ToolContext) -> str:
         try:
             return await self._run(args, ctx)

@@ -20,13 +20,13 @@ from urllib.parse import unquote, urlparse
 from lsprotocol import types
 
 from mm_core.config import AgentConfig, LspServer
-from mm_core.tools.base import Tool, ToolContext
+from mm_core.tools.base import Plan, PlannedTool, ToolContext
 from mm_core.tools.lsp.client import LspClient, RequestFailed, ServerGone, read_document
 from mm_core.tools.lsp.manager import LspManager, extension_map, server_command
 from mm_core.tools.lsp.positions import UTF16, from_wire, line_starts, offset, split_lines, to_wire
 from mm_core.tools.sandbox import server_launch
 from mm_core.tools.text import truncate
-from mm_core.tools.workspace import NotRegularFile, WorkspaceError, read_bytes, resolve, write_bytes
+from mm_core.tools.workspace import NotRegularFile, WorkspaceError, read_bytes, resolve, shown_path, write_bytes
 
 ACTIONS = ("definition", "references", "hover", "symbols", "diagnostics", "rename")
 NEEDS_POSITION = ("definition", "references", "hover", "rename")
@@ -39,6 +39,14 @@ NEEDS_NEW_NAME = (
     '"new_name": "<the new identifier>"}; do not use edit_file for a rename]'
 )
 MISSING_SERVER = "[warning: lsp server {name} ({command}) not found on the PATH — skipped]"
+# A rename is approved on its whole diff, and carried out as shown: a plan whose diff would be longer than this is
+# more than a person can check, so it is refused rather than shown in part.
+MAX_RENAME_CHARS = 200_000
+RENAME_TOO_LARGE = (
+    "[lsp: the rename {symbol} → {new_name} would make {edits} edit(s) in {files} file(s), a diff longer than "
+    "{limit:,} characters: more than a person can check before approving it — nothing renamed; rename it in parts "
+    "with edit_file, a few files at a time]"
+)
 _SEVERITY = {1: "error", 2: "warning", 3: "info", 4: "hint"}
 _IDENT = re.compile(r"[\w$]+")
 _COMMENT_LINE = re.compile(r"^\s*(#|//|/\*|\*|--|;|<!--)")
@@ -130,7 +138,7 @@ def parse(args: dict[str, Any]) -> Call | str:
 # ---- the tool ----------------------------------------------------------------------------------------------
 
 
-class LspTool(Tool):
+class LspTool(PlannedTool):
     name = "lsp"
     counter = "lsp"
     emoji = "🔎"
@@ -207,26 +215,42 @@ class LspTool(Tool):
             title += f" → {call.new_name}"
         return title
 
-    async def preview(self, args: dict[str, Any], ctx: ToolContext) -> str:
-        if self.needs_approval(args):
-            return await self._guarded(args, ctx, write=False)
-        return self.title(args)
+    async def plan(self, args: dict[str, Any], ctx: ToolContext) -> Plan:
+        """A rename's plan: its whole diff (never cut: the approver approves all of it, and the digest covers all
+        of it) and the writing of exactly those files' texts. Any other action is not gated."""
+        if not self.needs_approval(args):
+            return Plan(self.title(args))
+        outcome = await self._guarded(args, ctx)
+        if isinstance(outcome, Plan):
+            return outcome
+        answer = truncate(outcome, self.config.maxOutput)
+
+        async def refuse() -> str:
+            return answer
+
+        return Plan(outcome, refuse)
 
     async def run(self, args: dict[str, Any], ctx: ToolContext) -> str:
-        return await self._guarded(args, ctx, write=True)
+        if self.needs_approval(args):  # a rename writes the plan it works out, as an approved one does
+            return await super().run(args, ctx)
+        outcome = await self._guarded(args, ctx)
+        assert isinstance(outcome, str)
+        return truncate(outcome, self.config.maxOutput)
 
-    async def _guarded(self, args: dict[str, Any], ctx: ToolContext, write: bool) -> str:
+    async def _guarded(self, args: dict[str, Any], ctx: ToolContext) -> str | Plan:
         try:
-            text = await self._call(args, ctx, write)
-        except WorkspaceError as err:
-            text = "[lsp: " + err.text.removeprefix("[error: ")
-        except OSError as err:  # the file system's refusal (a name too long, no permission): its own words
-            text = f"[lsp: {args.get('path')}: {err.strerror or err}]"
+            return await self._call(args, ctx)
         except Exception as err:  # noqa: BLE001 - a tool answers, it does not raise
-            text = f"[lsp: internal error: {type(err).__name__}: {err}]"
-        return truncate(text, self.config.maxOutput)
+            return self._failure(args, err)
 
-    async def _call(self, args: dict[str, Any], ctx: ToolContext, write: bool) -> str:
+    def _failure(self, args: dict[str, Any], err: Exception) -> str:
+        if isinstance(err, WorkspaceError):
+            return "[lsp: " + err.text.removeprefix("[error: ")
+        if isinstance(err, OSError):  # the file system's refusal (a name too long, no permission): its own words
+            return f"[lsp: {args.get('path')}: {err.strerror or err}]"
+        return f"[lsp: internal error: {type(err).__name__}: {err}]"
+
+    async def _call(self, args: dict[str, Any], ctx: ToolContext) -> str | Plan:
         call = parse(args)
         if isinstance(call, str):
             return call
@@ -265,12 +289,45 @@ class LspTool(Tool):
                 if call.action == "diagnostics":
                     return await session.diagnostics()
                 if call.action == "rename":
-                    return await session.rename(write)
+                    renaming = await session.rename()
+                    if isinstance(renaming, str):
+                        return renaming
+                    return self._carrying_out(renaming, args, ctx, manager, server)
                 return await session.navigate()
         except ServerGone as err:
             return f"[lsp: {server}: {call.action} failed: {err} — it is started again on the next call]"
         except RequestFailed as err:
             return f"[lsp: {server}: {call.action} failed: {err}]"
+
+    def _carrying_out(
+        self, renaming: _Renaming, args: dict[str, Any], ctx: ToolContext, manager: LspManager, server: str
+    ) -> Plan:
+        """The rename's Plan: its preview, and the writing of the very texts that preview's diff was made of."""
+
+        async def carry_out() -> str:
+            try:
+                for path, new in renaming.texts.items():
+                    write_bytes(ctx.workspace, path, new.encode("utf-8"))
+            except Exception as err:  # noqa: BLE001 - a tool answers, it does not raise
+                return truncate(self._failure(args, err), self.config.maxOutput)
+            try:
+                async with manager.use(ctx.workspace, server) as client:
+                    for path in renaming.texts:
+                        client.sync(path)  # the next question is answered on the renamed code
+            except (ServerGone, RequestFailed, OSError, WorkspaceError):
+                pass  # written: a server that is gone reads the files anew when it starts again
+            return truncate(renaming.report, self.config.maxOutput)
+
+        return Plan(renaming.preview, carry_out)
+
+
+@dataclass(frozen=True)
+class _Renaming:
+    """A rename worked out: its whole diff for the approver, the new text of each file, the model's report."""
+
+    preview: str
+    texts: dict[Path, str]
+    report: str
 
 
 def symbol_positions(call: Call, lines: list[str]) -> list[tuple[int, int]] | str:
@@ -325,6 +382,8 @@ class _Session:
         self.client: LspClient
         # A file's lines, or None for a file outside the workspace, which is never read.
         self._files: dict[Path, list[str] | None] = {}
+        # A renamed file the server named through a symlink: how the approver is shown it (shown_path).
+        self._named: dict[Path, str] = {}
 
     # -- helpers
 
@@ -370,6 +429,14 @@ class _Session:
         lexical = Path(os.path.normpath(os.path.abspath(path)))
         given = Path(os.path.normpath(os.path.abspath(self.workspace)))
         return _within(lexical, self.root) or _within(lexical, given)
+
+    def _given(self, path: Path) -> str:
+        """A path the server sent, relative to the workspace as the server wrote it (links not followed)."""
+        lexical = os.path.normpath(os.path.abspath(path))
+        for top in (os.path.normpath(os.path.abspath(self.workspace)), str(self.root)):
+            if _within(Path(lexical), Path(top)):
+                return os.path.relpath(lexical, top)
+        return lexical
 
     def display(self, path: Path) -> str:
         real = Path(os.path.realpath(path))
@@ -557,7 +624,7 @@ class _Session:
 
     # -- rename
 
-    async def rename(self, write: bool) -> str:
+    async def rename(self) -> str | _Renaming:
         async def ask(position: types.Position) -> types.WorkspaceEdit | None:
             edit = await self.client.request(
                 types.TEXT_DOCUMENT_RENAME,
@@ -584,25 +651,32 @@ class _Session:
             new_texts[path] = (old, apply_edits(old, edits, self.client.encoding))
         counts = sorted((self.display(p), len(e)) for p, e in planned.items())
         total = sum(n for _, n in counts)
-        if not write:
-            diffs = [f"rename {self.call.symbol} → {self.call.new_name}: {total} edit(s) in {len(counts)} file(s)"]
-            for path, (old, new) in sorted(new_texts.items(), key=lambda kv: self.display(kv[0])):
-                name = self.display(path)
-                diffs.append(
-                    "".join(
-                        difflib.unified_diff(
-                            old.splitlines(keepends=True), new.splitlines(keepends=True), f"a/{name}", f"b/{name}"
-                        )
-                    ).rstrip("\n")
+        diffs = [f"rename {self.call.symbol} → {self.call.new_name}: {total} edit(s) in {len(counts)} file(s)"]
+        size = len(diffs[0])
+        for path, (old, new) in sorted(new_texts.items(), key=lambda kv: self.display(kv[0])):
+            name = self.display(path)
+            # Named as the server named it, and, when that goes through a symlink, with the file written.
+            header = self._named.get(path, name)
+            diffs.append(
+                "".join(
+                    difflib.unified_diff(
+                        old.splitlines(keepends=True), new.splitlines(keepends=True), f"a/{header}", f"b/{header}"
+                    )
+                ).rstrip("\n")
+            )
+            size += len(diffs[-1]) + 1
+            if size > MAX_RENAME_CHARS:  # the rest is not diffed
+                return RENAME_TOO_LARGE.format(
+                    symbol=self.call.symbol,
+                    new_name=self.call.new_name,
+                    edits=total,
+                    files=len(counts),
+                    limit=MAX_RENAME_CHARS,
                 )
-            return "\n".join(diffs)
-        for path, (_, new) in new_texts.items():
-            write_bytes(self.workspace, path, new.encode("utf-8"))
-        for path in new_texts:
-            self.client.sync(path)  # the next question is answered on the renamed code
         lines = [f"renamed to {self.call.new_name}: {total} edit(s) in {len(counts)} file(s)"]
         lines += [f"{name}: {n} edit(s)" for name, n in counts]
-        return "\n".join(lines)
+        texts = {path: new for path, (_, new) in new_texts.items()}
+        return _Renaming("\n".join(diffs), texts, "\n".join(lines))
 
     def _plan(self, edit: types.WorkspaceEdit) -> dict[Path, list[types.TextEdit]] | str:
         by_uri: dict[str, list[types.TextEdit]] = {}
@@ -628,6 +702,9 @@ class _Session:
                 return f"[lsp: the rename would edit {path}, outside the project — nothing renamed]"
             if edits:
                 planned.setdefault(real, []).extend(edits)
+                named = shown_path(self.workspace, self._given(path), real)
+                if named != self.display(real):
+                    self._named[real] = named
         if not planned:
             return f"[lsp: nothing to rename: the server proposed no edit for {self.call.symbol}]"
         return planned
