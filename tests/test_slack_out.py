@@ -114,3 +114,15 @@ def test_the_check_sees_every_way_around_it(tmp_path: Path) -> None:
         "getattr(…)",
         "api_call",
     ], found
+
+
+def test_the_gateway_asks_a_function_of_secrets_at_each_write() -> None:
+    # The bot hands its LiveSecrets (a function: the config as it stands) to every text it says, the ack's own
+    # "could not take" sentence included; taken for a list of secrets, that sentence raised and the ack was a 500.
+    from workers.slack_out import outgoing
+
+    known = ["hunter2-old"]
+    said = outgoing({"text": "the key hunter2-new and hunter2-old"}, lambda: known)
+    assert said["text"] == "the key hunter2-new and ***"
+    known.append("hunter2-new")  # a reload brings a new secret: the next write hides it too
+    assert outgoing({"text": "the key hunter2-new"}, lambda: known)["text"] == "the key ***"

@@ -33,8 +33,10 @@ PLAIN_FIELDS = frozenset({"status", "title", "content", "filename", "loading_mes
 BLOCK_FIELDS = frozenset({"blocks", "view", "prompts", "attachments"})
 
 
-def outgoing(params: dict[str, Any], secrets: Sequence[str]) -> dict[str, Any]:
-    """The arguments of a Web API write as they may leave: every text made safe as its field says."""
+def outgoing(params: dict[str, Any], secrets: Sequence[str] | Callable[[], Sequence[str]]) -> dict[str, Any]:
+    """The arguments of a Web API write as they may leave: every text made safe as its field says. `secrets` may
+    be a function, asked now (secrets_now)."""
+    secrets = secrets_now(secrets)
     out: dict[str, Any] = {}
     for key, value in params.items():
         if value is None:
@@ -82,6 +84,13 @@ def _blocks(value: Any, secrets: Sequence[str]) -> Any:
     return out
 
 
+def secrets_now(secrets: Sequence[str] | Callable[[], Sequence[str]]) -> list[str]:
+    """The secrets to scrub at this write, longest first: `secrets` itself, or what it answers when it is a
+    function (the config as it stands)."""
+    known = secrets() if callable(secrets) else secrets
+    return sorted({s for s in known if s}, key=len, reverse=True)
+
+
 class SlackOut:
     """A Web API client and the secrets never to post: the service's writes to Slack, each through `outgoing`.
     `secrets` may be a function, asked at each write: the secrets of the config as it stands (a reload may add
@@ -93,8 +102,7 @@ class SlackOut:
 
     @property
     def secrets(self) -> list[str]:
-        known = self._secrets() if callable(self._secrets) else self._secrets
-        return sorted({s for s in known if s}, key=len, reverse=True)
+        return secrets_now(self._secrets)
 
     async def call(self, method: str, **params: Any) -> dict[str, Any]:
         """Any write, by its Web API name (`chat.postMessage`); Slack's answer. Raises as slack_sdk does."""
@@ -124,4 +132,4 @@ class SlackOut:
         return await AsyncRespond(response_url=response_url)(**outgoing({"text": text, **more}, self.secrets))
 
 
-__all__ = ["SlackOut", "outgoing"]
+__all__ = ["SlackOut", "outgoing", "secrets_now"]
