@@ -51,6 +51,7 @@ METHOD_SCOPES: dict[str, frozenset[str]] = {
     "assistant.threads.setSuggestedPrompts": frozenset({"assistant:write"}),
     # The history scope of each kind of conversation the bot works in (the message.* events it subscribes to).
     "conversations.replies": HISTORY,
+    "conversations.history": HISTORY,  # a replayed request finds its post in a channel (bot.steps.find_posted)
     "usergroups.users.list": frozenset({"usergroups:read"}),
     "views.publish": frozenset(),
     "files.getUploadURLExternal": frozenset({"files:write"}),
