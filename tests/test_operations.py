@@ -113,9 +113,10 @@ def test_a_turn_shows_in_the_metrics_and_a_planted_secret_reaches_neither_slack_
     database_url = parts._replace(
         netloc=f"{parts.username or 'postgres'}:pg-pass-4321@{parts.hostname}:{parts.port}"
     ).geturl()
-    metrics_port = free_port()
     channel = f"{{yolo: true, repo: {origin}}}"
     with stack(tmp_path, database_url, own_redis.url, config=config(channel)) as s:
+        # Picked once the stack's own servers listen: one of them could take a port chosen before (a 404).
+        metrics_port = free_port()
         s.extra_env |= {"MM_METRICS_PORT": str(metrics_port), "MM_LOG_FORMAT": "json"}
         token = s.slack.bot_token
         # The repository holds the token (a file the model reads out) and the tool fails saying it.
@@ -219,8 +220,8 @@ def test_the_bot_counts_approval_waits_and_the_worker_slack_s_429s_and_errors(
     tmp_path: Path, fresh_pg_url: str, own_redis: OwnRedis
 ) -> None:
     approver = "U0BOB"
-    bot_metrics, worker_metrics = free_port(), free_port()
     with stack(tmp_path, fresh_pg_url, own_redis.url, config=config(f"{{yolo: false, approvers: [{approver}]}}")) as s:
+        bot_metrics, worker_metrics = free_port(), free_port()  # once the stack's own servers listen
         s.extra_env |= {"MM_METRICS_PORT": str(worker_metrics)}
         s.start_worker()
         s.extra_env |= {"MM_METRICS_PORT": str(bot_metrics)}
