@@ -26,6 +26,7 @@ import os
 import socket
 import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -37,7 +38,7 @@ from slack_sdk.signature import SignatureVerifier
 from sqlalchemy import text
 
 from bot.app import IDENTITY_TIMEOUT, SlackApp, create_app
-from bot.before_ack import WAIT_S
+from bot.before_ack import WAIT_S, release_threads
 from bot.logging_setup import REFUSED, setup_logging
 from chatops.config import SLACK_DOCS
 from chatops.secrets import secrets_of
@@ -308,13 +309,21 @@ def serve(config: Config, host: str, port: int, socket_mode: bool = False, quiet
     _end_without_stuck_threads()
 
 
+# How long the threads left at shutdown get to end: an idle pool thread ends within it, a blocked one never does.
+IDLE_GRACE_S = 1.0
+
+
 def _end_without_stuck_threads() -> None:
     """The server has shut down: end the process now when threads are still blocked (a database or a broker
     that never answers: no timeout of theirs ends such a call, and Python would wait for them at exit)."""
+    release_threads()  # idle threads of the pools end at once; one blocked in a call never does
+    deadline = time.monotonic() + IDLE_GRACE_S
+    for thread in threading.enumerate():
+        if thread is not threading.current_thread() and not thread.daemon:
+            thread.join(max(0.0, deadline - time.monotonic()))
     left = [t for t in threading.enumerate() if t is not threading.current_thread() and not t.daemon]
     if not left:
         return
-    # Idle pool threads would end at exit; one blocked in a call never would. Which is which is not known here.
     log.info("ending without waiting for %d worker thread(s) (any may be blocked on the database)", len(left))
     logging.shutdown()
     sys.stdout.flush()
