@@ -235,3 +235,60 @@ def test_a_directory_the_worker_cannot_read_stops_commands() -> None:
         assert done.stdout.strip() == "True holds a directory the worker cannot read (closed)", done.stderr
     finally:
         shutil.rmtree(top)
+
+
+USED_UP = """
+import asyncio, errno, sys
+from pathlib import Path
+from inotify_simple import INotify
+from mm_core.tools.bash import BashTool
+from tool_helpers import make_ctx
+
+held = []
+try:  # every inotify instance this uid may have, as other sessions and processes of the worker's uid would
+    while len(held) < 10_000:
+        held.append(INotify())
+except OSError as e:
+    assert e.errno == errno.EMFILE, e
+ctx = make_ctx(Path(sys.argv[1]), sandbox="none", bash={"limits": {"workspaceMB": 1}})
+
+async def main():
+    try:
+        for command in ("echo done", "head -c 3000000 /dev/zero > big; echo done", "rm big", "echo done"):
+            print(repr(await BashTool().run({"command": command}, ctx)))
+    finally:
+        await ctx.resources.aclose()
+
+asyncio.run(main())
+"""
+
+
+def test_the_worker_s_used_up_inotify_instances_leave_commands_run_and_bounded_by_the_walk() -> None:
+    # The instances are counted per uid, across every process of it (other sessions, other workers on the node):
+    # reaching that limit is not the workspace's doing, so its commands run, bounded as without the guard by the
+    # walk after each command. Refusing them (as before) left a whole test run's later bash commands unrun.
+    # As uid 10001 (the chart's worker) when root, so that the rest of the machine's root processes keep theirs.
+    top = Path(tempfile.mkdtemp(prefix="mm-guard-"))
+    try:
+        os.chmod(top, 0o711)
+        (top / "ws").mkdir()
+        user = ["setpriv", "--reuid=10001", "--regid=10001", "--clear-groups"] if os.geteuid() == 0 else []
+        if user:
+            os.chown(top / "ws", 10001, 10001)
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), *sys.path])}
+        done = subprocess.run(
+            [*user, sys.executable, "-c", USED_UP, str(top / "ws")], capture_output=True, text=True, timeout=60, env=env
+        )
+        said = done.stdout.splitlines()
+        over = "[error: the workspace holds 3 MB, over its limit of 1 MB (bash.limits.workspaceMB) — delete files"
+        assert said == [  # the walk after each command still bounds the workspace
+            repr("done\n"),
+            repr(f"done\n{over} before going on]"),
+            repr(""),  # over it, a cleanup command runs
+            repr("done\n"),  # and back under, any command
+        ], done.stderr
+        # Said to the operator, whose worker's limit it is (docs/operations.md), once a command.
+        off = "bash: the disk guard is off for this command: the workspace could not be watched: the worker's inotify"
+        assert done.stderr.count(off) == 4
+    finally:
+        shutil.rmtree(top)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import shlex
 import signal
@@ -20,9 +21,11 @@ from typing import IO, Any
 
 from mm_core.tools.args import check_object, get_str
 from mm_core.tools.base import CANCELLED, Tool, ToolCancelled, ToolContext, ToolRefusal
-from mm_core.tools.disk_guard import DiskGuard, SessionGuard, Unwatchable
+from mm_core.tools.disk_guard import DiskGuard, SessionGuard, Unwatchable, WorkerLimit
 from mm_core.tools.sandbox import measure_workspace, prepare
 from mm_core.tools.text import truncate
+
+log = logging.getLogger(__name__)
 
 TIMEOUT = "[error: {duration} timeout exceeded]"
 EXIT_CODE = "[exit code: exit status {code}]"
@@ -220,6 +223,9 @@ class BashTool(Tool):
         if limit is not None:
             try:
                 guard = await _guard(ctx, limit, jobs)
+            except WorkerLimit as e:
+                # The worker's limits, not the workspace: the command runs, bounded by the walk after it.
+                log.warning("bash: the disk guard is off for this command: the workspace %s", e.reason)
             except Unwatchable as e:
                 if not cleanup_only(command):
                     return UNWATCHABLE_REFUSED.format(reason=e.reason)

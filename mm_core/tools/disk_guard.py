@@ -64,6 +64,13 @@ class Unwatchable(Exception):
         self.reason = reason
 
 
+class WorkerLimit(Unwatchable):
+    """The worker's own inotify limits are reached (fs.inotify.max_user_instances or max_user_watches: a count
+    per uid, shared by every session and every process of that uid on the machine). Not the workspace's doing:
+    its commands are not refused nor stopped for it; they run bounded by the walk after each command, as
+    without the guard (bash.py)."""
+
+
 def counted(st: os.stat_result) -> int:
     """What one entry counts: its blocks, or its apparent size when a regular file's is larger."""
     blocks = st.st_blocks * 512
@@ -103,6 +110,8 @@ class DiskGuard:
         self.armed = True
         # None, or why the commands were stopped: "over" (the limit) or an Unwatchable's reason.
         self.tripped: str | None = None
+        # Why it stopped following without stopping anything: a WorkerLimit's reason.
+        self.lapsed: str | None = None
         self.tripped_at = 0  # the total when it tripped
         self._inotify: INotify | None = None
         self._dirs: dict[int, _Dir] = {}
@@ -128,7 +137,7 @@ class DiskGuard:
     def following(self) -> bool:
         """Whether it still follows the tree (not stopped by an Unwatchable, nor closed)."""
         alive = self._thread is not None and self._thread.is_alive()
-        return alive and self.tripped in (None, "over")
+        return alive and self.tripped in (None, "over") and self.lapsed is None
 
     def rearm(self, limit: int) -> None:
         """Watch for the limit again (a command starts, the workspace being under it)."""
@@ -175,7 +184,7 @@ class DiskGuard:
         try:
             self._inotify = INotify()
         except OSError as e:
-            raise Unwatchable(f"could not be watched: {_inotify_problem(e)}") from None
+            raise _not_watched(e) from None
         try:
             self._root_fd = os.open(self.root, _OPEN_DIR)
             fd = os.dup(self._root_fd)
@@ -236,7 +245,7 @@ class DiskGuard:
             st = os.fstat(fd)
         except OSError as e:
             os.close(fd)
-            raise Unwatchable(f"could not be watched: {_inotify_problem(e)}") from None
+            raise _not_watched(e) from None
         old = self._dirs.get(wd)
         if old is not None:  # watched already (moved in from a part that was dropped): count it afresh
             self._drop(old)
@@ -297,6 +306,11 @@ class DiskGuard:
                             self._batch(inotify.read(timeout=0), dirty)
                         except OSError as e:  # nothing the guard expects: it cannot vouch for the count
                             raise Unwatchable(f"could not be followed ({e.strerror or e})") from None
+                    except WorkerLimit as e:
+                        # Nothing more is followed, and nothing is stopped: the next command tries again.
+                        self.lapsed = e.reason
+                        self._reset()
+                        return
                     except Unwatchable as e:
                         # Nothing more is followed: the next command walks the tree again, and is refused
                         # while it is still beyond the bounds.
@@ -475,12 +489,17 @@ class DiskGuard:
         return fd
 
 
-def _inotify_problem(e: OSError) -> str:
+def _not_watched(e: OSError) -> Unwatchable:
+    """What a failed inotify_init or add_watch means: the worker's limits (WorkerLimit), or this tree's."""
     if e.errno == errno.ENOSPC:
-        return "the worker's inotify watches are used up (fs.inotify.max_user_watches)"
+        return WorkerLimit(
+            "could not be watched: the worker's inotify watches are used up (fs.inotify.max_user_watches)"
+        )
     if e.errno == errno.EMFILE:
-        return "the worker's inotify instances are used up (fs.inotify.max_user_instances)"
-    return e.strerror or str(e)
+        return WorkerLimit(
+            "could not be watched: the worker's inotify instances are used up (fs.inotify.max_user_instances)"
+        )
+    return Unwatchable(f"could not be watched: {e.strerror or e}")
 
 
 class SessionGuard:
