@@ -1,4 +1,17 @@
+from collections.abc import Iterator
+
+import pytest
+
+from tool_helpers import close_made
+
 # The test kit's fixtures: the scripted model server, the Slack emulator and signed-request client, and a
 # PostgreSQL database / Redis key prefix of this run's own. pytester runs the kit's own plugin on a small test
 # file, to prove what the kit's markers do.
 pytest_plugins = ["mm_testkit.fixtures_kit", "mm_testkit.fixtures_services", "pytester"]
+
+
+@pytest.fixture(autouse=True)
+def _sessions_closed() -> Iterator[None]:
+    """The tool contexts a test made end as a worker's sessions do (tool_helpers.close_made)."""
+    yield
+    close_made()

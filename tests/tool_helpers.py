@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import stat
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -13,9 +14,32 @@ import pytest
 from mm_core.config import AgentConfig
 from mm_core.tools.base import Tool, ToolContext
 
+# Every context a test made: its session's resources (disk guards, background jobs, language servers) are
+# closed after the test, as a worker closes a session's. Left open, each disk guard kept an inotify instance,
+# and a few hundred tests used up the uid's 128 for every later test.
+_made: list[ToolContext] = []
+
 
 def make_ctx(workspace: Path, **config: Any) -> ToolContext:
-    return ToolContext(workspace=workspace, config=AgentConfig(**config))
+    ctx = ToolContext(workspace=workspace, config=AgentConfig(**config))
+    _made.append(ctx)
+    return ctx
+
+
+def close_made() -> None:
+    """Close the resources of the contexts made since the last call (on a loop of its own, in a thread: the
+    test's loop, if it had one, may still be running)."""
+    made = _made[:]
+    _made.clear()
+    if made:
+        closing = threading.Thread(target=asyncio.run, args=(_close(made),))
+        closing.start()
+        closing.join()
+
+
+async def _close(made: list[ToolContext]) -> None:
+    for ctx in made:
+        await ctx.resources.aclose()
 
 
 def call(tool: Tool, args: dict[str, Any], ctx: ToolContext) -> str:
