@@ -300,3 +300,39 @@ def _everything_in(top: Path) -> str:
             if p.is_file() and not p.is_symlink():
                 chunks.append(p.read_bytes().decode("latin-1"))
     return "\n".join(chunks)
+
+
+def test_what_git_prints_is_kept_up_to_a_bound_and_a_large_input_goes_in_whole(world: World) -> None:
+    # A file the model made 40 MB of one line: `git show` prints it all, the worker keeps OUTPUT_MOST (16 MiB).
+    w = world
+    with open(w.ws / "huge.txt", "wb") as f:
+        f.write(b"y" * (40 << 20))
+    hand_over(w.ws)
+    shown = git.in_workspace(w.ws, AGENT, "hash-object", "-w", "huge.txt").stdout.strip()
+    printed = git.in_workspace(w.ws, AGENT, "cat-file", "-p", shown)
+    assert printed.ok and printed.stdout == "y" * git.OUTPUT_MOST
+    # stdin is written while stdout is read: a 5 MB input with its 5 MB echo does not block either side.
+    text = "z" * (5 << 20)
+    echoed = git.run_git(None, "-c", "core.pager=cat", "stripspace", stdin=text)
+    assert echoed.stdout == text + "\n"
+
+
+def test_a_config_larger_than_a_mib_is_replaced_not_read_in_part(world: World) -> None:
+    # Harmless entries fill the first MiB; what follows is a program git would run. Read in part, the first
+    # MiB parsed cleanly, nothing was dropped, and the file stayed as the model left it.
+    w = world
+    config = w.ws / ".git" / "config"
+    harmless = "".join(f'[branch "b{i}"]\n\tmerge = refs/heads/b{i}\n' for i in range(40_000))
+    config.write_text(config.read_text() + harmless + f"[core]\n\tfsmonitor = {w.program('fsmonitor')}\n")
+    assert config.stat().st_size > git.CONFIG_MOST
+    assert "config (unreadable)" in git.sanitize(w.ws)
+    assert "fsmonitor" not in config.read_text() and config.stat().st_size < 1000
+
+
+def test_a_failure_says_git_s_words_within_a_bound(world: World) -> None:
+    # git names each bad argument; the model chose them. The error keeps the head and the tail of what it said.
+    w = world
+    many = [f"no-such-{i:06d}-{'x' * 50}" for i in range(3000)]
+    with pytest.raises(GitError) as failed:
+        git.in_workspace(w.ws, AGENT, "rev-parse", "--verify", "--end-of-options", *many)
+    assert len(failed.value.text) < git.WORDS_MOST + 500, len(failed.value.text)

@@ -71,6 +71,14 @@ def test_json_lines_carry_the_session_and_no_secret_reaches_them(
     assert "xoxb-1234-secret" not in out.getvalue() and "hunter2" not in out.getvalue()
 
 
+def test_redacting_a_long_line_costs_linear_time_and_still_masks_a_password() -> None:
+    # A tool's 8 MB line of letters: an unbounded scheme made each start scan to the end (minutes; the
+    # suite's timeout fails it). The password of a URL at its end is masked all the same.
+    line = "y" * (8 << 20) + " https://bot:pw-4711@example.com/x"
+    said = logs.redact(line, [])
+    assert said.endswith(f"https://bot:{logs.MASK}@example.com/x") and "pw-4711" not in said
+
+
 def test_plain_lines_name_the_session_and_a_bad_format_is_said_and_kept_plain(
     monkeypatch: pytest.MonkeyPatch, restore_logging: None
 ) -> None:

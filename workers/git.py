@@ -48,6 +48,7 @@ import errno
 import functools
 import os
 import re
+import selectors
 import shutil
 import signal
 import stat
@@ -57,7 +58,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, NoReturn
 
 from chatops.secrets import MASK, mask_url, scrub
 from mm_core.config import AgentConfig
@@ -65,6 +66,12 @@ from mm_core.tools.base import ToolRefusal
 from mm_core.tools.sandbox import Launch, git_launch
 
 DEFAULT_TIMEOUT = 120.0
+# What the worker keeps of one git command's stdout, and of its stderr: far more than a status, a branch's
+# changes or an error ever needs, far less than a worker's memory.
+OUTPUT_MOST = 16 << 20
+PIPE_CHUNK = 1 << 16
+# The words of a failed command kept in its error (they reach the thread and the errors table).
+WORDS_MOST = 4000
 # The transports the worker's git may use: a local mirror and HTTPS. ext::, ssh (core.sshCommand) and the rest
 # are refused by git itself.
 PROTOCOLS = ("file", "https")
@@ -150,7 +157,8 @@ case "$1" in
 esac
 """
 _COMMIT = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
-_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"]+")
+# A scheme within 32 characters, so that a long run of letters costs linear time (chatops.logs says why).
+_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]{0,31}://[^\s'\"]+")
 # A remote's or a branch's name as git writes them for a clone: never a URL or a path.
 _PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 
@@ -242,7 +250,8 @@ def _allowed(key: str) -> bool:
 
 
 def _read_nofollow(dir_fd: int, name: str) -> bytes | None:
-    """The bytes of `name` in the directory open at `dir_fd`, not following a link; None when it is no file."""
+    """The bytes of `name` in the directory open at `dir_fd`, not following a link; None when it is no file, or
+    one larger than CONFIG_MOST (its first part could parse, and what follows would be left in place unread)."""
     try:
         fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
     except OSError:
@@ -250,7 +259,8 @@ def _read_nofollow(dir_fd: int, name: str) -> bytes | None:
     with os.fdopen(fd, "rb") as f:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             return None
-        return f.read(1 << 20)
+        data = f.read(CONFIG_MOST + 1)
+    return data if len(data) <= CONFIG_MOST else None
 
 
 def _remove_redirect(gd: int, relative: str) -> str | None:
@@ -287,6 +297,7 @@ def _config_entries(data: bytes) -> tuple[tuple[str, str], ...] | None:
 
 
 CACHED_CONFIG = 64 * 1024  # bytes: a repository's config is a few hundred; bigger ones are parsed every time
+CONFIG_MOST = 1 << 20  # bytes: a larger config is taken as unreadable, and replaced
 
 
 def _parse(data: bytes) -> tuple[tuple[str, str], ...] | None:
@@ -463,12 +474,68 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 def _communicate(
     proc: subprocess.Popen[bytes], shown: tuple[str, ...], stdin: str | None, timeout: float
 ) -> tuple[bytes, bytes]:
+    """`stdin` written to proc, and its stdout and stderr: at most OUTPUT_MOST bytes of each kept, the rest read
+    and dropped (a repository the model wrote can make git print without end: a diff of a huge file, a log of
+    a million commits), all within `timeout`; then proc is reaped, killed if it has not ended."""
+    deadline = time.monotonic() + timeout
+    pending = memoryview(stdin.encode() if stdin is not None else b"")
+    kept: dict[int, bytearray] = {}
+    writing = proc.stdin
+    with selectors.DefaultSelector() as selector:
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                kept[pipe.fileno()] = bytearray()
+                selector.register(pipe, selectors.EVENT_READ)
+        if writing is not None:
+            if pending:
+                os.set_blocking(writing.fileno(), False)
+                selector.register(writing, selectors.EVENT_WRITE)
+            else:
+                writing.close()
+        while selector.get_map():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                _timed_out(proc, shown, timeout)
+            for key, _ in selector.select(left):
+                pipe, fd = key.fileobj, key.fd
+                if writing is not None and pipe is writing:
+                    try:
+                        pending = pending[os.write(fd, pending[:PIPE_CHUNK]) :]
+                    except BlockingIOError:
+                        continue
+                    except BrokenPipeError:  # git ended without reading it all: its exit and stderr say why
+                        pending = pending[:0]
+                    if not pending:
+                        selector.unregister(pipe)
+                        writing.close()
+                    continue
+                chunk = os.read(fd, PIPE_CHUNK)
+                if not chunk:
+                    selector.unregister(pipe)
+                    continue
+                room = OUTPUT_MOST - len(kept[fd])
+                if room > 0:
+                    kept[fd] += chunk[:room]
     try:
-        return proc.communicate(stdin.encode() if stdin is not None else None, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        _stop(proc)
-        proc.communicate()
-        raise GitError(TIMED_OUT.format(command=_command(shown), timeout=timeout)) from None
+        proc.wait(max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:  # its output closed, but it lives on (a child kept nothing open)
+        _timed_out(proc, shown, timeout)
+    said = [bytes(kept.get(pipe.fileno(), b"")) if pipe is not None else b"" for pipe in (proc.stdout, proc.stderr)]
+    for pipe in (proc.stdout, proc.stderr):
+        if pipe is not None:
+            pipe.close()
+    return said[0], said[1]
+
+
+def _timed_out(proc: subprocess.Popen[bytes], shown: tuple[str, ...], timeout: float) -> NoReturn:
+    """Kill proc's whole group, reap it, and say so."""
+    _stop(proc)
+    proc.wait()
+    for pipe in (proc.stdin, proc.stdout, proc.stderr):
+        if pipe is not None:
+            with contextlib.suppress(OSError):
+                pipe.close()
+    raise GitError(TIMED_OUT.format(command=_command(shown), timeout=timeout))
 
 
 def _result(
@@ -482,6 +549,8 @@ def _result(
     )
     if check and not result.ok:
         words = result.stderr.strip() or result.stdout.strip() or "no message"
+        if len(words) > WORDS_MOST:
+            words = f"{words[: WORDS_MOST // 2]}\n[…]\n{words[-WORDS_MOST // 2 :]}"
         raise GitError(FAILED.format(command=_command(shown), code=result.returncode, words=words), result)
     return result
 
