@@ -10,10 +10,13 @@ behind (the sandbox would not even see the programs; tests/test_git_links.py is 
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
+import struct
 import subprocess
 import tempfile
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -336,3 +339,43 @@ def test_a_failure_says_git_s_words_within_a_bound(world: World) -> None:
     with pytest.raises(GitError) as failed:
         git.in_workspace(w.ws, AGENT, "rev-parse", "--verify", "--end-of-options", *many)
     assert len(failed.value.text) < git.WORDS_MOST + 500, len(failed.value.text)
+
+
+def _delta_bomb(result_size: int) -> bytes:
+    """A pack of two objects, under 200 bytes: a 64 KiB blob, and a delta on it that claims `result_size` bytes,
+    each byte of it (0x80: copy 64 KiB from the base's start) worth 64 KiB of the result."""
+
+    def delta_size(n: int) -> bytes:
+        out = bytearray()
+        while True:
+            low, n = n & 0x7F, n >> 7
+            out.append(low | (0x80 if n else 0))
+            if not n:
+                return bytes(out)
+
+    def header(kind: int, size: int) -> bytes:
+        out, first, size = bytearray(), (kind << 4) | (size & 0x0F), size >> 4
+        while size:
+            out.append(first | 0x80)
+            first, size = size & 0x7F, size >> 7
+        return bytes([*out, first])
+
+    base = b"a" * 0x10000
+    base_id = hashlib.sha1(b"blob %d\0" % len(base) + base).digest()
+    delta = delta_size(len(base)) + delta_size(result_size) + b"\x80" * (result_size // 0x10000)
+    body = b"PACK" + struct.pack(">II", 2, 2) + header(3, len(base)) + zlib.compress(base)
+    body += header(7, len(delta)) + base_id + zlib.compress(delta, 9)
+    return body + hashlib.sha1(body).digest()
+
+
+def test_a_delta_bomb_fails_the_worker_s_index_pack_within_its_memory(tmp_path: Path) -> None:
+    # What the workspace's pack-objects sends, the worker's index-pack reads (copy_objects): a pack can claim an
+    # object of 3 GiB in 190 bytes. Unbounded, index-pack built it whole (3 GiB of the worker's memory) and
+    # succeeded; bounded, it fails at once in git's own words.
+    repository = tmp_path / "push.git"
+    sh("init", "-q", "--bare", str(repository))
+    receiving = ("index-pack", "--stdin", "--strict")
+    env = git._base_env(tmp_path) | {"GIT_DIR": str(repository)}
+    receiver = git._start(git._receiver(receiving, env, tmp_path))
+    _, err = receiver.communicate(_delta_bomb(3 << 30), timeout=60)
+    assert receiver.returncode != 0 and b"Out of memory" in err, err

@@ -48,6 +48,7 @@ import errno
 import functools
 import os
 import re
+import resource
 import selectors
 import shutil
 import signal
@@ -70,6 +71,9 @@ DEFAULT_TIMEOUT = 120.0
 # changes or an error ever needs, far less than a worker's memory.
 OUTPUT_MOST = 16 << 20
 PIPE_CHUNK = 1 << 16
+# The address space of the worker's index-pack of a pushed pack (_receiver): room for objects up to several
+# hundred MB (git streams larger blobs), far from a worker's memory.
+RECEIVER_MEMORY = 2 << 30
 # The words of a failed command kept in its error (they reach the thread and the errors table).
 WORDS_MOST = 4000
 # The transports the worker's git may use: a local mirror and HTTPS. ext::, ssh (core.sshCommand) and the rest
@@ -707,6 +711,19 @@ def copy_objects(
     raise failure
 
 
+def _receiver(receiving: tuple[str, ...], env: dict[str, str], home: Path) -> Launch:
+    """The worker's `git index-pack` of a pack the workspace sent, bounded in memory: a pack of a few kilobytes
+    can hold a delta that claims gigabytes (one byte of it copies 64 KiB), and index-pack builds each object
+    whole in memory. One thread (each resolves its own objects), and RECEIVER_MEMORY of address space: such an
+    object fails the push with git's "out of memory" instead of taking the worker's memory."""
+
+    def bounded() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (RECEIVER_MEMORY, RECEIVER_MEMORY))
+
+    argv = _argv(receiving, ("pack.threads=1",))
+    return Launch(argv=argv, env=env, cwd=str(home), pass_fds=(), preexec=bounded)
+
+
 def _copy(workspace: Path, agent: AgentConfig, repository: Path, revisions: list[str], timeout: float) -> None:
     sending = ("pack-objects", "--revs", "--stdout", "-q")
     receiving = ("index-pack", "--stdin", "--strict")
@@ -722,8 +739,9 @@ def _copy(workspace: Path, agent: AgentConfig, repository: Path, revisions: list
             raise GitError(CANNOT_RUN.format(command=_command(sending), reason=e.strerror or e)) from None
         assert sender.stdin is not None and sender.stdout is not None
         try:
-            own = Launch(argv=_argv(receiving), env=env, cwd=str(home), pass_fds=())
-            receiver = _start(own, stdin=sender.stdout, stdout=subprocess.DEVNULL, stderr=got_err)
+            receiver = _start(
+                _receiver(receiving, env, home), stdin=sender.stdout, stdout=subprocess.DEVNULL, stderr=got_err
+            )
         except OSError as e:
             _stop(sender)
             sender.wait()
