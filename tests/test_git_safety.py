@@ -374,8 +374,14 @@ def test_a_delta_bomb_fails_the_worker_s_index_pack_within_its_memory(tmp_path: 
     # succeeded; bounded, it fails at once in git's own words.
     repository = tmp_path / "push.git"
     sh("init", "-q", "--bare", str(repository))
-    receiving = ("index-pack", "--stdin", "--strict")
-    env = git._base_env(tmp_path) | {"GIT_DIR": str(repository)}
-    receiver = git._start(git._receiver(receiving, env, tmp_path))
+    launch = git.index_pack(repository, tmp_path, ("index-pack", "--stdin", "--strict"))
+    receiver = subprocess.Popen(
+        launch.argv,
+        cwd=launch.cwd,
+        env=launch.env,
+        preexec_fn=launch.preexec,
+        stdin=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     _, err = receiver.communicate(_delta_bomb(3 << 30), timeout=60)
     assert receiver.returncode != 0 and b"Out of memory" in err, err

@@ -711,17 +711,18 @@ def copy_objects(
     raise failure
 
 
-def _receiver(receiving: tuple[str, ...], env: dict[str, str], home: Path) -> Launch:
-    """The worker's `git index-pack` of a pack the workspace sent, bounded in memory: a pack of a few kilobytes
-    can hold a delta that claims gigabytes (one byte of it copies 64 KiB), and index-pack builds each object
-    whole in memory. One thread (each resolves its own objects), and RECEIVER_MEMORY of address space: such an
-    object fails the push with git's "out of memory" instead of taking the worker's memory."""
+def index_pack(repository: Path, home: Path, receiving: Sequence[str]) -> Launch:
+    """The worker's `git <receiving>` (index-pack of a pack the workspace sent) into `repository`, its HOME the
+    private `home`, bounded in memory: a pack of a few hundred bytes can hold a delta that claims gigabytes (one
+    byte of it copies 64 KiB), and index-pack builds each object whole in memory. One thread (each resolves its
+    own objects), and RECEIVER_MEMORY of address space: such an object fails the push with git's "out of
+    memory" instead of taking the worker's memory."""
 
     def bounded() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (RECEIVER_MEMORY, RECEIVER_MEMORY))
 
-    argv = _argv(receiving, ("pack.threads=1",))
-    return Launch(argv=argv, env=env, cwd=str(home), pass_fds=(), preexec=bounded)
+    env = _base_env(home) | {"GIT_DIR": str(repository)}
+    return Launch(argv=_argv(receiving, ("pack.threads=1",)), env=env, cwd=str(home), pass_fds=(), preexec=bounded)
 
 
 def _copy(workspace: Path, agent: AgentConfig, repository: Path, revisions: list[str], timeout: float) -> None:
@@ -732,7 +733,6 @@ def _copy(workspace: Path, agent: AgentConfig, repository: Path, revisions: list
     launch = _workspace_launch(workspace, agent, _argv(sending), sending)
     deadline = time.monotonic() + timeout
     with _private_home() as home, tempfile.TemporaryFile() as sent_err, tempfile.TemporaryFile() as got_err:
-        env = _base_env(home) | {"GIT_DIR": str(repository)}
         try:
             sender = _start(launch, stderr=sent_err)
         except OSError as e:
@@ -740,7 +740,7 @@ def _copy(workspace: Path, agent: AgentConfig, repository: Path, revisions: list
         assert sender.stdin is not None and sender.stdout is not None
         try:
             receiver = _start(
-                _receiver(receiving, env, home), stdin=sender.stdout, stdout=subprocess.DEVNULL, stderr=got_err
+                index_pack(repository, home, receiving), stdin=sender.stdout, stdout=subprocess.DEVNULL, stderr=got_err
             )
         except OSError as e:
             _stop(sender)
