@@ -45,6 +45,18 @@ def lsp_pids(ctx: ToolContext) -> list[int]:
     return manager.pids()
 
 
+def stop_all(pid: int) -> None:
+    """SIGSTOP `pid` and every process under it: in the sandbox the pid the session knows is bubblewrap's, and
+    the server runs two levels down (a SIGSTOP of bubblewrap alone left the server answering)."""
+    todo = [pid]
+    while todo:
+        current = todo.pop()
+        os.kill(current, signal.SIGSTOP)
+        for task in os.listdir(f"/proc/{current}/task"):
+            with open(f"/proc/{current}/task/{task}/children") as f:
+                todo.extend(int(child) for child in f.read().split())
+
+
 def gone(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -78,7 +90,7 @@ def test_server_crash_mid_request_then_restart(tmp_path):
     async def scenario():
         assert await tool.run(DEFINITION, ctx) == ANSWER
         [pid] = lsp_pids(ctx)
-        os.kill(pid, signal.SIGSTOP)  # the request below stays pending...
+        stop_all(pid)  # the request below stays pending...
         pending = asyncio.create_task(tool.run(DEFINITION | {"action": "hover"}, ctx))
         await asyncio.sleep(0.3)
         assert not pending.done()
