@@ -94,6 +94,9 @@ def test_kill_9_during_a_model_call_another_worker_finishes_the_turn(any_broker:
     threads.start_worker("w1")
     posted = threads.post("run: echo once >> count.txt")
     threads.wait(lambda: not slow["first"], message="the slow model call")
+    # Killed once the call's line is in the thread: a worker killed before its renderer posted it loses the
+    # line (a resumed turn does not show a finished call again; docs/architecture.md's known gaps).
+    threads.wait(lambda: "🛠️ bash: echo once" in threads.thread_text(posted.thread_ts), message="the call's line")
     threads.kill_worker("w1")
     threads.start_worker("w2")
     threads.wait(answered(threads, posted.session_id), timeout=90, message="the resumed turn")
