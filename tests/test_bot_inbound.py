@@ -292,6 +292,7 @@ def test_a_message_while_the_turn_runs_is_kept_and_the_thread_told_it_is_queued(
     bot: Bot, sender: SlackEventSender, engine: Engine, turns: Turns
 ) -> None:
     channel = new_channel()
+    bot.slack.add_channel(channel, "queued")  # the bot answers there: Slack has it
     root = mention(sender, channel)
     sid = session_of(engine, channel, root).id
     turns.wait(sid)
@@ -328,6 +329,7 @@ def test_an_assistant_thread_is_greeted_once_with_prompts_and_its_messages_recor
     bot: Bot, sender: SlackEventSender, engine: Engine, turns: Turns
 ) -> None:
     dm, thread_ts = new_channel("D"), sender.new_ts()
+    bot.slack.add_channel(dm, "alice")  # the assistant thread's DM, which the bot greets
     started = {
         "type": "assistant_thread_started",
         "assistant_thread": {
