@@ -82,6 +82,8 @@ READ_ONLY = frozenset(
 CONNECTIONS_OPEN = "apps.connections.open"
 
 
+UNKNOWN_METHOD = "unknown_method"
+
 # hold(method + ANSWER): the call is carried out, its answer held; hold(RESPONSE_URL): answers to response URLs.
 ANSWER = ":answer"
 RESPONSE_URL = "response_url"
@@ -487,10 +489,11 @@ class SlackEmulator(ThreadedAiohttpServer):
         auth = headers.get("Authorization", "")
         token = auth.removeprefix("Bearer ") if auth.startswith("Bearer ") else params.get("token")
         if method not in self._methods:
-            log.warning("unknown_method: %s (a method Slack has not, or one the emulator lacks)", method)
+            # Logged too: an emulator in another process (the playground's) is checked through its log.
+            log.warning("%s: %s (a method Slack has not, or one the emulator lacks)", UNKNOWN_METHOD, method)
             with self._unknown_lock:
                 self._unknown.append(method)
-            return 200, {"ok": False, "error": "unknown_method"}, {}
+            return 200, {"ok": False, "error": UNKNOWN_METHOD}, {}
         if not token:
             return 200, {"ok": False, "error": "not_authed"}, {}
         if token not in self.tokens | {self.app_token}:

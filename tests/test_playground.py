@@ -33,7 +33,7 @@ from mmbot_helpers import MM_BOT, clean_env, free_port, session_processes
 from playground.demo_model import LABEL
 from playground.model_server import ModelServer, Reply, ToolCall
 from playground.server import ModelInfo, PlaygroundPage
-from playground.slack_api import SlackEmulator
+from playground.slack_api import UNKNOWN_METHOD, SlackEmulator
 from workers.turns import STOPPED
 
 pytestmark = [needs_system("chromium", "chromium"), needs_bwrap_when_root]
@@ -102,6 +102,9 @@ class Playground:
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait()
         assert session_processes(self.process.pid) == [], "the playground left processes behind"
+        # Its emulator runs in that process: a call it did not know is in the log (the kit checks its own).
+        unknown = [line for line in self.output().splitlines() if f"{UNKNOWN_METHOD}:" in line]
+        assert not unknown, f"the playground's Slack emulator answered unknown_method: {unknown}"
         shutil.rmtree(self.directory, ignore_errors=True)
 
 
