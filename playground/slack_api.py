@@ -277,7 +277,8 @@ class SlackEmulator(ThreadedAiohttpServer):
         return user
 
     def add_channel(self, channel_id: str, name: str, *, is_private: bool = False) -> dict[str, Any]:
-        """Seed a channel that conversations.info returns (channels are also made on first post)."""
+        """Seed a channel: the bot may post there, and conversations.info returns it (a seeded message or event
+        from a person makes its channel too; a post to any other is channel_not_found, as in Slack)."""
         channel = {
             "id": channel_id,
             "name": name,
@@ -986,7 +987,6 @@ class SlackEmulator(ThreadedAiohttpServer):
         return {}
 
     def _store_view(self, view: Any, view_id: str | None = None, **where: Any) -> dict[str, Any]:
-        self._check_view(view)
         number = next(self._ids)
         stored = (
             view
@@ -1007,7 +1007,7 @@ class SlackEmulator(ThreadedAiohttpServer):
         user, view = self._require(params, "user_id", "view")
         if user not in self.users:
             raise SlackError("user_not_found")
-        self._check_view(view)
+        self._check_view(view)  # before the old view goes: a refused view leaves the Home tab as it was
         # A person has one Home tab: publishing replaces its view, which keeps its id.
         old = next((v for v in self.views if v.get("type") == "home" and v.get("user_id") == user), None)
         if old is not None and isinstance(view, dict) and view.get("type") == "home":
@@ -1017,11 +1017,12 @@ class SlackEmulator(ThreadedAiohttpServer):
 
     def _views_open(self, params: Params) -> dict[str, Any]:
         trigger, view = self._require(params, "trigger_id", "view")
+        self._check_view(view)
         return self._store_view(view, trigger_id=trigger)
 
     def _views_update(self, params: Params) -> dict[str, Any]:
         [view] = self._require(params, "view")
-        self._check_view(view)
+        self._check_view(view)  # before the old view goes
         old = next((v for v in self.views if v["id"] == params.get("view_id")), None)
         if old is None:
             raise SlackError("not_found")
