@@ -298,7 +298,7 @@ async def _take(
             thread_ts,
             event["ts"],
             event.get("user") or "",
-            context.team_id or event.get("team"),
+            requester_team(event, context),
             assistant_thread,
         )
         payload = {"name": command.name, "args": list(command.args), "where": asdict(where)}
@@ -314,7 +314,7 @@ async def _take(
         message_ts=event["ts"],
         user_id=event.get("user"),
         text=text,
-        team_id=context.team_id or event.get("team"),
+        team_id=requester_team(event, context),
         assistant_thread=assistant_thread,
     )
     recorded = await bounded(keep)
@@ -392,6 +392,13 @@ async def _hand_off(recorded: Recorded, slack: SlackOut, channel: str, thread_ts
             await slack.post(channel, QUEUED, thread_ts=thread_ts)
         except Exception as exc:  # noqa: BLE001 - a courtesy: the message waits in the inbox all the same
             log.warning("could not tell %s/%s that its message is queued: %s", channel, thread_ts, exc)
+
+
+def requester_team(event: dict[str, Any], context: AsyncBoltContext) -> str | None:
+    """The team of the person who wrote: their own (`user_team`, a Slack Connect person's workspace), not the
+    one the app is installed in. A stream in a channel names its recipient with it, and Slack refuses a stream
+    to a person named with another team."""
+    return event.get("user_team") or event.get("team") or context.team_id
 
 
 async def _greet(slack: SlackOut, channel: str, thread_ts: str) -> None:

@@ -78,6 +78,7 @@ class _Event(_Read):
     subtype: Word | None = None
     bot_id: Word | None = None
     team: Id | None = None
+    user_team: Id | None = None  # the author's own team (a Slack Connect person's), whom a stream names
     tab: Word | None = None
     assistant_thread: _Thread | None = None
 

@@ -198,6 +198,7 @@ class Session(Base):
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
     kind: Mapped[str] = mapped_column(String(16), default=SessionKind.THREAD)
+    # The requester's own team (a Slack Connect person's, not the installation's): a stream names it.
     team_id: Mapped[str | None] = mapped_column(String(32))
     channel_id: Mapped[str | None] = mapped_column(String(32))
     thread_ts: Mapped[str | None] = mapped_column(String(32))

@@ -1,11 +1,17 @@
 """Pytest fixtures of the test kit (loaded from tests/conftest.py's pytest_plugins).
 
 - `model_server`: a started ModelServer with an empty script.
-- `slack`: a started SlackEmulator (`slack.url`, `slack.bot_token`, bot user `slack.bot_user_id` seeded).
+- `slack`: a started SlackEmulator (`slack.url`, `slack.bot_token`, bot user `slack.bot_user_id` seeded, and
+  the tests' channel `C0TEST`: the emulator, as Slack, posts only in channels it knows).
 - `slack_sender`: a factory `slack_sender(url, signing_secret, **kwargs) -> SlackEventSender` whose envelopes
   and response_urls match the `slack` emulator.
 
 Starting a server takes about a millisecond, so each test gets fresh ones: no state leaks between tests.
+
+Every test is checked for calls of Web API methods the emulator does not know (`unknown_method`, from any
+SlackEmulator of the test process, the fixture's or its own): a test that made one fails, naming the methods.
+Slack has no such methods, or the emulator lacks one the bot now calls; either way a test must not pass on it.
+A test that calls one on purpose takes them itself with `SlackEmulator.take_unknown_methods()`.
 
 And the marker of tests that need a program of the system rather than of the virtualenv:
 
@@ -35,6 +41,7 @@ from playground.signed import SlackEventSender
 from playground.slack_api import SlackEmulator
 
 REQUIRE_SYSTEM = "MM_TEST_REQUIRE_SYSTEM"
+TEST_CHANNEL = "C0TEST"  # the channel the `slack` fixture knows
 
 
 def needs_system(command: str, package: str) -> pytest.MarkDecorator:
@@ -93,6 +100,16 @@ def _missing_program(item: pytest.Item) -> str | None:
     return None
 
 
+@pytest.fixture(autouse=True)
+def no_unknown_slack_methods() -> Iterator[None]:
+    """Fails the test after which an emulator answered `unknown_method`."""
+    SlackEmulator.take_unknown_methods()  # a previous test's, already reported
+    yield
+    unknown = SlackEmulator.take_unknown_methods()
+    if unknown:
+        pytest.fail(f"the Slack emulator answered unknown_method to {sorted(set(unknown))}", pytrace=False)
+
+
 @pytest.fixture
 def model_server() -> Iterator[ModelServer]:
     """A scripted OpenAI-compatible server; `model_server.url` is the base URL ending in /v1."""
@@ -104,6 +121,7 @@ def model_server() -> Iterator[ModelServer]:
 def slack() -> Iterator[SlackEmulator]:
     """A Slack Web API emulator; use `slack_sdk.WebClient(token=slack.bot_token, base_url=slack.url)`."""
     with SlackEmulator() as emulator:
+        emulator.add_channel(TEST_CHANNEL, "mm-test")
         yield emulator
 
 

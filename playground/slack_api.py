@@ -14,11 +14,18 @@ HTTP 200 either way). Form-encoded, multipart and JSON bodies are accepted; the 
 `on_change(listener)` calls the listener (from the server's thread) after every call that changed what a
 person would see; `version` counts them.
 
-Messages are held to Slack's limits: more than 50 blocks, or a section's text over 3,000 characters, is
-`invalid_blocks` (with Slack's `[ERROR] …` lines); `markdown_text` with `text` or `blocks` is
-`markdown_text_conflict`; chat.update refuses text over 4,000 characters (`msg_too_long`) and a message that is
-still streaming (`streaming_state_conflict`). `strict_streaming=True` also makes chat.startStream outside a DM
-require `recipient_user_id` and `recipient_team_id`, as Slack does (off by default for older tests).
+Messages and views are held to Slack's limits (playground/slack_checks.py: every block and view is parsed with
+slack_sdk's models, which check Slack's documented limits): blocks Slack refuses (more than 50 in a message, an
+unknown type, a section's text over 3,000 characters, a header's over 150, …) are `invalid_blocks` (with
+Slack's `[ERROR] …` lines), a view Slack refuses is `invalid_arguments`; `markdown_text` with `text` or
+`blocks` is `markdown_text_conflict`; a message's text over 40,000 characters (4,000 for chat.update) is
+`msg_too_long`; chat.update refuses a message that is still streaming (`streaming_state_conflict`). The bot
+posts only in channels the emulator knows (`channel_not_found` otherwise): `add_channel` seeds one, and a
+person's message or event (`add_message`, `push_*`, `response_url(user, channel)`) makes its channel.
+chat.startStream outside a DM requires `recipient_user_id` and `recipient_team_id`, as Slack does
+(`strict_streaming=False` lifts it, for a test that says why). A call of a method the emulator does not know
+answers `unknown_method` and is remembered (`SlackEmulator.take_unknown_methods()`): the test kit fails the
+test that made it.
 
 Socket Mode, on Slack's wire protocol: `apps.connections.open` (app-level token only) answers a
 `ws://…/socket?ticket=…` URL on this server; on connect the socket says `hello`; the test then pushes envelopes
@@ -46,6 +53,7 @@ from typing import Any
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
+from playground import slack_checks
 from playground.server_thread import ThreadedAiohttpServer
 from playground.signed import SlackEventSender
 
@@ -53,12 +61,8 @@ log = logging.getLogger("mm.playground.slack")
 
 Params = dict[str, Any]
 # Parameters that form-encoded callers send as JSON text; decoded so state holds one shape.
-_JSON_PARAMS = {"blocks", "attachments", "files", "chunks", "metadata", "view", "loading_messages"}
+_JSON_PARAMS = {"blocks", "attachments", "files", "chunks", "metadata", "view", "loading_messages", "prompts"}
 SOCKET_PATH = "/socket"
-# Slack's limits on a message, as its Web API enforces them.
-MAX_BLOCKS = 50
-MAX_SECTION_TEXT = 3000
-MAX_UPDATE_TEXT = 4000  # chat.update's msg_too_long ("The text field cannot exceed 4,000 characters")
 # Methods that only read: a call to one of them changes nothing a person sees.
 READ_ONLY = frozenset(
     {
@@ -77,6 +81,8 @@ READ_ONLY = frozenset(
 # The one method an app-level token may call, and the one a bot token may not (Slack: not_allowed_token_type).
 CONNECTIONS_OPEN = "apps.connections.open"
 
+
+UNKNOWN_METHOD = "unknown_method"
 
 # hold(method + ANSWER): the call is carried out, its answer held; hold(RESPONSE_URL): answers to response URLs.
 ANSWER = ":answer"
@@ -115,9 +121,22 @@ class SlackEmulator(ThreadedAiohttpServer):
     """Stateful Slack Web API emulator. `url` ends with `/api/` (pass it as slack_sdk's `base_url`).
 
     State a test can read: `messages(channel, thread_ts=None)`, `message(channel, ts)`, `ephemerals`,
-    `statuses` ({(channel, thread_ts): [status, ...]}), `views` (published/opened views), `uploads`
+    `statuses` ({(channel, thread_ts): [status, ...]}), `suggested_prompts` ({(channel, thread_ts): prompts}),
+    `views` (published/opened views), `uploads`
     ({file_id: bytes}), `responses` (bodies POSTed to `response_url()` URLs).
     """
+
+    # Methods called that no emulator knows, across every emulator of this process (the tests' emulators all
+    # run in it, on threads): `take_unknown_methods()` reads them, and the test kit fails a test that made one.
+    _unknown: list[str] = []  # noqa: RUF012 - shared on purpose
+    _unknown_lock = threading.Lock()
+
+    @classmethod
+    def take_unknown_methods(cls) -> list[str]:
+        """The methods answered `unknown_method` since the last call, oldest first; forgets them."""
+        with cls._unknown_lock:
+            taken, cls._unknown[:] = list(cls._unknown), []
+        return taken
 
     def __init__(
         self,
@@ -129,7 +148,7 @@ class SlackEmulator(ThreadedAiohttpServer):
         app_id: str = "A0TESTAPP",
         bot_name: str = "mm",
         app_token: str = "xapp-1-A0TESTAPP-1-test",
-        strict_streaming: bool = False,
+        strict_streaming: bool = True,
         history: int | None = None,
     ) -> None:
         super().__init__()
@@ -173,6 +192,7 @@ class SlackEmulator(ThreadedAiohttpServer):
             "users.info": self._user_info,
             "usergroups.users.list": self._usergroup_users,
             "assistant.threads.setStatus": self._set_status,
+            "assistant.threads.setSuggestedPrompts": self._set_suggested_prompts,
             "views.publish": self._views_publish,
             "views.open": self._views_open,
             "views.update": self._views_update,
@@ -206,6 +226,7 @@ class SlackEmulator(ThreadedAiohttpServer):
             self._messages: dict[str, list[dict[str, Any]]] = {}
             self.ephemerals: list[dict[str, Any]] = []
             self.statuses: dict[tuple[str, str], list[str]] = {}
+            self.suggested_prompts: dict[tuple[str, str], list[dict[str, str]]] = {}
             self.views: list[dict[str, Any]] = []
             self.uploads: dict[str, bytes] = {}
             self.files: dict[str, dict[str, Any]] = {}
@@ -256,7 +277,8 @@ class SlackEmulator(ThreadedAiohttpServer):
         return user
 
     def add_channel(self, channel_id: str, name: str, *, is_private: bool = False) -> dict[str, Any]:
-        """Seed a channel that conversations.info returns (channels are also made on first post)."""
+        """Seed a channel: the bot may post there, and conversations.info returns it (a seeded message or event
+        from a person makes its channel too; a post to any other is channel_not_found, as in Slack)."""
         channel = {
             "id": channel_id,
             "name": name,
@@ -291,9 +313,16 @@ class SlackEmulator(ThreadedAiohttpServer):
             "client_msg_id": f"00000000-0000-4000-8000-{next(self._ids):012d}",
         }
         with self._lock:
+            self._seen(channel)
             stored = self._store(channel, message, thread_ts)
         self._touch()
         return stored
+
+    def _seen(self, channel: str) -> None:
+        """A channel a person wrote in (a seeded message or event): there, as it could only come from one."""
+        with self._lock:
+            if channel not in self.channels:
+                self.add_channel(channel, channel.lower())
 
     def on_change(self, listener: Callable[[int], None]) -> None:
         """Call `listener(version)` after each change; it runs on the server's thread, so it must be quick."""
@@ -401,6 +430,7 @@ class SlackEmulator(ThreadedAiohttpServer):
         for that person, or with `"response_type": "in_channel"` a message in the channel."""
         url = f"{self.base}/response-url/{self.team_id}/{next(self._ids)}"
         if user is not None and channel is not None:
+            self._seen(channel)
             with self._lock:
                 self._answering[url] = (user, channel)
                 if self.history is not None and len(self._answering) > 2 * self.history:
@@ -460,7 +490,11 @@ class SlackEmulator(ThreadedAiohttpServer):
         auth = headers.get("Authorization", "")
         token = auth.removeprefix("Bearer ") if auth.startswith("Bearer ") else params.get("token")
         if method not in self._methods:
-            return 200, {"ok": False, "error": "unknown_method"}, {}
+            # Logged too: an emulator in another process (the playground's) is checked through its log.
+            log.warning("%s: %s (a method Slack has not, or one the emulator lacks)", UNKNOWN_METHOD, method)
+            with self._unknown_lock:
+                self._unknown.append(method)
+            return 200, {"ok": False, "error": UNKNOWN_METHOD}, {}
         if not token:
             return 200, {"ok": False, "error": "not_authed"}, {}
         if token not in self.tokens | {self.app_token}:
@@ -547,12 +581,14 @@ class SlackEmulator(ThreadedAiohttpServer):
 
     def push_app_mention(self, text: str, *, channel: str, user: str, thread_ts: str | None = None) -> str:
         """An `events_api` envelope around an app_mention event_callback (the Events API body)."""
+        self._seen(channel)
         self._payloads.app_mention(text, channel=channel, user=user, thread_ts=thread_ts)
         return self.push("events_api", self._payloads.last_payload)
 
     def push_message(
         self, text: str, *, channel: str, user: str, thread_ts: str | None = None, channel_type: str = "channel"
     ) -> str:
+        self._seen(channel)
         self._payloads.message(text, channel=channel, user=user, thread_ts=thread_ts, channel_type=channel_type)
         return self.push("events_api", self._payloads.last_payload)
 
@@ -561,11 +597,13 @@ class SlackEmulator(ThreadedAiohttpServer):
     ) -> str:
         """An `interactive` envelope around a block_actions payload (a button click)."""
         ts = message_ts or self._payloads.new_ts()
+        self._seen(channel)
         self._payloads.block_action(action_id, value, user=user, channel=channel, message_ts=ts)
         return self.push("interactive", self._payloads.last_payload)
 
     def push_slash_command(self, command: str, text: str, *, user: str, channel: str) -> str:
         """A `slash_commands` envelope: its payload is the command's fields, as the HTTP form has them."""
+        self._seen(channel)
         self._payloads.slash_command(command, text, user=user, channel=channel)
         return self.push("slash_commands", self._payloads.last_payload)
 
@@ -696,8 +734,6 @@ class SlackEmulator(ThreadedAiohttpServer):
         return found
 
     def _store(self, channel: str, message: dict[str, Any], thread_ts: str | None) -> dict[str, Any]:
-        if channel not in self.channels:
-            self.add_channel(channel, channel.lower())
         message["ts"] = self._new_ts()
         if thread_ts:
             message["thread_ts"] = thread_ts
@@ -714,27 +750,33 @@ class SlackEmulator(ThreadedAiohttpServer):
         return message
 
     def _check_content(self, params: Params, too_many_blocks: str = "invalid_blocks") -> None:
-        """Slack's checks of what a message holds: markdown_text alone, at most 50 blocks, short sections."""
+        """Slack's checks of what a message holds (playground/slack_checks.py): markdown_text alone, blocks
+        Slack takes, text no longer than it allows."""
         if params.get("markdown_text") and (params.get("text") or params.get("blocks")):
             raise SlackError("markdown_text_conflict")
-        blocks = params.get("blocks") or []
+        if len(str(params.get("text") or "")) > slack_checks.MAX_MESSAGE_TEXT:
+            raise SlackError("msg_too_long")
+        blocks = params.get("blocks")
+        if blocks is None:
+            return
         if not isinstance(blocks, list):
             raise SlackError("invalid_blocks_format")
-        problems = []
-        if len(blocks) > MAX_BLOCKS:
-            if too_many_blocks != "invalid_blocks":
-                raise SlackError(too_many_blocks)
-            problems.append(f"[ERROR] no more than {MAX_BLOCKS} items allowed [json-pointer:/blocks]")
-        for i, block in enumerate(blocks):
-            if not isinstance(block, dict) or block.get("type") != "section":
-                continue
-            text = block.get("text")
-            if isinstance(text, dict) and len(str(text.get("text", ""))) > MAX_SECTION_TEXT:
-                problems.append(
-                    f"[ERROR] must be less than {MAX_SECTION_TEXT + 1} characters [json-pointer:/blocks/{i}/text/text]"
-                )
+        if too_many_blocks != "invalid_blocks" and slack_checks.too_many_blocks(blocks):
+            raise SlackError(too_many_blocks)
+        problems = slack_checks.block_problems(blocks)
         if problems:
             raise SlackError("invalid_blocks", response_metadata={"messages": problems})
+
+    def _check_view(self, view: Any) -> None:
+        problems = slack_checks.view_problems(view)
+        if problems:
+            raise SlackError("invalid_arguments", response_metadata={"messages": problems})
+
+    def _known_channel(self, channel: str) -> None:
+        """Slack posts only where the channel is: tests seed theirs with `add_channel` (a person's message or
+        event seeded with `add_message` or `push_*` makes its channel, as it could only come from one)."""
+        if channel not in self.channels:
+            raise SlackError("channel_not_found")
 
     def _bot_message(self, params: Params) -> dict[str, Any]:
         message = {
@@ -765,6 +807,7 @@ class SlackEmulator(ThreadedAiohttpServer):
 
     def _post_message(self, params: Params) -> dict[str, Any]:
         [channel] = self._require(params, "channel")
+        self._known_channel(channel)
         if not (params.get("text") or params.get("markdown_text") or params.get("blocks") or params.get("attachments")):
             raise SlackError("no_text")
         self._check_content(params)
@@ -778,7 +821,7 @@ class SlackEmulator(ThreadedAiohttpServer):
             raise SlackError("cant_update_message")
         if message.get("streaming"):
             raise SlackError("streaming_state_conflict")
-        if len(params.get("text") or "") > MAX_UPDATE_TEXT:
+        if len(params.get("text") or "") > slack_checks.MAX_UPDATE_TEXT:
             raise SlackError("msg_too_long")
         self._check_content(params)
         if params.get("markdown_text"):
@@ -795,6 +838,8 @@ class SlackEmulator(ThreadedAiohttpServer):
 
     def _post_ephemeral(self, params: Params) -> dict[str, Any]:
         channel, user = self._require(params, "channel", "user")
+        self._known_channel(channel)
+        self._check_content(params)
         message = self._bot_message(params) | {"channel": channel, "to_user": user, "ts": self._new_ts()}
         if params.get("thread_ts"):
             message["thread_ts"] = params["thread_ts"]
@@ -820,6 +865,7 @@ class SlackEmulator(ThreadedAiohttpServer):
 
     def _start_stream(self, params: Params) -> dict[str, Any]:
         channel, thread_ts = self._require(params, "channel", "thread_ts")
+        self._known_channel(channel)
         if self.strict_streaming and not channel.startswith("D"):
             # Outside a DM, Slack streams to one person, who must be named.
             for name in ("recipient_user_id", "recipient_team_id"):
@@ -932,9 +978,15 @@ class SlackEmulator(ThreadedAiohttpServer):
             del said[: -self.history]
         return {}
 
+    def _set_suggested_prompts(self, params: Params) -> dict[str, Any]:
+        channel, thread_ts, prompts = self._require(params, "channel_id", "thread_ts", "prompts")
+        problems = slack_checks.prompt_problems(prompts, params.get("title"))
+        if problems:
+            raise SlackError("invalid_arguments", response_metadata={"messages": problems})
+        self.suggested_prompts[(channel, thread_ts)] = prompts
+        return {}
+
     def _store_view(self, view: Any, view_id: str | None = None, **where: Any) -> dict[str, Any]:
-        if not isinstance(view, dict) or "type" not in view:
-            raise SlackError("invalid_arguments", response_metadata={"messages": ["[ERROR] invalid view"]})
         number = next(self._ids)
         stored = (
             view
@@ -955,6 +1007,7 @@ class SlackEmulator(ThreadedAiohttpServer):
         user, view = self._require(params, "user_id", "view")
         if user not in self.users:
             raise SlackError("user_not_found")
+        self._check_view(view)  # before the old view goes: a refused view leaves the Home tab as it was
         # A person has one Home tab: publishing replaces its view, which keeps its id.
         old = next((v for v in self.views if v.get("type") == "home" and v.get("user_id") == user), None)
         if old is not None and isinstance(view, dict) and view.get("type") == "home":
@@ -964,10 +1017,12 @@ class SlackEmulator(ThreadedAiohttpServer):
 
     def _views_open(self, params: Params) -> dict[str, Any]:
         trigger, view = self._require(params, "trigger_id", "view")
+        self._check_view(view)
         return self._store_view(view, trigger_id=trigger)
 
     def _views_update(self, params: Params) -> dict[str, Any]:
         [view] = self._require(params, "view")
+        self._check_view(view)  # before the old view goes
         old = next((v for v in self.views if v["id"] == params.get("view_id")), None)
         if old is None:
             raise SlackError("not_found")
@@ -1002,6 +1057,7 @@ class SlackEmulator(ThreadedAiohttpServer):
             done.append(file)
         channel = params.get("channel_id") or (params.get("channels") or "").split(",")[0]
         if channel:
+            self._known_channel(channel)
             message = self._bot_message({"text": params.get("initial_comment", "")}) | {"files": done, "upload": True}
             self._store(channel, message, params.get("thread_ts"))
             for file in done:

@@ -163,7 +163,7 @@ def socket_slack(
 def session_of(engine: Engine, channel: str, thread_ts: str) -> Any:
     with engine.connect() as conn:
         return conn.execute(
-            select(Session.id, Session.status, Session.assistant_thread, Session.requester).where(
+            select(Session.id, Session.status, Session.assistant_thread, Session.requester, Session.team_id).where(
                 Session.channel_id == channel, Session.thread_ts == thread_ts
             )
         ).first()
@@ -210,6 +210,26 @@ def test_a_mention_starts_a_session_in_its_thread_recorded_and_enqueued(
     assert twin.status_code == 200
     assert inbox(engine, found.id) == [("U0ALICE", "fix the tests", root)]
     turns.wait(found.id)
+
+
+def test_a_slack_connect_persons_session_names_their_own_team(
+    sender: SlackEventSender, engine: Engine, turns: Turns
+) -> None:
+    # A person of another workspace in a shared channel: the event names their team (`user_team`), and a stream
+    # to them must name it (Slack refuses the installation's team for them), so the session keeps theirs.
+    channel, ts = new_channel(), sender.new_ts()
+    guest = {"type": "app_mention", "user": "U0GUEST", "text": "<@U0BOT> hi", "ts": ts, "channel": channel}
+    assert (
+        sender.event(guest | {"team": "T0GUEST", "user_team": "T0GUEST", "source_team": "T0GUEST"}).status_code == 200
+    )
+    found = session_of(engine, channel, ts)
+    assert found is not None and (found.requester, found.team_id) == ("U0GUEST", "T0GUEST")
+    turns.wait(found.id)
+    # One of the workspace's own: its team, as the event says it.
+    channel, ts = new_channel(), sender.new_ts()
+    own = guest | {"user": "U0ALICE", "ts": ts, "channel": channel, "team": sender.team_id}
+    assert sender.event(own).status_code == 200
+    assert session_of(engine, channel, ts).team_id == sender.team_id
 
 
 def test_a_reply_in_the_thread_continues_the_session_without_a_mention(
@@ -272,6 +292,7 @@ def test_a_message_while_the_turn_runs_is_kept_and_the_thread_told_it_is_queued(
     bot: Bot, sender: SlackEventSender, engine: Engine, turns: Turns
 ) -> None:
     channel = new_channel()
+    bot.slack.add_channel(channel, "queued")  # the bot answers there: Slack has it
     root = mention(sender, channel)
     sid = session_of(engine, channel, root).id
     turns.wait(sid)
@@ -308,6 +329,7 @@ def test_an_assistant_thread_is_greeted_once_with_prompts_and_its_messages_recor
     bot: Bot, sender: SlackEventSender, engine: Engine, turns: Turns
 ) -> None:
     dm, thread_ts = new_channel("D"), sender.new_ts()
+    bot.slack.add_channel(dm, "alice")  # the assistant thread's DM, which the bot greets
     started = {
         "type": "assistant_thread_started",
         "assistant_thread": {

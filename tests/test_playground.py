@@ -33,7 +33,7 @@ from mmbot_helpers import MM_BOT, clean_env, free_port, session_processes
 from playground.demo_model import LABEL
 from playground.model_server import ModelServer, Reply, ToolCall
 from playground.server import ModelInfo, PlaygroundPage
-from playground.slack_api import SlackEmulator
+from playground.slack_api import UNKNOWN_METHOD, SlackEmulator
 from workers.turns import STOPPED
 
 pytestmark = [needs_system("chromium", "chromium"), needs_bwrap_when_root]
@@ -102,6 +102,9 @@ class Playground:
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait()
         assert session_processes(self.process.pid) == [], "the playground left processes behind"
+        # Its emulator runs in that process: a call it did not know is in the log (the kit checks its own).
+        unknown = [line for line in self.output().splitlines() if f"{UNKNOWN_METHOD}:" in line]
+        assert not unknown, f"the playground's Slack emulator answered unknown_method: {unknown}"
         shutil.rmtree(self.directory, ignore_errors=True)
 
 
@@ -303,6 +306,7 @@ def test_what_people_and_the_model_write_is_shown_as_text_never_run(page: Page, 
 def test_a_block_the_page_cannot_draw_is_shown_as_its_json(browser: Browser) -> None:
     # The page and the emulator alone, in this process: what a bot posts is what the page must show.
     with SlackEmulator() as slack:
+        slack.add_channel("C0PLAYGROUND", "playground")  # as `mm-bot playground` does
         page_server = PlaygroundPage(
             slack,
             bot_url="http://127.0.0.1:9",
@@ -318,7 +322,12 @@ def test_a_block_the_page_cannot_draw_is_shown_as_its_json(browser: Browser) -> 
             client = WebClient(token=slack.bot_token, base_url=slack.url)
             blocks = [
                 {"type": "section", "text": {"type": "mrkdwn", "text": "a *known* block"}},
-                {"type": "input", "label": {"type": "plain_text", "text": "Your name"}, "element": {"type": "x"}},
+                # One Slack takes (the emulator refuses the others) that the page does not draw.
+                {
+                    "type": "input",
+                    "label": {"type": "plain_text", "text": "Your name"},
+                    "element": {"type": "plain_text_input", "action_id": "name"},
+                },
             ]
             client.chat_postMessage(channel="C0PLAYGROUND", text="fallback", blocks=blocks)
             # No bot listens here: a message is refused with a sentence, and the channel does not keep it.

@@ -457,3 +457,30 @@ def test_the_source_scan_finds_the_calls_it_is_there_to_find() -> None:
     assert gateway_methods()["ephemeral"] == ["chat.postEphemeral"]
     assert "workers/slack_out.py" not in {where for places in calls.values() for where in places}
     assert "files.upload" not in calls  # a label for a slack_sdk helper's error, not a call
+
+
+DOC = ROOT / "docs" / "slack-app.md"
+DOC_METHOD_ROW = re.compile(r"^\| `([a-z]+(?:\.[a-zA-Z]+)+)` \| (.*) \|$", re.MULTILINE)
+
+
+def documented_methods() -> dict[str, frozenset[str]]:
+    """docs/slack-app.md's table of the methods the app calls: each with the scopes its row names."""
+    return {method: frozenset(re.findall(r"`([a-z_:]+)`", scopes)) for method, scopes in DOC_METHOD_ROW.findall(
+        DOC.read_text(encoding="utf-8")
+    )}  # fmt: skip
+
+
+def test_the_docs_list_every_method_called_with_its_scopes_and_the_emulator_answers_each() -> None:
+    from playground.slack_api import SlackEmulator
+
+    documented = documented_methods()
+    expected = dict(METHOD_SCOPES) | {method: frozenset({"connections:write"}) for method in APP_TOKEN_METHODS}
+    differ = sorted(m for m in expected.keys() & documented.keys() if expected[m] != documented[m])
+    assert documented == expected, (
+        f"docs/slack-app.md's method table differs from METHOD_SCOPES: "
+        f"missing {sorted(expected.keys() - documented.keys())}, "
+        f"not called {sorted(documented.keys() - expected.keys())}, "
+        f"scopes differ for {differ}"
+    )
+    # A method the app calls that the emulator does not answer would pass no test (unknown_method).
+    assert not expected.keys() - set(SlackEmulator().methods)

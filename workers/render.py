@@ -34,6 +34,7 @@ import collections
 import contextlib
 import logging
 import math
+import re
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
@@ -81,6 +82,9 @@ HOLD = 1.0
 # Slack's limits, kept well under: 50 blocks a message, 3,000 characters a section, 4,000 characters of text
 # for chat.update, 12,000 characters of markdown_text a call.
 MAX_BLOCKS = 50
+# What a failed upload is reported as when no method says otherwise (slack_sdk's helper, which calls
+# files.getUploadURLExternal, POSTs to the URL it answers, then calls files.completeUploadExternal).
+UPLOAD = "files_upload_v2"
 TEXT_CHARS = 3900
 MARKDOWN_CHARS = 11000
 LINE_CHARS = 1000
@@ -619,7 +623,7 @@ class ThreadRenderer:
         it did not get there."""
 
         upload = self.out.upload(self.channel, self.thread_ts, content, filename, clip(self._scrub(title), 250))
-        data = await self._run_call("files.upload", upload)
+        data = await self._run_call(UPLOAD, upload)
         if data is None:
             return None
         self._posted()
@@ -633,6 +637,7 @@ class ThreadRenderer:
         try:
             response = await call
         except (SlackApiError, SlackClientError, ClientError, OSError, TimeoutError) as e:
+            method = _failed_method(e) or method
             self._report(f"slack:{method}", f"{method}: {_describe(e)}")
             return None
         data = response if isinstance(response, dict) else getattr(response, "data", None)
@@ -702,6 +707,16 @@ def _cut_point(text: str, start: int, size: int) -> int:
         if at != -1:
             return at + 1
     return end
+
+
+def _failed_method(e: BaseException) -> str | None:
+    """The Web API method Slack refused, from the URL its answer came from: a helper's calls (files_upload_v2
+    makes two) are reported under the one that failed."""
+    if not isinstance(e, SlackApiError):
+        return None
+    url = str(getattr(e.response, "api_url", "") or "")
+    method = url.rstrip("/").rpartition("/")[2]
+    return method if re.fullmatch(r"[a-z]+(\.[a-zA-Z]+)+", method) else None
 
 
 def _describe(e: BaseException) -> str:
