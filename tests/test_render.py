@@ -20,6 +20,7 @@ from chatops.buttons import ButtonValue
 from chatops.config import load_config
 from chatops.schema import ApprovalState
 from chatops.store import ApprovalRow
+from long_answers import assert_shown_whole, long_answer, rejoined
 from mm_core import (
     Agent,
     CallStatus,
@@ -295,6 +296,40 @@ def test_a_long_answer_goes_on_in_further_messages(slack: SlackEmulator) -> None
     assert len(texts) == 3 and "".join(texts) == text
     sent = [c.params["markdown_text"] for c in slack.calls if "markdown_text" in c.params]
     assert max(len(s) for s in sent) <= MARKDOWN_CHARS < 12000
+
+
+@pytest.mark.parametrize("channel", [DM, CHANNEL])  # streamed, and posted then edited
+def test_a_long_answer_goes_on_between_its_blocks_and_no_code_block_is_cut(slack: SlackEmulator, channel: str) -> None:
+    thread = Thread(slack, channel)
+    answer = long_answer(30_000)
+    run(thread.play(*typed(answer, 300, 0.05), finished(answer, commands=0)))
+    messages = [m["text"] for m in thread.replies()[:-1]]
+    assert_shown_whole(messages, answer, MARKDOWN_CHARS)
+    assert messages[-1].endswith("The end.")
+
+
+def test_a_code_block_longer_than_a_message_is_closed_and_reopened_with_its_language(slack: SlackEmulator) -> None:
+    code = "```python\n" + "".join(f"print({i})  # one line of a long program\n" for i in range(800)) + "```"
+    answer = "Here it is:\n\n" + code + "\n\nThat is all."
+    thread = Thread(slack, DM)
+    run(thread.play(*typed(answer, 400, 0.05), finished(answer, commands=0)))
+    messages = [m["text"] for m in thread.replies()[:-1]]
+    assert len(messages) >= 3 and all(len(m) <= MARKDOWN_CHARS for m in messages)
+    assert all(m.endswith("\n```") for m in messages[:-1])
+    assert all(m.startswith("```python\n") for m in messages[1:])
+    assert rejoined(messages, answer) == answer
+
+
+def test_an_asked_agent_s_long_answer_keeps_its_code_blocks_under_its_name(slack: SlackEmulator) -> None:
+    thread = Thread(slack, DM)
+    answer = long_answer(15_000)
+    run(thread.play(*deltas("```sh\necho first\n```\n\n" + answer, 500, agent="reviewer")))
+    messages = [m["text"] for m in thread.replies()]
+    # The name on each message; on a line of its own when a code fence follows (else it would be no fence).
+    assert messages[0].startswith("reviewer ·\n```sh\n")
+    assert all(m.startswith(("reviewer ·\n```", "reviewer · ")) for m in messages)
+    bodies = [m.removeprefix("reviewer ·\n").removeprefix("reviewer · ") for m in messages]
+    assert_shown_whole(bodies, "```sh\necho first\n```\n\n" + answer, MARKDOWN_CHARS)
 
 
 def test_long_output_goes_up_as_a_file(slack: SlackEmulator) -> None:
