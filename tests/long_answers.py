@@ -69,11 +69,12 @@ def code_blocks(text: str) -> list[str]:
 
 def assert_shown_whole(messages: list[str], answer: str, limit: int) -> None:
     """The thread's messages hold `answer` whole: none over `limit`, none leaving a code block open (but the
-    last, when the answer did), each code block that fits a message whole in one, and together the answer."""
+    last, when the answer did), each code block of up to half a message whole in one, and together the answer."""
     assert len(messages) > 1
     assert all(len(m) <= limit for m in messages), [len(m) for m in messages]
     for message in messages[:-1]:
         assert open_fence_at_end(message) is None, message[-200:]
     for block in code_blocks(answer):
-        assert any(block in m for m in messages), block[:100]
+        if len(block) <= limit // 2:  # one too long to fit may be cut (closed and reopened)
+            assert any(block in m for m in messages), block[:100]
     assert rejoined(messages, answer) == answer

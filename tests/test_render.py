@@ -41,7 +41,7 @@ from playground.model_server import ModelServer, Reply, ToolCall
 from playground.slack_api import SlackEmulator
 from workers.approval_message import WAITING, ApprovalAsked, approvable
 from workers.mrkdwn import ZWSP
-from workers.render import MARKDOWN_CHARS, ThreadRenderer
+from workers.render import MARKDOWN_CHARS, TEXT_CHARS, ThreadRenderer
 from workers.slack_client import web_client
 
 CHANNEL, DM, USER, TEAM = "C0TEST", "D0ALICE", "U0ALICE", "T0TESTTEAM"
@@ -337,9 +337,37 @@ def test_long_output_goes_up_as_a_file(slack: SlackEmulator) -> None:
     output = "".join(f"test_{i} PASSED\n" for i in range(200))
     run(thread.play(*bash("c1", "pytest", output), finished("", commands=1)))
     line, upload, _recap = thread.replies()
-    assert shown(line) == "🛠️ bash: pytest\n```\n" + "\n".join(output.splitlines()[:10]) + "\n```"
+    # The preview says it is cut, and where the whole is.
+    note = "✂️ 190 more lines not shown: the whole output is in bash-output.txt, the file below."
+    assert shown(line) == "🛠️ bash: pytest\n```\n" + "\n".join(output.splitlines()[:10]) + "\n```\n" + note
     assert upload["upload"] and upload["files"][0]["name"] == "bash-output.txt"
     assert slack.uploads[upload["files"][0]["id"]].decode() == output
+
+
+def test_a_preview_whose_file_did_not_get_there_says_so(slack: SlackEmulator) -> None:
+    slack.fail("files.getUploadURLExternal", "not_allowed_token_type")
+    thread = Thread(slack, DM)
+    output = "".join(f"test_{i} PASSED\n" for i in range(200))
+    run(thread.play(*bash("c1", "pytest", output), finished("", commands=1)))
+    line, _recap = thread.replies()
+    assert shown(line).endswith("\n```\n✂️ 190 more lines not shown; the whole output could not be uploaded.")
+    assert [where for where, _ in thread.errors] == ["slack:files.upload"]
+
+
+def test_a_long_notice_goes_on_in_further_messages_with_its_code_whole(slack: SlackEmulator) -> None:
+    # A job's summary, an error's words: once clipped at one message, lost past it.
+    thread = Thread(slack, CHANNEL)
+    files = "".join(f" src/module_{i}.py | 12 ++++++------\n" for i in range(80))
+    text = "✅ nightly succeeded in 3 min\n\nChanges:\n```\n" + files + "```\n" + "⬆️ Pushed. " * 300 + "The end."
+
+    async def notices() -> None:
+        await thread.renderer.notice(text)
+        await thread.renderer.aclose()
+
+    run(notices())
+    messages = [m["text"] for m in thread.replies()]
+    assert_shown_whole(messages, text, TEXT_CHARS)
+    assert any("```\n" + files + "```" in m for m in messages)  # the block fits in a message: it is not cut
 
 
 def test_a_long_file_read_is_previewed_and_not_uploaded_again(slack: SlackEmulator) -> None:
@@ -353,7 +381,8 @@ def test_a_long_file_read_is_previewed_and_not_uploaded_again(slack: SlackEmulat
     ]
     run(thread.play(*events, finished("", commands=0)))
     line, _recap = thread.replies()
-    assert shown(line) == "📄 read_file big.txt\n```\n" + preview + "\n```"
+    note = "✂️ 190 more lines not shown: the whole is what read_file read, not uploaded again."
+    assert shown(line) == "📄 read_file big.txt\n```\n" + preview + "\n```\n" + note
     assert not slack.calls_to("files.getUploadURLExternal") and not slack.uploads
 
 

@@ -14,7 +14,8 @@ never slow the turn. One consumer task drains the queue in order and writes the 
 - ToolCallStarted / ToolCallFinished: one message per call, mm_core.display's line (`🛠️ bash: ls`) with the
   result lines in a code block. A call that returns within HOLD is posted once, with its result; a longer one
   is posted at once and edited when it returns. Output longer than its preview is uploaded as a file (but
-  not what read_file or read_skill return: a copy of the repository's own file or of a skill).
+  not what read_file or read_skill return: a copy of the repository's own file or of a skill), and a line
+  under the preview says how much it leaves out and where the whole is (or that the upload failed).
 - ApprovalAsked (the worker's, once the calls a turn waits for are recorded): one message per call, with its
   buttons (workers/approval_message.py); a text too long for it goes up first, whole, as a file (without that
   file the message offers no Approve); the bot updates it once someone decides.
@@ -118,6 +119,7 @@ class _Tool:
     ts: str | None = None
     finished: ToolCallFinished | None = None
     last_write: float = -math.inf
+    unfiled: bool = False  # its output was to go up as a file, and did not get there
 
 
 @dataclass
@@ -495,7 +497,11 @@ class ThreadRenderer:
             self._updates.append(tool)  # the edit waits for its second
         if long_output:
             line = self._tool_line(tool)
-            await self._upload(event.output, f"{event.tool}-output.txt", line.text)
+            if await self._upload(event.output, _output_file(event), line.text) is None:
+                # The preview said the whole output was in a file: it now says it is not.
+                tool.unfiled = True
+                if tool.ts is not None and tool not in self._updates:
+                    self._updates.append(tool)
 
     async def _write_tool(self, tool: _Tool) -> None:
         blocks, fallback, _ = self._tool_blocks(tool)
@@ -512,8 +518,8 @@ class ThreadRenderer:
         return found or display.CallLine("•", tool.finished.tool, tool.finished.agent)
 
     def _tool_blocks(self, tool: _Tool) -> tuple[list[dict[str, Any]], str, bool]:
-        """The call's message: its line, then its result lines in a code block; and whether the output is
-        longer than what the message shows (it then goes up as a file)."""
+        """The call's message: its line, then its result lines in a code block, and when those are not the
+        whole output a line that says so and where the whole is; and whether the output goes up as a file."""
         call = self._tool_line(tool)
         line = self._mrkdwn_line(call)
         blocks = [section_block(line)]
@@ -523,11 +529,14 @@ class ThreadRenderer:
         if event is None:
             return blocks, line, False
         shown = list(display.result_lines(event))[: max(self.preview_lines, 0)]
-        code, cut = self._code(shown)
+        code, clipped = self._code(shown)
         output, previewed = event.output.splitlines(), event.preview.splitlines()[: len(shown)]
         # The preview is the output's first lines (a tool may show something else: ask_agent's "answered").
         longer = self.preview_lines > 0 and output[: len(shown)] == previewed and len(output) > len(shown)
-        return blocks + code, line, cut or (longer and event.tool not in COPIES)
+        filed = clipped or (longer and event.tool not in COPIES)
+        if clipped or longer:
+            code.append(context_block(_cut_note(event, len(output) - len(shown) if longer else 0, filed, tool.unfiled)))
+        return blocks + code, line, filed
 
     # -- permission prompts -------------------------------------------------------------------------------
 
@@ -719,6 +728,20 @@ def _file_id(data: dict[str, Any]) -> str | None:
     file = data.get("file") or next(iter(data.get("files") or []), None)
     found = file.get("id") if isinstance(file, dict) else None
     return found if isinstance(found, str) and found else None
+
+
+def _output_file(event: ToolCallFinished) -> str:
+    return f"{event.tool}-output.txt"
+
+
+def _cut_note(event: ToolCallFinished, more: int, filed: bool, unfiled: bool) -> str:
+    """The line under a preview that is not the whole output: how much is left out, and where the whole is."""
+    cut = f"✂️ {more:,} more line{'s' if more != 1 else ''} not shown" if more else "✂️ Cut to fit the message"
+    if unfiled:
+        return f"{cut}; the whole output could not be uploaded."
+    if filed:
+        return f"{cut}: the whole output is in {_output_file(event)}, the file below."
+    return f"{cut}: the whole is what {event.tool} read, not uploaded again."
 
 
 def _describe(e: BaseException) -> str:
