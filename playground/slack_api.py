@@ -16,7 +16,8 @@ person would see; `version` counts them.
 
 Messages are held to Slack's limits: more than 50 blocks, or a section's text over 3,000 characters, is
 `invalid_blocks` (with Slack's `[ERROR] …` lines); `markdown_text` with `text` or `blocks` is
-`markdown_text_conflict`; chat.update refuses text over 4,000 characters (`msg_too_long`) and a message that is
+`markdown_text_conflict`; `markdown_text` over 12,000 characters, in a post, an edit or a stream's call, is
+`msg_too_long`; chat.update refuses text over 4,000 characters (`msg_too_long`) and a message that is
 still streaming (`streaming_state_conflict`). `strict_streaming=True` also makes chat.startStream outside a DM
 require `recipient_user_id` and `recipient_team_id`, as Slack does (off by default for older tests).
 
@@ -59,6 +60,7 @@ SOCKET_PATH = "/socket"
 MAX_BLOCKS = 50
 MAX_SECTION_TEXT = 3000
 MAX_UPDATE_TEXT = 4000  # chat.update's msg_too_long ("The text field cannot exceed 4,000 characters")
+MAX_MARKDOWN_TEXT = 12000  # markdown_text, in a post, an edit or a stream's call ("Limit this field to 12,000")
 # Methods that only read: a call to one of them changes nothing a person sees.
 READ_ONLY = frozenset(
     {
@@ -717,6 +719,7 @@ class SlackEmulator(ThreadedAiohttpServer):
         """Slack's checks of what a message holds: markdown_text alone, at most 50 blocks, short sections."""
         if params.get("markdown_text") and (params.get("text") or params.get("blocks")):
             raise SlackError("markdown_text_conflict")
+        _check_markdown(params)
         blocks = params.get("blocks") or []
         if not isinstance(blocks, list):
             raise SlackError("invalid_blocks_format")
@@ -825,6 +828,7 @@ class SlackEmulator(ThreadedAiohttpServer):
             for name in ("recipient_user_id", "recipient_team_id"):
                 if not params.get(name):
                     raise SlackError(f"missing_{name}")
+        _check_markdown(params)
         message = self._bot_message(params) | {"text": params.get("markdown_text", "") + _chunk_text(params)}
         message = self._store(channel, message, thread_ts)
         message["streaming"] = True  # the emulator's own mark: appendStream needs it
@@ -843,12 +847,14 @@ class SlackEmulator(ThreadedAiohttpServer):
             raise SlackError(
                 "invalid_arguments", response_metadata={"messages": ["[ERROR] missing required field: markdown_text"]}
             )
+        _check_markdown(params)
         message["text"] += params.get("markdown_text", "") + _chunk_text(params)
         return {"channel": params["channel"], "ts": message["ts"]}
 
     def _stop_stream(self, params: Params) -> dict[str, Any]:
         message = self._streaming(params)
         self._check_content({"blocks": params.get("blocks")}, too_many_blocks="msg_blocks_too_many")
+        _check_markdown(params)
         message["text"] += params.get("markdown_text", "") + _chunk_text(params)
         for key in ("blocks", "metadata"):
             if params.get(key):
@@ -1032,6 +1038,12 @@ def _as_read(params: Params, messages: list[dict[str, Any]]) -> list[dict[str, A
         for m in messages
         if float(m.get("ts") or 0) > oldest
     ]
+
+
+def _check_markdown(params: Params) -> None:
+    """Slack's limit on one call's markdown_text."""
+    if len(str(params.get("markdown_text") or "")) > MAX_MARKDOWN_TEXT:
+        raise SlackError("msg_too_long")
 
 
 def _chunk_text(params: Params) -> str:

@@ -660,6 +660,7 @@ def test_the_emulator_holds_messages_to_slack_s_limits(slack: SlackEmulator) -> 
         ("chat.postMessage", {"channel": CHANNEL, "blocks": too_many}, "invalid_blocks"),
         ("chat.postMessage", {"channel": CHANNEL, "blocks": too_long}, "invalid_blocks"),
         ("chat.postMessage", {"channel": CHANNEL, "text": "a", "markdown_text": "b"}, "markdown_text_conflict"),
+        ("chat.postMessage", {"channel": CHANNEL, "markdown_text": "x" * 12001}, "msg_too_long"),
         (
             "chat.startStream",
             {"channel": CHANNEL, "thread_ts": parent, "markdown_text": "a"},
@@ -672,6 +673,8 @@ def test_the_emulator_holds_messages_to_slack_s_limits(slack: SlackEmulator) -> 
         assert caught.value.response["error"] == error
     dm_parent = slack.add_message(DM, "hi", user=USER)["ts"]
     stream = str(client.chat_startStream(channel=DM, thread_ts=dm_parent, markdown_text="a")["ts"])
+    with pytest.raises(SlackApiError, match="msg_too_long"):
+        client.chat_appendStream(channel=DM, ts=stream, markdown_text="x" * 12001)
     with pytest.raises(SlackApiError, match="streaming_state_conflict"):
         client.chat_update(channel=DM, ts=stream, text="b")
     posted = str(client.chat_postMessage(channel=CHANNEL, markdown_text="**a**")["ts"])
