@@ -81,12 +81,14 @@ def test_a_mention_becomes_an_answer_with_tool_lines_and_recap(threads: Stack) -
         assert list(decisions.scalars()) == ["auto"]  # yolo channel: it ran without asking, and the audit says so
 
 
-def test_a_30000_character_answer_with_code_blocks_reaches_the_thread_whole(threads: Stack) -> None:
+@pytest.mark.parametrize("streamed", [True, False])  # to the person who asked, or posted and edited
+def test_a_30000_character_answer_with_code_blocks_reaches_the_thread_whole(threads: Stack, streamed: bool) -> None:
     answer = long_answer(30_000)
     threads.model.script(Reply(text=answer, chunk_size=250, interval=0.02))
     threads.start_worker()
-    posted = threads.post("<@U0BOT> write it all down")
+    posted = threads.post("<@U0BOT> write it all down", team_id="T0THREADS" if streamed else None)
     threads.wait(answered(threads, posted.session_id), message="the turn")
+    assert bool(threads.slack.calls_to("chat.startStream")) == streamed
     replies = threads.slack.messages(CHANNEL, posted.thread_ts)[1:]
     # The answer's messages are markdown; the recap is a context block.
     messages = [m["text"] for m in replies if m.get("bot_id") and not m.get("blocks")]
