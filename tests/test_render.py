@@ -344,6 +344,16 @@ def test_long_output_goes_up_as_a_file(slack: SlackEmulator) -> None:
     assert slack.uploads[upload["files"][0]["id"]].decode() == output
 
 
+def test_a_preview_with_a_line_too_long_for_the_message_says_it_is_cut(slack: SlackEmulator) -> None:
+    thread = Thread(slack, DM)
+    output = "short\n" + "x" * 5000 + "\nend\n"
+    run(thread.play(*bash("c1", "cat blob", output), finished("", commands=1)))
+    line, upload, _recap = thread.replies()
+    note = "✂️ Cut to fit the message: the whole output is in bash-output.txt, the file below."
+    assert "…\n```" in shown(line) and shown(line).endswith("\nend\n```\n" + note)
+    assert slack.uploads[upload["files"][0]["id"]].decode() == output
+
+
 def test_a_preview_whose_file_did_not_get_there_says_so(slack: SlackEmulator) -> None:
     slack.fail("files.getUploadURLExternal", "not_allowed_token_type")
     thread = Thread(slack, DM)
