@@ -18,7 +18,8 @@ Messages and views are held to Slack's limits (playground/slack_checks.py: every
 slack_sdk's models, which check Slack's documented limits): blocks Slack refuses (more than 50 in a message, an
 unknown type, a section's text over 3,000 characters, a header's over 150, …) are `invalid_blocks` (with
 Slack's `[ERROR] …` lines), a view Slack refuses is `invalid_arguments`; `markdown_text` with `text` or
-`blocks` is `markdown_text_conflict`; a message's text over 40,000 characters (4,000 for chat.update) is
+`blocks` is `markdown_text_conflict`, `markdown_text` over 12,000 characters (in a post, an edit or a stream's
+call) is `msg_too_long`; a message's text over 40,000 characters (4,000 for chat.update) is
 `msg_too_long`; chat.update refuses a message that is still streaming (`streaming_state_conflict`). The bot
 posts only in channels the emulator knows (`channel_not_found` otherwise): `add_channel` seeds one, and a
 person's message or event (`add_message`, `push_*`, `response_url(user, channel)`) makes its channel.
@@ -754,6 +755,7 @@ class SlackEmulator(ThreadedAiohttpServer):
         Slack takes, text no longer than it allows."""
         if params.get("markdown_text") and (params.get("text") or params.get("blocks")):
             raise SlackError("markdown_text_conflict")
+        _check_markdown(params)
         if len(str(params.get("text") or "")) > slack_checks.MAX_MESSAGE_TEXT:
             raise SlackError("msg_too_long")
         blocks = params.get("blocks")
@@ -871,6 +873,7 @@ class SlackEmulator(ThreadedAiohttpServer):
             for name in ("recipient_user_id", "recipient_team_id"):
                 if not params.get(name):
                     raise SlackError(f"missing_{name}")
+        _check_markdown(params)
         message = self._bot_message(params) | {"text": params.get("markdown_text", "") + _chunk_text(params)}
         message = self._store(channel, message, thread_ts)
         message["streaming"] = True  # the emulator's own mark: appendStream needs it
@@ -889,12 +892,14 @@ class SlackEmulator(ThreadedAiohttpServer):
             raise SlackError(
                 "invalid_arguments", response_metadata={"messages": ["[ERROR] missing required field: markdown_text"]}
             )
+        _check_markdown(params)
         message["text"] += params.get("markdown_text", "") + _chunk_text(params)
         return {"channel": params["channel"], "ts": message["ts"]}
 
     def _stop_stream(self, params: Params) -> dict[str, Any]:
         message = self._streaming(params)
         self._check_content({"blocks": params.get("blocks")}, too_many_blocks="msg_blocks_too_many")
+        _check_markdown(params)
         message["text"] += params.get("markdown_text", "") + _chunk_text(params)
         for key in ("blocks", "metadata"):
             if params.get(key):
@@ -1088,6 +1093,12 @@ def _as_read(params: Params, messages: list[dict[str, Any]]) -> list[dict[str, A
         for m in messages
         if float(m.get("ts") or 0) > oldest
     ]
+
+
+def _check_markdown(params: Params) -> None:
+    """Slack's limit on one call's markdown_text."""
+    if len(str(params.get("markdown_text") or "")) > slack_checks.MAX_MARKDOWN_TEXT:
+        raise SlackError("msg_too_long")
 
 
 def _chunk_text(params: Params) -> str:

@@ -23,6 +23,7 @@ MAX_MESSAGE_BLOCKS = 50
 MAX_VIEW_BLOCKS = 100  # a Home tab, a modal
 MAX_MESSAGE_TEXT = 40_000  # chat.postMessage's msg_too_long
 MAX_UPDATE_TEXT = 4_000  # chat.update's msg_too_long ("The text field cannot exceed 4,000 characters")
+MAX_MARKDOWN_TEXT = 12_000  # markdown_text, in a post, an edit or a stream's call ("Limit this field to 12,000")
 
 
 def too_many_blocks(blocks: Any, limit: int = MAX_MESSAGE_BLOCKS) -> bool:

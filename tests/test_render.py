@@ -20,6 +20,7 @@ from chatops.buttons import ButtonValue
 from chatops.config import load_config
 from chatops.schema import ApprovalState
 from chatops.store import ApprovalRow
+from long_answers import assert_shown_whole, long_answer, rejoined
 from mm_core import (
     Agent,
     CallStatus,
@@ -40,7 +41,7 @@ from playground.model_server import ModelServer, Reply, ToolCall
 from playground.slack_api import SlackEmulator
 from workers.approval_message import WAITING, ApprovalAsked, approvable
 from workers.mrkdwn import ZWSP
-from workers.render import MARKDOWN_CHARS, ThreadRenderer
+from workers.render import MARKDOWN_CHARS, TEXT_CHARS, ThreadRenderer
 from workers.slack_client import web_client
 
 CHANNEL, DM, USER, TEAM = "C0TEST", "D0ALICE", "U0ALICE", "T0TESTTEAM"
@@ -297,12 +298,48 @@ def test_a_long_answer_goes_on_in_further_messages(slack: SlackEmulator) -> None
     assert max(len(s) for s in sent) <= MARKDOWN_CHARS < 12000
 
 
+@pytest.mark.parametrize("channel", [DM, CHANNEL])  # streamed, and posted then edited
+def test_a_long_answer_goes_on_between_its_blocks_and_no_code_block_is_cut(slack: SlackEmulator, channel: str) -> None:
+    thread = Thread(slack, channel)
+    answer = long_answer(30_000)
+    run(thread.play(*typed(answer, 300, 0.05), finished(answer, commands=0)))
+    messages = [m["text"] for m in thread.replies()[:-1]]
+    assert_shown_whole(messages, answer, MARKDOWN_CHARS)
+    assert messages[-1].endswith("The end.")
+
+
+def test_a_code_block_longer_than_a_message_is_closed_and_reopened_with_its_language(slack: SlackEmulator) -> None:
+    code = "```python\n" + "".join(f"print({i})  # one line of a long program\n" for i in range(800)) + "```"
+    answer = "Here it is:\n\n" + code + "\n\nThat is all."
+    thread = Thread(slack, DM)
+    run(thread.play(*typed(answer, 400, 0.05), finished(answer, commands=0)))
+    messages = [m["text"] for m in thread.replies()[:-1]]
+    assert len(messages) >= 3 and all(len(m) <= MARKDOWN_CHARS for m in messages)
+    assert all(m.endswith("\n```") for m in messages[:-1])
+    assert all(m.startswith("```python\n") for m in messages[1:])
+    assert rejoined(messages, answer) == answer
+
+
+def test_an_asked_agent_s_long_answer_keeps_its_code_blocks_under_its_name(slack: SlackEmulator) -> None:
+    thread = Thread(slack, DM)
+    answer = long_answer(15_000)
+    run(thread.play(*deltas("```sh\necho first\n```\n\n" + answer, 500, agent="reviewer")))
+    messages = [m["text"] for m in thread.replies()]
+    # The name on each message; on a line of its own when a code fence follows (else it would be no fence).
+    assert messages[0].startswith("reviewer ·\n```sh\n")
+    assert all(m.startswith(("reviewer ·\n```", "reviewer · ")) for m in messages)
+    bodies = [m.removeprefix("reviewer ·\n").removeprefix("reviewer · ") for m in messages]
+    assert_shown_whole(bodies, "```sh\necho first\n```\n\n" + answer, MARKDOWN_CHARS)
+
+
 def test_long_output_goes_up_as_a_file(slack: SlackEmulator) -> None:
     thread = Thread(slack, DM)
     output = "".join(f"test_{i} PASSED\n" for i in range(200))
     run(thread.play(*bash("c1", "pytest", output), finished("", commands=1)))
     line, upload, _recap = thread.replies()
-    assert shown(line) == "🛠️ bash: pytest\n```\n" + "\n".join(output.splitlines()[:10]) + "\n```"
+    # The preview says it is cut, and where the whole is.
+    note = "✂️ 190 more lines not shown: the whole output is in bash-output.txt, the file below."
+    assert shown(line) == "🛠️ bash: pytest\n```\n" + "\n".join(output.splitlines()[:10]) + "\n```\n" + note
     assert upload["upload"] and upload["files"][0]["name"] == "bash-output.txt"
     assert slack.uploads[upload["files"][0]["id"]].decode() == output
 
@@ -319,6 +356,42 @@ def test_a_failed_upload_is_reported_under_the_method_that_failed(slack: SlackEm
     ]
 
 
+def test_a_preview_with_a_line_too_long_for_the_message_says_it_is_cut(slack: SlackEmulator) -> None:
+    thread = Thread(slack, DM)
+    output = "short\n" + "x" * 5000 + "\nend\n"
+    run(thread.play(*bash("c1", "cat blob", output), finished("", commands=1)))
+    line, upload, _recap = thread.replies()
+    note = "✂️ Cut to fit the message: the whole output is in bash-output.txt, the file below."
+    assert "…\n```" in shown(line) and shown(line).endswith("\nend\n```\n" + note)
+    assert slack.uploads[upload["files"][0]["id"]].decode() == output
+
+
+def test_a_preview_whose_file_did_not_get_there_says_so(slack: SlackEmulator) -> None:
+    slack.fail("files.getUploadURLExternal", "not_allowed_token_type")
+    thread = Thread(slack, DM)
+    output = "".join(f"test_{i} PASSED\n" for i in range(200))
+    run(thread.play(*bash("c1", "pytest", output), finished("", commands=1)))
+    line, _recap = thread.replies()
+    assert shown(line).endswith("\n```\n✂️ 190 more lines not shown; the whole output could not be uploaded.")
+    assert [where for where, _ in thread.errors] == ["slack:files.getUploadURLExternal"]
+
+
+def test_a_long_notice_goes_on_in_further_messages_with_its_code_whole(slack: SlackEmulator) -> None:
+    # A job's summary, an error's words: once clipped at one message, lost past it.
+    thread = Thread(slack, CHANNEL)
+    files = "".join(f" src/module_{i}.py | 12 ++++++------\n" for i in range(80))
+    text = "✅ nightly succeeded in 3 min\n\nChanges:\n```\n" + files + "```\n" + "⬆️ Pushed. " * 300 + "The end."
+
+    async def notices() -> None:
+        await thread.renderer.notice(text)
+        await thread.renderer.aclose()
+
+    run(notices())
+    messages = [m["text"] for m in thread.replies()]
+    assert_shown_whole(messages, text, TEXT_CHARS)
+    assert any("```\n" + files + "```" in m for m in messages)  # the block fits in a message: it is not cut
+
+
 def test_a_long_file_read_is_previewed_and_not_uploaded_again(slack: SlackEmulator) -> None:
     # The file is the repository's own: its first lines say which, a copy of it in the thread says nothing new.
     thread = Thread(slack, DM)
@@ -330,7 +403,8 @@ def test_a_long_file_read_is_previewed_and_not_uploaded_again(slack: SlackEmulat
     ]
     run(thread.play(*events, finished("", commands=0)))
     line, _recap = thread.replies()
-    assert shown(line) == "📄 read_file big.txt\n```\n" + preview + "\n```"
+    note = "✂️ 190 more lines not shown: the whole is what read_file read, not uploaded again."
+    assert shown(line) == "📄 read_file big.txt\n```\n" + preview + "\n```\n" + note
     assert not slack.calls_to("files.getUploadURLExternal") and not slack.uploads
 
 
@@ -608,6 +682,7 @@ def test_the_emulator_holds_messages_to_slack_s_limits(slack: SlackEmulator) -> 
         ("chat.postMessage", {"channel": CHANNEL, "blocks": too_many}, "invalid_blocks"),
         ("chat.postMessage", {"channel": CHANNEL, "blocks": too_long}, "invalid_blocks"),
         ("chat.postMessage", {"channel": CHANNEL, "text": "a", "markdown_text": "b"}, "markdown_text_conflict"),
+        ("chat.postMessage", {"channel": CHANNEL, "markdown_text": "x" * 12001}, "msg_too_long"),
         (
             "chat.startStream",
             {"channel": CHANNEL, "thread_ts": parent, "markdown_text": "a"},
@@ -620,6 +695,8 @@ def test_the_emulator_holds_messages_to_slack_s_limits(slack: SlackEmulator) -> 
         assert caught.value.response["error"] == error
     dm_parent = slack.add_message(DM, "hi", user=USER)["ts"]
     stream = str(client.chat_startStream(channel=DM, thread_ts=dm_parent, markdown_text="a")["ts"])
+    with pytest.raises(SlackApiError, match="msg_too_long"):
+        client.chat_appendStream(channel=DM, ts=stream, markdown_text="x" * 12001)
     with pytest.raises(SlackApiError, match="streaming_state_conflict"):
         client.chat_update(channel=DM, ts=stream, text="b")
     posted = str(client.chat_postMessage(channel=CHANNEL, markdown_text="**a**")["ts"])

@@ -18,9 +18,11 @@ from sqlalchemy import select
 from chatops.inbox import record_message
 from chatops.schema import Error as ErrorRow
 from chatops.schema import ToolCall as ToolCallRow
+from long_answers import assert_shown_whole, long_answer
 from mmbot_helpers import free_port
 from playground.model_server import Reply
 from threads_support import CHANNEL, OwnRedis, Stack, config, policy, rabbitmq_vhost, stack
+from workers.render import MARKDOWN_CHARS
 from workers.tasks import stop_session
 
 pytestmark = pytest.mark.timeout(240)
@@ -77,6 +79,21 @@ def test_a_mention_becomes_an_answer_with_tool_lines_and_recap(threads: Stack) -
     with threads.engine.connect() as conn:
         decisions = conn.execute(select(ToolCallRow.decision).where(ToolCallRow.session_id == first.session_id))
         assert list(decisions.scalars()) == ["auto"]  # yolo channel: it ran without asking, and the audit says so
+
+
+@pytest.mark.parametrize("streamed", [True, False])  # to the person who asked, or posted and edited
+def test_a_30000_character_answer_with_code_blocks_reaches_the_thread_whole(threads: Stack, streamed: bool) -> None:
+    answer = long_answer(30_000)
+    threads.model.script(Reply(text=answer, chunk_size=250, interval=0.02))
+    threads.start_worker()
+    posted = threads.post("<@U0BOT> write it all down", team_id="T0THREADS" if streamed else None)
+    threads.wait(answered(threads, posted.session_id), message="the turn")
+    assert bool(threads.slack.calls_to("chat.startStream")) == streamed
+    replies = threads.slack.messages(CHANNEL, posted.thread_ts)[1:]
+    # The answer's messages are markdown; the recap is a context block.
+    messages = [m["text"] for m in replies if m.get("bot_id") and not m.get("blocks")]
+    assert_shown_whole(messages, answer, MARKDOWN_CHARS)
+    assert messages[-1].endswith("The end.")  # the tail is in the thread
 
 
 def test_kill_9_during_a_model_call_another_worker_finishes_the_turn(any_broker: Stack) -> None:

@@ -160,8 +160,17 @@ class Stack:
 
     # -- messages -----------------------------------------------------------------------------------------------
 
-    def post(self, text: str, *, thread_ts: str | None = None, user: str = "U0ALICE", enqueue: bool = True) -> Posted:
-        """What the bot does with a message: recorded first, then the hand-off (which may be lost)."""
+    def post(
+        self,
+        text: str,
+        *,
+        thread_ts: str | None = None,
+        user: str = "U0ALICE",
+        enqueue: bool = True,
+        team_id: str | None = None,
+    ) -> Posted:
+        """What the bot does with a message: recorded first, then the hand-off (which may be lost). With the
+        sender's `team_id` (as Slack's events carry it), the worker streams its answer to them."""
         ts = self.slack.add_message(CHANNEL, text, user, thread_ts=thread_ts)["ts"]
         recorded = record_message(
             self.engine,
@@ -170,6 +179,7 @@ class Stack:
             message_ts=ts,
             user_id=user,
             text=text,
+            team_id=team_id,
         )
         if enqueue:
             self.enqueue(recorded.session_id)

@@ -7,16 +7,21 @@ never slow the turn. One consumer task drains the queue in order and writes the 
   message that is edited and deleted at the end.
 - TextDelta: the answer, streamed (chat.startStream / appendStream / stopStream) where Slack can stream to
   this thread — a DM, or a channel thread with its recipient named —, else posted and edited with chat.update.
-  Text an asked agent writes goes into messages of its own, prefixed with its name.
+  Text an asked agent writes goes into messages of its own, prefixed with its name. An answer longer than a
+  message goes on in the next, cut between blocks (workers/long_text.py): a code block is cut only when it
+  cannot fit in one message, and then its fence is closed and reopened, with its language, in the next. A
+  stream cannot take back what it showed: past a quarter of a message it shows only whole blocks.
 - ToolCallStarted / ToolCallFinished: one message per call, mm_core.display's line (`🛠️ bash: ls`) with the
   result lines in a code block. A call that returns within HOLD is posted once, with its result; a longer one
   is posted at once and edited when it returns. Output longer than its preview is uploaded as a file (but
-  not what read_file or read_skill return: a copy of the repository's own file or of a skill).
+  not what read_file or read_skill return: a copy of the repository's own file or of a skill), and a line
+  under the preview says how much it leaves out and where the whole is (or that the upload failed).
 - ApprovalAsked (the worker's, once the calls a turn waits for are recorded): one message per call, with its
   buttons (workers/approval_message.py); a text too long for it goes up first, whole, as a file (without that
   file the message offers no Approve); the bot updates it once someone decides.
-- Error, and CallsDropped (an answer's calls beyond the cap): its line as a plain message. TurnFinished: the
-  recap line (counters and tokens).
+- Error, and CallsDropped (an answer's calls beyond the cap): its line as a plain message (a notice longer than
+  a message, a job's summary too, goes on in the next, cut as an answer is). TurnFinished: the recap line
+  (counters and tokens).
 
 Order: messages are created in the order of the events (a message is only created once everything before it
 exists); only edits of existing messages are deferred. Rate: every message, and the status, is written at most
@@ -67,6 +72,7 @@ from workers.blocks import (
     context_block,
     section_block,
 )
+from workers.long_text import cut, pieces, reopening, showable
 from workers.mrkdwn import Mrkdwn, mrkdwn_of, quiet_markdown
 from workers.slack_out import SlackOut
 
@@ -106,6 +112,7 @@ class _Text:
     streaming: bool = False  # ...as a chat stream
     start: int = 0  # where that message starts in the rendered text
     sent: int = 0  # how much of the rendered text it shows
+    reopen: str = ""  # what it shows before rendered[start:]: the fence of a code block cut at its start
     last_write: float = -math.inf
 
 
@@ -116,6 +123,7 @@ class _Tool:
     ts: str | None = None
     finished: ToolCallFinished | None = None
     last_write: float = -math.inf
+    unfiled: bool = False  # its output was to go up as a file, and did not get there
 
 
 @dataclass
@@ -386,29 +394,47 @@ class ThreadRenderer:
     async def _write_text(self, text: _Text) -> None:
         text.dirty = False
         rendered = self._stable(text.raw, text.ended)
-        # A message holds MARKDOWN_CHARS at most: a longer run goes on in another message.
-        while len(rendered) - text.start > MARKDOWN_CHARS:
-            cut = _cut_point(rendered, text.start, MARKDOWN_CHARS)
-            if not await self._text_message(text, rendered, cut, final=True):
+        # A message holds MARKDOWN_CHARS at most: a longer run goes on in another message, cut between blocks (a
+        # code block too long for one is closed and reopened: workers/long_text.py). A stream cannot take back
+        # what it showed: it is cut no earlier, and it shows only what leaves a good cut possible.
+        while len(rendered) - text.start > self._room(text):
+            floor = text.sent if text.streaming else text.start
+            c = cut(rendered, text.start, self._room(text), floor)
+            if not await self._text_message(text, rendered, c.at, final=True, close=c.close):
                 return
-            text.ts, text.streaming, text.start, text.sent = None, False, cut, cut
-        if len(rendered) > text.sent or (text.ended and text.streaming):  # a stream must also be stopped
-            await self._text_message(text, rendered, len(rendered), final=text.ended)
+            text.ts, text.streaming, text.start, text.sent, text.reopen = None, False, c.at, c.at, c.reopen
+        upto = len(rendered) if text.ended else showable(rendered, text.start, self._room(text))
+        if upto > text.sent or (text.ended and text.streaming):  # a stream must also be stopped
+            await self._text_message(text, rendered, upto, final=text.ended)
 
-    async def _text_message(self, text: _Text, rendered: str, upto: int, *, final: bool) -> bool:
-        """Make the current message show rendered[start:upto] (and end it, if final); False if Slack failed."""
+    def _room(self, text: _Text) -> int:
+        """What the current message of a run has for its text: MARKDOWN_CHARS less its lead."""
+        return MARKDOWN_CHARS - len(self._prefix(text.agent)) - 1 - len(text.reopen)
+
+    def _lead(self, text: _Text, body: str) -> str:
+        """A message's start: an asked agent's name, on a line of its own when a code fence follows (a fence
+        opens a block only at the start of a line), and a code block's fence again when the block was cut."""
+        body = text.reopen + body
+        prefix = self._prefix(text.agent)
+        if prefix and body.startswith(("`", "~")):
+            prefix = prefix.rstrip() + "\n"
+        return prefix + body
+
+    async def _text_message(self, text: _Text, rendered: str, upto: int, *, final: bool, close: str = "") -> bool:
+        """Make the current message show rendered[start:upto] (and end it, if final, with `close`: the fence of
+        a code block cut there); False if Slack failed."""
         body = rendered[text.start : upto]
         now = time.monotonic()
         if text.ts is None:
             if not body.strip():
                 return True
-            markdown = self._prefix(text.agent) + body
+            markdown = self._lead(text, body)
             ts = None
             if self._can_stream and not final:
                 ts = await self._start_stream(markdown)
                 text.streaming = ts is not None
             if ts is None:
-                ts = _ts(await self._call("chat.postMessage", **self._where(), markdown_text=markdown))
+                ts = _ts(await self._call("chat.postMessage", **self._where(), markdown_text=markdown + close))
             text.last_write = now
             if ts is None:
                 text.dirty = True  # try again at the next write
@@ -419,17 +445,18 @@ class ThreadRenderer:
         if text.streaming:
             delta = rendered[text.sent : upto]
             if final:
-                extra = {"markdown_text": delta} if delta else {}
+                extra = {"markdown_text": delta + close} if delta + close else {}
                 ok = await self._call("chat.stopStream", channel=self.channel, ts=text.ts, **extra)
             else:
                 ok = await self._call("chat.appendStream", channel=self.channel, ts=text.ts, markdown_text=delta)
         else:
-            markdown = self._prefix(text.agent) + body
+            markdown = self._lead(text, body) + close
             ok = await self._call("chat.update", channel=self.channel, ts=text.ts, markdown_text=markdown)
         text.last_write = now
         if ok is None:
             # That message will not take more: what it does not show goes on in a new one.
             text.ts, text.streaming, text.start = None, False, text.sent
+            text.reopen = reopening(rendered, text.sent)
             text.dirty = True
             return False
         text.sent = upto
@@ -474,7 +501,11 @@ class ThreadRenderer:
             self._updates.append(tool)  # the edit waits for its second
         if long_output:
             line = self._tool_line(tool)
-            await self._upload(event.output, f"{event.tool}-output.txt", line.text)
+            if await self._upload(event.output, _output_file(event), line.text) is None:
+                # The preview said the whole output was in a file: it now says it is not.
+                tool.unfiled = True
+                if tool.ts is not None and tool not in self._updates:
+                    self._updates.append(tool)
 
     async def _write_tool(self, tool: _Tool) -> None:
         blocks, fallback, _ = self._tool_blocks(tool)
@@ -491,8 +522,8 @@ class ThreadRenderer:
         return found or display.CallLine("•", tool.finished.tool, tool.finished.agent)
 
     def _tool_blocks(self, tool: _Tool) -> tuple[list[dict[str, Any]], str, bool]:
-        """The call's message: its line, then its result lines in a code block; and whether the output is
-        longer than what the message shows (it then goes up as a file)."""
+        """The call's message: its line, then its result lines in a code block, and when those are not the
+        whole output a line that says so and where the whole is; and whether the output goes up as a file."""
         call = self._tool_line(tool)
         line = self._mrkdwn_line(call)
         blocks = [section_block(line)]
@@ -502,11 +533,14 @@ class ThreadRenderer:
         if event is None:
             return blocks, line, False
         shown = list(display.result_lines(event))[: max(self.preview_lines, 0)]
-        code, cut = self._code(shown)
+        code, clipped = self._code(shown)
         output, previewed = event.output.splitlines(), event.preview.splitlines()[: len(shown)]
         # The preview is the output's first lines (a tool may show something else: ask_agent's "answered").
         longer = self.preview_lines > 0 and output[: len(shown)] == previewed and len(output) > len(shown)
-        return blocks + code, line, cut or (longer and event.tool not in COPIES)
+        filed = clipped or (longer and event.tool not in COPIES)
+        if clipped or longer:
+            code.append(context_block(_cut_note(event, len(output) - len(shown) if longer else 0, filed, tool.unfiled)))
+        return blocks + code, line, filed
 
     # -- permission prompts -------------------------------------------------------------------------------
 
@@ -604,7 +638,9 @@ class ThreadRenderer:
     # -- posting ------------------------------------------------------------------------------------------
 
     async def _post_text(self, text: str) -> None:
-        await self._post_blocks([], self._mrkdwn(text))
+        # A notice longer than a message (a job's summary, an error's words) goes on in the next, cut as an answer.
+        for piece in pieces(self._mrkdwn(text), TEXT_CHARS):
+            await self._post_blocks([], Mrkdwn(piece))  # pieces of escaped text, and fences: still escaped
 
     async def _post_blocks(self, blocks: list[dict[str, Any]], fallback: str) -> str | None:
         """Post `blocks` (at most MAX_BLOCKS a message: more go on in further messages); the first one's ts."""
@@ -699,14 +735,18 @@ def _file_id(data: dict[str, Any]) -> str | None:
     return found if isinstance(found, str) and found else None
 
 
-def _cut_point(text: str, start: int, size: int) -> int:
-    """Where a message of at most `size` characters from `start` should end: a line break, else a space."""
-    end = start + size
-    for mark in ("\n", " "):
-        at = text.rfind(mark, start + size // 2, end)
-        if at != -1:
-            return at + 1
-    return end
+def _output_file(event: ToolCallFinished) -> str:
+    return f"{event.tool}-output.txt"
+
+
+def _cut_note(event: ToolCallFinished, more: int, filed: bool, unfiled: bool) -> str:
+    """The line under a preview that is not the whole output: how much is left out, and where the whole is."""
+    cut = f"✂️ {more:,} more line{'s' if more != 1 else ''} not shown" if more else "✂️ Cut to fit the message"
+    if unfiled:
+        return f"{cut}; the whole output could not be uploaded."
+    if filed:
+        return f"{cut}: the whole output is in {_output_file(event)}, the file below."
+    return f"{cut}: the whole is what {event.tool} read, not uploaded again."
 
 
 def _failed_method(e: BaseException) -> str | None:
