@@ -30,7 +30,14 @@ from bot.jobs import JobCommands, is_job_command
 from bot.steps import NoSteps, Steps, courtesy
 from chatops.config import Config, is_branch_name
 from chatops.inbox import Recorded, has_messages, record_message, request_stop, session_of
-from chatops.queries import latest_session, log_length, pending_approvals, session_summary, tokens_used
+from chatops.queries import (
+    instructions_used,
+    latest_session,
+    log_length,
+    pending_approvals,
+    session_summary,
+    tokens_used,
+)
 from chatops.reload import ConfigFile
 from chatops.repos import RepoRefused, check_repo
 from chatops.schema import InboxCommand, SessionStatus
@@ -297,10 +304,24 @@ class Commands:
                 all=prompt + completion, prompt=prompt, completion=completion
             ),
         ]
+        lines.append(Mrkdwn("*Instructions:* {used}").format(used=self._instructions(session_id)))
         if waiting:
             titles = Mrkdwn(", ").join(mrkdwn_of(line_of(p.row), self.secrets()) for p in waiting)
             lines.append(Mrkdwn("*Waiting for a decision:* {titles}").format(titles=titles[:1000]))
         return Mrkdwn("\n").join(lines)
+
+    def _instructions(self, session_id: str) -> str:
+        """What the latest turn's system prompt added (workers.turns records it): the channel's instructions, yes
+        or no and their size, and the repository's files read, or looked for and not read."""
+        used = instructions_used(self.engine, session_id)
+        if used is None:
+            return "none yet (the first turn reads them)"
+        channel = used.get("channel")
+        parts = [f"the channel's: yes ({channel:,} characters)" if channel else "the channel's: no"]
+        read = [f"{f['path']} ({f['size']:,} bytes{', cut' if f.get('cut') else ''})" for f in used.get("files", [])]
+        skipped = [f"{f['path']} not read ({f['why']})" for f in used.get("skipped", [])]
+        parts.append("the repository's: " + (", ".join(read + skipped) or "none found"))
+        return "; ".join(parts)
 
     def _asks(self, session_id: str) -> Mrkdwn:
         """Whether the thread asks before gated calls, and for whom: the worker's own answer (workers.asking),

@@ -589,6 +589,15 @@ def set_repo(engine: Engine, session_id: str, repo: str, branch: str | None) -> 
         conn.execute(update(Session).where(Session.id == session_id).values(repo=repo, branch=branch))
 
 
+def set_instructions_used(engine: Engine, session_id: str, used: dict[str, Any]) -> None:
+    """What the latest turn was told besides the agent's own prompt (workers.turns), for `status` to show."""
+    with engine.begin() as conn:
+        row = conn.execute(select(Session.agent_config).where(Session.id == session_id)).scalar_one_or_none()
+        conn.execute(
+            update(Session).where(Session.id == session_id).values(agent_config={**(row or {}), "instructions": used})
+        )
+
+
 def set_approval_file(engine: Engine, call_id: str, file_id: str) -> None:
     """Remember the uploaded file that holds the call's whole text (its message shows only a head and a tail)."""
     with engine.begin() as conn:

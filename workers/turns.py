@@ -60,11 +60,13 @@ from chatops.store import (
     request_approval,
     set_approval_file,
     set_approval_message,
+    set_instructions_used,
     set_status,
 )
 from mm_core import Agent, display
 from mm_core.config import AgentConfig
 from mm_core.events import Event, PermissionRequested, TurnFinished
+from mm_core.instructions import extra_instructions, read_repo_files
 from mm_core.log import Decision, ErrorRecord, Fenced, Outcome, TurnEnded
 from mm_core.state import SessionState
 from mm_core.tools.ask_agent import load_agent_file
@@ -261,7 +263,14 @@ class SessionTurns:
 
         config, granted = self._setting()
         agent = Agent(
-            config, self.store, session_id, workspace, api_key=self.config.model_api_key, emit=emit, granted=granted
+            config,
+            self.store,
+            session_id,
+            workspace,
+            api_key=self.config.model_api_key,
+            emit=emit,
+            granted=granted,
+            instructions=await self._instructions(workspace),
         )
         try:
             state = agent.load()
@@ -521,6 +530,20 @@ class SessionTurns:
             record_error(
                 self.proc.engine, "job", f"the run's summary failed: {describe_error(e)}", session_id=self.session_id
             )
+
+    async def _instructions(self, workspace: Path) -> str:
+        """What this turn's system prompt adds: the channel's instructions, then the repository's own files as the
+        workspace holds them now (read without following links); what was used is recorded for `status`."""
+        channel = self.config.service.channel(self.row.channel_id or "")
+        files = await asyncio.to_thread(read_repo_files, workspace, channel.instructionFiles)
+        operator = channel.instructions if isinstance(channel.instructions, str) else None
+        used = {
+            "channel": len(operator) if operator else None,
+            "files": [{"path": f.path, "size": f.size, "cut": f.cut} for f in files if f.text is not None],
+            "skipped": [{"path": f.path, "why": f.skipped} for f in files if f.skipped],
+        }
+        await asyncio.to_thread(set_instructions_used, self.proc.engine, self.session_id, used)
+        return extra_instructions(operator, files)
 
     def _agent_config(self) -> Any:
         return self._setting()[0]
