@@ -7,6 +7,7 @@ an error, because a typo silently ignored is a setting silently not applied.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import os
 import re
@@ -24,7 +25,7 @@ import yaml
 from croniter import croniter
 from pydantic import Field, ValidationError, field_validator
 
-from mm_core.config import AgentConfig, Duration, Strict, YamlProblem, read_yaml, with_refs_from
+from mm_core.config import AgentConfig, Duration, ModelConfig, Strict, YamlProblem, read_yaml, with_refs_from
 
 DEFAULT_CONFIG_FILE = "mm.yaml"
 DEFAULT_DATABASE_URL = "sqlite:///./var/mm.sqlite3"
@@ -59,6 +60,8 @@ _BRANCH = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,199}$")
 # The most a channel's instructions file may hold: it goes whole into the system prompt of every turn.
 MAX_INSTRUCTIONS_BYTES = 32_000
 MAX_INSTRUCTION_FILES = 8
+# A name of `models`: what a person types in `model=NAME`.
+_MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")
 
 
 class ConfigError(Exception):
@@ -88,6 +91,8 @@ class ChannelConfig(Strict):
     instructions: str | InstructionsFile | None = None
     # The repository's own instruction files, relative to its root, read at each turn (mm_core.instructions).
     instructionFiles: list[str] = Field(default_factory=lambda: ["AGENTS.md"])
+    # The `models` entry a thread of this channel runs with unless its mention says `model=NAME` (None: `model`).
+    model: str | None = None
 
     @field_validator("instructions", mode="before")
     @classmethod
@@ -293,6 +298,8 @@ class SchedulerConfig(Strict):
 
 class ServiceConfig(Strict):
     channels: dict[str, ChannelConfig] = Field(default_factory=dict)
+    # The models a thread may pick by name (`@mm model=NAME …`), or a channel by default (`channels.<id>.model`).
+    models: dict[str, ModelConfig] = Field(default_factory=dict)
     approvals: ApprovalsConfig = Field(default_factory=ApprovalsConfig)
     jobs: list[JobConfig] = Field(default_factory=list)
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
@@ -303,6 +310,10 @@ class ServiceConfig(Strict):
     def channel(self, channel_id: str) -> ChannelConfig:
         """The channel's own settings, or the default's, or none at all."""
         return self.channels.get(channel_id) or self.channels.get("default") or ChannelConfig()
+
+    def model_names(self) -> str:
+        """The names `model=` takes, for a person reading a refusal."""
+        return ", ".join(f"`{name}`" for name in self.models) or "none is configured (`models` in the config)"
 
 
 SERVICE_KEYS = frozenset(ServiceConfig.model_fields)
@@ -331,6 +342,8 @@ class Config:
     # What the worker's git pushes with over HTTPS (jobs' and threads' branches): from the environment only.
     git_username: str | None = None
     git_token: str | None = None
+    # The API keys of the `models` entries that name an `apiKeyEnv`, by entry name: from the environment only.
+    model_api_keys: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     def missing_slack_secrets(self, socket_mode: bool) -> list[str]:
         """The environment variables `serve` needs and does not have (HTTP: signing secret; Socket: app token)."""
@@ -390,6 +403,11 @@ def load_config(path: str | os.PathLike[str] | None = None, environ: Mapping[str
         model_api_key=_env(env, key_env) if key_env else None,
         git_username=_env(env, "MM_GIT_USERNAME"),
         git_token=_env(env, "MM_GIT_TOKEN"),
+        model_api_keys={
+            name: key
+            for name, model in service.models.items()
+            if model.apiKeyEnv and (key := _env(env, model.apiKeyEnv))
+        },
     )
 
 
@@ -662,6 +680,18 @@ def _cross_checks(data: dict[str, Any], env: Mapping[str, str]) -> list[tuple[Lo
             problems.append((("jobs", i, "agent"), f"no mmConfigs entry is named {agent!r} ({known})"))
         if isinstance(_get(job, "skill"), str) and not data.get("skillsDir"):
             problems.append((("jobs", i, "skill"), "a skill needs `skillsDir`, where the skills are"))
+    models = dict(_items(data.get("models")))
+    for name, model in models.items():
+        if isinstance(name, str) and not _MODEL_NAME.match(name):
+            problems.append((("models", name), "expected a name of letters, digits, '.', '_', ':' or '-' as the key"))
+        model_key_env = _get(model, "apiKeyEnv")
+        if isinstance(model_key_env, str) and model_key_env and not _env(env, model_key_env):
+            problems.append((("models", name, "apiKeyEnv"), f"the environment variable {model_key_env} is not set"))
+    for channel_id, channel in _items(data.get("channels")):
+        model = _get(channel, "model")
+        if isinstance(model, str) and model not in models:
+            known = ", ".join(str(k) for k in models) or "none is configured"
+            problems.append((("channels", channel_id, "model"), f"no models entry is named {model!r} ({known})"))
     key_env = _get(data, "model", "apiKeyEnv")
     if isinstance(key_env, str) and key_env and not _env(env, key_env):
         problems.append((("model", "apiKeyEnv"), f"the environment variable {key_env} is not set"))

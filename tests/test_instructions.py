@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -222,3 +223,96 @@ def test_a_reload_reads_the_instructions_file_again_and_a_missing_one_keeps_the_
     with caplog.at_level(logging.ERROR, logger="mm.config"):
         assert config_file.current().service.channel("C0X").instructions == "second\n"
     assert f"{path}:1: channels.default.instructions.file: cannot read {team}" in caplog.text
+
+
+# --- inline options: `@mm model=NAME repo=URL branch=NAME prompt` -----------------------------------------
+
+
+@pytest.fixture
+def options_bot(tmp_path: Path, fresh_pg_url: str, own_redis: OwnRedis) -> Iterator[tuple[Stack, SlackEventSender]]:
+    with stack(tmp_path, fresh_pg_url, own_redis.url) as s:
+        # The models' URL is the scripted model's, known once it listens.
+        url = s.model.url
+        models = f"models: {{big: {{url: {url}, name: big-model}}, small: {{url: {url}, name: small-model}}}}"
+        channel = '{yolo: true, model: small, repos: ["https://git.example.test/acme/*"]}'
+        (tmp_path / "mm.yaml").write_text(config(channel, models))
+        s.slack.add_user(ALICE, "alice")
+        s.start_worker()
+        base = s.start_bot()
+        with SlackEventSender(base, SECRET, response_url=s.slack.response_url) as sender:
+            yield s, sender
+
+
+def mention_in_new_thread(s: Stack, sender: SlackEventSender, text: str) -> str:
+    root = sender.new_ts()
+    assert sender.app_mention(f"<@U0BOT> {text}", channel=CHANNEL, user=ALICE, ts=root).status_code == 200
+    return root
+
+
+def test_model_picks_a_configured_model_and_the_channel_s_is_the_default(options_bot) -> None:
+    s, sender = options_bot
+    from chatops.inbox import session_of
+
+    root = mention_in_new_thread(s, sender, "model=big   what is 2+2?")
+    session = s.wait(lambda: session_of(s.engine, CHANNEL, root), message="the session")
+    s.wait(idle(s, session), message="the turn")
+    request = s.model.requests[-1].json
+    assert request["model"] == "big-model"
+    assert request["messages"][-1] == {"role": "user", "content": "what is 2+2?"}  # the options are not the prompt
+    assert "🧠 This thread uses the model `big`." in s.thread_text(root)
+
+    # A reply in the thread keeps the thread's model.
+    sender.app_mention("<@U0BOT> and 3+3?", channel=CHANNEL, user=ALICE, ts=sender.new_ts(), thread_ts=root)
+    s.wait(idle(s, session, 2), message="the second turn")
+    assert s.model.requests[-1].json["model"] == "big-model"
+
+    # Without `model=`, the channel's default.
+    other = mention_in_new_thread(s, sender, "hello")
+    other_session = s.wait(lambda: session_of(s.engine, CHANNEL, other), message="the other session")
+    s.wait(idle(s, other_session), message="the other turn")
+    assert s.model.requests[-1].json["model"] == "small-model"
+
+
+def test_an_unknown_model_or_a_refused_repository_is_said_and_nothing_runs(options_bot) -> None:
+    s, sender = options_bot
+    from chatops.inbox import session_of
+
+    asked = len(s.model.requests)
+    refusals = {
+        "model=huge fix the bug": "There is no model named `huge`; the models are: `big`, `small`. Nothing was run",
+        "model=big model=small fix it": "`model=` is given twice. Nothing was run.",
+        "repo=https://evil.example.test/x.git fix it": "I can't work on that repository:",
+        "repo=file:///etc fix it": "I can't work on that repository:",
+        "branch=main fix it": "`branch=` needs a repository: give `repo=URL` too (this channel has none).",
+    }
+    roots = {text: mention_in_new_thread(s, sender, text) for text in refusals}
+    for text, said in refusals.items():
+        s.wait(lambda root=roots[text], said=said: said in s.thread_text(root), message=f"the refusal of {text!r}")
+    # A prompt after refused options never reached an inbox, nor the model.
+    for root in roots.values():
+        session = session_of(s.engine, CHANNEL, root)
+        assert session is None or s.turns_ended(session) == 0
+    assert len(s.model.requests) == asked
+
+    # Options only at the start: later in the text they are the prompt's words.
+    root = mention_in_new_thread(s, sender, "explain model=huge to me")
+    session = s.wait(lambda: session_of(s.engine, CHANNEL, root), message="the session")
+    s.wait(idle(s, session), message="the turn")
+    assert s.model.requests[-1].json["messages"][-1]["content"] == "explain model=huge to me"
+    assert s.model.requests[-1].json["model"] == "small-model"
+
+
+def test_a_channel_s_model_must_be_configured(tmp_path: Path) -> None:
+    found = problems(
+        tmp_path,
+        """
+        models: {big: {name: big-model}, "bad name": {name: x}, keyed: {name: k, apiKeyEnv: MM_TEST_NO_SUCH_KEY}}
+        channels:
+          default: {model: huge}
+        """,
+    )
+    assert found == [
+        "1: models.bad name: expected a name of letters, digits, '.', '_', ':' or '-' as the key",
+        "1: models.keyed.apiKeyEnv: the environment variable MM_TEST_NO_SUCH_KEY is not set",
+        "3: channels.default.model: no models entry is named 'huge' (big, bad name, keyed)",
+    ]

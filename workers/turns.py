@@ -62,6 +62,7 @@ from chatops.store import (
     set_approval_message,
     set_instructions_used,
     set_status,
+    thread_model,
 )
 from mm_core import Agent, display
 from mm_core.config import AgentConfig
@@ -92,6 +93,7 @@ TIME_LIMIT = "⏱ The turn ran for longer than {limit} and was stopped."
 EXPIRED = "⌛ Nobody decided on `{title}` in time: it was not run."
 CRASHED = object()  # _run's answer when the turn crashed: ended, and not to be looped on
 WORKER_FAILED = "⚠️ The worker failed while running this turn ({reason}); the error is recorded."
+MODEL_GONE = "The model `{name}` this thread runs with is no longer configured: nothing was run."
 THREAD_CONTEXT = "Earlier messages in this Slack thread, for context:\n{lines}\n\nThe request:\n"
 CONTEXT_MESSAGES = 50
 CONTEXT_CHARS = 8000
@@ -261,13 +263,18 @@ class SessionTurns:
                 # Recorded before the message is posted: a click always finds its row.
                 renderer.emit(ApprovalAsked(self._ask(agent.state(), event), self.row.channel_id or ""))
 
+        model_name = self._model_name()
+        if model_name is not None and model_name not in self.config.service.models:
+            self.failure = MODEL_GONE.format(name=model_name)
+            await self._refuse(renderer, self.failure)
+            return False
         config, granted = self._setting()
         agent = Agent(
             config,
             self.store,
             session_id,
             workspace,
-            api_key=self.config.model_api_key,
+            api_key=self.config.model_api_keys.get(model_name) if model_name else self.config.model_api_key,
             emit=emit,
             granted=granted,
             instructions=await self._instructions(workspace),
@@ -555,9 +562,22 @@ class SessionTurns:
         if self.row.agent_name and self.row.agent_name in agent.mmConfigs:  # a job's own agent
             agent = load_agent_file(agent.mmConfigs[self.row.agent_name])
         agent = agent.with_tool_call_cap(self.config.service.worker.maxToolCallsPerAnswer)
+        model_name = self._model_name()
+        if model_name is not None and (model := self.config.service.models.get(model_name)) is not None:
+            agent = agent.model_copy(update={"model": model})
         job = self.running.job if self.running is not None else None
         setting = thread_setting(self.config, agent, self.row.channel_id or "", self.row.yolo, job)
         return agent.model_copy(update={"yolo": setting.default}), setting.standing
+
+    def _model_name(self) -> str | None:
+        """The `models` entry the turn runs with: the thread's `model=`, else the channel's (None: the config's
+        `model`). A job's own agent (`agent:`) keeps its own."""
+        if self.row.agent_name:
+            return None
+        return (
+            thread_model(self.proc.engine, self.session_id)
+            or self.config.service.channel(self.row.channel_id or "").model
+        )
 
     def _running_job(self) -> RunningJob | None:
         def reread() -> Config:
