@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import textwrap
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -316,3 +317,28 @@ def test_a_channel_s_model_must_be_configured(tmp_path: Path) -> None:
         "1: models.keyed.apiKeyEnv: the environment variable MM_TEST_NO_SUCH_KEY is not set",
         "3: channels.default.model: no models entry is named 'huge' (big, bad name, keyed)",
     ]
+
+
+def test_a_thread_whose_model_a_reload_removed_is_told_and_nothing_runs(options_bot, tmp_path: Path) -> None:
+    s, sender = options_bot
+    from chatops.inbox import session_of
+
+    root = mention_in_new_thread(s, sender, "model=big first")
+    session = s.wait(lambda: session_of(s.engine, CHANNEL, root), message="the session")
+    s.wait(idle(s, session), message="the first turn")
+    sender.app_mention("<@U0BOT> status", channel=CHANNEL, user=ALICE, ts=sender.new_ts(), thread_ts=root)
+    s.wait(
+        lambda: any("*Model:* big (big-model)" in (m.get("text") or "") for m in s.slack.ephemerals), message="status"
+    )
+
+    channel = '{yolo: true, model: small, repos: ["https://git.example.test/acme/*"]}'
+    (tmp_path / "mm.yaml").write_text(config(channel, f"models: {{small: {{url: {s.model.url}, name: small-model}}}}"))
+    # A process looks at the file at most once a second: any look before this write is then over a second old, so
+    # the next turn reads the file again (not a timing assertion: a bound on how stale a look can be).
+    time.sleep(1.5)
+    asked = len(s.model.requests)
+    sender.app_mention("<@U0BOT> second", channel=CHANNEL, user=ALICE, ts=sender.new_ts(), thread_ts=root)
+    said = "The model `big` this thread runs with is no longer configured: nothing was run."
+    s.wait(lambda: said in s.thread_text(root), message="the refusal")
+    s.wait(idle(s, session, 2), message="the refused turn's end")
+    assert len(s.model.requests) == asked
