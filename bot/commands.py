@@ -133,6 +133,18 @@ def parse(text: str) -> Command | None:
     return None
 
 
+def _options_of(command: Command) -> tuple[dict[str, str] | str, str]:
+    """The `options` command's options by key (or why they are refused: one given twice), and its prompt."""
+    *tokens, prompt = command.args
+    options: dict[str, str] = {}
+    for token in tokens:
+        key, value = token.split("=", 1)
+        if key in options:
+            return OPTION_TWICE.format(key=key), prompt
+        options[key] = value
+    return options, prompt
+
+
 @dataclass(frozen=True)
 class Where:
     """The message or command a command came with: its thread (None for `/mm` outside one), who, and the ts."""
@@ -308,17 +320,12 @@ class Commands:
         policy, chatops.repos; the model against `models`), then set on the thread and the prompt recorded. A
         refusal is said in the thread and nothing runs: a turn on another repository or model than the person
         asked for would do the wrong work."""
-        *tokens, prompt = command.args
-        options: dict[str, str] = {}
-        for token in tokens:
-            key, value = token.split("=", 1)
-            if key in options:
-                return Outcome(public=OPTION_TWICE.format(key=key))
-            options[key] = value
-        service = self.config.service
+        options, prompt = _options_of(command)
+        if isinstance(options, str):
+            return Outcome(public=options)
         model = options.get("model")
-        if model is not None and model not in service.models:
-            return Outcome(public=UNKNOWN_MODEL.format(name=model[:100], models=service.model_names()))
+        if model is not None and (refusal := self._model_refusal(model)):
+            return Outcome(public=refusal)
         said: list[str] = []
         if "repo" in options or "branch" in options:
             refusal, url, branch = await asyncio.to_thread(self._repo_option, options, where, session)
@@ -335,6 +342,25 @@ class Commands:
             recorded = await self._keep(where, prompt)
             enqueue = recorded.session_id if recorded.new else None
         return Outcome(public="\n".join(said) or None, enqueue=enqueue)
+
+    def _model_refusal(self, model: str) -> str | None:
+        service = self.config.service
+        if model in service.models:
+            return None
+        return UNKNOWN_MODEL.format(name=model[:100], models=service.model_names())
+
+    async def _options_refusal(self, command: Command, channel: str) -> str | None:
+        """`/mm OPTIONS PROMPT`: what refuses the options before a thread is started for them."""
+        options, _prompt = _options_of(command)
+        if isinstance(options, str):
+            return options
+        if "model" in options and (refusal := self._model_refusal(options["model"])):
+            return refusal
+        if "repo" in options or "branch" in options:
+            where = Where(channel, None, "", "")
+            refusal, _url, _branch = await asyncio.to_thread(self._repo_option, options, where, None)
+            return refusal
+        return None
 
     def _repo_option(
         self, options: dict[str, str], where: Where, session: str | None
@@ -454,6 +480,12 @@ class Commands:
         if command is not None and command.name == "ask" and (refusal := self._ask_refusal(command)):
             return Outcome(private=refusal)
         if command is not None and command.name == "repo" and (refusal := await self._repo_refusal(command, channel)):
+            return Outcome(private=refusal)  # before a thread is started for it
+        if (
+            command is not None
+            and command.name == "options"
+            and (refusal := await self._options_refusal(command, channel))
+        ):
             return Outcome(private=refusal)  # before a thread is started for it
         if command is None or command.name in ("ask", "repo", "options"):
             return await self._new_thread(slack, command, text.strip(), channel, user, team, steps)

@@ -342,3 +342,20 @@ def test_a_thread_whose_model_a_reload_removed_is_told_and_nothing_runs(options_
     s.wait(lambda: said in s.thread_text(root), message="the refusal")
     s.wait(idle(s, session, 2), message="the refused turn's end")
     assert len(s.model.requests) == asked
+
+
+def test_the_slash_command_takes_the_same_options_and_refuses_before_starting_a_thread(options_bot) -> None:
+    s, sender = options_bot
+    from chatops.inbox import session_of
+
+    sender.slash_command("/mm", "model=huge fix it", user=ALICE, channel=CHANNEL)
+    s.wait(lambda: s.slack.responses, message="the refusal, by the response URL")
+    assert "There is no model named `huge`" in s.slack.responses[0]["body"]["text"]
+    assert s.slack.messages(CHANNEL) == []  # no thread was started for it
+
+    sender.slash_command("/mm", "model=big hello from the slash", user=ALICE, channel=CHANNEL)
+    root = s.wait(lambda: next((m["ts"] for m in s.slack.messages(CHANNEL)), None), message="the new thread")
+    session = s.wait(lambda: session_of(s.engine, CHANNEL, root), message="the session")
+    s.wait(idle(s, session), message="its turn")
+    assert s.model.requests[-1].json["model"] == "big-model"
+    assert s.model.requests[-1].json["messages"][-1]["content"] == "hello from the slash"
