@@ -29,7 +29,7 @@ from bot.authorize import Approvers
 from bot.jobs import JobCommands, is_job_command
 from bot.steps import NoSteps, Steps, courtesy
 from chatops.config import Config, is_branch_name
-from chatops.inbox import Recorded, has_messages, record_message, request_stop, session_of
+from chatops.inbox import Recorded, has_message, has_messages, record_message, request_stop, session_of
 from chatops.queries import (
     instructions_used,
     latest_session,
@@ -91,7 +91,7 @@ OPTION_TWICE = "`{key}=` is given twice. Nothing was run."
 OPTION_REFUSED = "I can't work on that repository: {reason} Nothing was run."
 BRANCH_WITHOUT_REPO = "`branch=` needs a repository: give `repo=URL` too (this channel has none). Nothing was run."
 MODEL_SET = "🧠 This thread uses the model `{name}`."
-OPTIONS = ("repo", "branch", "model")
+OPTIONS = ("repo", "branch", "model")  # what a request may start with, as `key=value`
 
 _KEYWORD = re.compile(r"^(new|compact|stop|status|help)$", re.IGNORECASE)
 _YOLO = re.compile(r"^yolo\s+(on|off)$", re.IGNORECASE)
@@ -100,7 +100,7 @@ _REPO = re.compile(r"^repo(?:\s+(\S+)(?:\s+(\S+))?)?$", re.IGNORECASE)
 _PUSH = re.compile(r"^push(?:\s+(\S+))?$", re.IGNORECASE)
 
 
-_OPTION = re.compile(r"^(repo|branch|model)=(\S+)(?:\s+|$)", re.IGNORECASE)
+_OPTION = re.compile(rf"^({'|'.join(OPTIONS)})=(\S+)(?:\s+|$)", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -320,6 +320,9 @@ class Commands:
         policy, chatops.repos; the model against `models`), then set on the thread and the prompt recorded. A
         refusal is said in the thread and nothing runs: a turn on another repository or model than the person
         asked for would do the wrong work."""
+        # Carried out before, up to keeping its prompt (a replay after the bot died): the same again, but the thread
+        # it started is not "too late" for its own repository.
+        replay = session is not None and await asyncio.to_thread(has_message, self.engine, session, where.message_ts)
         options, prompt = _options_of(command)
         if isinstance(options, str):
             return Outcome(public=options)
@@ -328,7 +331,9 @@ class Commands:
             return Outcome(public=refusal)
         said: list[str] = []
         if "repo" in options or "branch" in options:
-            refusal, url, branch = await asyncio.to_thread(self._repo_option, options, where, session)
+            refusal, url, branch = await asyncio.to_thread(
+                self._repo_option, options, where, None if replay else session
+            )
             if refusal is not None:
                 return Outcome(public=refusal)
             await asyncio.to_thread(set_repo, self.engine, await asyncio.to_thread(self._ensure, where), url, branch)
@@ -340,7 +345,7 @@ class Commands:
         enqueue = None
         if prompt.strip():
             recorded = await self._keep(where, prompt)
-            enqueue = recorded.session_id if recorded.new else None
+            enqueue = recorded.session_id  # again on a replay: the hand-off may be what was lost
         return Outcome(public="\n".join(said) or None, enqueue=enqueue)
 
     def _model_refusal(self, model: str) -> str | None:

@@ -359,3 +359,40 @@ def test_the_slash_command_takes_the_same_options_and_refuses_before_starting_a_
     s.wait(idle(s, session), message="its turn")
     assert s.model.requests[-1].json["model"] == "big-model"
     assert s.model.requests[-1].json["messages"][-1]["content"] == "hello from the slash"
+
+
+def test_options_carried_out_again_after_the_bot_died_are_said_once_and_kept_once(
+    tmp_path: Path, fresh_pg_url: str
+) -> None:
+    from sqlalchemy import func, select
+
+    from chatops.schema import InboxMessage, RequestKind, RequestState, Session
+    from playground.slack_api import ANSWER
+    from test_record_before_ack import kill_bot, requests, sender
+
+    channel = "{yolo: true, repo: https://git.example.test/acme/app.git}"
+    text = config(channel, "bot: {claimSeconds: 2}", "models: {big: {name: big-model}}")
+    with stack(tmp_path, fresh_pg_url, "memory://", config=text) as s:
+        s.slack.hold("chat.postMessage" + ANSWER)  # the options' line is in the thread; the bot never hears so
+        root = s.slack.add_message(CHANNEL, "<@U0BOT> branch=dev model=big hello", ALICE)["ts"]
+        with sender(s, s.start_bot()) as slack:
+            said = slack.app_mention("<@U0BOT> branch=dev model=big hello", channel=CHANNEL, user=ALICE, ts=root)
+            assert said.status_code == 200
+        s.slack.wait_for_held("chat.postMessage" + ANSWER)
+        kill_bot(s)
+        s.slack.release("chat.postMessage" + ANSWER)
+        s.start_bot()
+        s.wait(
+            lambda: (
+                [(k, st) for k, st, attempts in requests(s) if attempts >= 2]
+                == [(RequestKind.COMMAND, RequestState.DONE)]
+            ),
+            timeout=40,
+            message="the replay",
+        )
+        thread = s.thread_text(root)
+        assert "chosen before the first turn" not in thread
+        assert thread.count("(branch `dev`)") == 1 and thread.count("🧠 This thread uses the model `big`.") == 1
+        with s.engine.connect() as conn:
+            assert conn.execute(select(Session.branch)).scalar_one() == "dev"
+            assert conn.execute(select(func.count()).select_from(InboxMessage)).scalar_one() == 1
