@@ -29,12 +29,19 @@ from bot.authorize import Approvers
 from bot.jobs import JobCommands, is_job_command
 from bot.steps import NoSteps, Steps, courtesy
 from chatops.config import Config, is_branch_name
-from chatops.inbox import Recorded, has_messages, record_message, request_stop, session_of
-from chatops.queries import latest_session, log_length, pending_approvals, session_summary, tokens_used
+from chatops.inbox import Recorded, has_message, has_messages, record_message, request_stop, session_of
+from chatops.queries import (
+    instructions_used,
+    latest_session,
+    log_length,
+    pending_approvals,
+    session_summary,
+    tokens_used,
+)
 from chatops.reload import ConfigFile
-from chatops.repos import RepoRefused, check_repo
+from chatops.repos import RepoRefused, check_branch, check_repo
 from chatops.schema import InboxCommand, SessionStatus
-from chatops.store import ensure_session, set_repo, set_yolo
+from chatops.store import ensure_session, set_model, set_repo, set_yolo, thread_model
 from workers.approval_message import JOB_PROMPT, line_of, mention
 from workers.asking import thread_asking
 from workers.mrkdwn import Mrkdwn, mrkdwn_of
@@ -50,7 +57,8 @@ HELP = """Say these in a thread, after mentioning me (in a direct message, witho
 `stop` (stop the running turn), `status` (this session's state), `ask AGENT PROMPT` (ask one of the \
 configured agents: {agents}), `yolo on` / `yolo off` (approvers: run calls without asking, or ask again), \
 `repo URL [BRANCH]` (before the first turn: the repository this thread works on), `push [BRANCH]` \
-(approvers: the workspace's changes to a branch of the repository), `help`. In a channel, \
+(approvers: the workspace's changes to a branch of the repository), `help`. A request may start with \
+`model=NAME` (one of: {models}), and in a new thread `repo=URL` and `branch=NAME`. In a channel, \
 `/mm COMMAND` does the same for your latest session there, and `/mm PROMPT` starts a new thread. \
 `/mm jobs` lists the scheduled jobs; `/mm job run|pause|resume NAME` (approvers) steers one."""
 NO_SESSION = "There is no session here yet: mention me with a request to start one."
@@ -76,6 +84,15 @@ STARTED_FOR_REPO = Mrkdwn("<@{user}> started a thread for a repository.")
 PUSH_BRANCH = "`{branch}` is not a branch name I can push to (letters, digits, `._/-`)."
 SLASH_NEW = "Say `/mm PROMPT` to start a new thread, or `@mm new` in a thread to start its conversation again."
 
+UNKNOWN_MODEL = (
+    "There is no model named `{name}`; the models are: {models}. Nothing was run: say it again with one of them."
+)
+OPTION_TWICE = "`{key}=` is given twice. Nothing was run."
+OPTION_REFUSED = "I can't work on that repository: {reason} Nothing was run."
+BRANCH_WITHOUT_REPO = "`branch=` needs a repository: give `repo=URL` too (this channel has none). Nothing was run."
+MODEL_SET = "🧠 This thread uses the model `{name}`."
+OPTIONS = ("repo", "branch", "model")  # what a request may start with, as `key=value`
+
 _KEYWORD = re.compile(r"^(new|compact|stop|status|help)$", re.IGNORECASE)
 _YOLO = re.compile(r"^yolo\s+(on|off)$", re.IGNORECASE)
 _ASK = re.compile(r"^ask(?:\s+(\S+)(?:\s+(.+))?)?$", re.IGNORECASE | re.DOTALL)
@@ -83,15 +100,26 @@ _REPO = re.compile(r"^repo(?:\s+(\S+)(?:\s+(\S+))?)?$", re.IGNORECASE)
 _PUSH = re.compile(r"^push(?:\s+(\S+))?$", re.IGNORECASE)
 
 
+_OPTION = re.compile(rf"^({'|'.join(OPTIONS)})=(\S+)(?:\s+|$)", re.IGNORECASE)
+
+
 @dataclass(frozen=True)
 class Command:
-    name: str  # new, compact, stop, status, help, yolo, ask, repo, push
+    name: str  # new, compact, stop, status, help, yolo, ask, repo, push; options (args: `key=value`…, prompt)
     args: tuple[str, ...] = ()
 
 
 def parse(text: str) -> Command | None:
-    """The command the whole text is, or None for a request to the agent."""
+    """The command the whole text is, or None for a request to the agent. A request that starts with options
+    (`repo=URL branch=NAME model=NAME`, only these keys, only at the start) is the `options` command: its
+    args are the options, then the rest of the text (the prompt, maybe empty)."""
     text = text.strip()
+    options, rest = [], text
+    while m := _OPTION.match(rest):
+        options.append(f"{m.group(1).lower()}={m.group(2)}")
+        rest = rest[m.end() :]
+    if options:
+        return Command("options", (*options, rest))
     if m := _KEYWORD.match(text):
         return Command(m.group(1).lower())
     if m := _YOLO.match(text):
@@ -103,6 +131,18 @@ def parse(text: str) -> Command | None:
     if m := _PUSH.match(text):
         return Command("push", tuple(g for g in m.groups() if g))
     return None
+
+
+def _options_of(command: Command) -> tuple[dict[str, str] | str, str]:
+    """The `options` command's options by key (or why they are refused: one given twice), and its prompt."""
+    *tokens, prompt = command.args
+    options: dict[str, str] = {}
+    for token in tokens:
+        key, value = token.split("=", 1)
+        if key in options:
+            return OPTION_TWICE.format(key=key), prompt
+        options[key] = value
+    return options, prompt
 
 
 @dataclass(frozen=True)
@@ -162,9 +202,11 @@ class Commands:
         session = await asyncio.to_thread(session_of, self.engine, where.channel, where.thread_ts)
         name = command.name
         if name == "help":
-            return Outcome(private=HELP.format(agents=self.agents()))
+            return Outcome(private=HELP.format(agents=self.agents(), models=self.config.service.model_names()))
         if name == "repo":
             return await asyncio.to_thread(self._repo, command, where, session)
+        if name == "options":
+            return await self._options(command, where, session)
         if name == "ask":
             refusal = self._ask_refusal(command)
             if refusal:
@@ -273,6 +315,87 @@ class Commands:
         branch = f" (branch `{choice.branch}`)" if choice.branch else ""
         return Outcome(public=REPO_SET.format(url=public_url(choice.url), branch=branch))
 
+    async def _options(self, command: Command, where: Where, session: str | None) -> Outcome:
+        """A request that starts with `repo=`, `branch=`, `model=`: each checked (the repository by the channel's
+        policy, chatops.repos; the model against `models`), then set on the thread and the prompt recorded. A
+        refusal is said in the thread and nothing runs: a turn on another repository or model than the person
+        asked for would do the wrong work."""
+        # Carried out before, up to keeping its prompt (a replay after the bot died): the same again, but the thread
+        # it started is not "too late" for its own repository.
+        replay = session is not None and await asyncio.to_thread(has_message, self.engine, session, where.message_ts)
+        options, prompt = _options_of(command)
+        if isinstance(options, str):
+            return Outcome(public=options)
+        model = options.get("model")
+        if model is not None and (refusal := self._model_refusal(model)):
+            return Outcome(public=refusal)
+        said: list[str] = []
+        if "repo" in options or "branch" in options:
+            refusal, url, branch = await asyncio.to_thread(
+                self._repo_option, options, where, None if replay else session
+            )
+            if refusal is not None:
+                return Outcome(public=refusal)
+            await asyncio.to_thread(set_repo, self.engine, await asyncio.to_thread(self._ensure, where), url, branch)
+            said.append(REPO_SET.format(url=public_url(url), branch=f" (branch `{branch}`)" if branch else ""))
+        if model is not None:
+            ensure = await asyncio.to_thread(self._ensure, where)
+            await asyncio.to_thread(set_model, self.engine, ensure, model)
+            said.append(MODEL_SET.format(name=model))
+        enqueue = None
+        if prompt.strip():
+            recorded = await self._keep(where, prompt)
+            enqueue = recorded.session_id  # again on a replay: the hand-off may be what was lost
+        return Outcome(public="\n".join(said) or None, enqueue=enqueue)
+
+    def _model_refusal(self, model: str) -> str | None:
+        service = self.config.service
+        if model in service.models:
+            return None
+        return UNKNOWN_MODEL.format(name=model[:100], models=service.model_names())
+
+    async def _options_refusal(self, command: Command, channel: str) -> str | None:
+        """`/mm OPTIONS PROMPT`: what refuses the options before a thread is started for them."""
+        options, _prompt = _options_of(command)
+        if isinstance(options, str):
+            return options
+        if "model" in options and (refusal := self._model_refusal(options["model"])):
+            return refusal
+        if "repo" in options or "branch" in options:
+            where = Where(channel, None, "", "")
+            refusal, _url, _branch = await asyncio.to_thread(self._repo_option, options, where, None)
+            return refusal
+        return None
+
+    def _repo_option(
+        self, options: dict[str, str], where: Where, session: str | None
+    ) -> tuple[str | None, str, str | None]:
+        """Why `repo=`/`branch=` cannot be taken, or None and the repository and branch to set."""
+        if session is not None and (log_length(self.engine, session) or has_messages(self.engine, session)):
+            return REPO_LATE + " Nothing was run.", "", None
+        channel = self.config.service.channel(where.channel)
+        try:
+            if "repo" in options:
+                choice = check_repo(options["repo"], options.get("branch"), channel.repos, channel=where.channel)
+                return None, choice.url, choice.branch
+            if not channel.repo:
+                return BRANCH_WITHOUT_REPO, "", None
+            check_branch(options["branch"])
+            return None, channel.repo, options["branch"]
+        except RepoRefused as e:
+            return OPTION_REFUSED.format(reason=e), "", None
+
+    def _ensure(self, where: Where) -> str:
+        assert where.thread_ts is not None
+        return ensure_session(
+            self.engine,
+            channel_id=where.channel,
+            thread_ts=where.thread_ts,
+            team_id=where.team,
+            requester=where.user,
+            assistant_thread=where.assistant_thread,
+        )
+
     def status(self, session_id: str) -> str:
         summary = session_summary(self.engine, session_id)
         if summary is None:
@@ -292,15 +415,38 @@ class Commands:
             Mrkdwn("*Status:* {state}").format(state=state),
             Mrkdwn("*Repository:* {repo}").format(repo=public_url(repo) if repo else "none (an empty workspace)")
             + (Mrkdwn(" (branch `{branch}`)").format(branch=branch) if branch else ""),
+            Mrkdwn("*Model:* {model}").format(model=self._model(session_id, channel.model)),
             Mrkdwn("*Asks before commands and edits:* {asks}").format(asks=self._asks(session_id)),
             Mrkdwn("*Tokens:* {all:,} ({prompt:,} prompt, {completion:,} completion)").format(
                 all=prompt + completion, prompt=prompt, completion=completion
             ),
         ]
+        lines.append(Mrkdwn("*Instructions:* {used}").format(used=self._instructions(session_id)))
         if waiting:
             titles = Mrkdwn(", ").join(mrkdwn_of(line_of(p.row), self.secrets()) for p in waiting)
             lines.append(Mrkdwn("*Waiting for a decision:* {titles}").format(titles=titles[:1000]))
         return Mrkdwn("\n").join(lines)
+
+    def _model(self, session_id: str, channel_model: str | None) -> str:
+        """The `models` entry the thread runs with (its own `model=`, else the channel's), or the agent's model."""
+        name = thread_model(self.engine, session_id) or channel_model
+        if name is None:
+            return f"{self.config.agent.model.name} (the config's `model`)"
+        found = self.config.service.models.get(name)
+        return f"{name} ({found.name})" if found else f"{name} (no longer configured: its turns are refused)"
+
+    def _instructions(self, session_id: str) -> str:
+        """What the latest turn's system prompt added (workers.turns records it): the channel's instructions, yes
+        or no and their size, and the repository's files read, or looked for and not read."""
+        used = instructions_used(self.engine, session_id)
+        if used is None:
+            return "none yet (the first turn reads them)"
+        channel = used.get("channel")
+        parts = [f"the channel's: yes ({channel:,} characters)" if channel else "the channel's: no"]
+        read = [f"{f['path']} ({f['size']:,} bytes{', cut' if f.get('cut') else ''})" for f in used.get("files", [])]
+        skipped = [f"{f['path']} not read ({f['why']})" for f in used.get("skipped", [])]
+        parts.append("the repository's: " + (", ".join(read + skipped) or "none found"))
+        return "; ".join(parts)
 
     def _asks(self, session_id: str) -> Mrkdwn:
         """Whether the thread asks before gated calls, and for whom: the worker's own answer (workers.asking),
@@ -333,14 +479,20 @@ class Commands:
             return Outcome(private=private)
         command = parse(text)
         if not text.strip() or (command is not None and command.name == "help"):
-            return Outcome(private=HELP.format(agents=self.agents()))
+            return Outcome(private=HELP.format(agents=self.agents(), models=self.config.service.model_names()))
         if command is not None and command.name == "new":
             return Outcome(private=SLASH_NEW)
         if command is not None and command.name == "ask" and (refusal := self._ask_refusal(command)):
             return Outcome(private=refusal)
         if command is not None and command.name == "repo" and (refusal := await self._repo_refusal(command, channel)):
             return Outcome(private=refusal)  # before a thread is started for it
-        if command is None or command.name in ("ask", "repo"):
+        if (
+            command is not None
+            and command.name == "options"
+            and (refusal := await self._options_refusal(command, channel))
+        ):
+            return Outcome(private=refusal)  # before a thread is started for it
+        if command is None or command.name in ("ask", "repo", "options"):
             return await self._new_thread(slack, command, text.strip(), channel, user, team, steps)
         latest = await asyncio.to_thread(latest_session, self.engine, channel, user)
         if latest is None or latest.thread_ts is None:

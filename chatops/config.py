@@ -7,9 +7,11 @@ an error, because a typo silently ignored is a setting silently not applied.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import os
 import re
+import stat
 import types
 import typing
 import zoneinfo
@@ -23,7 +25,7 @@ import yaml
 from croniter import croniter
 from pydantic import Field, ValidationError, field_validator
 
-from mm_core.config import AgentConfig, Duration, Strict, YamlProblem, read_yaml, with_refs_from
+from mm_core.config import AgentConfig, Duration, ModelConfig, Strict, YamlProblem, read_yaml, with_refs_from
 
 DEFAULT_CONFIG_FILE = "mm.yaml"
 DEFAULT_DATABASE_URL = "sqlite:///./var/mm.sqlite3"
@@ -55,6 +57,11 @@ _CHANNEL_ID = re.compile(r"^[CGD][A-Z0-9]{2,}$")
 _APPROVER_ID = re.compile(r"^[UWS][A-Z0-9]{2,}$")
 _JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 _BRANCH = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,199}$")
+# The most a channel's instructions file may hold: it goes whole into the system prompt of every turn.
+MAX_INSTRUCTIONS_BYTES = 32_000
+MAX_INSTRUCTION_FILES = 8
+# A name of `models`: what a person types in `model=NAME`.
+_MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")
 
 
 class ConfigError(Exception):
@@ -68,6 +75,10 @@ class ConfigError(Exception):
 # --- the service's keys -------------------------------------------------------------------------------------
 
 
+class InstructionsFile(Strict):
+    file: str
+
+
 class ChannelConfig(Strict):
     repo: str | None = None
     branch: str | None = None
@@ -75,6 +86,41 @@ class ChannelConfig(Strict):
     yolo: bool | None = None
     # URL patterns of the repositories a thread may ask for in Slack (`@mm repo <url>`): chatops/repos.py.
     repos: list[str] = Field(default_factory=list)
+    # What every turn's system prompt adds for this channel: a text, or {file: PATH} relative to the config file,
+    # which load_config reads (so that it is always the text itself once loaded).
+    instructions: str | InstructionsFile | None = None
+    # The repository's own instruction files, relative to its root, read at each turn (mm_core.instructions).
+    instructionFiles: list[str] = Field(default_factory=lambda: ["AGENTS.md"])
+    # The `models` entry a thread of this channel runs with unless its mention says `model=NAME` (None: `model`).
+    model: str | None = None
+
+    @field_validator("instructions", mode="before")
+    @classmethod
+    def _instructions(cls, value: Any) -> Any:
+        if value is None or isinstance(value, str) or (isinstance(value, dict) and set(value) == {"file"}):
+            return value
+        raise ValueError(f"expected a text, or {{file: PATH}} (relative to the config file), got {_describe(value)}")
+
+    @field_validator("instructionFiles", mode="before")
+    @classmethod
+    def _instruction_files(cls, value: Any) -> Any:
+        expected = "expected a list of paths relative to the repository's root, such as AGENTS.md"
+        if not isinstance(value, list):
+            raise ValueError(f"{expected}, got {_describe(value)}")
+        if len(value) > MAX_INSTRUCTION_FILES:
+            raise ValueError(f"{expected}, at most {MAX_INSTRUCTION_FILES} of them, got {len(value)}")
+        for item in value:
+            if not isinstance(item, str):
+                raise ValueError(f"{expected}, got {_describe(item, quote=True)}")
+            parts = item.split("/")
+            if (
+                not item
+                or item.startswith("/")
+                or any(p in ("", ".", "..") for p in parts)
+                or any(not c.isprintable() for c in item)
+            ):
+                raise ValueError(f"{expected}, got {_describe(item, quote=True)}")
+        return value
 
     @field_validator("approvers", mode="before")
     @classmethod
@@ -252,6 +298,8 @@ class SchedulerConfig(Strict):
 
 class ServiceConfig(Strict):
     channels: dict[str, ChannelConfig] = Field(default_factory=dict)
+    # The models a thread may pick by name (`@mm model=NAME …`), or a channel by default (`channels.<id>.model`).
+    models: dict[str, ModelConfig] = Field(default_factory=dict)
     approvals: ApprovalsConfig = Field(default_factory=ApprovalsConfig)
     jobs: list[JobConfig] = Field(default_factory=list)
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
@@ -262,6 +310,10 @@ class ServiceConfig(Strict):
     def channel(self, channel_id: str) -> ChannelConfig:
         """The channel's own settings, or the default's, or none at all."""
         return self.channels.get(channel_id) or self.channels.get("default") or ChannelConfig()
+
+    def model_names(self) -> str:
+        """The names `model=` takes, for a person reading a refusal."""
+        return ", ".join(f"`{name}`" for name in self.models) or "none is configured (`models` in the config)"
 
 
 SERVICE_KEYS = frozenset(ServiceConfig.model_fields)
@@ -290,6 +342,8 @@ class Config:
     # What the worker's git pushes with over HTTPS (jobs' and threads' branches): from the environment only.
     git_username: str | None = None
     git_token: str | None = None
+    # The API keys of the `models` entries that name an `apiKeyEnv`, by entry name: from the environment only.
+    model_api_keys: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     def missing_slack_secrets(self, socket_mode: bool) -> list[str]:
         """The environment variables `serve` needs and does not have (HTTP: signing secret; Socket: app token)."""
@@ -320,7 +374,8 @@ def load_config(path: str | os.PathLike[str] | None = None, environ: Mapping[str
         if explicit is not None:
             source = "MM_CONFIG" if path is None else "the config path"
             raise ConfigError([f"{file}: no such file ({source} names it; `mm-bot init` writes an example)"])
-        file_config, source_path = _validated(overlay or {}, None, env, _env(env, "MM_CONFIG_OVERLAY") or ""), None
+        file_config = _validated(overlay or {}, None, env, _env(env, "MM_CONFIG_OVERLAY") or "", Path.cwd())
+        source_path = None
     else:
         file_config, source_path = _load_file(file, env, overlay), file
 
@@ -348,6 +403,11 @@ def load_config(path: str | os.PathLike[str] | None = None, environ: Mapping[str
         model_api_key=_env(env, key_env) if key_env else None,
         git_username=_env(env, "MM_GIT_USERNAME"),
         git_token=_env(env, "MM_GIT_TOKEN"),
+        model_api_keys={
+            name: key
+            for name, model in service.models.items()
+            if model.apiKeyEnv and (key := _env(env, model.apiKeyEnv))
+        },
     )
 
 
@@ -385,9 +445,13 @@ def laid_over(base: dict[str, Any], overlay: Mapping[str, Any]) -> dict[str, Any
     return merged
 
 
-def _validated(data: dict[str, Any], root: yaml.Node | None, env: Mapping[str, str], where: str) -> FileConfig:
+def _validated(
+    data: dict[str, Any], root: yaml.Node | None, env: Mapping[str, str], where: str, base: Path
+) -> FileConfig:
     problems = [(_line(root, loc), _render(loc, msg)) for loc, msg in _duplicate_keys(root)]
     problems += [(_line(root, loc), _render(loc, msg)) for loc, msg in _cross_checks(data, env)]
+    texts, read_problems = _instruction_texts(data, base)
+    problems += [(_line(root, loc), _render(loc, msg)) for loc, msg in read_problems]
     config: FileConfig | None = None
     try:
         config = FileConfig.model_validate(data, strict=True)
@@ -396,7 +460,42 @@ def _validated(data: dict[str, Any], root: yaml.Node | None, env: Mapping[str, s
     if problems or config is None:
         ordered = sorted(dict.fromkeys(problems), key=lambda p: p[0])  # one line per problem, in file order
         raise ConfigError([f"{where}:{line}: {message}" for line, message in ordered])
+    if texts:
+        channels = {
+            k: c.model_copy(update={"instructions": texts[k]}) if k in texts else c for k, c in config.channels.items()
+        }
+        config = config.model_copy(update={"channels": channels})
     return config
+
+
+def _instruction_texts(data: dict[str, Any], base: Path) -> tuple[dict[str, str], list[tuple[Loc, str]]]:
+    """The texts of the channels' `instructions: {file: PATH}`, read now (at each load and reload): a file that
+    cannot be used is a problem of the config, reported with the others, not of some later turn."""
+    texts: dict[str, str] = {}
+    problems: list[tuple[Loc, str]] = []
+    for channel_id, channel in _items(data.get("channels")):
+        name = _get(channel, "instructions", "file")
+        if not isinstance(channel_id, str) or not isinstance(name, str):
+            continue  # a wrong shape is the validation's to say
+        loc: Loc = ("channels", channel_id, "instructions", "file")
+        path = base / name
+        try:
+            # Non-blocking, then checked to be a file: a named pipe put there would hold the load for ever.
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            with os.fdopen(fd, "rb") as f:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    problems.append((loc, f"{path} is not a regular file"))
+                    continue
+                data_read = f.read(MAX_INSTRUCTIONS_BYTES + 1)
+            if len(data_read) > MAX_INSTRUCTIONS_BYTES:
+                problems.append((loc, f"{path} is longer than {MAX_INSTRUCTIONS_BYTES:,} bytes"))
+                continue
+            texts[channel_id] = data_read.decode("utf-8")
+        except UnicodeDecodeError:
+            problems.append((loc, f"{path} is not UTF-8 text"))
+        except OSError as e:
+            problems.append((loc, f"cannot read {path}: {e.strerror or e}"))
+    return texts, problems
 
 
 def _load_file(file: Path, env: Mapping[str, str], overlay: dict[str, Any] | None = None) -> FileConfig:
@@ -415,7 +514,8 @@ def _load_file(file: Path, env: Mapping[str, str], overlay: dict[str, Any] | Non
     if not isinstance(data, dict):
         raise ConfigError([f"{file}:1: expected a mapping of keys at the top level, got {_describe(data)}"])
     # A problem in a key the overlay brought is reported at the line of the file's nearest key.
-    return _validated(laid_over(data, overlay) if overlay else data, root, env, str(file))
+    base = file.absolute().parent  # an instructions file is named relative to the config that names it
+    return _validated(laid_over(data, overlay) if overlay else data, root, env, str(file), base)
 
 
 Loc = tuple[str | int, ...]
@@ -580,6 +680,18 @@ def _cross_checks(data: dict[str, Any], env: Mapping[str, str]) -> list[tuple[Lo
             problems.append((("jobs", i, "agent"), f"no mmConfigs entry is named {agent!r} ({known})"))
         if isinstance(_get(job, "skill"), str) and not data.get("skillsDir"):
             problems.append((("jobs", i, "skill"), "a skill needs `skillsDir`, where the skills are"))
+    models = dict(_items(data.get("models")))
+    for name, model in models.items():
+        if isinstance(name, str) and not _MODEL_NAME.match(name):
+            problems.append((("models", name), "expected a name of letters, digits, '.', '_', ':' or '-' as the key"))
+        model_key_env = _get(model, "apiKeyEnv")
+        if isinstance(model_key_env, str) and model_key_env and not _env(env, model_key_env):
+            problems.append((("models", name, "apiKeyEnv"), f"the environment variable {model_key_env} is not set"))
+    for channel_id, channel in _items(data.get("channels")):
+        model = _get(channel, "model")
+        if isinstance(model, str) and model not in models:
+            known = ", ".join(str(k) for k in models) or "none is configured"
+            problems.append((("channels", channel_id, "model"), f"no models entry is named {model!r} ({known})"))
     key_env = _get(data, "model", "apiKeyEnv")
     if isinstance(key_env, str) and key_env and not _env(env, key_env):
         problems.append((("model", "apiKeyEnv"), f"the environment variable {key_env} is not set"))

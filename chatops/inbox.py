@@ -149,6 +149,17 @@ def has_messages(engine: Engine, session_id: str) -> bool:
         return found is not None
 
 
+def has_message(engine: Engine, session_id: str, message_ts: str) -> bool:
+    """Whether this Slack message is already kept for the session (a request carried out again after a crash)."""
+    with engine.connect() as conn:
+        found = conn.execute(
+            select(InboxMessage.id)
+            .where(InboxMessage.session_id == session_id, InboxMessage.message_ts == message_ts)
+            .limit(1)
+        ).first()
+        return found is not None
+
+
 def has_untaken(engine: Engine, session_id: str) -> bool:
     with engine.connect() as conn:
         return conn.execute(select(_untaken(session_id))).scalar_one()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import Engine, func, or_, select
 
@@ -50,6 +51,15 @@ def session_summary(engine: Engine, session_id: str) -> SessionSummary | None:
     with engine.connect() as conn:
         row = conn.execute(_SUMMARY.where(Session.id == session_id)).first()
     return SessionSummary(*row) if row else None
+
+
+def instructions_used(engine: Engine, session_id: str) -> dict[str, Any] | None:
+    """What the session's latest turn was told besides the agent's own prompt (chatops.store.set_instructions_used);
+    None before its first turn."""
+    with engine.connect() as conn:
+        row = conn.execute(select(Session.agent_config).where(Session.id == session_id)).scalar_one_or_none()
+    used = (row or {}).get("instructions")
+    return used if isinstance(used, dict) else None
 
 
 def recent_sessions(engine: Engine, user: str, limit: int = 10) -> list[SessionSummary]:

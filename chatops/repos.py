@@ -134,7 +134,7 @@ def check_repo(
     """
     normalized, authority, path = _parse(_unwrap(url))
     if branch is not None:
-        _check_branch(branch)
+        check_branch(branch)
     if not allowed:
         raise RepoRefused(NO_PATTERNS.format(channel=channel))
     patterns = [p for p in map(_compile, allowed) if p is not None]
@@ -337,7 +337,7 @@ def _glob(text: str, *, one: str, many: str) -> str:
 # --- the branch -----------------------------------------------------------------------------------------------
 
 
-def _check_branch(branch: str) -> None:
+def check_branch(branch: str) -> None:
     """git check-ref-format --branch: the rules of refs/heads/<branch>, plus no leading `-` and not HEAD."""
     why = _branch_problem(branch)
     if why:

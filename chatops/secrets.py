@@ -47,8 +47,10 @@ def secrets_of(config: Config) -> list[str]:
         config.slack_app_token,
         config.model_api_key,
         config.git_token,
+        *config.model_api_keys.values(),
     ]
-    for url in (config.database_url, config.broker_url, config.agent.model.url, config.slack_api_url):
+    model_urls = [m.url for m in config.service.models.values()]
+    for url in (config.database_url, config.broker_url, config.agent.model.url, config.slack_api_url, *model_urls):
         with contextlib.suppress(ValueError):  # an unparsable URL has no password to hide
             values.append(urlsplit(url).password)
     # Longest first, so that a secret containing another is masked whole.

@@ -589,6 +589,32 @@ def set_repo(engine: Engine, session_id: str, repo: str, branch: str | None) -> 
         conn.execute(update(Session).where(Session.id == session_id).values(repo=repo, branch=branch))
 
 
+def set_model(engine: Engine, session_id: str, model: str) -> None:
+    """The thread's own model (`model=NAME` in a mention): a `models` entry's name, over the channel's."""
+    _merge_agent_config(engine, session_id, {"model": model})
+
+
+def thread_model(engine: Engine, session_id: str) -> str | None:
+    """The `models` entry the thread asked for, or None (the channel's)."""
+    with engine.connect() as conn:
+        row = conn.execute(select(Session.agent_config).where(Session.id == session_id)).scalar_one_or_none()
+    model = (row or {}).get("model")
+    return model if isinstance(model, str) else None
+
+
+def _merge_agent_config(engine: Engine, session_id: str, values: dict[str, Any]) -> None:
+    with engine.begin() as conn:
+        row = conn.execute(
+            select(Session.agent_config).where(Session.id == session_id).with_for_update()
+        ).scalar_one_or_none()
+        conn.execute(update(Session).where(Session.id == session_id).values(agent_config={**(row or {}), **values}))
+
+
+def set_instructions_used(engine: Engine, session_id: str, used: dict[str, Any]) -> None:
+    """What the latest turn was told besides the agent's own prompt (workers.turns), for `status` to show."""
+    _merge_agent_config(engine, session_id, {"instructions": used})
+
+
 def set_approval_file(engine: Engine, call_id: str, file_id: str) -> None:
     """Remember the uploaded file that holds the call's whole text (its message shows only a head and a tail)."""
     with engine.begin() as conn:

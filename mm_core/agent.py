@@ -123,6 +123,7 @@ class Agent:
         depth: int = 0,
         name: str | None = None,
         granted: frozenset[str | None] = frozenset(),
+        instructions: str = "",
     ):
         self.config, self.store, self.session_id = config, store, session_id
         # Requesters whose calls run without asking besides those an approver granted in the conversation: the
@@ -135,7 +136,9 @@ class Agent:
             tools, _warnings = build_tools(config, self.workspace)
         self.tools = {t.name: t for t in tools}
         self.model = model or ModelClient(config.model, api_key, config.watchdogTimeout)
-        self.system_prompt = config.systemPrompt or DEFAULT_SYSTEM_PROMPT
+        # What the front end adds for this turn (mm_core.instructions): after the agent's own, never instead of it.
+        base = config.systemPrompt or DEFAULT_SYSTEM_PROMPT
+        self.system_prompt = f"{base}\n\n{instructions}" if instructions else base
         self._state = SessionState()
 
     # -- the log ----------------------------------------------------------------------------------

@@ -60,11 +60,14 @@ from chatops.store import (
     request_approval,
     set_approval_file,
     set_approval_message,
+    set_instructions_used,
     set_status,
+    thread_model,
 )
 from mm_core import Agent, display
 from mm_core.config import AgentConfig
 from mm_core.events import Event, PermissionRequested, TurnFinished
+from mm_core.instructions import extra_instructions, read_repo_files
 from mm_core.log import Decision, ErrorRecord, Fenced, Outcome, TurnEnded
 from mm_core.state import SessionState
 from mm_core.tools.ask_agent import load_agent_file
@@ -90,6 +93,7 @@ TIME_LIMIT = "⏱ The turn ran for longer than {limit} and was stopped."
 EXPIRED = "⌛ Nobody decided on `{title}` in time: it was not run."
 CRASHED = object()  # _run's answer when the turn crashed: ended, and not to be looped on
 WORKER_FAILED = "⚠️ The worker failed while running this turn ({reason}); the error is recorded."
+MODEL_GONE = "The model `{name}` this thread runs with is no longer configured: nothing was run."
 THREAD_CONTEXT = "Earlier messages in this Slack thread, for context:\n{lines}\n\nThe request:\n"
 CONTEXT_MESSAGES = 50
 CONTEXT_CHARS = 8000
@@ -259,9 +263,21 @@ class SessionTurns:
                 # Recorded before the message is posted: a click always finds its row.
                 renderer.emit(ApprovalAsked(self._ask(agent.state(), event), self.row.channel_id or ""))
 
+        model_name = self._model_name()
+        if model_name is not None and model_name not in self.config.service.models:
+            self.failure = MODEL_GONE.format(name=model_name)
+            await self._refuse(renderer, self.failure)
+            return False
         config, granted = self._setting()
         agent = Agent(
-            config, self.store, session_id, workspace, api_key=self.config.model_api_key, emit=emit, granted=granted
+            config,
+            self.store,
+            session_id,
+            workspace,
+            api_key=self.config.model_api_keys.get(model_name) if model_name else self.config.model_api_key,
+            emit=emit,
+            granted=granted,
+            instructions=await self._instructions(workspace),
         )
         try:
             state = agent.load()
@@ -522,6 +538,20 @@ class SessionTurns:
                 self.proc.engine, "job", f"the run's summary failed: {describe_error(e)}", session_id=self.session_id
             )
 
+    async def _instructions(self, workspace: Path) -> str:
+        """What this turn's system prompt adds: the channel's instructions, then the repository's own files as the
+        workspace holds them now (read without following links); what was used is recorded for `status`."""
+        channel = self.config.service.channel(self.row.channel_id or "")
+        files = await asyncio.to_thread(read_repo_files, workspace, channel.instructionFiles)
+        operator = channel.instructions if isinstance(channel.instructions, str) else None
+        used = {
+            "channel": len(operator) if operator else None,
+            "files": [{"path": f.path, "size": f.size, "cut": f.cut} for f in files if f.text is not None],
+            "skipped": [{"path": f.path, "why": f.skipped} for f in files if f.skipped],
+        }
+        await asyncio.to_thread(set_instructions_used, self.proc.engine, self.session_id, used)
+        return extra_instructions(operator, files)
+
     def _agent_config(self) -> Any:
         return self._setting()[0]
 
@@ -532,9 +562,22 @@ class SessionTurns:
         if self.row.agent_name and self.row.agent_name in agent.mmConfigs:  # a job's own agent
             agent = load_agent_file(agent.mmConfigs[self.row.agent_name])
         agent = agent.with_tool_call_cap(self.config.service.worker.maxToolCallsPerAnswer)
+        model_name = self._model_name()
+        if model_name is not None and (model := self.config.service.models.get(model_name)) is not None:
+            agent = agent.model_copy(update={"model": model})
         job = self.running.job if self.running is not None else None
         setting = thread_setting(self.config, agent, self.row.channel_id or "", self.row.yolo, job)
         return agent.model_copy(update={"yolo": setting.default}), setting.standing
+
+    def _model_name(self) -> str | None:
+        """The `models` entry the turn runs with: the thread's `model=`, else the channel's (None: the config's
+        `model`). A job's own agent (`agent:`) keeps its own."""
+        if self.row.agent_name:
+            return None
+        return (
+            thread_model(self.proc.engine, self.session_id)
+            or self.config.service.channel(self.row.channel_id or "").model
+        )
 
     def _running_job(self) -> RunningJob | None:
         def reread() -> Config:
