@@ -78,6 +78,7 @@ from workers.push import changed_files, credentials
 from workers.render import ThreadRenderer
 from workers.slack_client import TIMEOUT, web_client
 from workers.slack_out import SlackOut
+from workers.uploads import receive
 from workers.workspaces import WorkspaceError, prepare, public_url, start_commit, sweep
 
 log = logging.getLogger("mm.worker")
@@ -279,7 +280,8 @@ class SessionTurns:
                     return True  # the inbox may hold more
             else:
                 preface = await self._thread_context(client) if not state.entries else ""
-                if self.store.take_inbox(session_id, preface, people=self.running is None) is None:
+                notes = await self._receive_files(workspace, renderer)
+                if self.store.take_inbox(session_id, preface, people=self.running is None, notes=notes) is None:
                     if self.running is not None:  # its turn ended before, and its end was never recorded
                         self.failure = NO_END
                     self.ending = SessionStatus.IDLE
@@ -393,6 +395,20 @@ class SessionTurns:
             record_error(engine, "workspace", text, session_id=session_id)
         self.ending = SessionStatus.IDLE
         await renderer.notice(f"⚠️ {text}")
+
+    async def _receive_files(self, workspace: Path, renderer: ThreadRenderer) -> dict[int, str]:
+        """The files of the messages this turn takes, downloaded into the workspace (workers.uploads); a line in
+        the thread for each one refused. What each message's text gets added for the model, by inbox row."""
+        rows = self.store.untaken_files(self.session_id, people=self.running is None)
+        if not rows:
+            return {}
+        config = self.config
+        received = await receive(
+            rows, workspace, config.slack_bot_token, config.slack_api_url, config.service.workspaces.files
+        )
+        for line in received.refused:
+            await renderer.notice(line)
+        return received.notes([row_id for row_id, _, _ in rows])
 
     async def _decisions(self, agent: Agent, renderer: ThreadRenderer) -> tuple[list[Decision], bool]:
         """The decisions the approvals table holds for calls still waiting (an expired one is a rejection), and
