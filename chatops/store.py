@@ -94,7 +94,12 @@ class DbStore:
         return [(row.id, row.message_ts, row.files) for row in rows if row.files]
 
     def take_inbox(
-        self, session_id: str, preface: str = "", people: bool = True, notes: Mapping[int, str] | None = None
+        self,
+        session_id: str,
+        preface: str = "",
+        people: bool = True,
+        notes: Mapping[int, str] | None = None,
+        images: Mapping[int, Sequence[str]] | None = None,
     ) -> UserMessage | None:
         """Start the next turn with every untaken inbox message, in order, as one user message; None when the
         inbox is empty. `preface` goes before the text (the thread's earlier messages). Appending it and
@@ -102,7 +107,8 @@ class DbStore:
         both, never neither. `people=False` takes only what nobody wrote (a job run's prompt): replies in a
         job's thread wait for the run's end, so they never ride on the job's yolo. `notes`: the line each
         message with files gets (by row id: which files arrived, workers.uploads); given, a message with files
-        that has none (it came after the files were downloaded) waits for the next turn, and its files with it."""
+        that has none (it came after the files were downloaded) waits for the next turn, and its files with it.
+        `images`: the images that go to the model with the messages taken (data URLs, by row id)."""
         try:
             with self.engine.begin() as conn:
                 seq = self._next_seq(conn, session_id)
@@ -118,7 +124,8 @@ class DbStore:
                     text = said[rows[0].id]
                 else:  # several people may have written while the last turn ran: the model needs to know who
                     text = "\n\n".join(f"<@{r.user_id}>: {said[r.id]}" if r.user_id else said[r.id] for r in rows)
-                message = UserMessage(preface + text, ",".join(authors) or None)
+                shown = tuple(url for row in rows for url in (images or {}).get(row.id, ()))
+                message = UserMessage(preface + text, ",".join(authors) or None, images=shown)
                 _insert_entry(conn, session_id, seq, message)
                 conn.execute(
                     update(InboxMessage).where(InboxMessage.id.in_([r.id for r in rows])).values(taken_at=utcnow())

@@ -5,6 +5,7 @@ redirect off Slack, a hostile name, a link the model put in the workspace."""
 
 from __future__ import annotations
 
+import base64
 import re
 import tempfile
 from collections.abc import Iterator
@@ -34,9 +35,16 @@ def reads_shared_files(request: dict[str, Any]) -> Reply:
     last = request["messages"][-1]
     if last["role"] == "tool":
         return Reply(text=f"done: {last['content'].strip()[:200]}")
-    if m := re.search(r"\[files: (\S+) \(", last["content"] or ""):
+    if m := re.search(r"\[files: (\S+) \(", text_of(last["content"])):
         return Reply(tool_calls=[ToolCall("read_file", {"path": m.group(1)})])
-    return Reply(text=f"answer: {(last['content'] or '').strip()[-300:]}")
+    return Reply(text=f"answer: {text_of(last['content']).strip()[-300:]}")
+
+
+def text_of(content: str | list[dict[str, Any]] | None) -> str:
+    """A message's text, whether it is a string or content parts (with images)."""
+    if isinstance(content, list):
+        return "\n".join(part.get("text", "") for part in content if part.get("type") == "text")
+    return content or ""
 
 
 @pytest.fixture
@@ -177,6 +185,35 @@ def test_files_too_large_or_off_slack_are_refused_with_a_line_in_the_thread(
         assert f"[files: .mm/uploads/{big['ts']}/small.txt (8 KB)]" in prompt
         not_taken = "big.bin, liar.bin, moved.txt, forged.txt, second.txt"
         assert f"[files not taken (too large, or not downloadable): {not_taken}]" in prompt
+
+
+PNG = bytes.fromhex("89504e470d0a1a0a0000000d4948445200000001000000010806000000") + b"rest-of-a-tiny-png"
+
+
+@pytest.mark.parametrize("vision", [True, False])
+def test_an_image_goes_to_a_model_that_takes_images_and_is_a_file_either_way(
+    tmp_path: Path, fresh_pg_url: str, redis: OwnRedis, vision: bool
+) -> None:
+    with started(tmp_path, fresh_pg_url, redis, f"model: {{vision: {str(vision).lower()}}}") as s:
+        s.model.always(reads_shared_files)
+        s.start_worker()
+        base = s.start_bot()
+        with SlackEventSender(base, SECRET, bot_user_id=s.slack.bot_user_id) as sender:
+            shared = s.slack.share_file(CHANNEL, "shot.png", PNG, "U0ALICE", text="<@U0BOT> what is this?")
+            mention = {"channel": CHANNEL, "user": "U0ALICE", "ts": shared["ts"]}
+            assert sender.app_mention(shared["text"], files=shared["files"], **mention).status_code == 200
+            session_id = session_of(s, shared["ts"])
+            turns(s, session_id, 1)
+        assert (s.workspace(session_id) / ".mm" / "uploads" / shared["ts"] / "shot.png").read_bytes() == PNG
+        line = f"[files: .mm/uploads/{shared['ts']}/shot.png ({len(PNG)} bytes)]"
+        content = user_messages(s)[-1]
+        if vision:
+            assert content == [
+                {"type": "text", "text": f"what is this?\n{line}"},
+                {"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(PNG).decode()}},
+            ]
+        else:
+            assert content == f"what is this?\n{line}"
 
 
 def test_only_slack_hosts_get_the_token() -> None:

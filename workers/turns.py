@@ -280,8 +280,11 @@ class SessionTurns:
                     return True  # the inbox may hold more
             else:
                 preface = await self._thread_context(client) if not state.entries else ""
-                notes = await self._receive_files(workspace, renderer)
-                if self.store.take_inbox(session_id, preface, people=self.running is None, notes=notes) is None:
+                notes, images = await self._receive_files(workspace, renderer, config.model.vision)
+                taken = self.store.take_inbox(
+                    session_id, preface, people=self.running is None, notes=notes, images=images
+                )
+                if taken is None:
                     if self.running is not None:  # its turn ended before, and its end was never recorded
                         self.failure = NO_END
                     self.ending = SessionStatus.IDLE
@@ -396,19 +399,22 @@ class SessionTurns:
         self.ending = SessionStatus.IDLE
         await renderer.notice(f"⚠️ {text}")
 
-    async def _receive_files(self, workspace: Path, renderer: ThreadRenderer) -> dict[int, str]:
+    async def _receive_files(
+        self, workspace: Path, renderer: ThreadRenderer, vision: bool
+    ) -> tuple[dict[int, str], dict[int, list[str]]]:
         """The files of the messages this turn takes, downloaded into the workspace (workers.uploads); a line in
-        the thread for each one refused. What each message's text gets added for the model, by inbox row."""
+        the thread for each one refused. What each message's text gets added for the model, and the images that
+        go with it to a model that takes them (`vision`), by inbox row."""
         rows = self.store.untaken_files(self.session_id, people=self.running is None)
         if not rows:
-            return {}
+            return {}, {}
         config = self.config
         received = await receive(
-            rows, workspace, config.slack_bot_token, config.slack_api_url, config.service.workspaces.files
+            rows, workspace, config.slack_bot_token, config.slack_api_url, config.service.workspaces.files, vision
         )
         for line in received.refused:
             await renderer.notice(line)
-        return received.notes([row_id for row_id, _, _ in rows])
+        return received.notes([row_id for row_id, _, _ in rows]), received.images()
 
     async def _decisions(self, agent: Agent, renderer: ThreadRenderer) -> tuple[list[Decision], bool]:
         """The decisions the approvals table holds for calls still waiting (an expired one is a rejection), and

@@ -15,13 +15,14 @@ its turn takes the message (workers.turns), well after the bot's 3-second ack.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import errno
 import os
 import re
 import unicodedata
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 from typing import Any
 from urllib.parse import urljoin, urlsplit
@@ -35,12 +36,17 @@ from workers.mrkdwn import Mrkdwn
 UPLOADS = (".mm", "uploads")
 # Keeps the uploads out of `git status`, and so out of a push (written once into `.mm/`).
 IGNORE_ALL = b"# files people shared in the thread (workers.uploads): never pushed\n*\n"
+MB = 1024 * 1024
 # A file made new, never an existing one, never through a link.
 _NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 MAX_REDIRECTS = 5
+# An image goes to a model that takes images (`model.vision`) when it is one of these, at most this large (the
+# bound most providers set on one image), and among the first MAX_IMAGES of a turn; else it is only a file.
+IMAGE_TYPES = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp"})
+MAX_IMAGE_BYTES = 5 * MB
+MAX_IMAGES = 4
 MAX_NAME_BYTES = 200
 CHUNK = 64 * 1024
-MB = 1024 * 1024
 
 # The lines the thread reads for a file that was not taken; {name} is the name as shared, escaped by format.
 TOO_LARGE = Mrkdwn("📎 `{name}` was not taken: it is {size}, and a file may be at most {most}.")
@@ -51,11 +57,13 @@ NOT_WRITTEN = Mrkdwn("📎 `{name}` could not be written into the workspace ({wh
 
 @dataclass(frozen=True)
 class Arrived:
-    """A file written into the workspace: its path there (relative), size and Slack's mimetype."""
+    """A file written into the workspace: its path there (relative), size and Slack's mimetype; an image that
+    goes to the model too, as a data URL (`image`)."""
 
     path: str
     size: int
     mimetype: str
+    image: str | None = None
 
 
 @dataclass
@@ -66,6 +74,15 @@ class Received:
     refused: list[str] = field(default_factory=list)
     # Per inbox row, the names of the files not taken (the model hears of them too, without the reasons).
     missing: dict[int, list[str]] = field(default_factory=dict)
+
+    def images(self) -> dict[int, list[str]]:
+        """The images that go to the model, by inbox row: at most MAX_IMAGES a turn."""
+        kept: dict[int, list[str]] = {}
+        for row_id, files in self.arrived.items():
+            for file in files:
+                if file.image is not None and sum(map(len, kept.values())) < MAX_IMAGES:
+                    kept.setdefault(row_id, []).append(file.image)
+        return kept
 
     def notes(self, row_ids: Sequence[int]) -> dict[int, str]:
         """The line added to each message's text for the model: `[files: .mm/uploads/…/log.txt (12 KB), …]`."""
@@ -138,9 +155,11 @@ async def receive(
     token: str | None,
     api_url: str,
     limits: FilesConfig,
+    vision: bool = False,
 ) -> Received:
     """Download the files of `rows` (inbox row id, message ts, files as shared_files kept them) into the
-    workspace, within `limits`; what arrived and the lines for what did not."""
+    workspace, within `limits`; what arrived and the lines for what did not. With `vision`, images are kept
+    as data URLs for the model as well."""
     received = Received()
     hosts = SlackHosts(api_url)
     per_file, left = int(limits.maxMB * MB), int(limits.maxTurnMB * MB)
@@ -156,6 +175,8 @@ async def receive(
                     if isinstance(size, int) and size > left:
                         raise Refused(TURN_FULL.format(name=shown, most=human_size(limits.maxTurnMB * MB)))
                     arrived = await _download(session, hosts, token, file, workspace, message_ts, limits, left)
+                    if vision and arrived.mimetype in IMAGE_TYPES and arrived.size <= MAX_IMAGE_BYTES:
+                        arrived = _with_image(workspace, arrived)
                 except Refused as refused:
                     received.refused.append(refused.args[0])  # Mrkdwn, escaped once
                     received.missing.setdefault(row_id, []).append(shown)
@@ -250,6 +271,24 @@ async def _write(
     finally:
         os.close(directory)
     return Arrived(str(PurePosixPath(*folder, name)), written, mimetype)
+
+
+def _with_image(workspace: Path, arrived: Arrived) -> Arrived:
+    """`arrived` with its bytes as a data URL, read back as written (by descriptor, without following a link)."""
+    folder, name = PurePosixPath(arrived.path).parent.parts, PurePosixPath(arrived.path).name
+    try:
+        directory = open_directory(workspace, folder)
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=directory)
+        finally:
+            os.close(directory)
+        with os.fdopen(fd, "rb") as f:
+            data = f.read(MAX_IMAGE_BYTES + 1)
+    except OSError:  # the model changed it since: it stays a file, named in the message
+        return arrived
+    if len(data) > MAX_IMAGE_BYTES:
+        return arrived
+    return replace(arrived, image=f"data:{arrived.mimetype};base64,{base64.b64encode(data).decode()}")
 
 
 def _create(directory: int, name: str) -> tuple[str, int]:
