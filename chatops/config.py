@@ -221,6 +221,8 @@ class FilesConfig(Strict):
     maxMB: float = Field(default=20, gt=0)
     # The most one turn downloads, all its messages' files together; the files past it are refused the same way.
     maxTurnMB: float = Field(default=50, gt=0)
+    # The most files one answer attaches (`[attach: path]` lines, workers.attachments), each at most maxMB.
+    maxAttachments: int = Field(default=5, ge=0, le=20)
 
 
 class WorkspacesConfig(Strict):

@@ -63,6 +63,7 @@ from chatops.store import (
     set_status,
 )
 from mm_core import Agent, display
+from mm_core.agent import DEFAULT_SYSTEM_PROMPT
 from mm_core.config import AgentConfig
 from mm_core.events import Event, PermissionRequested, TurnFinished
 from mm_core.log import Decision, ErrorRecord, Fenced, Outcome, TurnEnded
@@ -71,6 +72,8 @@ from mm_core.tools.ask_agent import load_agent_file
 from workers import metrics
 from workers.approval_message import NO_APPROVERS, ApprovalAsked
 from workers.asking import thread_setting
+from workers.attachments import attach
+from workers.attachments import hint as attach_hint
 from workers.blocks import duration
 from workers.jobs import NO_END, RunningJob, close_stale_runs, finish_run, job_of_session, time_left
 from workers.leases import Cancelled, LeaseKeeper
@@ -218,6 +221,7 @@ class SessionTurns:
         finally:
             await renderer.aclose()
             if self.row.kind != SessionKind.JOB and self.ending == SessionStatus.IDLE:
+                await self._attach(slack)
                 await self._offer_push(slack)
             session = getattr(client, "session", None)
             if session is not None:
@@ -492,6 +496,17 @@ class SessionTurns:
                 await renderer.notice(f"⚠️ Could not compact: {scrub(describe_error(e), list(self.proc.secrets))}")
         return None
 
+    async def _attach(self, slack: SlackOut) -> None:
+        """The files the answer attaches (`[attach: path]` lines, workers.attachments), once it is shown."""
+        finished, workspace = self.finished, self.workspace
+        if finished is None or workspace is None or not finished.answer:
+            return
+        try:
+            limits = self.config.service.workspaces.files
+            await attach(slack, self.row.channel_id or "", self.row.thread_ts, workspace, finished.answer, limits)
+        except Exception as e:  # noqa: BLE001 - the answer is shown; a line Slack refused is only recorded
+            record_error(self.proc.engine, "slack", f"attaching files: {e}", session_id=self.session_id)
+
     async def _offer_push(self, slack: SlackOut) -> None:
         """After a turn that ran commands or edits, when the workspace differs from its repository: the button
         that pushes it to a branch (for an approver; `push [branch]` does the same)."""
@@ -554,6 +569,10 @@ class SessionTurns:
         if self.row.agent_name and self.row.agent_name in agent.mmConfigs:  # a job's own agent
             agent = load_agent_file(agent.mmConfigs[self.row.agent_name])
         agent = agent.with_tool_call_cap(self.config.service.worker.maxToolCallsPerAnswer)
+        if self.row.kind != SessionKind.JOB and self.config.service.workspaces.files.maxAttachments:
+            # A thread's answer can attach files (workers.attachments): the model is told how.
+            prompt = (agent.systemPrompt or DEFAULT_SYSTEM_PROMPT) + attach_hint(self.config.service.workspaces.files)
+            agent = agent.model_copy(update={"systemPrompt": prompt})
         job = self.running.job if self.running is not None else None
         setting = thread_setting(self.config, agent, self.row.channel_id or "", self.row.yolo, job)
         return agent.model_copy(update={"yolo": setting.default}), setting.standing
