@@ -81,7 +81,7 @@ from workers.push import changed_files, credentials
 from workers.render import ThreadRenderer
 from workers.slack_client import TIMEOUT, web_client
 from workers.slack_out import SlackOut
-from workers.uploads import receive
+from workers.uploads import not_received, receive
 from workers.workspaces import WorkspaceError, prepare, public_url, start_commit, sweep
 
 log = logging.getLogger("mm.worker")
@@ -413,9 +413,14 @@ class SessionTurns:
         if not rows:
             return {}, {}
         config = self.config
-        received = await receive(
-            rows, workspace, config.slack_bot_token, config.slack_api_url, config.service.workspaces.files, vision
-        )
+        try:
+            received = await receive(
+                rows, workspace, config.slack_bot_token, config.slack_api_url, config.service.workspaces.files, vision
+            )
+        except Exception as e:  # a bug of ours must not hold the messages back for ever
+            log.exception("session %s: downloading the shared files failed", self.session_id)
+            record_error(self.proc.engine, "files", f"downloading shared files: {e}", session_id=self.session_id)
+            received = not_received(rows)
         for line in received.refused:
             await renderer.notice(line)
         return received.notes([row_id for row_id, _, _ in rows]), received.images()

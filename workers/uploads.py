@@ -149,6 +149,17 @@ def _suffixed(name: str, n: int) -> str:
     return f"{stem}-{n}{dot}{ext}" if stem else f"{name}-{n}"
 
 
+def not_received(rows: Sequence[tuple[int, str, list[dict[str, Any]]]]) -> Received:
+    """Every file of `rows` refused at once (the downloads themselves failed): the messages still go ahead."""
+    received = Received()
+    for row_id, _, files in rows:
+        for file in files:
+            shown = _shown(file)
+            received.refused.append(NOT_DOWNLOADABLE.format(name=shown, why="the worker failed, see its errors"))
+            received.missing.setdefault(row_id, []).append(shown)
+    return received
+
+
 async def receive(
     rows: Sequence[tuple[int, str, list[dict[str, Any]]]],
     workspace: Path,
