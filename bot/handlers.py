@@ -40,7 +40,7 @@ from bot.approvals import Click
 from bot.before_ack import Unsure, bounded, silent
 from bot.commands import SLASH_COMMAND, Where, parse
 from bot.requests import Requests, in_background
-from bot.shapes import MAX_TEXT, kept
+from bot.shapes import MAX_TEXT, kept, shared_files
 from chatops.buttons import BadButton
 from chatops.inbox import Recorded, assistant_context, keep_assistant_context, record_message, session_of
 from chatops.requests import request_key
@@ -316,6 +316,7 @@ async def _take(
         text=text,
         team_id=requester_team(event, context),
         assistant_thread=assistant_thread,
+        files=shared_files(event),  # downloaded by the worker: the ack cannot wait for them
     )
     recorded = await bounded(keep)
     context[RECORDED] = True

@@ -163,3 +163,33 @@ def _said(error: ValidationError, prefix: str = "") -> str:
     first = error.errors(include_input=False, include_url=False)[0]
     where = ".".join(str(part) for part in first["loc"]) or "the body"
     return f"{prefix}{where}: {first['msg']}"[:200]
+
+
+# Slack shares at most 10 files in one message; more is not Slack's, and is not kept.
+MAX_FILES = 10
+# What the worker reads of a shared file (workers.uploads), each a string of at most this many characters but
+# `size`; the rest of Slack's description (thumbnails, permalinks) is not kept.
+_FILE_FIELDS = {"id": ID_LENGTH, "name": 255, "mimetype": 255, "url_private_download": 2000}
+
+
+def shared_files(event: dict[str, Any]) -> list[dict[str, Any]]:
+    """The files a message carries (`files` of a `file_share` message, an app_mention or a reply), as the worker
+    needs them to download them: a field of another type or longer than Slack sends is left out (the worker
+    then says in the thread that the file could not be taken), never raised on: the message itself is kept."""
+    files = event.get("files")
+    if not isinstance(files, list):
+        return []
+    kept_files = []
+    for file in files[:MAX_FILES]:
+        if not isinstance(file, dict):
+            continue
+        one: dict[str, Any] = {
+            name: kept(value)
+            for name, most in _FILE_FIELDS.items()
+            if isinstance(value := file.get(name), str) and len(value) <= most
+        }
+        size = file.get("size")
+        if isinstance(size, int) and not isinstance(size, bool) and size >= 0:
+            one["size"] = size
+        kept_files.append(one)
+    return kept_files

@@ -261,10 +261,21 @@ class JobConfig(Strict):
         return value
 
 
+class FilesConfig(Strict):
+    # A file a person shares in a thread is downloaded into its workspace (`.mm/uploads/<message ts>/`) when it
+    # is at most this large; a larger one is refused with a line in the thread.
+    maxMB: float = Field(default=20, gt=0)
+    # The most one turn downloads, all its messages' files together; the files past it are refused the same way.
+    maxTurnMB: float = Field(default=50, gt=0)
+    # The most files one answer attaches (`[attach: path]` lines, workers.attachments), each at most maxMB.
+    maxAttachments: int = Field(default=5, ge=0, le=20)
+
+
 class WorkspacesConfig(Strict):
     root: str | None = None
     maxAgeDays: int = Field(default=14, ge=1)
     maxTotalMB: int | None = Field(default=None, ge=1)
+    files: FilesConfig = Field(default_factory=FilesConfig)
 
 
 class WorkerConfig(Strict):

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Engine, and_, bindparam, delete, exists, insert, or_, select, update
+from sqlalchemy import JSON, Connection, Engine, and_, bindparam, delete, exists, insert, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.sql.expression import Exists
@@ -54,9 +54,12 @@ def record_message(
     team_id: str | None = None,
     assistant_thread: bool = False,
     command: InboxCommand | None = None,
+    files: list[dict[str, Any]] | None = None,
 ) -> Recorded:
     """Keep a message for the thread's agent (creating the thread's session) and mark the session queued. With
     `command`, the row is a thread command (new, compact, ask, yolo) that the worker carries out in its turn.
+    `files`: what Slack said of the files the message carries (bot.shapes.shared_files), downloaded by the
+    worker whose turn takes it.
 
     One transaction, and the fewest statements that do it (the bot runs this before every ack): find the
     session, or create it already queued; insert the message unless it is there (a redelivery, a mention's
@@ -71,6 +74,7 @@ def record_message(
         "p_message_ts": message_ts,
         "p_text": text,
         "p_command": command,
+        "p_files": files or None,
     }
     for _ in range(2):
         try:
@@ -120,6 +124,7 @@ _MESSAGE = {
     "user_id": bindparam("p_user"),
     "text": bindparam("p_text"),
     "command": bindparam("p_command"),
+    "files": bindparam("p_files", type_=JSON),
     "created_at": bindparam("p_now"),
 }
 # Unless it is there already (a redelivery, a mention's twin): then nothing is returned.

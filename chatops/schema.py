@@ -252,6 +252,9 @@ class InboxMessage(Base):
     # A thread command the worker carries out in the message's place, in order with the messages (InboxCommand);
     # `text` is then its argument. None: a message for the model.
     command: Mapped[str | None] = mapped_column(String(16))
+    # The files the message carried, as Slack described them (bot.shapes.shared_files: id, name, mimetype, size,
+    # url_private_download): the worker downloads them into the workspace when its turn takes the message.
+    files: Mapped[list[Any] | None] = mapped_column(JSON)
     taken_at: Mapped[datetime | None]
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 

@@ -13,7 +13,7 @@ import itertools
 import json
 import logging
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -86,28 +86,46 @@ class DbStore:
         with self.engine.begin() as conn:
             _insert_entry(conn, session_id, self._next_seq(conn, session_id), entry)
 
-    def take_inbox(self, session_id: str, preface: str = "", people: bool = True) -> UserMessage | None:
+    def untaken_files(self, session_id: str, people: bool = True) -> list[tuple[int, str, list[Any]]]:
+        """The files of the messages the next turn would take (row id, message ts, files as the bot kept them):
+        what the worker downloads before it takes them (workers.uploads)."""
+        with self.engine.connect() as conn:
+            rows = _next_turn(conn.execute(_UNTAKEN, {"p_session_id": session_id}).all(), people)
+        return [(row.id, row.message_ts, row.files) for row in rows if row.files]
+
+    def take_inbox(
+        self,
+        session_id: str,
+        preface: str = "",
+        people: bool = True,
+        notes: Mapping[int, str] | None = None,
+        images: Mapping[int, Sequence[str]] | None = None,
+    ) -> UserMessage | None:
         """Start the next turn with every untaken inbox message, in order, as one user message; None when the
         inbox is empty. `preface` goes before the text (the thread's earlier messages). Appending it and
         marking the messages taken is one transaction: a crash leaves them either untaken or in the log, never
         both, never neither. `people=False` takes only what nobody wrote (a job run's prompt): replies in a
-        job's thread wait for the run's end, so they never ride on the job's yolo."""
+        job's thread wait for the run's end, so they never ride on the job's yolo. `notes`: the line each
+        message with files gets (by row id: which files arrived, workers.uploads); given, a message with files
+        that has none (it came after the files were downloaded) waits for the next turn, and its files with it.
+        `images`: the images that go to the model with the messages taken (data URLs, by row id)."""
         try:
             with self.engine.begin() as conn:
                 seq = self._next_seq(conn, session_id)
-                rows = conn.execute(_UNTAKEN, {"p_session_id": session_id}).all()
-                # A command waits for its own turn (take_command): the messages before it are this turn's.
-                rows = list(itertools.takewhile(lambda row: row.command is None, rows))
-                rows = rows if people else [row for row in rows if row.user_id is None]
+                rows = _next_turn(conn.execute(_UNTAKEN, {"p_session_id": session_id}).all(), people)
+                if notes is not None:
+                    rows = list(itertools.takewhile(lambda row: not row.files or row.id in notes, rows))
                 if not rows:
                     raise _NothingTaken  # rolls the seq taken above back: the log has no gap
                 rows = _within(rows, INBOX_CHARS_PER_TURN)
                 authors = list(dict.fromkeys(row.user_id for row in rows if row.user_id))
+                said = {row.id: "\n".join(t for t in (row.text, (notes or {}).get(row.id)) if t) for row in rows}
                 if len(rows) == 1:
-                    text = rows[0].text
+                    text = said[rows[0].id]
                 else:  # several people may have written while the last turn ran: the model needs to know who
-                    text = "\n\n".join(f"<@{row.user_id}>: {row.text}" if row.user_id else row.text for row in rows)
-                message = UserMessage(preface + text, ",".join(authors) or None)
+                    text = "\n\n".join(f"<@{r.user_id}>: {said[r.id]}" if r.user_id else said[r.id] for r in rows)
+                shown = tuple(url for row in rows for url in (images or {}).get(row.id, ()))
+                message = UserMessage(preface + text, ",".join(authors) or None, images=shown)
                 _insert_entry(conn, session_id, seq, message)
                 conn.execute(
                     update(InboxMessage).where(InboxMessage.id.in_([r.id for r in rows])).values(taken_at=utcnow())
@@ -171,6 +189,13 @@ class TakenCommand:
         return []
 
 
+def _next_turn(rows: Sequence[Any], people: bool) -> list[Any]:
+    """The untaken rows a turn takes: up to the first command (it waits for its own turn, take_command), and
+    with `people=False` only those nobody wrote."""
+    rows = list(itertools.takewhile(lambda row: row.command is None, rows))
+    return rows if people else [row for row in rows if row.user_id is None]
+
+
 def _within(rows: Sequence[Any], limit: int) -> list[Any]:
     """The first messages whose text fits in `limit` characters (always the first one): the rest wait for the
     next turn, so a flood of long messages becomes several prompts of bounded size."""
@@ -204,7 +229,14 @@ _NEXT_SEQ = (
 _INSERT_EVENT = insert(_events).values(_params(_events, "session_id", "seq", "kind", "payload", "created_at"))
 _INSERT_ERROR = insert(_errors).values(_params(_errors, "session_id", "where", "message", "created_at"))
 _UNTAKEN = (
-    select(InboxMessage.id, InboxMessage.user_id, InboxMessage.text, InboxMessage.command)
+    select(
+        InboxMessage.id,
+        InboxMessage.message_ts,
+        InboxMessage.user_id,
+        InboxMessage.text,
+        InboxMessage.command,
+        InboxMessage.files,
+    )
     .where(InboxMessage.session_id == bindparam("p_session_id"), InboxMessage.taken_at.is_(None))
     .order_by(InboxMessage.id)
     .limit(INBOX_PER_TURN)

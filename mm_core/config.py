@@ -45,6 +45,9 @@ class ModelConfig(Strict):
     apiKeyEnv: str | None = None
     temperature: float | None = None
     requestTimeout: Duration = 600.0
+    # The model takes images (OpenAI-style `image_url` content parts): an image a person shares in a thread then
+    # reaches it as one, besides being a file in the workspace. Off, it is only a file.
+    vision: bool = False
 
 
 class LspServer(Strict):

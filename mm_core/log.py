@@ -46,6 +46,9 @@ class UserMessage:
     text: str
     author: str | None = None
     kind: str = "user"
+    # Images that go with the text to a model that takes them (`data:<mime>;base64,…` URLs): a person's shared
+    # images, when the model's config says `vision` (workers.uploads).
+    images: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -200,7 +203,10 @@ _KINDS: dict[str, type] = {
 
 
 def to_dict(entry: Entry) -> dict[str, Any]:
-    return asdict(entry)
+    data = asdict(entry)
+    if isinstance(entry, UserMessage) and not entry.images:
+        del data["images"]  # a message without images is stored as before them, readable by an older worker
+    return data
 
 
 def from_dict(data: dict[str, Any]) -> Entry:
@@ -212,6 +218,8 @@ def from_dict(data: dict[str, Any]) -> Entry:
         data["status"] = CallStatus(data.get("status", CallStatus.OK))
     elif cls is TurnEnded:
         data["outcome"] = Outcome(data["outcome"])
+    elif cls is UserMessage:
+        data["images"] = tuple(data.get("images", ()))
     return cls(**data)
 
 

@@ -268,7 +268,7 @@ class _Transcript:
 
     def add(self, entry: Entry) -> None:
         if isinstance(entry, UserMessage):
-            self.pieces.append([{"role": "user", "content": entry.text}])
+            self.pieces.append([{"role": "user", "content": user_content(entry)}])
         elif isinstance(entry, AssistantMessage):
             piece = len(self.pieces)
             self._answers[piece] = entry
@@ -333,3 +333,12 @@ def assistant_message(e: AssistantMessage) -> dict[str, Any]:
             for c in e.tool_calls
         ]
     return message
+
+
+def user_content(message: UserMessage) -> str | list[dict[str, Any]]:
+    """A user message's content on the wire: its text, or with images the OpenAI content parts (the text, then
+    each image as an `image_url` part)."""
+    if not message.images:
+        return message.text
+    parts: list[dict[str, Any]] = [{"type": "text", "text": message.text}]
+    return parts + [{"type": "image_url", "image_url": {"url": url}} for url in message.images]

@@ -213,10 +213,14 @@ class SlackEventSender:
         ts: str | None = None,
         thread_ts: str | None = None,
         event_id: str | None = None,
+        files: list[dict[str, Any]] | None = None,
         **options: Any,
     ) -> httpx.Response:
-        """`app_mention`: write the mention in `text` yourself, e.g. `<@U0BOT> hello`."""
+        """`app_mention`: write the mention in `text` yourself, e.g. `<@U0BOT> hello`. `files`: the files it
+        shares, as Slack describes them (SlackEmulator.share_file makes them)."""
         event = self._message_event("app_mention", text, channel, user, ts, thread_ts)
+        if files:
+            event["files"] = files
         return self.event(event, event_id=event_id, **options)
 
     def message(
@@ -229,10 +233,14 @@ class SlackEventSender:
         thread_ts: str | None = None,
         channel_type: str = "channel",
         event_id: str | None = None,
+        files: list[dict[str, Any]] | None = None,
         **options: Any,
     ) -> httpx.Response:
-        """A `message` event (in a thread when `thread_ts` is given; `channel_type="im"` for a DM)."""
+        """A `message` event (in a thread when `thread_ts` is given; `channel_type="im"` for a DM); with `files`
+        (as SlackEmulator.share_file makes them), Slack's `file_share` message that shares them."""
         event = self._message_event("message", text, channel, user, ts, thread_ts) | {"channel_type": channel_type}
+        if files:
+            event |= {"subtype": "file_share", "files": files, "upload": False}
         return self.event(event, event_id=event_id, **options)
 
     # -- interactivity and commands -------------------------------------------------------------------------

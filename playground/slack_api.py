@@ -51,6 +51,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import quote
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
@@ -79,6 +80,8 @@ READ_ONLY = frozenset(
         "apps.connections.open",
     }
 )
+# What a download without the token ends on, after Slack's redirect: its login page, answered 200.
+LOGIN_PAGE = "<!DOCTYPE html><html><head><title>Slack</title></head><body>Sign in to your workspace</body></html>"
 # The one method an app-level token may call, and the one a bot token may not (Slack: not_allowed_token_type).
 CONNECTIONS_OPEN = "apps.connections.open"
 
@@ -123,8 +126,9 @@ class SlackEmulator(ThreadedAiohttpServer):
 
     State a test can read: `messages(channel, thread_ts=None)`, `message(channel, ts)`, `ephemerals`,
     `statuses` ({(channel, thread_ts): [status, ...]}), `suggested_prompts` ({(channel, thread_ts): prompts}),
-    `views` (published/opened views), `uploads`
-    ({file_id: bytes}), `responses` (bodies POSTed to `response_url()` URLs).
+    `views` (published/opened views), `uploads` ({file_id: bytes}), `responses` (bodies POSTed to
+    `response_url()` URLs), `downloads` (of files people shared with `share_file`: (file id, whether the bot
+    token came)).
     """
 
     # Methods called that no emulator knows, across every emulator of this process (the tests' emulators all
@@ -231,6 +235,9 @@ class SlackEmulator(ThreadedAiohttpServer):
             self.views: list[dict[str, Any]] = []
             self.uploads: dict[str, bytes] = {}
             self.files: dict[str, dict[str, Any]] = {}
+            self.shared: dict[str, bytes] = {}  # the bytes of files people shared (share_file), by file id
+            self.file_redirects: dict[str, str] = {}  # a shared file whose download answers a redirect there
+            self.downloads: list[tuple[str, bool]] = []  # (file id, whether the bot token came) per download
             self.responses: list[dict[str, Any]] = []
             self._answering: dict[str, tuple[str, str]] = {}  # response_url → (person, channel)
             self._injected: dict[str, list[_Injected]] = {}
@@ -324,6 +331,61 @@ class SlackEmulator(ThreadedAiohttpServer):
         with self._lock:
             if channel not in self.channels:
                 self.add_channel(channel, channel.lower())
+
+    def share_file(
+        self,
+        channel: str,
+        name: str,
+        data: bytes,
+        user: str,
+        *,
+        text: str = "",
+        thread_ts: str | None = None,
+        mimetype: str | None = None,
+        size: int | None = None,
+        redirect_to: str | None = None,
+    ) -> dict[str, Any]:
+        """Seed a message from a person sharing a file (Slack's `file_share`); returns it, its `files` as Slack
+        describes them. The file's `url_private_download` is served here, to the bot token only (without it,
+        Slack's redirect to its login page); `size` says another size than the data's (as a person's client may
+        not), `redirect_to` makes the download a redirect there."""
+        with self._lock:
+            file_id = f"F{next(self._ids):010d}"
+            key = f"{self.team_id}-{file_id}"
+            file = {
+                "id": file_id,
+                "created": int(time.time()),
+                "timestamp": int(time.time()),
+                "name": name,
+                "title": name,
+                "mimetype": mimetype or mimetypes.guess_type(name)[0] or "text/plain",
+                "filetype": name.rpartition(".")[2] if "." in name else "text",
+                "user": user,
+                "size": len(data) if size is None else size,
+                "mode": "hosted",
+                "is_external": False,
+                "url_private": f"{self.base}/files-pri/{key}/{quote(name, safe='')}",
+                "url_private_download": f"{self.base}/files-pri/{key}/download/{quote(name, safe='')}",
+                "permalink": f"https://{self.domain}.slack.com/files/{user}/{file_id}/{quote(name, safe='')}",
+            }
+            self.files[file_id] = file
+            self.shared[file_id] = data
+            if redirect_to is not None:
+                self.file_redirects[file_id] = redirect_to
+            message = {
+                "type": "message",
+                "subtype": "file_share",
+                "user": user,
+                "text": text,
+                "team": self.team_id,
+                "files": [file],
+                "upload": False,
+                "client_msg_id": f"00000000-0000-4000-8000-{next(self._ids):012d}",
+            }
+            self._seen(channel)
+            stored = self._store(channel, message, thread_ts)
+        self._touch()
+        return stored
 
     def on_change(self, listener: Callable[[int], None]) -> None:
         """Call `listener(version)` after each change; it runs on the server's thread, so it must be quick."""
@@ -460,6 +522,9 @@ class SlackEmulator(ThreadedAiohttpServer):
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_route("*", "/api/{method}", self._api)
         app.router.add_post("/upload/v1/{file_id}", self._upload)
+        app.router.add_get("/files-pri/{key}/download/{name:.+}", self._download)
+        app.router.add_get("/files-pri/{key}/{name:.+}", self._download)
+        app.router.add_get("/login", self._login)
         app.router.add_post("/response-url/{team}/{n}", self._response_url_post)
         app.router.add_get(SOCKET_PATH, self._socket)
         app.on_shutdown.append(self._close_sockets)
@@ -524,6 +589,27 @@ class SlackEmulator(ThreadedAiohttpServer):
                 return web.Response(status=404, text="unknown upload url")
             self.uploads[file_id] = data
         return web.Response(text=f"OK - {len(data)}")
+
+    async def _download(self, request: web.Request) -> web.StreamResponse:
+        """A shared file's bytes, as files.slack.com serves them: to a token of the app only; without one, a
+        redirect to the login page (Slack's answer, not an error status)."""
+        file_id = request.match_info["key"].rpartition("-")[2]
+        auth = request.headers.get("Authorization", "")
+        authorized = auth.startswith("Bearer ") and auth.removeprefix("Bearer ") in self.tokens
+        with self._lock:
+            self.downloads.append((file_id, authorized))
+            data, file = self.shared.get(file_id), self.files.get(file_id)
+            redirect = self.file_redirects.get(file_id)
+        if not authorized:
+            raise web.HTTPFound(f"{self.base}/login?redir={quote(request.path, safe='')}")
+        if data is None or file is None:
+            return web.Response(status=404, text="file not found")
+        if redirect is not None:
+            raise web.HTTPFound(redirect)
+        return web.Response(body=data, content_type=file["mimetype"])
+
+    async def _login(self, request: web.Request) -> web.Response:
+        return web.Response(text=LOGIN_PAGE, content_type="text/html")
 
     async def _response_url_post(self, request: web.Request) -> web.Response:
         if not await self._held(RESPONSE_URL, request):

@@ -16,7 +16,7 @@ TABLES = {
     *("sessions", "session_events", "inbox", "tool_calls", "approvals", "errors", "slack_events"),
     *("job_runs", "job_states", "scheduler_leases", "slack_requests", "assistant_contexts"),
 }
-HEAD = "0007"
+HEAD = "0008"
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

@@ -57,6 +57,9 @@ METHOD_SCOPES: dict[str, frozenset[str]] = {
     "files.getUploadURLExternal": frozenset({"files:write"}),
     "files.completeUploadExternal": frozenset({"files:write"}),
 }
+# Not a method: the download of a file a person shared (its `url_private_download`, with the bot token) needs
+# files:read; needed when the source reads that field (workers.uploads).
+DOWNLOAD_FIELD, DOWNLOAD_SCOPE = "url_private_download", "files:read"
 # Called with the app-level token (xapp-…, connections:write), which the manifest does not grant.
 APP_TOKEN_METHODS = frozenset({"apps.connections.open"})
 # slack_sdk helpers whose name is not the method's.
@@ -439,6 +442,9 @@ def test_the_scopes_are_exactly_those_of_the_events_the_command_and_the_methods_
             needed.setdefault(scope, []).append(f"event {event}")
     if slash_commands(manifest):
         needed.setdefault("commands", []).append("the slash command")
+    for source in (path for folder in SOURCES for path in sorted((ROOT / folder).rglob("*.py"))):
+        if DOWNLOAD_FIELD in source.read_text():
+            needed.setdefault(DOWNLOAD_SCOPE, []).append(f"{DOWNLOAD_FIELD} in {source.relative_to(ROOT)}")
 
     granted = manifest["oauth_config"]["scopes"]["bot"]
     assert len(granted) == len(set(granted)), granted

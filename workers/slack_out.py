@@ -24,6 +24,7 @@ from typing import Any
 from slack_bolt.context.respond.async_respond import AsyncRespond
 from slack_sdk.web.async_client import AsyncWebClient
 
+from chatops.secrets import MASK
 from workers.mrkdwn import safe_markdown, safe_mrkdwn, safe_plain
 
 # Fields of a method's arguments, by what Slack makes of them.
@@ -59,6 +60,11 @@ def _plain(value: Any, secrets: Sequence[str]) -> Any:
         return safe_plain(value, secrets)
     if isinstance(value, list):
         return [_plain(v, secrets) for v in value]
+    if isinstance(value, bytes):  # a file's bytes: the secrets' bytes masked, whatever the encoding around them
+        for secret in secrets:
+            if secret:
+                value = value.replace(secret.encode(), MASK.encode())
+        return value
     return value
 
 
@@ -122,8 +128,9 @@ class SlackOut:
     async def publish_home(self, user: str, view: dict[str, Any]) -> dict[str, Any]:
         return await self.call("views.publish", user_id=user, view=view)
 
-    async def upload(self, channel: str, thread_ts: str | None, content: str, filename: str, title: str) -> Any:
-        """A file in the thread (files.getUploadURLExternal, the upload, files.completeUploadExternal)."""
+    async def upload(self, channel: str, thread_ts: str | None, content: str | bytes, filename: str, title: str) -> Any:
+        """A file in the thread (files.getUploadURLExternal, the upload, files.completeUploadExternal); `content`
+        text, or bytes (a workspace's file the agent attaches), scrubbed alike."""
         safe = outgoing({"content": content, "title": title, "filename": filename}, self.secrets)
         return await self.client.files_upload_v2(channel=channel, thread_ts=thread_ts, **safe)
 

@@ -65,6 +65,7 @@ from chatops.store import (
     thread_model,
 )
 from mm_core import Agent, display
+from mm_core.agent import DEFAULT_SYSTEM_PROMPT
 from mm_core.config import AgentConfig
 from mm_core.events import Event, PermissionRequested, TurnFinished
 from mm_core.instructions import extra_instructions, read_repo_files
@@ -74,6 +75,8 @@ from mm_core.tools.ask_agent import load_agent_file
 from workers import metrics
 from workers.approval_message import NO_APPROVERS, ApprovalAsked
 from workers.asking import thread_setting
+from workers.attachments import attach
+from workers.attachments import hint as attach_hint
 from workers.blocks import duration
 from workers.jobs import NO_END, RunningJob, close_stale_runs, finish_run, job_of_session, time_left
 from workers.leases import Cancelled, LeaseKeeper
@@ -81,6 +84,7 @@ from workers.push import changed_files, credentials
 from workers.render import ThreadRenderer
 from workers.slack_client import TIMEOUT, web_client
 from workers.slack_out import SlackOut
+from workers.uploads import not_received, receive
 from workers.workspaces import WorkspaceError, prepare, public_url, start_commit, sweep
 
 log = logging.getLogger("mm.worker")
@@ -221,6 +225,7 @@ class SessionTurns:
         finally:
             await renderer.aclose()
             if self.row.kind != SessionKind.JOB and self.ending == SessionStatus.IDLE:
+                await self._attach(slack)
                 await self._offer_push(slack)
             session = getattr(client, "session", None)
             if session is not None:
@@ -295,7 +300,11 @@ class SessionTurns:
                     return True  # the inbox may hold more
             else:
                 preface = await self._thread_context(client) if not state.entries else ""
-                if self.store.take_inbox(session_id, preface, people=self.running is None) is None:
+                notes, images = await self._receive_files(workspace, renderer, config.model.vision)
+                taken = self.store.take_inbox(
+                    session_id, preface, people=self.running is None, notes=notes, images=images
+                )
+                if taken is None:
                     if self.running is not None:  # its turn ended before, and its end was never recorded
                         self.failure = NO_END
                     self.ending = SessionStatus.IDLE
@@ -410,6 +419,28 @@ class SessionTurns:
         self.ending = SessionStatus.IDLE
         await renderer.notice(f"⚠️ {text}")
 
+    async def _receive_files(
+        self, workspace: Path, renderer: ThreadRenderer, vision: bool
+    ) -> tuple[dict[int, str], dict[int, list[str]]]:
+        """The files of the messages this turn takes, downloaded into the workspace (workers.uploads); a line in
+        the thread for each one refused. What each message's text gets added for the model, and the images that
+        go with it to a model that takes them (`vision`), by inbox row."""
+        rows = self.store.untaken_files(self.session_id, people=self.running is None)
+        if not rows:
+            return {}, {}
+        config = self.config
+        try:
+            received = await receive(
+                rows, workspace, config.slack_bot_token, config.slack_api_url, config.service.workspaces.files, vision
+            )
+        except Exception as e:  # a bug of ours must not hold the messages back for ever
+            log.exception("session %s: downloading the shared files failed", self.session_id)
+            record_error(self.proc.engine, "files", f"downloading shared files: {e}", session_id=self.session_id)
+            received = not_received(rows)
+        for line in received.refused:
+            await renderer.notice(line)
+        return received.notes([row_id for row_id, _, _ in rows]), received.images()
+
     async def _decisions(self, agent: Agent, renderer: ThreadRenderer) -> tuple[list[Decision], bool]:
         """The decisions the approvals table holds for calls still waiting (an expired one is a rejection), and
         whether some waiting call is still undecided."""
@@ -485,6 +516,17 @@ class SessionTurns:
             except Exception as e:  # noqa: BLE001 - the model failed: the conversation is as it was
                 await renderer.notice(f"⚠️ Could not compact: {scrub(describe_error(e), list(self.proc.secrets))}")
         return None
+
+    async def _attach(self, slack: SlackOut) -> None:
+        """The files the answer attaches (`[attach: path]` lines, workers.attachments), once it is shown."""
+        finished, workspace = self.finished, self.workspace
+        if finished is None or workspace is None or not finished.answer:
+            return
+        try:
+            limits = self.config.service.workspaces.files
+            await attach(slack, self.row.channel_id or "", self.row.thread_ts, workspace, finished.answer, limits)
+        except Exception as e:  # noqa: BLE001 - the answer is shown; a line Slack refused is only recorded
+            record_error(self.proc.engine, "slack", f"attaching files: {e}", session_id=self.session_id)
 
     async def _offer_push(self, slack: SlackOut) -> None:
         """After a turn that ran commands or edits, when the workspace differs from its repository: the button
@@ -565,6 +607,10 @@ class SessionTurns:
         model_name = self._model_name()
         if model_name is not None and (model := self.config.service.models.get(model_name)) is not None:
             agent = agent.model_copy(update={"model": model})
+        if self.row.kind != SessionKind.JOB and self.config.service.workspaces.files.maxAttachments:
+            # A thread's answer can attach files (workers.attachments): the model is told how.
+            prompt = (agent.systemPrompt or DEFAULT_SYSTEM_PROMPT) + attach_hint(self.config.service.workspaces.files)
+            agent = agent.model_copy(update={"systemPrompt": prompt})
         job = self.running.job if self.running is not None else None
         setting = thread_setting(self.config, agent, self.row.channel_id or "", self.row.yolo, job)
         return agent.model_copy(update={"yolo": setting.default}), setting.standing

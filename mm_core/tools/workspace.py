@@ -133,6 +133,16 @@ def _walk_dirs(root_fd: int, parts: tuple[str, ...], create: bool) -> int:
         raise
 
 
+def open_directory(workspace: Path, parts: tuple[str, ...], create: bool = False) -> int:
+    """The directory `parts` (plain names) under the workspace, opened one component at a time without following
+    a symlink, made on the way when `create`: a descriptor to create files in with `dir_fd` (workers.uploads)."""
+    root_fd = os.open(real_path(workspace), os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        return _walk_dirs(root_fd, parts, create)
+    finally:
+        os.close(root_fd)
+
+
 def open_inside(workspace: Path, real: Path, flags: int, mode: int = 0o666, create_dirs: bool = False) -> int:
     """Open `real` (a path from resolve) relative to the workspace without following any symlink.
 
