@@ -8,19 +8,24 @@ emulator, and the page draws the emulator's state, so what the page shows is wha
     GET  /                     the page (static/index.html)
     GET  /api/state?user=U     the channel, the person's ephemerals and App Home, the model and the overlay
     GET  /api/events           server-sent events: `change` whenever the emulator's state changed
-    POST /api/messages         {user, text, thread_ts?}
+    GET  /api/files/<id>       a file's picture (a PNG, JPEG, GIF or WebP shared or uploaded), for its thumbnail
+    POST /api/messages         {user, text, thread_ts?, file?: {name, mimetype?, data (base64)}}
     POST /api/commands         {user, text}: `/mm <text>`
     POST /api/actions          {user, message_ts | view, action_id, block_id, value, text}
     POST /api/home             {user}
 
 The page has no login: whoever reaches it may act as any of its people. So it listens on localhost unless told
 otherwise, and it takes only JSON from its own origin (a page of another site cannot post a form to it, nor
-reach it through a DNS name rebound to 127.0.0.1).
+reach it through a DNS name rebound to 127.0.0.1). A message with a file is shared through the emulator as that
+person (Slack's `file_share`, the file served to the bot token only) and sent to the bot with its `files`, as
+Slack sends them; a file larger than MAX_FILE is refused with a sentence (413), before its body is read.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import contextlib
 import ipaddress
 import json
@@ -38,6 +43,18 @@ from playground.signed import SlackEventSender
 from playground.slack_api import SlackEmulator
 
 MAX_TEXT = 40_000  # Slack's limit on a message's text
+# A file a person shares from the page, at most: its body is held in memory here and in the emulator.
+MAX_FILE = 5 * 1024 * 1024
+MAX_BODY = 256 * 1024  # any other request's body
+MAX_NAME = 255
+# The pictures the page shows as thumbnails, told by their first bytes (never by what the sender claims): an
+# SVG or an HTML file served from this origin could run script.
+_PICTURES = {
+    b"\x89PNG\r\n\x1a\n": "image/png",
+    b"\xff\xd8\xff": "image/jpeg",
+    b"GIF87a": "image/gif",
+    b"GIF89a": "image/gif",
+}
 # "@mm" as a person types it (any case, not "@mm-bot"); Slack's client sends it as the bot's mention.
 _TYPED_MENTION = r"(?<![\w<@])@{name}(?![\w-])"
 # What every response says to the browser: never inside another site's frame (a click there would be ours),
@@ -103,6 +120,10 @@ class PageError(Exception):
     """A request the page should not have sent: answered 400 with the sentence."""
 
 
+class FileTooLarge(PageError):
+    """A file over MAX_FILE: answered 413 with the sentence."""
+
+
 class BotUnreachable(Exception):
     """The bot did not take what the page sent: answered 502. `reached` is False when the request never left
     (nothing listens: the bot is starting or stopped), True when the bot may have recorded it (too slow, an
@@ -155,13 +176,14 @@ class PlaygroundPage(ThreadedAiohttpServer):
     # -- HTTP ---------------------------------------------------------------------------------------------
 
     def make_app(self) -> web.Application:
-        app = web.Application(middlewares=[self._guard], client_max_size=256 * 1024)
+        app = web.Application(middlewares=[self._guard], client_max_size=_MESSAGE_BODY)
         # Before any response's headers leave: the event stream's and aiohttp's own error pages' too.
         app.on_response_prepare.append(_secure)
         app.router.add_get("/", self._index)
         app.router.add_get("/static/{name}", self._static)
         app.router.add_get("/api/state", self._state)
         app.router.add_get("/api/events", self._events)
+        app.router.add_get("/api/files/{file_id}", self._file)
         app.router.add_post("/api/messages", self._post_message)
         app.router.add_post("/api/commands", self._post_command)
         app.router.add_post("/api/actions", self._post_action)
@@ -174,6 +196,8 @@ class PlaygroundPage(ThreadedAiohttpServer):
         if response is None:
             try:
                 response = await handler(request)
+            except FileTooLarge as exc:
+                response = _refuse(413, str(exc))
             except PageError as exc:
                 response = _refuse(400, str(exc))
             except BotUnreachable as exc:
@@ -191,6 +215,12 @@ class PlaygroundPage(ThreadedAiohttpServer):
                 return _refuse(403, "requests from another site's page are refused")
             if request.content_type != "application/json":
                 return _refuse(415, "send JSON (Content-Type: application/json)")
+            # Refused before it is read (a body without a length stops at the app's bound, _body says so).
+            length = request.content_length or 0
+            if request.path == "/api/messages" and length > _MESSAGE_BODY:
+                return _refuse(413, _too_large(length * 3 // 4))
+            if request.path != "/api/messages" and length > MAX_BODY:
+                return _refuse(413, f"the request is larger than the playground takes ({MAX_BODY // 1024} KB)")
         return None
 
     async def _index(self, _request: web.Request) -> web.Response:
@@ -221,6 +251,7 @@ class PlaygroundPage(ThreadedAiohttpServer):
             "overlay": self.overlay,
             "config_path": self.config_path,
             "mention": f"<@{slack.bot_user_id}>",
+            "max_file_bytes": MAX_FILE,
         }
         return web.json_response(state, headers=_NO_CACHE)
 
@@ -251,17 +282,31 @@ class PlaygroundPage(ThreadedAiohttpServer):
             with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: the page is stopping
                 loop.call_soon_threadsafe(woken.set)
 
+    async def _file(self, request: web.Request) -> web.Response:
+        data = self.slack.file_content(request.match_info["file_id"])
+        kind = _picture(data) if data is not None else None
+        if data is None or kind is None:
+            raise web.HTTPNotFound()
+        return web.Response(body=data, content_type=kind, headers=_NO_CACHE)
+
     async def _post_message(self, request: web.Request) -> web.Response:
         body = await _body(request)
         person = self._person(body.get("user"))
-        text = _text(body.get("text"))
+        shared = _shared_file(body.get("file"))
+        text = _text(body.get("text", "" if shared else None), empty_ok=shared is not None)
         thread_ts = self._existing_thread(body.get("thread_ts"))
         text = self._mention.sub(f"<@{self.slack.bot_user_id}>", text)
-        message = self.slack.add_message(self.channel_id, text, person.id, thread_ts=thread_ts)
-        ts = message["ts"]
+        if shared is None:
+            message = self.slack.add_message(self.channel_id, text, person.id, thread_ts=thread_ts)
+        else:
+            name, mimetype, data = shared
+            message = self.slack.share_file(
+                self.channel_id, name, data, person.id, text=text, thread_ts=thread_ts, mimetype=mimetype
+            )
+        ts, files = message["ts"], message.get("files")
 
         def deliver() -> None:
-            where = {"channel": self.channel_id, "user": person.id, "ts": ts, "thread_ts": thread_ts}
+            where = {"channel": self.channel_id, "user": person.id, "ts": ts, "thread_ts": thread_ts, "files": files}
             if f"<@{self.slack.bot_user_id}>" not in text:
                 self._check(self._sender.message(text, **where))
                 return
@@ -422,6 +467,8 @@ def _sse(event: str, data: Any) -> bytes:
 async def _body(request: web.Request) -> dict[str, Any]:
     try:
         body = await request.json()
+    except web.HTTPRequestEntityTooLarge:
+        raise FileTooLarge(_too_large(None)) from None
     except ValueError:
         raise PageError("the body is not JSON") from None
     if not isinstance(body, dict):
@@ -443,3 +490,49 @@ def _field(body: dict[str, Any], name: str) -> str:
     if not isinstance(value, str) or len(value) > 2000:
         raise PageError(f"{name} must be a string (at most 2,000 characters)")
     return value
+
+
+# A file's body: base64 (4 characters for 3 bytes) and the message's other fields.
+_MESSAGE_BODY = (MAX_FILE + 2) // 3 * 4 + MAX_TEXT * 6 + MAX_BODY
+
+
+def _too_large(size: int | None) -> str:
+    said = f" ({_megabytes(size)})" if size is not None else ""
+    return f"the file is too large for the playground{said}: it takes files of at most {_megabytes(MAX_FILE)}"
+
+
+def _megabytes(size: int) -> str:
+    return f"{size / 1024 / 1024:.1f} MB"
+
+
+def _shared_file(value: object) -> tuple[str, str | None, bytes] | None:
+    """The page's `file` ({name, mimetype?, data: base64}) checked: its name, its claimed type and its bytes."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise PageError("file must be an object: {name, mimetype, data}")
+    name, mimetype, data = value.get("name"), value.get("mimetype") or None, value.get("data")
+    if not isinstance(name, str) or not name.strip() or len(name) > MAX_NAME or not name.isprintable():
+        raise PageError(f"the file's name must be printable text of 1 to {MAX_NAME} characters")
+    if mimetype is not None and (not isinstance(mimetype, str) or not re.fullmatch(r"[\w.+-]+/[\w.+-]+", mimetype)):
+        raise PageError("the file's mimetype must look like type/subtype")
+    if not isinstance(data, str):
+        raise PageError("the file's data must be base64 text")
+    if len(data) > (MAX_FILE + 2) // 3 * 4:
+        raise FileTooLarge(_too_large(len(data) * 3 // 4))
+    try:
+        content = base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        raise PageError("the file's data is not base64") from None
+    if len(content) > MAX_FILE:
+        raise FileTooLarge(_too_large(len(content)))
+    return name, mimetype, content
+
+
+def _picture(data: bytes) -> str | None:
+    for magic, kind in _PICTURES.items():
+        if data.startswith(magic):
+            return kind
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "image/webp"
+    return None

@@ -387,6 +387,12 @@ class SlackEmulator(ThreadedAiohttpServer):
         self._touch()
         return stored
 
+    def file_content(self, file_id: str) -> bytes | None:
+        """The bytes of a file a person shared or the bot uploaded (None for an unknown id): what Slack's
+        client shows of it (its thumbnail)."""
+        with self._lock:
+            return self.shared.get(file_id, self.uploads.get(file_id))
+
     def on_change(self, listener: Callable[[int], None]) -> None:
         """Call `listener(version)` after each change; it runs on the server's thread, so it must be quick."""
         with self._lock:

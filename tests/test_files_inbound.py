@@ -6,12 +6,10 @@ redirect off Slack, a hostile name, a link the model put in the workspace."""
 from __future__ import annotations
 
 import base64
-import re
 import tempfile
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -19,32 +17,14 @@ from sqlalchemy import select
 
 from chatops.schema import Session
 from mm_testkit.redis_server import OwnRedis
-from playground.model_server import Reply, ToolCall
 from playground.signed import SlackEventSender
 from playground.slack_api import LOGIN_PAGE
-from threads_support import CHANNEL, SECRET, Stack, config, stack
+from threads_support import CHANNEL, SECRET, Stack, config, reads_shared_files, stack
 from workers.uploads import SlackHosts, safe_name
 
 pytestmark = pytest.mark.timeout(240)
 
 LOG = b"line one\nthe-secret-word-in-the-log\n"
-
-
-def reads_shared_files(request: dict[str, Any]) -> Reply:
-    """The model: reads the first file a message says arrived (`[files: <path> (…)]`), then quotes it."""
-    last = request["messages"][-1]
-    if last["role"] == "tool":
-        return Reply(text=f"done: {last['content'].strip()[:200]}")
-    if m := re.search(r"\[files: (\S+) \(", text_of(last["content"])):
-        return Reply(tool_calls=[ToolCall("read_file", {"path": m.group(1)})])
-    return Reply(text=f"answer: {text_of(last['content']).strip()[-300:]}")
-
-
-def text_of(content: str | list[dict[str, Any]] | None) -> str:
-    """A message's text, whether it is a string or content parts (with images)."""
-    if isinstance(content, list):
-        return "\n".join(part.get("text", "") for part in content if part.get("type") == "text")
-    return content or ""
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ the thread, click the buttons. Everything is read off the page, as they would re
 
 from __future__ import annotations
 
+import base64
 import os
 import re
 import shutil
@@ -16,6 +17,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +34,9 @@ from mm_testkit.redis_server import OwnRedis
 from mmbot_helpers import MM_BOT, clean_env, free_port, session_processes
 from playground.demo_model import LABEL
 from playground.model_server import ModelServer, Reply, ToolCall
-from playground.server import ModelInfo, PlaygroundPage
+from playground.server import MAX_FILE, ModelInfo, PlaygroundPage
 from playground.slack_api import UNKNOWN_METHOD, SlackEmulator
+from threads_support import reads_shared_files
 from workers.turns import STOPPED
 
 pytestmark = [needs_system("chromium", "chromium"), needs_bwrap_when_root]
@@ -53,6 +56,10 @@ CHROMIUM_ARGS = [
     "--disable-sync",
 ]
 ADA, GRACE, LINUS = (p.id for p in PEOPLE)
+# A real 1x1 PNG: the page's thumbnail must load it.
+PNG = base64.b64decode(
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
+)
 WAIT = 60_000  # ms: a worker's first turn imports the agent core and clones the repository
 
 
@@ -303,8 +310,10 @@ def test_what_people_and_the_model_write_is_shown_as_text_never_run(page: Page, 
     assert page.locator("img[src='x']").count() == 0
 
 
-def test_a_block_the_page_cannot_draw_is_shown_as_its_json(browser: Browser) -> None:
-    # The page and the emulator alone, in this process: what a bot posts is what the page must show.
+@contextmanager
+def page_alone() -> Iterator[tuple[SlackEmulator, PlaygroundPage]]:
+    """The page and the emulator alone, in this process (no bot behind them): what a bot posts is what the page
+    must show."""
     with SlackEmulator() as slack:
         slack.add_channel("C0PLAYGROUND", "playground")  # as `mm-bot playground` does
         page_server = PlaygroundPage(
@@ -319,34 +328,139 @@ def test_a_block_the_page_cannot_draw_is_shown_as_its_json(browser: Browser) -> 
             config_path=None,
         ).start()
         try:
-            client = WebClient(token=slack.bot_token, base_url=slack.url)
-            blocks = [
-                {"type": "section", "text": {"type": "mrkdwn", "text": "a *known* block"}},
-                # One Slack takes (the emulator refuses the others) that the page does not draw.
-                {
-                    "type": "input",
-                    "label": {"type": "plain_text", "text": "Your name"},
-                    "element": {"type": "plain_text_input", "action_id": "name"},
-                },
-            ]
-            client.chat_postMessage(channel="C0PLAYGROUND", text="fallback", blocks=blocks)
-            # No bot listens here: a message is refused with a sentence, and the channel does not keep it.
-            lost = httpx.post(f"{page_server.base}/api/messages", json={"user": PEOPLE[0].id, "text": "@mm hello"})
-            assert lost.status_code == 502 and "the bot did not take it" in lost.json()["error"]
-            assert [m["text"] for m in slack.messages("C0PLAYGROUND")] == ["fallback"]
-            context = browser.new_context()
-            page = context.new_page()
-            page.goto(page_server.base)
-            message = page.locator("#channel .message").filter(has_text="known")
-            expect(message).to_contain_text("Block input — shown as JSON")
-            expect(message.locator(".unknown-block")).to_contain_text('"label"')
-            # Live: a later edit reaches the open page without a reload.
-            ts = slack.messages("C0PLAYGROUND")[0]["ts"]
-            client.chat_update(channel="C0PLAYGROUND", ts=ts, text="edited", blocks=[*blocks[:1], {"type": "divider"}])
-            expect(message.locator(".unknown-block")).to_have_count(0)
-            context.close()
+            yield slack, page_server
         finally:
             page_server.stop()
+
+
+def test_a_person_attaches_a_file_the_agent_reads_it_and_its_card_is_drawn(page: Page, model: ModelServer) -> None:
+    model.always(reads_shared_files)
+    be(page, ADA)
+    log = b"line one\nthe-word-in-the-attached-log\n"
+    page.set_input_files("#file", files=[{"name": "build.log", "mimeType": "text/plain", "buffer": log}])
+    expect(page.locator("#file-chosen")).to_contain_text("build.log")
+    thread = mention(page, "what does the log say?")
+    expect(page.locator("#file-chosen")).to_be_hidden()  # it went with the message
+    # The worker downloaded it with the bot token, and the model read it with read_file.
+    expect(thread).to_contain_text("done:", timeout=WAIT)
+    expect(thread).to_contain_text("the-word-in-the-attached-log")
+    assert any(call["name"] == "read_file" for call in _tool_calls(model))
+    card = thread.locator(".message").first.locator(".file-card")
+    expect(card).to_contain_text("build.log")
+    expect(card).to_contain_text(f"Plain Text · {len(log)} B")
+
+    # A picture in a reply, dropped on the thread's composer: its card shows a thumbnail drawn from its bytes.
+    page.set_input_files("#thread-file", files=[{"name": "shot.png", "mimeType": "image/png", "buffer": PNG}])
+    page.press("#thread-composer", "Enter")  # a file needs no text
+    picture = thread.locator(".message").filter(has=page.locator(".file-card", has_text="shot.png"))
+    expect(picture.locator("img.file-thumb")).to_be_visible(timeout=WAIT)
+    assert picture.locator("img.file-thumb").evaluate("img => img.complete && img.naturalWidth") == 1
+    expect(picture.locator(".file-card")).to_contain_text("Image")
+    # The reply is a turn too: the model is asked to read the picture, and answers.
+    expect(thread.locator(".message").filter(has_text="done:")).to_have_count(2, timeout=WAIT)
+
+
+def test_a_file_larger_than_the_playground_takes_is_refused_with_a_sentence(page: Page, playground: Playground) -> None:
+    be(page, ADA)
+    big = b"x" * (MAX_FILE + 1)
+    page.set_input_files("#file", files=[{"name": "huge.bin", "mimeType": "application/octet-stream", "buffer": big}])
+    page.fill("#composer", "@mm take this huge file")
+    page.press("#composer", "Enter")
+    expect(page.locator("#error")).to_contain_text("huge.bin is too large for the playground (5.0 MB)")
+    expect(page.locator("#error")).to_contain_text("at most 5.0 MB")
+    # Nothing sent: the text and the file wait in the composer.
+    expect(page.locator("#composer")).to_have_value("@mm take this huge file")
+    expect(page.locator("#file-chosen")).to_contain_text("huge.bin")
+    expect(page.locator("#channel")).not_to_contain_text("take this huge file")
+
+    # The server refuses it too, whoever sends it: by its length before reading, or once read.
+    data = base64.b64encode(big).decode()
+    body = {"user": ADA, "text": "@mm huge", "file": {"name": "huge.bin", "data": data}}
+    refused = httpx.post(f"{playground.base}/api/messages", json=body, timeout=30)
+    assert refused.status_code == 413 and "too large for the playground" in refused.json()["error"], refused.text
+    over = base64.b64encode(b"x" * (MAX_FILE * 2)).decode()
+    body["file"] = {"name": "huger.bin", "data": over}
+    by_length = httpx.post(f"{playground.base}/api/messages", json=body, timeout=30)
+    assert by_length.status_code == 413 and "at most 5.0 MB" in by_length.json()["error"], by_length.text
+
+    def chunks() -> Iterator[bytes]:  # no Content-Length: stopped at the bound as it is read
+        yield b'{"user": "U0PGADA", "text": "x", "file": {"name": "a", "data": "'
+        for _ in range(12):
+            yield b"A" * 1024 * 1024
+        yield b'"}}'
+
+    chunked = httpx.post(
+        f"{playground.base}/api/messages", content=chunks(), headers={"Content-Type": "application/json"}, timeout=30
+    )
+    assert chunked.status_code == 413 and "too large for the playground" in chunked.json()["error"], chunked.text
+    text = str(httpx.get(f"{playground.base}/api/state", params={"user": ADA}).json()["messages"])
+    assert "huge" not in text
+
+
+def test_a_block_the_page_cannot_draw_is_shown_as_its_json(browser: Browser) -> None:
+    with page_alone() as (slack, page_server):
+        client = WebClient(token=slack.bot_token, base_url=slack.url)
+        blocks = [
+            {"type": "section", "text": {"type": "mrkdwn", "text": "a *known* block"}},
+            # One Slack takes (the emulator refuses the others) that the page does not draw.
+            {
+                "type": "input",
+                "label": {"type": "plain_text", "text": "Your name"},
+                "element": {"type": "plain_text_input", "action_id": "name"},
+            },
+        ]
+        client.chat_postMessage(channel="C0PLAYGROUND", text="fallback", blocks=blocks)
+        # No bot listens here: a message is refused with a sentence, and the channel does not keep it.
+        lost = httpx.post(f"{page_server.base}/api/messages", json={"user": PEOPLE[0].id, "text": "@mm hello"})
+        assert lost.status_code == 502 and "the bot did not take it" in lost.json()["error"]
+        assert [m["text"] for m in slack.messages("C0PLAYGROUND")] == ["fallback"]
+        context = browser.new_context()
+        page = context.new_page()
+        page.goto(page_server.base)
+        message = page.locator("#channel .message").filter(has_text="known")
+        expect(message).to_contain_text("Block input — shown as JSON")
+        expect(message.locator(".unknown-block")).to_contain_text('"label"')
+        # Live: a later edit reaches the open page without a reload.
+        ts = slack.messages("C0PLAYGROUND")[0]["ts"]
+        client.chat_update(channel="C0PLAYGROUND", ts=ts, text="edited", blocks=[*blocks[:1], {"type": "divider"}])
+        expect(message.locator(".unknown-block")).to_have_count(0)
+        context.close()
+
+
+def test_files_the_bot_uploads_and_people_share_are_drawn_as_slack_draws_them(browser: Browser) -> None:
+    with page_alone() as (slack, page_server):
+        client = WebClient(token=slack.bot_token, base_url=slack.url)
+        client.chat_postMessage(channel="C0PLAYGROUND", text="the report follows")
+        root = slack.messages("C0PLAYGROUND")[0]["ts"]
+        # The worker's way to attach (files.getUploadURLExternal, the bytes, files.completeUploadExternal).
+        client.files_upload_v2(channel="C0PLAYGROUND", thread_ts=root, filename="chart.png", content=PNG)
+        client.files_upload_v2(channel="C0PLAYGROUND", thread_ts=root, filename="report.txt", content=b"ok\n" * 700)
+        # Bytes that are no picture, whatever their name says: no thumbnail is served for them.
+        fake = slack.share_file("C0PLAYGROUND", "<b>x</b>.png", b"<svg onload=alert(1)>", ADA, thread_ts=root)
+        fake_id = fake["files"][0]["id"]
+        assert httpx.get(f"{page_server.base}/api/files/{fake_id}").status_code == 404
+        assert httpx.get(f"{page_server.base}/api/files/F0NOSUCHFILE").status_code == 404
+        [chart_id] = [i for i, f in slack.files.items() if f["name"] == "chart.png"]
+        served = httpx.get(f"{page_server.base}/api/files/{chart_id}")
+        assert served.content == PNG and served.headers["Content-Type"] == "image/png"
+
+        context = browser.new_context()
+        page = context.new_page()
+        page.goto(page_server.base)
+        page.locator("#channel .message").filter(has_text="the report follows").click()
+        thread = page.locator("#thread")
+        chart = thread.locator(".file-card", has_text="chart.png")
+        expect(chart).to_contain_text(f"Image · {len(PNG)} B")
+        thumb = thread.locator("img.file-thumb")
+        expect(thumb).to_have_count(1)
+        expect(thumb).to_have_attribute("src", f"/api/files/{chart_id}")
+        assert thumb.evaluate("img => img.complete && img.naturalWidth") == 1
+        expect(thread.locator(".file-card", has_text="report.txt")).to_contain_text("Plain Text · 2.1 KB")
+        hostile = thread.locator(".file-card", has_text="<b>x</b>.png")  # its name as text, not markup
+        expect(hostile).to_be_visible()
+        assert thread.locator(".file-card b").count() == 0
+        expect(thread.locator(".message", has=hostile).locator("img")).to_have_count(0)
+        context.close()
 
 
 def test_the_page_refuses_requests_from_other_sites_and_bad_input(playground: Playground) -> None:
@@ -367,6 +481,11 @@ def test_the_page_refuses_requests_from_other_sites_and_bad_input(playground: Pl
         ({"user": ADA, "text": "x" * 40_001}, "longer than Slack allows"),
         ({"user": ADA, "text": "hi", "thread_ts": "1.000001"}, "no thread"),
         ([1, 2], "JSON object"),
+        ({"user": ADA, "text": "hi", "file": "a.txt"}, "must be an object"),
+        ({"user": ADA, "file": {"name": "", "data": ""}}, "name must be printable"),
+        ({"user": ADA, "file": {"name": "a\nb", "data": ""}}, "name must be printable"),
+        ({"user": ADA, "file": {"name": "a.txt", "data": "not base64!"}}, "not base64"),
+        ({"user": ADA, "file": {"name": "a.txt", "mimetype": "text", "data": ""}}, "type/subtype"),
     ):
         answer = httpx.post(f"{base}/api/messages", json=body)
         assert answer.status_code == 400 and error in answer.json()["error"], (body, answer.text)
@@ -486,6 +605,12 @@ def _screenshot(page: Page, tmp_path: Path) -> None:
 
 def _plain(mrkdwn: str) -> str:
     return re.sub(r"[*_~]", "", mrkdwn)
+
+
+def _tool_calls(model: ModelServer) -> list[dict[str, Any]]:
+    return [
+        call["function"] for m in model.messages(-1) if m["role"] == "assistant" for call in m.get("tool_calls") or []
+    ]
 
 
 def _last_user_text(request: dict[str, Any]) -> str:

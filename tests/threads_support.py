@@ -55,6 +55,23 @@ def policy(request: dict[str, Any]) -> Reply:
     return Reply(text=f"answer: {text.strip()[-200:]}")
 
 
+def reads_shared_files(request: dict[str, Any]) -> Reply:
+    """The model: reads the first file a message says arrived (`[files: <path> (…)]`), then quotes it."""
+    last = request["messages"][-1]
+    if last["role"] == "tool":
+        return Reply(text=f"done: {last['content'].strip()[:200]}")
+    if m := re.search(r"\[files: (\S+) \(", text_of(last["content"])):
+        return Reply(tool_calls=[ToolCall("read_file", {"path": m.group(1)})])
+    return Reply(text=f"answer: {text_of(last['content']).strip()[-300:]}")
+
+
+def text_of(content: str | list[dict[str, Any]] | None) -> str:
+    """A message's text, whether it is a string or content parts (with images)."""
+    if isinstance(content, list):
+        return "\n".join(part.get("text", "") for part in content if part.get("type") == "text")
+    return content or ""
+
+
 def config(channel: str = "{yolo: true}", *extra: str) -> str:
     return "\n".join(
         [

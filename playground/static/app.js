@@ -991,14 +991,33 @@ function streamingEnd(body) {
   return target;
 }
 
+/** A file in a message, as Slack draws it: a card with its name, its type and size, and for a picture (one
+ *  the server can show: /api/files/<id> answers only real PNG, JPEG, GIF or WebP bytes) a thumbnail. */
 function fileCard(file) {
-  const name = file.name || "file";
-  const title = file.title && file.title !== name ? file.title : null;
-  return h("div", { class: "file-card" },
-    h("div", { class: "file-icon", "aria-hidden": "true" }, "📄"),
+  const name = String(file.name || "file");
+  const title = file.title && file.title !== name ? String(file.title) : null;
+  const kind = fileKind(file);
+  const card = h("div", { class: "file-card", "data-file-id": file.id || null },
+    h("div", { class: "file-icon", "aria-hidden": "true" }, kind === "Image" ? "🖼" : "📄"),
     h("div", { class: "file-info" },
       h("div", { class: "file-title" }, emojify(title || name)),
-      h("div", { class: "file-meta" }, [title ? name : null, formatSize(file.size) || null].filter(Boolean).join(" · "))));
+      h("div", { class: "file-meta" }, [title ? name : null, kind, formatSize(file.size) || null].filter(Boolean).join(" · "))));
+  if (kind !== "Image" || typeof file.id !== "string" || !/^F\w+$/.test(file.id)) return card;
+  const thumb = h("img", { class: "file-thumb", src: `/api/files/${file.id}`, alt: name, loading: "lazy" });
+  thumb.addEventListener("error", () => thumb.remove()); // not a picture after all: the card alone
+  return h("div", { class: "file-with-thumb" }, thumb, card);
+}
+
+/** What Slack writes under a file's name: "PNG", "Plain Text", "PDF"… from its filetype or mimetype. */
+function fileKind(file) {
+  const mimetype = String(file.mimetype || "");
+  if (/^image\/(png|jpeg|gif|webp)$/.test(mimetype)) return "Image";
+  const known = { text: "Plain Text", txt: "Plain Text", pdf: "PDF", md: "Markdown", markdown: "Markdown",
+    json: "JSON", csv: "CSV", zip: "Zip", log: "Plain Text", py: "Python", js: "JavaScript", html: "HTML" };
+  const type = String(file.filetype || "").toLowerCase();
+  if (known[type]) return known[type];
+  if (type && /^[\w+-]{1,12}$/.test(type)) return type.toUpperCase();
+  return mimetype.split("/")[0] === "text" ? "Plain Text" : "Binary";
 }
 
 function summaryNode(summary) {
@@ -1313,19 +1332,30 @@ function mentionsBot(text) {
   return new RegExp(`(^|[^\\w@])@${name}\\b`, "i").test(text) || (mention && text.includes(mention));
 }
 
-/** Send what a composer holds: a /mm command, or a message (in the thread when threadTs is given). */
-async function send(textarea, threadTs) {
+/** Send what a composer holds: a /mm command, or a message (in the thread when threadTs is given) with the file
+ *  chosen for it, if any. */
+async function send(composer, threadTs) {
+  const textarea = composer.textarea;
   const text = textarea.value;
-  if (!text.trim() || !app.state) return;
+  const file = composer.file;
+  if ((!text.trim() && !file) || !app.state) return;
+  const limit = app.state.max_file_bytes;
+  if (file && typeof limit === "number" && file.size > limit) {
+    // Not read nor sent: the server would refuse it the same way, after the whole upload.
+    showError(`${file.name} is too large for the playground (${formatSize(file.size)}): it takes files of at most ${formatSize(limit)}.`);
+    return;
+  }
   textarea.value = ""; // cleared at once, as in Slack; given back if the server refuses
   autosize(textarea);
+  choose(composer, null);
   try {
-    const command = slashCommand(text);
+    const command = file ? null : slashCommand(text);
     if (command !== null) {
       await api("POST", "/api/commands", { user: me(), text: command });
     } else {
       const body = { user: me(), text };
       if (threadTs) body.thread_ts = threadTs;
+      if (file) body.file = { name: file.name, mimetype: file.type || null, data: await base64Of(file) };
       const answer = await api("POST", "/api/messages", body);
       // A mention at the top level starts a thread: open it, where the bot answers.
       if (!threadTs && answer && answer.ts && mentionsBot(text)) app.thread = answer.ts;
@@ -1336,8 +1366,37 @@ async function send(textarea, threadTs) {
       textarea.value = text;
       autosize(textarea);
     }
+    if (file && !composer.file) choose(composer, file);
     showError(e.message);
   }
+}
+
+/** A file's bytes as base64 (what the server's JSON carries). */
+function base64Of(file) {
+  return new Promise((resolve, reject) => {
+    const reader = new FileReader();
+    reader.onload = () => resolve(String(reader.result).replace(/^data:[^,]*,/, ""));
+    reader.onerror = () => reject(new Error(`${file.name} could not be read (${reader.error && reader.error.message}).`));
+    reader.readAsDataURL(file);
+  });
+}
+
+/** The file that goes with a composer's next message (null: none), shown above it with a way to drop it. */
+function choose(composer, file) {
+  composer.file = file;
+  composer.input.value = "";
+  const chip = composer.chip;
+  if (!file) {
+    chip.hidden = true;
+    chip.replaceChildren();
+    return;
+  }
+  chip.replaceChildren(
+    h("span", { class: "file-chosen-name" }, `📎 ${file.name}`),
+    h("span", { class: "file-chosen-size" }, ` ${formatSize(file.size)}`),
+    h("button", { type: "button", class: "file-chosen-drop", "aria-label": `Remove ${file.name}`,
+      onclick: () => choose(composer, null) }, "×"));
+  chip.hidden = false;
 }
 
 function autosize(textarea) {
@@ -1345,19 +1404,49 @@ function autosize(textarea) {
   textarea.style.height = `${Math.min(textarea.scrollHeight, 200)}px`;
 }
 
-function wireComposer(textarea, button, threadOf) {
+function wireComposer(composer, button, threadOf) {
+  const { textarea, input, area } = composer;
   textarea.addEventListener("keydown", (event) => {
     // Enter sends, Shift+Enter is a new line; not while an input method is composing a character.
     if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {
       event.preventDefault();
-      send(textarea, threadOf());
+      send(composer, threadOf());
     }
   });
   textarea.addEventListener("input", () => autosize(textarea));
   button.addEventListener("click", () => {
-    send(textarea, threadOf());
+    send(composer, threadOf());
     textarea.focus();
   });
+  input.addEventListener("change", () => {
+    if (input.files && input.files[0]) choose(composer, input.files[0]);
+    textarea.focus();
+  });
+  // A file dropped on the composer goes with the next message, as in Slack.
+  area.addEventListener("dragover", (event) => {
+    if (![...(event.dataTransfer?.types || [])].includes("Files")) return;
+    event.preventDefault();
+    area.classList.add("dropping");
+  });
+  area.addEventListener("dragleave", () => area.classList.remove("dropping"));
+  area.addEventListener("drop", (event) => {
+    area.classList.remove("dropping");
+    const dropped = event.dataTransfer && event.dataTransfer.files[0];
+    if (!dropped) return;
+    event.preventDefault();
+    choose(composer, dropped);
+    textarea.focus();
+  });
+}
+
+function composerOf(prefix) {
+  return {
+    textarea: $(`#${prefix}composer`),
+    input: $(`#${prefix}file`),
+    chip: $(`#${prefix}file-chosen`),
+    area: $(`#${prefix}composer-area`),
+    file: null,
+  };
 }
 
 /** A click on a channel message opens its thread, unless it was on a link or button or selected text. */
@@ -1380,8 +1469,8 @@ function onChannelKey(event) {
 }
 
 function start() {
-  wireComposer($("#composer"), $("#send"), () => null);
-  wireComposer($("#thread-composer"), $("#thread-send"), () => app.thread);
+  wireComposer(composerOf(""), $("#send"), () => null);
+  wireComposer(composerOf("thread-"), $("#thread-send"), () => app.thread);
   trackPinning($("#channel-messages"));
   trackPinning($("#thread-messages"));
   $("#channel-messages").addEventListener("click", onChannelClick);
