@@ -409,13 +409,16 @@ class SlackEmulator(ThreadedAiohttpServer):
                 log.exception("a change listener of the Slack emulator failed")
 
     def remove_message(self, channel: str, ts: str) -> None:
-        """Take a message away (a person's too), as if it had never been posted."""
+        """Take a message away (a person's too, with the files it shared), as if it had never been posted."""
         with self._lock:
             message = self._find(channel, ts)
             if message is None:
                 return
             self._messages[channel].remove(message)
             self._uncount(channel, message)
+            for file in message.get("files") or []:  # a person's shared file goes with its message
+                if self.shared.pop(file.get("id"), None) is not None:
+                    self.files.pop(file["id"], None)
         self._touch()
 
     def _uncount(self, channel: str, message: dict[str, Any]) -> None:

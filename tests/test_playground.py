@@ -350,7 +350,17 @@ def test_a_person_attaches_a_file_the_agent_reads_it_and_its_card_is_drawn(page:
     expect(card).to_contain_text(f"Plain Text · {len(log)} B")
 
     # A picture in a reply, dropped on the thread's composer: its card shows a thumbnail drawn from its bytes.
-    page.set_input_files("#thread-file", files=[{"name": "shot.png", "mimeType": "image/png", "buffer": PNG}])
+    dropped = page.evaluate_handle(
+        """([name, b64]) => {
+            const transfer = new DataTransfer();
+            const bytes = Uint8Array.from(atob(b64), (c) => c.charCodeAt(0));
+            transfer.items.add(new File([bytes], name, { type: "image/png" }));
+            return transfer;
+        }""",
+        ["shot.png", base64.b64encode(PNG).decode()],
+    )
+    page.dispatch_event("#thread-composer-area", "drop", {"dataTransfer": dropped})
+    expect(page.locator("#thread-file-chosen")).to_contain_text("shot.png")
     page.press("#thread-composer", "Enter")  # a file needs no text
     picture = thread.locator(".message").filter(has=page.locator(".file-card", has_text="shot.png"))
     expect(picture.locator("img.file-thumb")).to_be_visible(timeout=WAIT)
@@ -440,6 +450,12 @@ def test_files_the_bot_uploads_and_people_share_are_drawn_as_slack_draws_them(br
         fake_id = fake["files"][0]["id"]
         assert httpx.get(f"{page_server.base}/api/files/{fake_id}").status_code == 404
         assert httpx.get(f"{page_server.base}/api/files/F0NOSUCHFILE").status_code == 404
+        # No bot listens here: a file shared with a message the bot never took goes with it.
+        shared_before = len(slack.shared)
+        file = {"name": "lost.txt", "data": base64.b64encode(b"lost").decode()}
+        lost = httpx.post(f"{page_server.base}/api/messages", json={"user": ADA, "text": "@mm hi", "file": file})
+        assert lost.status_code == 502 and "the bot did not take it" in lost.json()["error"]
+        assert len(slack.shared) == shared_before and "lost.txt" not in str(slack.files)
         [chart_id] = [i for i, f in slack.files.items() if f["name"] == "chart.png"]
         served = httpx.get(f"{page_server.base}/api/files/{chart_id}")
         assert served.content == PNG and served.headers["Content-Type"] == "image/png"
