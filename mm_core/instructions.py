@@ -19,7 +19,8 @@ from mm_core.tools.workspace import NotRegularFile, WorkspaceError, open_regular
 MAX_FILE_BYTES = 16_000
 CUT = "\n[… {path} is cut here: {size:,} bytes, the first {limit:,} are shown]"
 OPERATOR_HEAD = "Instructions from the operator of this service:"
-REPOSITORY_HEAD = "Instructions from the repository's {path} (written by the repository's authors):"
+# Read from the workspace as it stands, which the model and the thread's people change too: not "the authors'".
+REPOSITORY_HEAD = "Instructions from the repository's {path} (as the workspace holds it now):"
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ regular files of at most `workspaces.files.maxMB`, at most `maxAttachments` an a
 
 from __future__ import annotations
 
+import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +16,7 @@ import pytest
 from mm_testkit.redis_server import OwnRedis
 from playground.model_server import Reply
 from threads_support import Stack, config, policy, stack
+from workers import attachments
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -78,3 +80,15 @@ def test_an_answer_attaches_workspace_files_and_the_bounds_refuse_the_rest(threa
         "`/etc/hostname` was not attached: an answer attaches at most 6 files.",
     ]:
         assert line in text
+
+
+def test_a_directory_or_a_fifo_named_for_attaching_is_refused_and_no_descriptor_is_left(tmp_path: Path) -> None:
+    # `[attach: src]`: fdopen of a directory raised before the type was checked, leaving its descriptor open (50
+    # such answers, 50 descriptors of a long-lived worker), and the thread was told Slack refused it.
+    (tmp_path / "src").mkdir()
+    os.mkfifo(tmp_path / "pipe")
+    before = len(os.listdir("/proc/self/fd"))
+    for name in ["src", "pipe"] * 25:
+        with pytest.raises(attachments.Refused, match="it is not a regular file"):
+            attachments.read(tmp_path, name, 1 << 20)
+    assert len(os.listdir("/proc/self/fd")) == before

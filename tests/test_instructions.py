@@ -75,7 +75,7 @@ def test_the_channel_s_instructions_and_agents_md_reach_every_turn_and_status_na
             assert prompt.startswith(DEFAULT_SYSTEM_PROMPT)
             operator = prompt.index("Instructions from the operator of this service:\nAnswer in French.")
             repository = prompt.index(
-                "Instructions from the repository's AGENTS.md (written by the repository's authors):\n"
+                "Instructions from the repository's AGENTS.md (as the workspace holds it now):\n"
                 "Run `make check` before saying a change is done."
             )
             assert len(DEFAULT_SYSTEM_PROMPT) < operator < repository

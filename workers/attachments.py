@@ -92,10 +92,11 @@ def read(workspace: Path, path: str, most: int) -> Attachment:
         raise Refused(_why(e)) from e
     finally:
         os.close(directory)
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):  # checked on the descriptor: fdopen of a directory raises, leaving it open
+        os.close(fd)
+        raise Refused("it is not a regular file")
     with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
-        if not stat.S_ISREG(st.st_mode):
-            raise Refused("it is not a regular file")
         if st.st_size > most:
             raise Refused(f"it is {human_size(st.st_size)}, and a file may be at most {human_size(most)}")
         data = f.read(most + 1)

@@ -15,11 +15,14 @@ its turn takes the message (workers.turns), well after the bot's 3-second ack.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import errno
 import os
 import re
+import stat
+import time
 import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -40,6 +43,9 @@ MB = 1024 * 1024
 # A file made new, never an existing one, never through a link.
 _NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 MAX_REDIRECTS = 5
+# All the downloads of one turn, redirects included: they run before the turn, outside its time limit and
+# where `stop` does not reach, so they get a bound of their own.
+TURN_DOWNLOADS_S = 600.0
 # An image goes to a model that takes images (`model.vision`) when it is one of these, at most this large (the
 # bound most providers set on one image), and among the first MAX_IMAGES of a turn; else it is only a file.
 IMAGE_TYPES = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp"})
@@ -52,6 +58,7 @@ CHUNK = 64 * 1024
 TOO_LARGE = Mrkdwn("📎 `{name}` was not taken: it is {size}, and a file may be at most {most}.")
 TURN_FULL = Mrkdwn("📎 `{name}` was not taken: the files of this turn may be at most {most} together.")
 NOT_DOWNLOADABLE = Mrkdwn("📎 `{name}` could not be downloaded from Slack ({why}).")
+LATE = f"the turn's downloads took more than {TURN_DOWNLOADS_S / 60:g} minutes"
 NOT_WRITTEN = Mrkdwn("📎 `{name}` could not be written into the workspace ({why}).")
 
 
@@ -175,17 +182,26 @@ async def receive(
     hosts = SlackHosts(api_url)
     per_file, left = int(limits.maxMB * MB), int(limits.maxTurnMB * MB)
     timeout = aiohttp.ClientTimeout(total=300, sock_connect=10, sock_read=60)
+    deadline = time.monotonic() + TURN_DOWNLOADS_S
     async with aiohttp.ClientSession(timeout=timeout) as session:
         for row_id, message_ts, files in rows:
             for file in files:
                 shown = _shown(file)
                 try:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise Refused(NOT_DOWNLOADABLE.format(name=shown, why=LATE))
                     size = file.get("size")
                     if isinstance(size, int) and size > per_file:
                         raise Refused(TOO_LARGE.format(name=shown, size=human_size(size), most=human_size(per_file)))
                     if isinstance(size, int) and size > left:
                         raise Refused(TURN_FULL.format(name=shown, most=human_size(limits.maxTurnMB * MB)))
-                    arrived = await _download(session, hosts, token, file, workspace, message_ts, limits, left)
+                    try:
+                        arrived = await asyncio.wait_for(
+                            _download(session, hosts, token, file, workspace, message_ts, limits, left), remaining
+                        )
+                    except TimeoutError:
+                        raise Refused(NOT_DOWNLOADABLE.format(name=shown, why=LATE)) from None
                     if vision and arrived.mimetype in IMAGE_TYPES and arrived.size <= MAX_IMAGE_BYTES:
                         arrived = _with_image(workspace, arrived)
                 except Refused as refused:
@@ -262,7 +278,10 @@ async def _write(
     except OSError as e:
         raise Refused(NOT_WRITTEN.format(name=shown, why=_why(e))) from e
     try:
-        name, fd = _create(directory, safe_name(str(file.get("name") or file.get("id") or "")))
+        try:
+            name, fd = _create(directory, safe_name(str(file.get("name") or file.get("id") or "")))
+        except OSError as e:  # a full disk, a name too long for the file system: this file is refused, not all
+            raise Refused(NOT_WRITTEN.format(name=shown, why=_why(e))) from e
         written = 0
         try:
             with os.fdopen(fd, "wb") as out:
@@ -273,12 +292,12 @@ async def _write(
                     if written > left:
                         raise Refused(TURN_FULL.format(name=shown, most=human_size(limits.maxTurnMB * MB)))
                     out.write(chunk)
-        except (Refused, OSError, aiohttp.ClientError, TimeoutError) as e:
+        except BaseException as e:  # cancelled too (the turn's deadline): a part of a file is no file
             with contextlib.suppress(OSError):
-                os.unlink(name, dir_fd=directory)  # a part of a file is no file
-            if isinstance(e, Refused):
-                raise
-            raise Refused(NOT_DOWNLOADABLE.format(name=shown, why=_why(e))) from e
+                os.unlink(name, dir_fd=directory)
+            if isinstance(e, (OSError, aiohttp.ClientError, TimeoutError)) and not isinstance(e, Refused):
+                raise Refused(NOT_DOWNLOADABLE.format(name=shown, why=_why(e))) from e
+            raise
     finally:
         os.close(directory)
     return Arrived(str(PurePosixPath(*folder, name)), written, mimetype)
@@ -293,11 +312,14 @@ def _with_image(workspace: Path, arrived: Arrived) -> Arrived:
             fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=directory)
         finally:
             os.close(directory)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # swapped for a FIFO or a directory since it was written
+            os.close(fd)
+            return arrived
         with os.fdopen(fd, "rb") as f:
             data = f.read(MAX_IMAGE_BYTES + 1)
     except OSError:  # the model changed it since: it stays a file, named in the message
         return arrived
-    if len(data) > MAX_IMAGE_BYTES:
+    if data is None or len(data) > MAX_IMAGE_BYTES:
         return arrived
     return replace(arrived, image=f"data:{arrived.mimetype};base64,{base64.b64encode(data).decode()}")
 
