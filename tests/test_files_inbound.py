@@ -93,8 +93,8 @@ def test_a_shared_file_is_downloaded_into_the_workspace_and_read_by_the_agent(
                 assert (folder / safe_name(name)).read_bytes() == b"hostile\n"
             assert safe_name("../../etc/passwd") == "_._etc_passwd" and safe_name(".git/config") == "git_config"
             assert not (workspace / ".git").exists() and not (workspace.parent / "etc").exists()
-            # Never pushed: `.mm` ignores itself.
-            assert (workspace / ".mm" / ".gitignore").read_text().splitlines()[-1] == "*"
+            # Never pushed: the uploads' folder ignores itself (not `.mm`, whose .gitignore a repository may track).
+            assert (workspace / ".mm" / "uploads" / ".gitignore").read_text().splitlines()[-1] == "*"
 
 
 def test_a_link_in_the_workspace_is_not_followed_by_a_download(

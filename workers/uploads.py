@@ -336,8 +336,10 @@ def _create(directory: int, name: str) -> tuple[str, int]:
 
 
 def _ignore_uploads(workspace: Path) -> None:
-    """`.mm/.gitignore` ignoring all of `.mm`, written once (never through a link, never over a file)."""
-    directory = open_directory(workspace, UPLOADS[:1], create=True)
+    """`.mm/uploads/.gitignore` ignoring all of the uploads, written once (never through a link, never over a
+    file). In the uploads' own folder, not `.mm`'s: a repository may track a `.mm/.gitignore` of its own, which
+    is never overwritten, and then people's files would have been counted as changes and pushed."""
+    directory = open_directory(workspace, UPLOADS, create=True)
     try:
         fd = os.open(".gitignore", _NEW_FILE, 0o644, dir_fd=directory)
     except FileExistsError:
