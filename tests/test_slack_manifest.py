@@ -13,11 +13,13 @@ import ast
 import asyncio
 import inspect
 import itertools
+import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
 import yaml
 from slack_bolt.async_app import AsyncApp, AsyncAssistant
@@ -490,3 +492,14 @@ def test_the_docs_list_every_method_called_with_its_scopes_and_the_emulator_answ
     )
     # A method the app calls that the emulator does not answer would pass no test (unknown_method).
     assert not expected.keys() - set(SlackEmulator().methods)
+
+
+def test_the_manifest_is_valid_by_slack_s_own_schema(manifest: dict[str, Any]) -> None:
+    # Slack's manifest schema (tests/schemas/README.md says where it comes from): what Slack's app settings
+    # would refuse on import (an unknown key, a wrong type, a command without a description) fails here.
+    schema = json.loads((ROOT / "tests" / "schemas" / "slack-manifest.schema.2.0.0.json").read_text())
+    errors = sorted(jsonschema.Draft7Validator(schema).iter_errors(manifest), key=lambda e: list(e.path))
+    assert [f"{'/'.join(map(str, e.path))}: {e.message}" for e in errors] == []
+    # The schema is strict enough to fail: a key Slack does not know (`feature` for `features`) is refused.
+    wrong = {**manifest, "feature": manifest.get("features", {})}
+    assert list(jsonschema.Draft7Validator(schema).iter_errors(wrong))
