@@ -217,7 +217,7 @@ class Agent:
         if len(users) < 2:
             return "nothing to compact yet"
         keep_from = users[-1]
-        messages = SessionState(state.entries[:keep_from]).messages(self.system_prompt)
+        messages = SessionState(state.entries[:keep_from]).messages(self.system_prompt, self.config.model.vision)
         messages.append({"role": "user", "content": COMPACT_PROMPT})
         completion = await self.model.complete(messages, None, lambda e: None, self.name)
         self._append(Compaction(completion.text.strip(), keep_from))
@@ -250,7 +250,8 @@ class Agent:
                         Outcome.MAX_TURNS,
                     )
                 specs = [t.schema() for t in self.tools.values()]
-                answer = await self.model.complete(state.messages(self.system_prompt), specs, self.emit, self.name)
+                messages = state.messages(self.system_prompt, self.config.model.vision)
+                answer = await self.model.complete(messages, specs, self.emit, self.name)
                 # Models reuse ids (`call_0` in every answer, in every session); approvals are keyed by them.
                 calls = tuple(
                     ToolCallRequest(f"call_{uuid.uuid4().hex[:20]}", c.name, c.arguments) for c in answer.tool_calls

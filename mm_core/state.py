@@ -16,6 +16,7 @@ entries are kept in tests/test_state_incremental.py, which checks that both agre
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -43,6 +44,11 @@ from mm_core.log import (
 from mm_core.loopdetect import LoopDetector
 
 SUMMARY_PREFIX = "Summary of the earlier conversation:\n"
+# What the request says instead of a shared image it leaves out: the model takes no images, or the image is
+# older than the latest message with images (so a thread's requests do not grow by its images turn after turn).
+# The image is still a file in the workspace, named in the message's `[files: …]` line.
+IMAGE_LEFT_OUT = "[image {n} ({mime}): not in this request; its file is in the files line]"
+_IMAGE_TYPE = re.compile(r"data:(image/[a-z0-9.+-]{1,40});base64,")
 
 
 class SessionState:
@@ -235,12 +241,14 @@ class SessionState:
         return LoopDetector(self._detector.last, self._detector.run)
 
     # -- what the model sees ----------------------------------------------------------------------
-    def messages(self, system_prompt: str) -> list[dict[str, Any]]:
-        """The request's messages. The dicts are shared with the next calls' lists: read them, never change
-        them."""
+    def messages(self, system_prompt: str, vision: bool = False) -> list[dict[str, Any]]:
+        """The request's messages. With `vision` (the model in use takes images: `model.vision`), the images of
+        the latest user message that has any go as image parts; every other image is IMAGE_LEFT_OUT text, so
+        what a request carries does not depend on the model a message arrived under, nor grow with the
+        thread's images. The dicts are shared with the next calls' lists: read them, never change them."""
         if self._transcript is None:
             self._transcript = _Transcript.of(self.entries)
-        return self._transcript.messages(system_prompt)
+        return self._transcript.messages(system_prompt, vision)
 
 
 class _Transcript:
@@ -253,6 +261,8 @@ class _Transcript:
         self._answers: dict[int, AssistantMessage] = {}  # piece index → the answer it is made of
         self._calls: dict[str, list[int]] = {}  # call id → the pieces of the answers that made that call
         self._results: dict[str, ToolResult] = {}
+        # The latest user message with images: its piece, and its message with the images shown.
+        self._imaged: tuple[int, dict[str, Any]] | None = None
         for entry in entries:
             self.add(entry)
 
@@ -268,7 +278,9 @@ class _Transcript:
 
     def add(self, entry: Entry) -> None:
         if isinstance(entry, UserMessage):
-            self.pieces.append([{"role": "user", "content": user_content(entry)}])
+            if entry.images:
+                self._imaged = len(self.pieces), {"role": "user", "content": user_content(entry, shown=True)}
+            self.pieces.append([{"role": "user", "content": user_content(entry, shown=False)}])
         elif isinstance(entry, AssistantMessage):
             piece = len(self.pieces)
             self._answers[piece] = entry
@@ -288,12 +300,13 @@ class _Transcript:
                 piece.append({"role": "tool", "tool_call_id": call.id, "content": self._results[call.id].output})
         return piece
 
-    def messages(self, system_prompt: str) -> list[dict[str, Any]]:
+    def messages(self, system_prompt: str, vision: bool) -> list[dict[str, Any]]:
         messages: list[dict[str, Any]] = [{"role": "system", "content": system_prompt}]
         if self.summary is not None:
             messages.append({"role": "user", "content": SUMMARY_PREFIX + self.summary})
-        for piece in self.pieces:
-            messages += piece
+        shown, with_images = self._imaged if vision and self._imaged is not None else (-1, {})
+        for i, piece in enumerate(self.pieces):
+            messages += [with_images] if i == shown else piece
         return messages
 
 
@@ -335,10 +348,20 @@ def assistant_message(e: AssistantMessage) -> dict[str, Any]:
     return message
 
 
-def user_content(message: UserMessage) -> str | list[dict[str, Any]]:
-    """A user message's content on the wire: its text, or with images the OpenAI content parts (the text, then
-    each image as an `image_url` part)."""
+def user_content(message: UserMessage, shown: bool) -> str | list[dict[str, Any]]:
+    """A user message's content on the wire: its text; with images `shown`, the OpenAI content parts (the text,
+    then each image as an `image_url` part); else the text with an IMAGE_LEFT_OUT line for each image (plain
+    text, which every model takes)."""
     if not message.images:
         return message.text
+    if not shown:
+        left_out = (IMAGE_LEFT_OUT.format(n=n, mime=image_type(url)) for n, url in enumerate(message.images, 1))
+        return "\n".join([message.text, *left_out])
     parts: list[dict[str, Any]] = [{"type": "text", "text": message.text}]
     return parts + [{"type": "image_url", "image_url": {"url": url}} for url in message.images]
+
+
+def image_type(url: str) -> str:
+    """The media type of an image's data URL (`image/png`), or `image` when it names none."""
+    m = _IMAGE_TYPE.match(url)
+    return m.group(1) if m else "image"
