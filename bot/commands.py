@@ -19,7 +19,7 @@ import json
 import logging
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sqlalchemy import Engine
@@ -77,6 +77,10 @@ REPO_LATE = (
 )
 UNKNOWN_AGENT = "There is no agent named `{name}`; the agents are: {agents}."
 NO_AGENTS = "No agents are configured to ask (mmConfigs in the config)."
+FILES_NOT_TAKEN = (
+    "I did not take the files on that message ({names}): only a request gives the agent files. Share them again "
+    "with one."
+)
 ASK_USAGE = "Say `ask AGENT PROMPT`, for example `ask reviewer look at the last commit`."
 QUEUED_COMMAND = "`{command}` is queued: I do it after the current turn."
 STARTED = Mrkdwn("<@{user}> asked: {prompt}")
@@ -147,7 +151,9 @@ def _options_of(command: Command) -> tuple[dict[str, str] | str, str]:
 
 @dataclass(frozen=True)
 class Where:
-    """The message or command a command came with: its thread (None for `/mm` outside one), who, and the ts."""
+    """The message or command a command came with: its thread (None for `/mm` outside one), who, and the ts;
+    `files`, what Slack said of the files the message carries (bot.shapes.shared_files): a request with inline
+    options keeps them with its prompt, as any message does (a slash command carries none)."""
 
     channel: str
     thread_ts: str | None
@@ -155,6 +161,7 @@ class Where:
     user: str
     team: str | None = None
     assistant_thread: bool = False
+    files: list[dict[str, Any]] = field(default_factory=list[dict[str, Any]])
 
 
 @dataclass(frozen=True)
@@ -196,7 +203,16 @@ class Commands:
 
     async def run(self, slack: SlackOut, command: Command, where: Where, steps: Steps | None = None) -> Outcome:
         """Carry out a command given in a thread (where.thread_ts is the thread). `steps`: what an earlier
-        attempt at the same request did."""
+        attempt at the same request did. Files on a command's message are not taken (only a prompt kept with
+        inline options keeps them): the person is told so, never left to think the agent has them."""
+        outcome = await self._carry_out(slack, command, where, steps)
+        if not where.files or (command.name == "options" and outcome.enqueue is not None):
+            return outcome  # the prompt was kept, and its files with it
+        names = ", ".join(f"`{f.get('name') or f.get('id') or '?'}`"[:100] for f in where.files)
+        note = FILES_NOT_TAKEN.format(names=names)
+        return replace(outcome, private=f"{outcome.private}\n{note}" if outcome.private else note)
+
+    async def _carry_out(self, slack: SlackOut, command: Command, where: Where, steps: Steps | None = None) -> Outcome:
         assert where.thread_ts is not None
         steps = steps or NoSteps(self.engine)
         session = await asyncio.to_thread(session_of, self.engine, where.channel, where.thread_ts)
@@ -278,6 +294,8 @@ class Commands:
             team_id=where.team,
             assistant_thread=where.assistant_thread,
             command=command,
+            # A prompt's files are downloaded with it (workers.uploads); a command's turn takes no files.
+            files=where.files if command is None else None,
         )
 
     async def _repo_refusal(self, command: Command, channel: str) -> str | None:

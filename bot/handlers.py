@@ -300,6 +300,7 @@ async def _take(
             event.get("user") or "",
             requester_team(event, context),
             assistant_thread,
+            shared_files(event),
         )
         payload = {"name": command.name, "args": list(command.args), "where": asdict(where)}
         # A mention arrives twice (app_mention and its message twin): one message, one key, one command.

@@ -211,3 +211,48 @@ def test_only_slack_hosts_get_the_token() -> None:
         name = safe_name(hostile)
         assert name and "/" not in name and ".." not in name and not name.startswith(".")
     assert safe_name("x" * 500 + ".txt").endswith(".txt") and len(safe_name("x" * 500 + ".txt")) == 200
+
+
+def test_a_file_on_a_request_with_inline_options_reaches_the_agent_and_a_command_s_is_said_not_taken(
+    tmp_path: Path, fresh_pg_url: str, redis: OwnRedis
+) -> None:
+    with started(tmp_path, fresh_pg_url, redis) as s:
+        # `model=big` names a configured model: the message is a command (options), whose prompt keeps its files.
+        models = f"models: {{big: {{url: {s.model.url}, name: big-model}}}}"
+        (tmp_path / "mm.yaml").write_text(config("{yolo: true}", models))
+        s.model.always(reads_shared_files)
+        s.start_worker()
+        base = s.start_bot()
+        with SlackEventSender(base, SECRET, bot_user_id=s.slack.bot_user_id) as sender:
+            text = "<@U0BOT> model=big read the log"
+            shared = s.slack.share_file(CHANNEL, "log.txt", LOG, "U0ALICE", text=text)
+            mention = {"channel": CHANNEL, "user": "U0ALICE", "ts": shared["ts"]}
+            assert sender.app_mention(shared["text"], files=shared["files"], **mention).status_code == 200
+            assert sender.message(shared["text"], files=shared["files"], **mention).status_code == 200  # its twin
+            root = shared["ts"]
+            session_id = session_of(s, root)
+            turns(s, session_id, 1)
+            assert (s.workspace(session_id) / ".mm" / "uploads" / root / "log.txt").read_bytes() == LOG
+            assert f"[files: .mm/uploads/{root}/log.txt ({len(LOG)} bytes)]" in user_messages(s)[-1]
+            assert s.model.requests[-1].json["model"] == "big-model"
+            assert "the-secret-word-in-the-log" in s.thread_text(root)  # read_file's result, quoted
+            assert s.slack.downloads == [(shared["files"][0]["id"], True)]  # once, for the mention and its twin
+
+            # A command carries no files: the person is told, the files are not silently lost.
+            reply = s.slack.share_file(CHANNEL, "more.txt", b"x\n", "U0ALICE", text="<@U0BOT> status", thread_ts=root)
+            where = {"channel": CHANNEL, "user": "U0ALICE", "ts": reply["ts"], "thread_ts": root}
+            assert sender.app_mention(reply["text"], files=reply["files"], **where).status_code == 200
+            said = "I did not take the files on that message (`more.txt`)"
+            s.wait(lambda: any(said in (m.get("text") or "") for m in s.slack.ephemerals), message="the note")
+            assert any("*Model:* big" in (m.get("text") or "") for m in s.slack.ephemerals)  # status still answered
+            assert len(s.slack.downloads) == 1
+
+            # A request refused for its options runs nothing, and takes none of its files: it says so too.
+            text = "<@U0BOT> model=huge read this one"
+            refused = s.slack.share_file(CHANNEL, "other.txt", b"y\n", "U0ALICE", text=text, thread_ts=root)
+            where = {"channel": CHANNEL, "user": "U0ALICE", "ts": refused["ts"], "thread_ts": root}
+            assert sender.app_mention(refused["text"], files=refused["files"], **where).status_code == 200
+            said = "I did not take the files on that message (`other.txt`)"
+            s.wait(lambda: any(said in (m.get("text") or "") for m in s.slack.ephemerals), message="the other note")
+            assert "There is no model named `huge`" in s.thread_text(root)
+            assert len(s.slack.downloads) == 1 and s.turns_ended(session_id) == 1
