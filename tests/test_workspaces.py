@@ -23,7 +23,7 @@ from mm_core.config import AgentConfig
 from mm_core.tools import bash as bash_module
 from mm_core.tools.bash import BashTool, walk_needed
 from mm_core.tools.sandbox import SANDBOX_UID, Usage
-from mm_testkit.fixtures_kit import needs_bwrap
+from mm_testkit.fixtures_kit import REQUIRE_SYSTEM, needs_bwrap
 from tool_helpers import make_ctx
 from workers.git import Credentials, in_workspace, status
 from workers.workspaces import (
@@ -284,16 +284,23 @@ def test_public_url_drops_the_user_part() -> None:
 
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A 1 MiB tmpfs, mounted for the test (root only)."""
+    """A 1 MiB tmpfs, mounted for the test (root only). Skipped where it cannot be had (a laptop's `make test` as
+    a user); CI runs as root with mount allowed (MM_TEST_REQUIRE_SYSTEM), so there a skip is a failure."""
+
+    def cannot(reason: str) -> None:
+        if os.environ.get(REQUIRE_SYSTEM):
+            pytest.fail(f"{reason} ({REQUIRE_SYSTEM} is set: CI must run this test)")
+        pytest.skip(reason)
+
     if not ROOT:
-        pytest.skip("mounting a small tmpfs to fill needs root")
+        cannot("mounting a small tmpfs to fill needs root")
     top = Path(tempfile.mkdtemp(prefix="mm-small-disk-"))
     os.chmod(top, 0o711)  # the sandbox's user must reach the workspaces below it
     mount = top / "small"
     mount.mkdir()
     done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=0711", "tmpfs", str(mount)], capture_output=True)
     if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode(errors='replace').strip()}")
+        cannot(f"cannot mount a tmpfs here: {done.stderr.decode(errors='replace').strip()}")
     try:
         yield mount
     finally:
