@@ -321,15 +321,7 @@ class Commands:
             choice = check_repo(url, rest[0] if rest else None, allowed, channel=where.channel)
         except RepoRefused as e:
             return Outcome(private=REPO_REFUSED.format(reason=e))
-        ensure = ensure_session(
-            self.engine,
-            channel_id=where.channel,
-            thread_ts=where.thread_ts,
-            team_id=where.team,
-            requester=where.user,
-            assistant_thread=where.assistant_thread,
-        )
-        set_repo(self.engine, ensure, choice.url, choice.branch)
+        set_repo(self.engine, self._ensure(where), choice.url, choice.branch)
         branch = f" (branch `{choice.branch}`)" if choice.branch else ""
         return Outcome(public=REPO_SET.format(url=public_url(choice.url), branch=branch))
 
@@ -404,7 +396,7 @@ class Commands:
             return OPTION_REFUSED.format(reason=e), "", None
 
     def _ensure(self, where: Where) -> str:
-        assert where.thread_ts is not None
+        """The session of the request's thread (made when it has none yet), as its requester's."""
         return ensure_session(
             self.engine,
             channel_id=where.channel,
