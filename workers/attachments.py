@@ -13,6 +13,7 @@ gateway (SlackOut.upload), which scrubs the worker's secrets from the bytes.
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import os
 import re
@@ -66,7 +67,8 @@ async def attach(
         try:
             if n >= limits.maxAttachments:
                 raise Refused(TOO_MANY.format(most=limits.maxAttachments))
-            file = read(workspace, path, int(limits.maxMB * MB))
+            # Up to maxMB read from a disk the worker shares: off the event loop, which runs other sessions' turns.
+            file = await asyncio.to_thread(read, workspace, path, int(limits.maxMB * MB))
             await slack.upload(channel, thread_ts, file.data, file.name, file.name)
             done.append(path)
             continue

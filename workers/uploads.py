@@ -203,7 +203,7 @@ async def receive(
                     except TimeoutError:
                         raise Refused(NOT_DOWNLOADABLE.format(name=shown, why=LATE)) from None
                     if vision and arrived.mimetype in IMAGE_TYPES and arrived.size <= MAX_IMAGE_BYTES:
-                        arrived = _with_image(workspace, arrived)
+                        arrived = await asyncio.to_thread(_with_image, workspace, arrived)  # up to 5 MB
                 except Refused as refused:
                     received.refused.append(refused.args[0])  # Mrkdwn, escaped once
                     received.missing.setdefault(row_id, []).append(shown)
