@@ -30,6 +30,7 @@ COPY mm_core/ mm_core/
 COPY chatops/ chatops/
 COPY bot/ bot/
 COPY workers/ workers/
+COPY slackio/ slackio/
 COPY commands/ commands/
 COPY playground/ playground/
 COPY mm_testkit/ mm_testkit/

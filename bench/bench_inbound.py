@@ -98,7 +98,7 @@ def bare_app(port: int) -> None:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     api = os.environ["SLACK_API_URL"]
-    # slack_sdk joins method names onto base_url, so it must end with a slash (workers.slack_client.api_base).
+    # slack_sdk joins method names onto base_url, so it must end with a slash (slackio.slack_client.api_base).
     client = AsyncWebClient(token=os.environ["SLACK_BOT_TOKEN"], base_url=api if api.endswith("/") else api + "/")
     app = AsyncApp(
         client=client,

@@ -4,7 +4,7 @@ Both sides talk to the scripted model server at zero latency and stream the same
 and both grow the conversation the same way; the difference is what the loop adds: the openai SDK, the
 event log (in memory, and in the fsynced JSON-lines FileStore), events, the loop detector, and the tool call.
 
-The second table is the figure the worker watches (workers/metrics.py): the time a step spends outside the
+The second table is the figure the worker watches (slackio/metrics.py): the time a step spends outside the
 model, from an answer's last byte to the next request leaving (ModelCalled for the loop, the same two moments
 for the bare loop), with 10 and with 200 messages of history before the turn. Only the request's own payload
 (its JSON, its bytes on the socket) may grow with the history; the bare loop pays that too.

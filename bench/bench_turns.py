@@ -12,7 +12,7 @@ response. Measured in one run, and printed against the targets:
   a saturated model server / emulator shows;
 - the peak RSS of the worker process trees (VmRSS summed and sampled every 100 ms);
 - a step outside the model (from an answer's last byte to the next request's first: the log's writes, the tool,
-  the rendering; workers/metrics.py), from the workers' own /metrics histograms, interpolated within their
+  the rendering; slackio/metrics.py), from the workers' own /metrics histograms, interpolated within their
   buckets as Prometheus' histogram_quantile does (a warm-up turn's steps are subtracted);
 - the in-flight turns reached (sessions in status `running`, sampled every 100 ms);
 - per turn: Slack Web API calls, database transactions, database connections opened;

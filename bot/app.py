@@ -40,7 +40,7 @@ from bot.requests import Requests
 from chatops.buttons import ACTION_PATTERN
 from chatops.reload import ConfigFile
 from chatops.secrets import LiveSecrets
-from workers.slack_client import api_base, counted_only
+from slackio.slack_client import api_base, counted_only
 
 if TYPE_CHECKING:
     from sqlalchemy import Engine
@@ -129,7 +129,7 @@ def create_app(config: Config, engine: Engine, inbound: Engine | None = None) ->
 
     Needs SLACK_BOT_TOKEN and SLACK_SIGNING_SECRET; callers check `config.missing_slack_secrets()` first.
     """
-    # Its failures and 429s are counted (workers/metrics.py).
+    # Its failures and 429s are counted (slackio/metrics.py).
     client = AsyncWebClient(
         token=config.slack_bot_token, base_url=api_base(config.slack_api_url), retry_handlers=counted_only()
     )

@@ -33,10 +33,10 @@ from chatops.inbox import request_stop
 from chatops.queries import writers
 from chatops.schema import ApprovalState, Session, SessionKind
 from chatops.store import ApprovalRow, approvals_of, decide_approval, get_approval
-from workers.approval_message import NO_APPROVERS, approvable, approval_blocks, layout, requesters, when
-from workers.metrics import waited
-from workers.mrkdwn import Mrkdwn
-from workers.slack_out import SlackOut
+from slackio.approval_message import NO_APPROVERS, approvable, approval_blocks, layout, requesters, when
+from slackio.metrics import waited
+from slackio.mrkdwn import Mrkdwn
+from slackio.slack_out import SlackOut
 
 log = logging.getLogger("mm.bot.approvals")
 

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from chatops.config import ServiceConfig
-from workers.mrkdwn import Mrkdwn
+from slackio.mrkdwn import Mrkdwn
 
 log = logging.getLogger("mm.bot.authorize")
 

@@ -42,10 +42,10 @@ from chatops.reload import ConfigFile
 from chatops.repos import RepoRefused, check_branch, check_repo
 from chatops.schema import InboxCommand, SessionStatus
 from chatops.store import ensure_session, set_model, set_repo, set_yolo, thread_model
-from workers.approval_message import JOB_PROMPT, line_of, mention
+from slackio.approval_message import JOB_PROMPT, line_of, mention
+from slackio.mrkdwn import Mrkdwn, mrkdwn_of
+from slackio.slack_out import SlackOut
 from workers.asking import thread_asking
-from workers.mrkdwn import Mrkdwn, mrkdwn_of
-from workers.slack_out import SlackOut
 from workers.workspaces import public_url
 
 log = logging.getLogger("mm.bot.commands")

@@ -46,8 +46,8 @@ from chatops.inbox import Recorded, assistant_context, keep_assistant_context, r
 from chatops.requests import request_key
 from chatops.schema import RequestKind
 from chatops.store import record_slack_event
-from workers.mrkdwn import Mrkdwn
-from workers.slack_out import SlackOut, outgoing
+from slackio.mrkdwn import Mrkdwn
+from slackio.slack_out import SlackOut, outgoing
 from workers.tasks import enqueue_job_run, enqueue_push, enqueue_session
 
 log = logging.getLogger("mm.bot")
@@ -372,7 +372,7 @@ async def _record_then_ack(
 
 
 def _said(context: AsyncBoltContext, text: str) -> str:
-    """A sentence said in the ack itself, made safe as every text leaving for Slack is (workers.slack_out)."""
+    """A sentence said in the ack itself, made safe as every text leaving for Slack is (slackio.slack_out)."""
     return outgoing({"text": text}, context[SECRETS])["text"]
 
 

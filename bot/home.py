@@ -19,9 +19,9 @@ from sqlalchemy import Engine
 from bot.authorize import Approvers
 from bot.jobs import JobCommands
 from chatops.queries import PendingApproval, SessionSummary, pending_approvals, recent_sessions
-from workers.approval_message import approval_blocks, when
-from workers.mrkdwn import Mrkdwn
-from workers.slack_out import SlackOut
+from slackio.approval_message import approval_blocks, when
+from slackio.mrkdwn import Mrkdwn
+from slackio.slack_out import SlackOut
 
 log = logging.getLogger("mm.bot.home")
 

@@ -21,7 +21,7 @@ from chatops.jobs import overview, record_manual_run, run_of_request, running_ru
 from chatops.reload import ConfigFile
 from chatops.schedule import next_fire
 from chatops.schema import utcnow
-from workers.mrkdwn import Mrkdwn
+from slackio.mrkdwn import Mrkdwn
 
 _JOB = re.compile(r"^job(?:\s+(run|pause|resume)(?:\s+(\S+))?)?$", re.IGNORECASE)
 

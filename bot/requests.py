@@ -10,7 +10,7 @@ its Web API client) and the workers never import the bot: data flows one way.
 
 An attempt that failed is tried again later: after what Slack asked (Retry-After), else after a wait that
 grows with the attempts. Failures of our own and bots that died count toward MAX_ATTEMPTS; Slack failing for a
-while (workers.slack_client.outage) does not, and a request Slack kept failing is given up once it is
+while (slackio.slack_client.outage) does not, and a request Slack kept failing is given up once it is
 SLACK_PATIENCE old (a slash command's response_url lives 30 minutes). Either way the person is told once.
 
 Carrying out twice changes nothing more than once, and says nothing false: every step that changes something
@@ -53,8 +53,8 @@ from chatops.requests import (
     renew,
 )
 from chatops.schema import RequestKind, RequestState
-from workers.slack_client import outage
-from workers.slack_out import SlackOut
+from slackio.slack_client import outage
+from slackio.slack_out import SlackOut
 
 log = logging.getLogger("mm.bot.requests")
 

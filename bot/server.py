@@ -42,7 +42,7 @@ from bot.before_ack import WAIT_S, release_threads
 from bot.logging_setup import REFUSED, setup_logging
 from chatops.config import SLACK_DOCS
 from chatops.secrets import secrets_of
-from workers.metrics import serve_metrics
+from slackio.metrics import serve_metrics
 
 if TYPE_CHECKING:
     from chatops.config import Config

@@ -23,8 +23,8 @@ from typing import Any, Protocol
 
 from sqlalchemy import Connection, Engine
 
-from workers.slack_client import outage
-from workers.slack_out import SlackOut
+from slackio.slack_client import outage
+from slackio.slack_out import SlackOut
 
 log = logging.getLogger("mm.bot.steps")
 

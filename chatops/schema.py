@@ -317,7 +317,7 @@ class Approval(Base):
     # mm_core.log.shown_digest of what the person is shown: the decision carries it back, and the call runs only
     # while it would still show exactly that. None (a row older than it): an approval runs nothing.
     shown: Mapped[str | None] = mapped_column(String(64))
-    # The Slack file holding the whole text, when the message cannot (workers/approval_message.py): without it
+    # The Slack file holding the whole text, when the message cannot (slackio/approval_message.py): without it
     # such a call cannot be approved.
     text_file: Mapped[str | None] = mapped_column(String(64))
     # Who asked: the author of the turn's message, or the authors (comma-separated) of the messages it took.

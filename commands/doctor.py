@@ -133,7 +133,7 @@ def slack_auth(config: Config) -> tuple[bool, str]:
     from slack_sdk import WebClient
     from slack_sdk.errors import SlackApiError
 
-    from workers.slack_client import api_base
+    from slackio.slack_client import api_base
 
     api = mask_url(config.slack_api_url)
     client = WebClient(token=config.slack_bot_token, base_url=api_base(config.slack_api_url), timeout=int(TIMEOUT))

@@ -1,6 +1,7 @@
 """The shape of the house, checked on the source rather than by eye.
 
-- Imports run one way: commands → playground → bot → workers → migrations → chatops (the foundation) → mm_core.
+- Imports run one way: commands → playground → bot → workers → slackio (the Slack side both share) → migrations →
+  chatops (the foundation) → mm_core.
   The agent core never knows the service, the foundation never knows Slack's or Celery's side, and nothing in the
   product imports the test kit.
 - No import cycle between modules, counting imports made inside functions (a lazy import is still an arrow).
@@ -21,7 +22,16 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 # A package may import packages of its own rank or lower, never higher; equal ranks may not import each other.
 # The playground (a local stand-in for Slack and a model) is a front end: it may use everything below it.
-RANK = {"mm_core": 0, "chatops": 1, "migrations": 2, "workers": 3, "bot": 4, "playground": 5, "commands": 6}
+RANK = {
+    "mm_core": 0,
+    "chatops": 1,
+    "migrations": 2,
+    "slackio": 3,
+    "workers": 4,
+    "bot": 5,
+    "playground": 6,
+    "commands": 7,
+}
 PRODUCT = tuple(RANK)
 # The test kit stands beside the product: it may import the product, the product may never import it.
 KIT = "mm_testkit"

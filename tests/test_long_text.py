@@ -1,4 +1,4 @@
-"""workers.long_text: a text longer than a message, in messages that each fit, cut between blocks, never inside
+"""slackio.long_text: a text longer than a message, in messages that each fit, cut between blocks, never inside
 a code block that could have stayed whole, and closing and reopening one that could not."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from long_answers import open_fence_at_end, rejoined
-from workers.long_text import cut, pieces, showable
+from slackio.long_text import cut, pieces, showable
 
 
 @st.composite

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from slack_sdk.web.async_client import AsyncWebClient
 
-from workers.mrkdwn import (
+from slackio.mrkdwn import (
     ZWSP,
     Mrkdwn,
     code_block,
@@ -18,8 +18,8 @@ from workers.mrkdwn import (
     safe_mrkdwn,
     safe_plain,
 )
+from slackio.slack_out import outgoing
 from workers.render import ThreadRenderer
-from workers.slack_out import outgoing
 
 SECRET = "xoxb-secret-token-1234"
 

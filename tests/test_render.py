@@ -39,10 +39,10 @@ from mm_core import (
 )
 from playground.model_server import ModelServer, Reply, ToolCall
 from playground.slack_api import SlackEmulator
-from workers.approval_message import WAITING, ApprovalAsked, approvable
-from workers.mrkdwn import ZWSP
+from slackio.approval_message import WAITING, ApprovalAsked, approvable
+from slackio.mrkdwn import ZWSP
+from slackio.slack_client import web_client
 from workers.render import MARKDOWN_CHARS, TEXT_CHARS, ThreadRenderer
-from workers.slack_client import web_client
 
 CHANNEL, DM, USER, TEAM = "C0TEST", "D0ALICE", "U0ALICE", "T0TESTTEAM"
 SECRET = "xoxb-1234-the-workers-own-token"

@@ -31,7 +31,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 ROOT = Path(__file__).resolve().parent.parent
 MANIFEST = ROOT / "docs" / "slack-app-manifest.yaml"
 # Where the code that talks to Slack lives (the bot, the workers, and what both import).
-SOURCES = ("bot", "workers", "chatops", "commands")
+SOURCES = ("bot", "workers", "slackio", "chatops", "commands")
 
 # Every Web API method the code calls (found in SOURCES by `source_calls`, or called by bolt for a listener),
 # with the bot scopes it needs, from Slack's method reference (docs.slack.dev/reference/methods/<method>).
@@ -271,8 +271,8 @@ def subscribed_requests(manifest: dict[str, Any]) -> list[tuple[str, dict[str, A
 
 CLIENT_METHOD = re.compile(r"\.([a-z]+_[A-Za-z0-9_]+)\(")
 NAMED_CALL = re.compile(r"\b(?:api_call|_call|call)\(\s*[\"']([a-z]+(?:\.[A-Za-z]+)+)[\"']")
-# Writes leave through the gateway (workers/slack_out.py): `slack.post(…)`, `self.out.upload(…)`.
-GATEWAY = ROOT / "workers" / "slack_out.py"
+# Writes leave through the gateway (slackio/slack_out.py): `slack.post(…)`, `self.out.upload(…)`.
+GATEWAY = ROOT / "slackio" / "slack_out.py"
 GATEWAY_CALL = re.compile(r"\b(?:slack|out)\.([a-z_]+)\(")
 
 
@@ -463,7 +463,7 @@ def test_the_source_scan_finds_the_calls_it_is_there_to_find() -> None:
     for method in ("chat.postMessage", "chat.startStream", "views.publish", "files.getUploadURLExternal"):
         assert method in calls, f"the scan of {SOURCES} no longer finds {method}"
     assert gateway_methods()["ephemeral"] == ["chat.postEphemeral"]
-    assert "workers/slack_out.py" not in {where for places in calls.values() for where in places}
+    assert "slackio/slack_out.py" not in {where for places in calls.values() for where in places}
     assert "files.upload" not in calls  # a label for a slack_sdk helper's error, not a call
 
 

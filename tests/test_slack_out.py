@@ -1,4 +1,4 @@
-"""Every write to Slack leaves through workers/slack_out.py: the source of every package is read, and any Web API
+"""Every write to Slack leaves through slackio/slack_out.py: the source of every package is read, and any Web API
 write, bolt `respond` / `say`, webhook or raw API call made elsewhere fails this test, naming the place.
 
 What counts as a write is read off slack_sdk itself: every method of its Web API client but a short list of
@@ -16,8 +16,8 @@ from pathlib import Path
 from slack_sdk.web.async_client import AsyncWebClient
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("bot", "workers", "commands", "chatops", "mm_core", "playground", "migrations")
-GATEWAY = Path("workers/slack_out.py")
+PACKAGES = ("bot", "workers", "slackio", "commands", "chatops", "mm_core", "playground", "migrations")
+GATEWAY = Path("slackio/slack_out.py")
 # The emulator is Slack's side: it answers the Web API, it does not call it.
 NOT_CLIENTS = {Path("playground/slack_api.py")}
 # What the service reads from Slack (nobody reads what they return but the service).
@@ -80,7 +80,7 @@ def test_every_write_to_slack_goes_through_the_gateway() -> None:
                 continue
             found = _bypasses(path, listeners=package == "bot")
             bypasses += [f"{relative}:{line} {what}" for line, what in found]
-    assert not bypasses, "Slack writes outside workers/slack_out.py:\n" + "\n".join(bypasses)
+    assert not bypasses, "Slack writes outside slackio/slack_out.py:\n" + "\n".join(bypasses)
 
 
 def test_what_counts_as_a_write_comes_from_slack_sdk() -> None:
@@ -119,7 +119,7 @@ def test_the_check_sees_every_way_around_it(tmp_path: Path) -> None:
 def test_the_gateway_asks_a_function_of_secrets_at_each_write() -> None:
     # The bot hands its LiveSecrets (a function: the config as it stands) to every text it says, the ack's own
     # "could not take" sentence included; taken for a list of secrets, that sentence raised and the ack was a 500.
-    from workers.slack_out import outgoing
+    from slackio.slack_out import outgoing
 
     known = ["hunter2-old"]
     said = outgoing({"text": "the key hunter2-new and hunter2-old"}, lambda: known)

@@ -244,7 +244,7 @@ def test_what_an_approval_shows_survives_storage_exactly_nul_included(engine: En
     """Issue 21, second round: a NUL in a preview became U+FFFD on its way into the row (PostgreSQL text cannot hold
     it), so the message showed `�` and no warning. The row keeps it (and a lone surrogate, and U+FFFD itself)
     reversibly: the message shows `\\u0000` and says so."""
-    from workers.approval_message import approval_blocks, layout
+    from slackio.approval_message import approval_blocks, layout
 
     command = "printf 'a\x00b' > f; echo \ufffd0000 \udc80"
     row = store.request_approval(

@@ -23,8 +23,8 @@ from pathlib import Path, PurePosixPath
 
 from chatops.config import FilesConfig
 from mm_core.tools.workspace import open_directory, real_path
-from workers.mrkdwn import Mrkdwn
-from workers.slack_out import SlackOut
+from slackio.mrkdwn import Mrkdwn
+from slackio.slack_out import SlackOut
 from workers.uploads import MB, human_size
 
 ATTACH_HINT = (

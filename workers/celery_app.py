@@ -158,7 +158,7 @@ def setup_logging(loglevel: Any = None, **_: Any) -> None:
 @signals.worker_init.connect
 def serve_worker_metrics(**_: Any) -> None:
     # One endpoint per worker process: the pool runs threads, so this process holds all its turns' figures.
-    from workers.metrics import serve_metrics, watch_queue
+    from slackio.metrics import serve_metrics, watch_queue
 
     if serve_metrics():
         watch_queue(app, (TURNS_QUEUE, HOUSEKEEPING_QUEUE))
@@ -166,7 +166,7 @@ def serve_worker_metrics(**_: Any) -> None:
 
 @signals.beat_init.connect
 def serve_beat_metrics(**_: Any) -> None:
-    from workers.metrics import serve_metrics
+    from slackio.metrics import serve_metrics
 
     serve_metrics()
 

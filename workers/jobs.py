@@ -47,10 +47,11 @@ from mm_core import display
 from mm_core.config import AgentConfig
 from mm_core.events import TurnFinished
 from mm_core.log import Outcome
-from workers import blocks, git
-from workers.mrkdwn import Mrkdwn, code_block
+from slackio import blocks
+from slackio.mrkdwn import Mrkdwn, code_block
+from slackio.slack_out import SlackOut
+from workers import git
 from workers.push import BranchRefused, NothingToPush, agent_of, credentials, diff_stat, push_workspace
-from workers.slack_out import SlackOut
 from workers.workspaces import cloned_branch, start_commit
 
 log = logging.getLogger("mm.worker.jobs")

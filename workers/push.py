@@ -25,8 +25,8 @@ from urllib.parse import quote, urlsplit
 from chatops.config import Config
 from mm_core.config import AgentConfig
 from mm_core.tools.ask_agent import load_agent_file
+from slackio.mrkdwn import Mrkdwn
 from workers import git
-from workers.mrkdwn import Mrkdwn
 from workers.workspaces import private_repository, public_url
 
 AUTHOR = ("mm", "mm@localhost")  # the bot's identity for its commit: on that command's line, never in a config

@@ -8,7 +8,7 @@ never slow the turn. One consumer task drains the queue in order and writes the 
 - TextDelta: the answer, streamed (chat.startStream / appendStream / stopStream) where Slack can stream to
   this thread — a DM, or a channel thread with its recipient named —, else posted and edited with chat.update.
   Text an asked agent writes goes into messages of its own, prefixed with its name. An answer longer than a
-  message goes on in the next, cut between blocks (workers/long_text.py): a code block is cut only when it
+  message goes on in the next, cut between blocks (slackio/long_text.py): a code block is cut only when it
   cannot fit in one message, and then its fence is closed and reopened, with its language, in the next. A
   stream cannot take back what it showed: past a quarter of a message it shows only whole blocks.
 - ToolCallStarted / ToolCallFinished: one message per call, mm_core.display's line (`🛠️ bash: ls`) with the
@@ -17,7 +17,7 @@ never slow the turn. One consumer task drains the queue in order and writes the 
   not what read_file or read_skill return: a copy of the repository's own file or of a skill), and a line
   under the preview says how much it leaves out and where the whole is (or that the upload failed).
 - ApprovalAsked (the worker's, once the calls a turn waits for are recorded): one message per call, with its
-  buttons (workers/approval_message.py); a text too long for it goes up first, whole, as a file (without that
+  buttons (slackio/approval_message.py); a text too long for it goes up first, whole, as a file (without that
   file the message offers no Approve); the bot updates it once someone decides.
 - Error, and CallsDropped (an answer's calls beyond the cap): its line as a plain message (a notice longer than
   a message, a job's summary too, goes on in the next, cut as an answer is). TurnFinished: the recap line
@@ -28,7 +28,7 @@ exists); only edits of existing messages are deferred. Rate: every message, and 
 once a second (INTERVAL), however many deltas arrive: they batch. Safety: everything posted is scrubbed of the
 worker's secrets, and `<!channel>`, `<!here>`, `<!everyone>`, `<!subteam^…>` (and bare `@here`…) written by
 the model or a tool never notify anyone. Failures: slack_sdk retries 429s (Retry-After), 5xx and dropped
-connections (workers/slack_client.py); what still fails goes to `on_error(where, message)` and rendering goes
+connections (slackio/slack_client.py); what still fails goes to `on_error(where, message)` and rendering goes
 on — text that did not get through is sent again with the next write, so the answer is not lost.
 """
 
@@ -65,16 +65,16 @@ from mm_core import (
     TurnFinished,
     display,
 )
-from workers.approval_message import ApprovalAsked, approval_blocks, file_name, file_title, layout
-from workers.blocks import (
+from slackio.approval_message import ApprovalAsked, approval_blocks, file_name, file_title, layout
+from slackio.blocks import (
     clip,
     code_sections,
     context_block,
     section_block,
 )
-from workers.long_text import cut, pieces, reopening, showable
-from workers.mrkdwn import Mrkdwn, mrkdwn_of, quiet_markdown
-from workers.slack_out import SlackOut
+from slackio.long_text import cut, pieces, reopening, showable
+from slackio.mrkdwn import Mrkdwn, mrkdwn_of, quiet_markdown
+from slackio.slack_out import SlackOut
 
 log = logging.getLogger("mm.worker.render")
 
@@ -395,7 +395,7 @@ class ThreadRenderer:
         text.dirty = False
         rendered = self._stable(text.raw, text.ended)
         # A message holds MARKDOWN_CHARS at most: a longer run goes on in another message, cut between blocks (a
-        # code block too long for one is closed and reopened: workers/long_text.py). A stream cannot take back
+        # code block too long for one is closed and reopened: slackio/long_text.py). A stream cannot take back
         # what it showed: it is cut no earlier, and it shows only what leaves a good cut possible.
         while len(rendered) - text.start > self._room(text):
             floor = text.sent if text.streaming else text.start

@@ -33,9 +33,9 @@ def run_job(run_id: int) -> None:
     """Start a job run the scheduler recorded: its thread in the job's channel, its session given the prompt."""
     import asyncio
 
+    from slackio.slack_client import web_client
+    from slackio.slack_out import SlackOut
     from workers.jobs import claim_run, start_run
-    from workers.slack_client import web_client
-    from workers.slack_out import SlackOut
     from workers.turns import process
 
     proc = process()

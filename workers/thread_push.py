@@ -16,11 +16,11 @@ from sqlalchemy import select
 from chatops import logs
 from chatops.schema import Session, SessionStatus
 from chatops.store import acquire_lease, record_error, release_lease
+from slackio.mrkdwn import Mrkdwn
+from slackio.slack_client import web_client
+from slackio.slack_out import SlackOut
 from workers import git
-from workers.mrkdwn import Mrkdwn
 from workers.push import BranchRefused, NothingToPush, agent_of, credentials, push_workspace
-from workers.slack_client import web_client
-from workers.slack_out import SlackOut
 from workers.turns import Process, SessionFacts, process, session_facts
 from workers.workspaces import cloned_branch, public_url, start_commit, workspace_path
 

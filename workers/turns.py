@@ -72,18 +72,18 @@ from mm_core.instructions import extra_instructions, read_repo_files
 from mm_core.log import Decision, ErrorRecord, Fenced, Outcome, TurnEnded
 from mm_core.state import SessionState
 from mm_core.tools.ask_agent import load_agent_file
-from workers import metrics
-from workers.approval_message import NO_APPROVERS, ApprovalAsked
+from slackio import metrics
+from slackio.approval_message import NO_APPROVERS, ApprovalAsked
+from slackio.blocks import duration
+from slackio.slack_client import TIMEOUT, web_client
+from slackio.slack_out import SlackOut
 from workers.asking import thread_setting
 from workers.attachments import attach
 from workers.attachments import hint as attach_hint
-from workers.blocks import duration
 from workers.jobs import NO_END, RunningJob, close_stale_runs, finish_run, job_of_session, time_left
 from workers.leases import Cancelled, LeaseKeeper
 from workers.push import changed_files, credentials
 from workers.render import ThreadRenderer
-from workers.slack_client import TIMEOUT, web_client
-from workers.slack_out import SlackOut
 from workers.uploads import not_received, receive
 from workers.workspaces import WorkspaceError, prepare, public_url, start_commit, sweep
 

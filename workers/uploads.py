@@ -34,7 +34,7 @@ import aiohttp
 
 from chatops.config import FilesConfig
 from mm_core.tools.workspace import open_directory
-from workers.mrkdwn import Mrkdwn
+from slackio.mrkdwn import Mrkdwn
 
 UPLOADS = (".mm", "uploads")
 # Keeps the uploads out of `git status`, and so out of a push (written once into `.mm/`).

@@ -7,7 +7,7 @@ a person wrote — must reach Slack as text, never as markup.
 
 `Mrkdwn` marks the first kind. A plain `str` is the second kind, and it is escaped whenever it meets `Mrkdwn`:
 formatted into it (`Mrkdwn("✅ Approved by <@{user}>").format(user=…)`), added to it, joined by it. The gateway
-(`workers/slack_out.py`) escapes any plain `str` it is handed as mrkdwn. So the only way to get markup to Slack is
+(`slackio/slack_out.py`) escapes any plain `str` it is handed as mrkdwn. So the only way to get markup to Slack is
 to write it in a `Mrkdwn` literal; forgetting to escape cannot happen, and a mistake shows as text escaped twice
 (`&amp;amp;`), which tests see, rather than as a live mention.
 """

@@ -7,7 +7,7 @@ an answer to a slash command's response_url — goes through `outgoing`, which:
 
 - scrubs the process's secrets from every text (and from a file's content);
 - escapes `& < >` and neutralises `<!channel>`, `<!here>`, `<!everyone>`, `<!subteam^…>` and the bare
-  `@channel` words in every mrkdwn text that is not the service's own `Mrkdwn` (workers/mrkdwn.py), and breaks
+  `@channel` words in every mrkdwn text that is not the service's own `Mrkdwn` (slackio/mrkdwn.py), and breaks
   any special mention but a date in the service's own;
 - neutralises mentions in markdown (the streamed answer) and leaves plain_text as written.
 
@@ -25,7 +25,7 @@ from slack_bolt.context.respond.async_respond import AsyncRespond
 from slack_sdk.web.async_client import AsyncWebClient
 
 from chatops.secrets import MASK
-from workers.mrkdwn import safe_markdown, safe_mrkdwn, safe_plain
+from slackio.mrkdwn import safe_markdown, safe_mrkdwn, safe_plain
 
 # Fields of a method's arguments, by what Slack makes of them.
 MRKDWN_FIELDS = frozenset({"text", "initial_comment"})

@@ -1,5 +1,5 @@
 """Block Kit pieces shared by the thread's renderer, the approval message and the bot: sections, context lines and
-code blocks within Slack's limits, of mrkdwn (workers/mrkdwn.py: a plain `str` handed to them is someone else's
+code blocks within Slack's limits, of mrkdwn (slackio/mrkdwn.py: a plain `str` handed to them is someone else's
 text, and the gateway escapes it).
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar, cast
 
-from workers.mrkdwn import Mrkdwn, unfenced
+from slackio.mrkdwn import Mrkdwn, unfenced
 
 # Slack's limit is 3,000 characters a section: kept well under.
 SECTION_CHARS = 2900

@@ -23,7 +23,7 @@ from slack_sdk.http_retry.response import HttpResponse
 from slack_sdk.http_retry.state import RetryState
 from slack_sdk.web.async_client import AsyncWebClient
 
-from workers import metrics
+from slackio import metrics
 
 if TYPE_CHECKING:
     from chatops.config import Config

@@ -31,8 +31,8 @@ from chatops.schema import ApprovalState
 from chatops.secrets import scrub
 from chatops.store import ApprovalRow
 from mm_core import display
-from workers.blocks import code_sections, context_block
-from workers.mrkdwn import Mrkdwn, mrkdwn_of
+from slackio.blocks import code_sections, context_block
+from slackio.mrkdwn import Mrkdwn, mrkdwn_of
 
 WAITING = "⏸ The turn waits for a decision"
 JOB_PROMPT = Mrkdwn("the job's prompt")  # who asked for a job's prompt: nobody wrote it
