@@ -302,13 +302,14 @@ def enqueue_all(s: Services, sessions: list[str], ramp: float) -> None:
     """The bot's hand-off, as `Stack.post` makes it: one message per session on the turns queue, spread evenly
     over `ramp` seconds."""
     from workers.celery_app import app
+    from workers.tasks import run_session
 
     began = time.monotonic()
     with app.connection_for_write(s.redis.url) as conn:
         for i, session_id in enumerate(sessions):
             if ramp and (wait := began + ramp * i / len(sessions) - time.monotonic()) > 0:
                 time.sleep(wait)
-            app.send_task("mm.run_session", args=[session_id], queue="turns", connection=conn)
+            app.send_task(run_session.name, args=[session_id], queue="turns", connection=conn)
 
 
 # The bench's own transactions on its database (polling, sampling), so that the workers' can be told apart.

@@ -59,6 +59,12 @@ SLACK_ERRORS = Counter(
     ["method", "error"],
 )
 SLACK_RATE_LIMITED = Counter("mm_slack_rate_limited_total", "Slack's HTTP 429 answers, each one", ["method"])
+TASK_SECONDS = Histogram(
+    "mm_task_seconds",
+    "One Celery task's run, by task and outcome (ok, failed)",
+    ["task", "outcome"],
+    buckets=(0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 3600.0),
+)
 
 
 class StepClock:

@@ -76,9 +76,10 @@ def run_now(s: Stack, job: str) -> int:
             .returning(JobRun.id)
         ).scalar_one()
     from workers.celery_app import app
+    from workers.tasks import run_job
 
     with Connection(s.broker_url) as conn:
-        app.send_task("mm.run_job", args=[run_id], queue="turns", connection=conn)
+        app.send_task(run_job.name, args=[run_id], queue="turns", connection=conn)
     return run_id
 
 

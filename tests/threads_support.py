@@ -206,10 +206,11 @@ class Stack:
         from kombu.connection import Connection
 
         from workers.celery_app import app
+        from workers.tasks import run_session
 
         # A connection of its own: the test process's Celery app was configured for another broker.
         with Connection(self.broker_url) as conn:
-            app.send_task("mm.run_session", args=[session_id], queue="turns", connection=conn)
+            app.send_task(run_session.name, args=[session_id], queue="turns", connection=conn)
 
     # -- what happened ------------------------------------------------------------------------------------------
 

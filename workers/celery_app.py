@@ -90,15 +90,9 @@ def settings() -> dict[str, Any]:
         "task_ignore_result": True,
         "broker_connection_retry_on_startup": True,
         "worker_hijack_root_logger": False,
-        # Beat fires housekeeping and the config's jobs, one scheduler at a time (workers/scheduler.py).
+        # Beat fires housekeeping (its entry made by the scheduler, which knows the task) and the config's jobs,
+        # one scheduler at a time (workers/scheduler.py).
         "beat_scheduler": "workers.scheduler:JobScheduler",
-        "beat_schedule": {
-            "housekeeping": {
-                "task": "mm.housekeeping",
-                "schedule": worker.housekeepingSeconds,
-                "options": {"queue": HOUSEKEEPING_QUEUE, "expires": worker.housekeepingSeconds},
-            }
-        },
     }
     if broker.startswith(("redis://", "rediss://")):
         # Redis gives an unacknowledged message to another worker after the visibility timeout: it must be

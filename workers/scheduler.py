@@ -24,8 +24,9 @@ from chatops.jobs import Cursor, fire_due, give_up_leadership, take_leadership
 from chatops.reload import CHECK_S, ConfigFile
 from chatops.schedule import next_fire
 from chatops.schema import JobRunStatus, utcnow
+from workers.celery_app import HOUSEKEEPING_QUEUE
 from workers.heartbeat import beat
-from workers.tasks import enqueue_job_run
+from workers.tasks import enqueue_job_run, housekeeping
 
 log = logging.getLogger("mm.scheduler")
 
@@ -43,6 +44,15 @@ class JobScheduler(PersistentScheduler):
         self.config_file = ConfigFile(load_config(), check_s=self.CONFIG_CHECK_S)
         self.config = self.config_file.current()
         self.engine = db.engine_for(self.config.database_url)
+        every = self.config.service.worker.housekeepingSeconds
+        app = kwargs["app"] if "app" in kwargs else args[0]  # Celery's beat passes it by name
+        app.conf.beat_schedule = {
+            "housekeeping": {
+                "task": housekeeping.name,
+                "schedule": every,
+                "options": {"queue": HOUSEKEEPING_QUEUE, "expires": every},
+            }
+        }
         super().__init__(*args, **kwargs)
         if hasattr(signal, "SIGHUP"):
             signal.signal(signal.SIGHUP, lambda _signum, _frame: self.config_file.ask())

@@ -1,22 +1,75 @@
 """The Celery tasks: run a session's work, and housekeeping. Each task names a session by id and nothing else:
 what to do is read from the database when the task runs, so a task delivered twice, late, or to another
 worker does the right thing or nothing.
+
+Every task is declared by `task`, the one place that makes a task's name (`mm.<function>`: the name on the wire,
+which the bot, the scheduler and the beat schedule take from the task object, never spelled again), sets its log
+lines' session and counts its runs (`mm_task_seconds`). Tasks stay thin: they take ids and hand the work to the
+module that does it.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ParamSpec
 
 from sqlalchemy import Engine
 
+from chatops import logs
 from chatops.inbox import request_stop
 from chatops.schema import utcnow
+from slackio import metrics
 from workers.celery_app import HOUSEKEEPING_QUEUE, TURNS_QUEUE, app
 
 log = logging.getLogger("mm.worker")
 
+P = ParamSpec("P")
 
-@app.task(name="mm.run_session", queue=TURNS_QUEUE)
+
+@dataclass(frozen=True)
+class Declared:
+    """A task as the rest of the service knows it: its name on the wire and its queue. Reading them does not
+    make Celery read its configuration (the bot imports this module before the environment is read)."""
+
+    name: str
+    queue: str
+    task: Any  # Celery's task (a proxy until the app is finalized): what the worker runs
+
+    def send(self, *args: Any) -> None:
+        """Hand the task to the broker, by name: the bot's and the scheduler's hand-off."""
+        app.send_task(self.name, args=list(args), queue=self.queue, ignore_result=True)
+
+
+def task(queue: str, **options: Any) -> Callable[[Callable[P, None]], Declared]:
+    """Declare a task on `queue`: named `mm.<function>`; a task whose first argument is `session_id` logs with
+    that session; every run is timed by outcome."""
+
+    def declare(fn: Callable[P, None]) -> Declared:
+        name = f"mm.{fn.__name__}"
+        names_session = next(iter(inspect.signature(fn).parameters), None) == "session_id"
+
+        @functools.wraps(fn)
+        def run(*args: P.args, **kwargs: P.kwargs) -> None:
+            if names_session and args:
+                logs.session_id.set(str(args[0]))  # this task's own context: Celery runs each in a fresh one
+            began, outcome = time.monotonic(), "failed"
+            try:
+                fn(*args, **kwargs)
+                outcome = "ok"
+            finally:
+                metrics.TASK_SECONDS.labels(name, outcome).observe(time.monotonic() - began)
+
+        return Declared(name, queue, app.task(name=name, queue=queue, **options)(run))
+
+    return declare
+
+
+@task(TURNS_QUEUE)
 def run_session(session_id: str) -> None:
     """Run the session's turns until it has nothing left to do (or waits for a person)."""
     from workers.turns import run_session_work
@@ -25,10 +78,7 @@ def run_session(session_id: str) -> None:
         enqueue_session(session_id)
 
 
-RUN_JOB = "mm.run_job"
-
-
-@app.task(name=RUN_JOB, queue=TURNS_QUEUE)
+@task(TURNS_QUEUE)
 def run_job(run_id: int) -> None:
     """Start a job run the scheduler recorded: its thread in the job's channel, its session given the prompt."""
     import asyncio
@@ -47,7 +97,7 @@ def run_job(run_id: int) -> None:
         enqueue_session(session_id)
 
 
-@app.task(name="mm.push_thread", queue=TURNS_QUEUE)
+@task(TURNS_QUEUE)
 def push_thread(session_id: str, branch: str | None, user: str) -> None:
     """Push a thread's changes to a branch, as an approver asked (the bot checked who)."""
     from workers.thread_push import push_thread_work
@@ -55,7 +105,7 @@ def push_thread(session_id: str, branch: str | None, user: str) -> None:
     push_thread_work(session_id, branch, user)
 
 
-@app.task(name="mm.housekeeping", queue=HOUSEKEEPING_QUEUE)
+@task(HOUSEKEEPING_QUEUE)
 def housekeeping() -> None:
     """Re-enqueue sessions with work nobody does, release expired leases, expire approvals, sweep workspaces."""
     from workers.jobs import undelivered_runs
@@ -78,14 +128,14 @@ def stop_session(engine: Engine, session_id: str) -> bool:
 
 def enqueue_session(session_id: str) -> None:
     """Tell a worker that the session has work (the database says what): the bot's only hand-off."""
-    app.send_task("mm.run_session", args=[session_id], queue=TURNS_QUEUE, ignore_result=True)
+    run_session.send(session_id)
 
 
 def enqueue_job_run(run_id: int) -> None:
     """Tell a worker that a job run is due (its row says what): the scheduler's and `/mm job run`'s hand-off."""
-    app.send_task(RUN_JOB, args=[run_id], queue=TURNS_QUEUE, ignore_result=True)
+    run_job.send(run_id)
 
 
 def enqueue_push(session_id: str, branch: str | None, user: str) -> None:
     """Hand a thread's push to a worker: the workspace lives on a worker's disk."""
-    app.send_task("mm.push_thread", args=[session_id, branch, user], queue=TURNS_QUEUE, ignore_result=True)
+    push_thread.send(session_id, branch, user)

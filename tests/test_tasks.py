@@ -1,0 +1,67 @@
+"""Tasks are declared in one place (workers/tasks.py `task`): the name on the wire is made once, from the
+function, and everything that sends or schedules a task takes it from there; a task's log lines carry the session
+it names; each run is timed by outcome."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+from prometheus_client import REGISTRY
+
+from chatops import logs
+
+
+@pytest.fixture
+def celery_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "mm.yaml"
+    path.write_text("jobs: []\n")
+    monkeypatch.setenv("MM_CONFIG", str(path))
+    monkeypatch.setenv("DATABASE_URL", f"sqlite:///{tmp_path / 'mm.sqlite3'}")
+
+
+def runs(name: str, outcome: str) -> float:
+    return REGISTRY.get_sample_value("mm_task_seconds_count", {"task": name, "outcome": outcome}) or 0.0
+
+
+def test_every_task_is_registered_under_the_name_and_queue_it_is_sent_by(celery_config: None, tmp_path: Path) -> None:
+    from workers import tasks
+    from workers.celery_app import HOUSEKEEPING_QUEUE, TURNS_QUEUE, app
+    from workers.scheduler import JobScheduler
+
+    declared = [v for v in vars(tasks).values() if isinstance(v, tasks.Declared)]
+    assert {d.name for d in declared} == {"mm.run_session", "mm.run_job", "mm.push_thread", "mm.housekeeping"}
+    for d in declared:
+        assert app.tasks[d.name].queue == d.queue
+    assert tasks.housekeeping.queue == HOUSEKEEPING_QUEUE and tasks.run_session.queue == TURNS_QUEUE
+    # The scheduler fires housekeeping by the same name, on its queue.
+    scheduler = JobScheduler(app=app, schedule_filename=str(tmp_path / "beat"))
+    try:
+        entry = scheduler.schedule["housekeeping"]
+        assert (entry.task, entry.options["queue"]) == (tasks.housekeeping.name, HOUSEKEEPING_QUEUE)
+    finally:
+        scheduler.engine.dispose()
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)  # the scheduler's handler, not this test process's
+
+
+def test_a_task_logs_with_its_session_and_is_timed_by_how_it_ended(celery_config: None) -> None:
+    from workers.celery_app import TURNS_QUEUE
+    from workers.tasks import task
+
+    seen: list[str | None] = []
+
+    @task(TURNS_QUEUE)
+    def probe_the_declaration(session_id: str) -> None:
+        seen.append(logs.session_id.get())
+        if session_id == "S-boom":
+            raise ValueError("boom")
+
+    assert probe_the_declaration.name == "mm.probe_the_declaration"
+    ok, failed = runs(probe_the_declaration.name, "ok"), runs(probe_the_declaration.name, "failed")
+    probe_the_declaration.task.apply(args=["S-1"])
+    result = probe_the_declaration.task.apply(args=["S-boom"])
+    assert isinstance(result.result, ValueError)
+    assert seen == ["S-1", "S-boom"]
+    assert runs(probe_the_declaration.name, "ok") == ok + 1
+    assert runs(probe_the_declaration.name, "failed") == failed + 1
