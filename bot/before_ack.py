@@ -30,6 +30,8 @@ from typing import Any, TypeVar
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
+from bot.errors import BotError
+
 T = TypeVar("T")
 log = logging.getLogger("mm.bot")
 
@@ -48,11 +50,11 @@ def release_threads() -> None:
     _threads.shutdown(wait=False, cancel_futures=True)
 
 
-class DatabaseSilent(Exception):
+class DatabaseSilent(BotError):
     """The database did not answer within DEADLINE_S; nothing was kept."""
 
 
-class Unsure(Exception):
+class Unsure(BotError):
     """The deadline came, or the database failed, while the record's commit was under way: it may be kept.
     `outcome`: the record's own result, once its thread returns (None when the commit failed)."""
 

@@ -38,6 +38,7 @@ from sqlalchemy import Connection, Engine
 from bot.approvals import Click, ClickHandler
 from bot.before_ack import recorded
 from bot.commands import SLASH_COMMAND, Command, Commands, Outcome, Where, announce
+from bot.errors import BotError
 from bot.home import Home
 from bot.steps import courtesy, find_posted, mark
 from chatops.buttons import LABELS
@@ -78,7 +79,7 @@ def in_background(work: Coroutine[Any, Any, None]) -> None:
     task.add_done_callback(_running.discard)
 
 
-class ClaimLost(Exception):
+class ClaimLost(BotError):
     """Another bot took the request over (this one stalled past its claim): it carries the request out."""
 
 

@@ -39,6 +39,7 @@ from sqlalchemy import text
 
 from bot.app import IDENTITY_TIMEOUT, SlackApp, create_app
 from bot.before_ack import WAIT_S, release_threads
+from bot.errors import BotError
 from bot.logging_setup import REFUSED, setup_logging
 from chatops.config import SLACK_DOCS
 from chatops.secrets import secrets_of
@@ -200,7 +201,7 @@ class _Probe:
             return False
 
 
-class CannotListen(Exception):
+class CannotListen(BotError):
     """The server cannot listen where it was told to; str() is the sentence with the fix."""
 
 
@@ -233,7 +234,7 @@ def check_port(host: str, port: int) -> None:
                 ) from None
 
 
-class SocketModeRefused(Exception):
+class SocketModeRefused(BotError):
     """Slack said no to SLACK_APP_TOKEN: no retry will change that."""
 
 

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from chatops.errors import ChatopsError
+
 # Slack keeps a button's value to 2,000 characters.
 MAX_VALUE = 2000
 _ID = re.compile(r"[A-Za-z0-9_.:/-]{1,200}")
@@ -39,7 +41,7 @@ STYLES = {Action.APPROVE: "primary", Action.REJECT: "danger", Action.STOP: "dang
 ACTION_PATTERN = re.compile(rf"\A({'|'.join(re.escape(a.value) for a in Action)})\Z")
 
 
-class BadButton(ValueError):
+class BadButton(ChatopsError, ValueError):
     """A click whose value is not one we posted: str() says what was wrong."""
 
 

@@ -25,6 +25,7 @@ import yaml
 from croniter import croniter
 from pydantic import Field, ValidationError, field_validator
 
+from chatops.errors import ChatopsError
 from mm_core.config import AgentConfig, Duration, ModelConfig, Strict, YamlProblem, read_yaml, with_refs_from
 
 DEFAULT_CONFIG_FILE = "mm.yaml"
@@ -64,7 +65,7 @@ MAX_INSTRUCTION_FILES = 8
 _MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")
 
 
-class ConfigError(Exception):
+class ConfigError(ChatopsError):
     """The configuration cannot be used; str() is one `file:line: key: problem` line per problem."""
 
     def __init__(self, problems: list[str]):

@@ -22,6 +22,7 @@ from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, OperationalError
 
+from chatops.errors import ChatopsError
 from chatops.secrets import describe_error, mask_url, scrub
 
 # The `migrations` package sits beside `chatops`, in a checkout and in an installed wheel alike; found by path,
@@ -33,7 +34,7 @@ MIGRATION_LOCK_KEY = 0x6D6D2D626F74
 SQLITE_BUSY_TIMEOUT_S = 30.0
 
 
-class DatabaseUnavailable(Exception):
+class DatabaseUnavailable(ChatopsError):
     """The database cannot be opened or reached: a bad URL, a server that does not answer, a file that
     cannot be created. str() names it (password masked), says why and what to do; `reason` is the why."""
 

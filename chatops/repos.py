@@ -39,6 +39,7 @@ import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from chatops.errors import ChatopsError
 from mm_core.tools.fetch.guard import blocked_kind
 
 MAX_URL = 2000
@@ -104,7 +105,7 @@ _BAD_PERCENT = re.compile(r"%(?![0-9A-Fa-f]{2})")
 Resolve = Callable[[str], list[str]]
 
 
-class RepoRefused(ValueError):
+class RepoRefused(ChatopsError, ValueError):
     """str() is one sentence for the Slack thread saying why."""
 
 

@@ -28,6 +28,7 @@ from sqlalchemy import Connection, Engine, and_, bindparam, case, delete, or_, s
 from sqlalchemy.dialects import postgresql, sqlite
 
 from chatops.db import transaction
+from chatops.errors import ChatopsError
 from chatops.schema import RequestKind, RequestState, SlackRequest, db_clock
 
 # Failures of one request that count — our own errors, and bots that died on it —, the first attempt's included:
@@ -49,7 +50,7 @@ _COLUMNS = (
 )
 
 
-class Abandoned(Exception):
+class Abandoned(ChatopsError):
     """The recording was given up before its commit (its listener stopped waiting): nothing was kept."""
 
 

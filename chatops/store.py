@@ -23,6 +23,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 
 from chatops.db import reading, transaction
+from chatops.errors import ChatopsError
 from chatops.schema import (
     Approval,
     ApprovalState,
@@ -64,7 +65,7 @@ INBOX_CHARS_PER_TURN = 60_000
 log = logging.getLogger("mm.store")
 
 
-class UnknownSession(LookupError):
+class UnknownSession(ChatopsError, LookupError):
     pass
 
 
@@ -164,7 +165,7 @@ class DbStore:
         return next_seq - 1
 
 
-class _NothingTaken(Exception):
+class _NothingTaken(ChatopsError):
     pass
 
 

@@ -28,6 +28,7 @@ from bot.server import check_port
 from chatops.config import Config, load_config
 from chatops.secrets import mask_url
 from commands.doctor import check_model
+from commands.errors import CommandError
 from commands.services import Child, prepare, run_services
 from playground.demo_model import DEMO_MODEL_NAME, demo_repository, start_demo_model
 from playground.server import ModelInfo, Person, PlaygroundPage, is_loopback
@@ -57,7 +58,7 @@ EXPOSED = (
 )
 
 
-class Refused(Exception):
+class Refused(CommandError):
     """The playground will not start as asked: str() says why and what to do."""
 
 

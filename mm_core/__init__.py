@@ -7,6 +7,7 @@ Front ends use what is listed here: an `Agent` on a session's log (`Store`), dri
 
 from mm_core.agent import Agent, TurnInProgress
 from mm_core.config import AgentConfig
+from mm_core.errors import CoreError
 from mm_core.events import (
     CallsDropped,
     Counters,
@@ -31,6 +32,7 @@ __all__ = [
     "AgentConfig",
     "CallStatus",
     "CallsDropped",
+    "CoreError",
     "Counters",
     "Decision",
     "Emit",

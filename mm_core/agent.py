@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from mm_core.config import AgentConfig
+from mm_core.errors import CoreError
 from mm_core.events import (
     CallsDropped,
     Emit,
@@ -88,15 +89,15 @@ COMPACT_PROMPT = (
 )
 
 
-class TurnInProgress(Exception):
+class TurnInProgress(CoreError):
     """A message arrived while a turn is running or awaiting approval: the front end keeps it for later."""
 
 
-class _LoopStopped(Exception):
+class _LoopStopped(CoreError):
     pass
 
 
-class _Changed(Exception):
+class _Changed(CoreError):
     """An approved call would now show something else than its approver was shown: it does not run (CHANGED)."""
 
 

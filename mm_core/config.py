@@ -13,6 +13,8 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
+from mm_core.errors import CoreError
+
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
 _UNIT = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
 
@@ -149,7 +151,7 @@ MAX_YAML_DEPTH = 64
 MAX_YAML_NODES = 100_000
 
 
-class YamlProblem(ValueError):
+class YamlProblem(CoreError, ValueError):
     """A YAML text that cannot be used; `line` is 1-based (0 when unknown)."""
 
     def __init__(self, line: int, problem: str):

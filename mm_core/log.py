@@ -17,6 +17,8 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, Protocol
 
+from mm_core.errors import CoreError
+
 
 class CallStatus(StrEnum):
     """How a tool call ended, as its result records it."""
@@ -223,7 +225,7 @@ def from_dict(data: dict[str, Any]) -> Entry:
     return cls(**data)
 
 
-class Fenced(Exception):
+class Fenced(CoreError):
     """The writer's lease was taken over: another worker owns the session now, and this one must stop."""
 
 

@@ -21,6 +21,7 @@ import httpx
 import openai
 
 from mm_core.config import ModelConfig
+from mm_core.errors import CoreError
 from mm_core.events import Status, TextDelta, Usage
 from mm_core.log import ToolCallRequest
 
@@ -28,7 +29,7 @@ RUNAWAY_MAX_BYTES = 256 * 1024
 _RUNAWAY_WINDOW = 256
 
 
-class ModelError(Exception):
+class ModelError(CoreError):
     """A failure of the model call, worded for the person reading the thread."""
 
 

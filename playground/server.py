@@ -38,6 +38,7 @@ from typing import Any
 import httpx
 from aiohttp import web
 
+from playground.errors import PlaygroundError
 from playground.server_thread import ThreadedAiohttpServer
 from playground.signed import SlackEventSender
 from playground.slack_api import SlackEmulator
@@ -116,7 +117,7 @@ class ModelInfo:
     note: str
 
 
-class PageError(Exception):
+class PageError(PlaygroundError):
     """A request the page should not have sent: answered 400 with the sentence."""
 
 
@@ -124,7 +125,7 @@ class FileTooLarge(PageError):
     """A file over MAX_FILE: answered 413 with the sentence."""
 
 
-class BotUnreachable(Exception):
+class BotUnreachable(PlaygroundError):
     """The bot did not take what the page sent: answered 502. `reached` is False when the request never left
     (nothing listens: the bot is starting or stopped), True when the bot may have recorded it (too slow, an
     error after recording)."""

@@ -56,6 +56,7 @@ from urllib.parse import quote
 from aiohttp import WSCloseCode, WSMsgType, web
 
 from playground import slack_checks
+from playground.errors import PlaygroundError
 from playground.server_thread import ThreadedAiohttpServer
 from playground.signed import SlackEventSender
 
@@ -93,7 +94,7 @@ ANSWER = ":answer"
 RESPONSE_URL = "response_url"
 
 
-class SlackError(Exception):
+class SlackError(PlaygroundError):
     """Raised by a method handler: answered as `{"ok": false, "error": <error>}`."""
 
     def __init__(self, error: str, **extra: Any) -> None:

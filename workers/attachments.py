@@ -25,6 +25,7 @@ from chatops.config import FilesConfig
 from mm_core.tools.workspace import open_directory, real_path
 from slackio.mrkdwn import Mrkdwn
 from slackio.slack_out import SlackOut
+from workers.errors import WorkerError
 from workers.uploads import MB, human_size
 
 ATTACH_HINT = (
@@ -43,7 +44,7 @@ class Attachment:
     data: bytes
 
 
-class Refused(Exception):
+class Refused(WorkerError):
     """A path that is not attached: str() says why, in a few words."""
 
 

@@ -65,6 +65,7 @@ from chatops.secrets import MASK, mask_url, scrub
 from mm_core.config import AgentConfig
 from mm_core.tools.base import ToolRefusal
 from mm_core.tools.sandbox import Launch, git_launch
+from workers.errors import WorkerError
 
 DEFAULT_TIMEOUT = 120.0
 # What the worker keeps of one git command's stdout, and of its stderr: far more than a status, a branch's
@@ -191,7 +192,7 @@ class GitResult:
         return self.returncode == 0
 
 
-class GitError(Exception):
+class GitError(WorkerError):
     """A git command that failed, timed out, or was refused; `text` says so in git's own words, masked."""
 
     def __init__(self, text: str, result: GitResult | None = None):

@@ -27,16 +27,17 @@ from mm_core.config import AgentConfig
 from mm_core.tools.ask_agent import load_agent_file
 from slackio.mrkdwn import Mrkdwn
 from workers import git
+from workers.errors import WorkerError
 from workers.workspaces import private_repository, public_url
 
 AUTHOR = ("mm", "mm@localhost")  # the bot's identity for its commit: on that command's line, never in a config
 
 
-class NothingToPush(Exception):
+class NothingToPush(WorkerError):
     """The workspace has no change to commit."""
 
 
-class BranchRefused(Exception):
+class BranchRefused(WorkerError):
     """The branch is the repository's own (its base, main, master): a push makes a new branch, never moves it."""
 
 

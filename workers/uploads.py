@@ -35,6 +35,7 @@ import aiohttp
 from chatops.config import FilesConfig
 from mm_core.tools.workspace import open_directory
 from slackio.mrkdwn import Mrkdwn
+from workers.errors import WorkerError
 
 UPLOADS = (".mm", "uploads")
 # Keeps the uploads out of `git status`, and so out of a push (written once into `.mm/`).
@@ -123,7 +124,7 @@ class SlackHosts:
         return to.scheme == api.scheme and there == (host, api.port)
 
 
-class Refused(Exception):
+class Refused(WorkerError):
     """A file that is not taken: str() is the line for the thread."""
 
 

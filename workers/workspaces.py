@@ -38,6 +38,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from mm_core.tools.sandbox import SANDBOX_UID, measure_workspace
+from workers.errors import WorkerError
 from workers.git import Credentials, GitError, clone, masked, run_git
 
 META, MIRRORS, STAGING = ".meta", ".mirrors", ".staging"
@@ -65,7 +66,7 @@ NOT_UPDATED = "Could not update {repo} ({words}), so this workspace is a checkou
 REPLACED = "This thread's workspace was a checkout of {old}; it was replaced by a fresh checkout of {new}."
 
 
-class WorkspaceError(Exception):
+class WorkspaceError(WorkerError):
     """A workspace that could not be prepared; `text` is one plain sentence for the thread, credentials masked."""
 
     def __init__(self, text: str):

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Protocol, TypeVar
 
 from mm_core.config import AgentConfig
+from mm_core.errors import CoreError
 from mm_core.events import Emit, PendingCall, TurnFinished, ignore
 from mm_core.log import Decision
 from mm_core.state import SessionState
@@ -25,7 +26,7 @@ T = TypeVar("T")
 CANCELLED = "[error: cancelled]"
 
 
-class ToolRefusal(Exception):
+class ToolRefusal(CoreError):
     """A call the tool will not carry out (a bad argument, a path outside the workspace, a missing sandbox);
     `text` is the answer for the model, worded as the reference words it."""
 
@@ -34,7 +35,7 @@ class ToolRefusal(Exception):
         self.text = text
 
 
-class ToolCancelled(Exception):
+class ToolCancelled(CoreError):
     """Raised by a tool from its cancellation handler to hand back what it had so far.
 
     `output` is the whole text for the model and already ends with `[error: cancelled]`.
@@ -45,7 +46,7 @@ class ToolCancelled(Exception):
         self.output = output
 
 
-class SuspendTurn(Exception):
+class SuspendTurn(CoreError):
     """Raised by a tool that runs an agent of its own (ask_agent) when that agent waits for approvals.
 
     `calls` are the mm_core.events.PendingCall the person must decide; the turn suspends with them, and on

@@ -41,6 +41,8 @@ from typing import Any
 
 from inotify_simple import INotify, flags
 
+from mm_core.errors import CoreError
+
 MAX_DIRS = 50_000
 MAX_NAMES = 500_000
 MAX_DEPTH = 256
@@ -56,7 +58,7 @@ _WATCH = (
 _OPEN_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 
 
-class Unwatchable(Exception):
+class Unwatchable(CoreError):
     """The tree is beyond what the guard follows; `reason` completes "the workspace …"."""
 
     def __init__(self, reason: str):

@@ -15,6 +15,7 @@ import os
 import stat
 from pathlib import Path
 
+from mm_core.errors import CoreError
 from mm_core.tools.base import ToolRefusal
 
 OUTSIDE = "[error: {path} is outside the workspace]"
@@ -28,7 +29,7 @@ LINKED = "{path} → {target} (symlink)"
 MAX_SYMLINKS = 40
 
 
-class SymlinkLoop(OSError):
+class SymlinkLoop(CoreError, OSError):
     """More than MAX_SYMLINKS symlinks on the way to a path."""
 
     def __init__(self, path: str):
@@ -190,7 +191,7 @@ def _is_link_on_the_way(root_fd: int, parts: tuple[str, ...]) -> bool:
         os.close(fd)
 
 
-class NotRegularFile(OSError):
+class NotRegularFile(CoreError, OSError):
     """A directory, named pipe, device or socket where a file was expected."""
 
     def __init__(self, mode: int):

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from mm_core.errors import CoreError
+
 CONVERSION, INPUT, USAGE = 1, 2, 3
 _CLASS = {CONVERSION: "conversion", INPUT: "input", USAGE: "usage"}
 
 
-class FetchError(Exception):
+class FetchError(CoreError):
     """A failure the model is told about as `[fetch_content: error N (<class>) — <reason>]`."""
 
     def __init__(self, code: int, reason: str):

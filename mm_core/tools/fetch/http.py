@@ -21,6 +21,7 @@ from urllib.parse import SplitResult, urljoin, urlsplit
 import httpcore
 import httpx
 
+from mm_core.errors import CoreError
 from mm_core.tools.fetch.errors import CONVERSION, INPUT, FetchError
 from mm_core.tools.fetch.guard import AddressGuard, GuardedBackend
 from mm_core.tools.fetch.robots import MAX_BYTES as ROBOTS_MAX_BYTES
@@ -150,15 +151,15 @@ def _redirect_target(url: str, location: str) -> str:
     return target
 
 
-class EncodingRefused(Exception):
+class EncodingRefused(CoreError):
     """Content-Encoding names a compression that is not decoded, or stacks too many layers."""
 
 
-class CorruptEncoding(Exception):
+class CorruptEncoding(CoreError):
     """A layer's compressed data is not valid."""
 
 
-class BodyTooLarge(Exception):
+class BodyTooLarge(CoreError):
     """A stage of the body went past its limit; `head` is what the page stage could still take."""
 
     def __init__(self, head: bytes = b""):

@@ -29,6 +29,8 @@ from bs4 import BeautifulSoup, Tag
 from bs4.builder._html5lib import Element, HTML5TreeBuilder, TreeBuilderForHtml5lib
 from bs4.element import NavigableString, PreformattedString
 
+from mm_core.errors import CoreError
+
 MAX_DEPTH = 200
 MAX_COLSPAN, MAX_ROWSPAN = 1000, 65534  # HTML's limits
 FLATTEN_BUDGET = 8 * 2**20  # characters of flattened tables per page (a slot costs its text plus "| ")
@@ -77,7 +79,7 @@ class Options:
     task_list: bool = False
 
 
-class PageTooComplex(Exception):
+class PageTooComplex(CoreError):
     """The page makes more elements once parsed than it has characters."""
 
 

@@ -31,6 +31,7 @@ from typing import Any
 from lsprotocol import types
 from lsprotocol.converters import get_converter
 
+from mm_core.errors import CoreError
 from mm_core.tools.base import ToolRefusal
 from mm_core.tools.lsp.positions import UTF8, UTF16, UTF32
 from mm_core.tools.sandbox import Launch
@@ -66,7 +67,7 @@ _LANGUAGE_IDS = {
 _CONVERTER = get_converter()
 
 
-class RequestFailed(Exception):
+class RequestFailed(CoreError):
     """A request that got no usable answer; the message is the text after `<action> failed: `."""
 
 
