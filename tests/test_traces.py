@@ -116,7 +116,7 @@ def test_one_trace_from_the_slack_request_to_the_turn_and_its_steps_agree_with_t
 
 
 OFF_PROBE = """
-import sys, threading
+import json, sys, threading
 from workers.celery_app import traced
 on = traced("mm-worker")
 from opentelemetry import trace
@@ -132,9 +132,7 @@ print(json.dumps({
 def probe(env: dict[str, str]) -> dict:
     """What a process that sets up traces as the worker does ends with, under `env` and no other OTEL_*."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")} | env
-    done = subprocess.run(
-        [sys.executable, "-c", "import json\n" + OFF_PROBE], env=clean, capture_output=True, text=True, timeout=60
-    )
+    done = subprocess.run([sys.executable, "-c", OFF_PROBE], env=clean, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.strip().splitlines()[-1]) | {"stderr": done.stderr}
 
