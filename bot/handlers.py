@@ -22,6 +22,7 @@ find the row there (`Recorded.new` is False) and start nothing; a request's key 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import logging
 import re
@@ -75,10 +76,19 @@ TOO_LONG = Mrkdwn(
 # Message subtypes that are a person writing: everything else (edits, deletions, joins, bots) starts nothing.
 PERSON_SUBTYPES = (None, "file_share", "thread_broadcast")
 
+
+class _InContext(ThreadPoolExecutor):
+    """Runs each call in a copy of its caller's context (run_in_executor does not carry it): the hand-off is then
+    in the trace of the Slack request it answers (slackio.traces), as an asyncio task would be."""
+
+    def submit(self, fn, /, *args, **kwargs):
+        return super().submit(contextvars.copy_context().run, fn, *args, **kwargs)
+
+
 # Publishing to the broker blocks (kombu), and a broker that hangs holds its thread for the connect timeout:
 # those threads are kept apart from the default executor that runs the database calls, so a broken broker
 # can never delay the record, and so the ack, of the next message.
-_enqueuer = ThreadPoolExecutor(max_workers=4, thread_name_prefix="mm-enqueue")
+_enqueuer = _InContext(max_workers=4, thread_name_prefix="mm-enqueue")
 
 
 async def on_mention(ack: AsyncAck, event: dict[str, Any], context: AsyncBoltContext, client: AsyncWebClient) -> None:

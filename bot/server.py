@@ -44,6 +44,7 @@ from bot.logging_setup import REFUSED, setup_logging
 from chatops.config import SLACK_DOCS
 from chatops.secrets import secrets_of
 from slackio.metrics import serve_metrics
+from workers.celery_app import traced
 
 if TYPE_CHECKING:
     from chatops.config import Config
@@ -281,6 +282,7 @@ def serve(config: Config, host: str, port: int, socket_mode: bool = False, quiet
     check_port(host, port)
     setup_logging(secrets_of(config))
     serve_metrics()  # on MM_METRICS_PORT when set: never on the public port, behind the Ingress
+    _trace_requests()
     web_app = build_web_app(config, socket_mode=socket_mode)
     routes = f"GET {HEALTH_PATH}" if socket_mode else f"POST {EVENTS_PATH}, GET {HEALTH_PATH}"
     mode = "; Slack over Socket Mode" if socket_mode else ""
@@ -308,6 +310,19 @@ def serve(config: Config, host: str, port: int, socket_mode: bool = False, quiet
         print(f"mm-bot serve: {exc}", file=sys.stderr, flush=True)
         raise SystemExit(2) from None
     _end_without_stuck_threads()
+
+
+def _trace_requests() -> None:
+    """With traces on (the OTEL_* variables, slackio.traces): a server span for each request to the Slack
+    endpoint, which the listeners' hand-off continues (bot.handlers), so a turn is in its request's trace. The
+    probes' /healthz is left out unless the variables name what to leave out."""
+    if not traced("mm-bot"):
+        return
+    from opentelemetry.instrumentation.aiohttp_server import AioHttpServerInstrumentor
+
+    if not any(os.environ.get(n) for n in ("OTEL_PYTHON_AIOHTTP_SERVER_EXCLUDED_URLS", "OTEL_PYTHON_EXCLUDED_URLS")):
+        os.environ["OTEL_PYTHON_AIOHTTP_SERVER_EXCLUDED_URLS"] = HEALTH_PATH
+    AioHttpServerInstrumentor().instrument()  # the web.Application made next carries its middleware
 
 
 # How long the threads left at shutdown get to end: an idle pool thread ends within it, a blocked one never does.

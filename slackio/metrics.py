@@ -21,6 +21,7 @@ from prometheus_client.registry import REGISTRY, Collector
 
 from chatops.schema import utcnow
 from mm_core.events import Event, ModelCalled, ToolCallFinished, ToolCallStarted, TurnFinished
+from slackio import traces
 
 log = logging.getLogger("mm.metrics")
 
@@ -75,13 +76,20 @@ class StepClock:
         self._tools: dict[str, float] = {}
 
     def model_called(self, event: ModelCalled) -> None:
+        # Each figure goes to its histogram and, when traces are on, to a span with the same two ends
+        # (slackio.traces): the step spans and mm_step_outside_model_seconds agree to the nanosecond.
         if event.agent is None and self._last_finished is not None:
             STEP_OUTSIDE_MODEL.observe(max(0.0, event.started - self._last_finished))
+            traces.interval("mm.step", self._last_finished, event.started)
         if event.agent is None:
             self._last_finished = event.finished
         MODEL_SECONDS.observe(max(0.0, event.finished - event.started))
         TOKENS.labels("prompt").inc(event.prompt_tokens)
         TOKENS.labels("completion").inc(event.completion_tokens)
+        if traces.on():
+            tokens = {"gen_ai.usage.input_tokens": event.prompt_tokens}
+            tokens["gen_ai.usage.output_tokens"] = event.completion_tokens
+            traces.interval("mm.model_call", event.started, event.finished, tokens | _agent(event.agent))
 
     def observe(self, event: Event) -> None:
         """Every event of the turn, as the worker's emit sees it."""
@@ -90,9 +98,18 @@ class StepClock:
         elif isinstance(event, ToolCallStarted):
             self._tools[event.call_id] = time.monotonic()
         elif isinstance(event, ToolCallFinished) and (began := self._tools.pop(event.call_id, None)) is not None:
-            TOOL_SECONDS.labels(_label(event.tool), str(event.status)).observe(time.monotonic() - began)
+            now, tool, status = time.monotonic(), _label(event.tool), str(event.status)
+            TOOL_SECONDS.labels(tool, status).observe(now - began)
+            if traces.on():
+                attributes = {"mm.tool": tool, "mm.status": status} | _agent(event.agent)
+                traces.interval("mm.tool_call", began, now, attributes)
         elif isinstance(event, TurnFinished):
             TURNS.labels(str(event.outcome)).inc()
+
+
+def _agent(name: str | None) -> dict[str, str]:
+    """An asked agent's span says whose it is (ask_agent); the main agent's says nothing."""
+    return {"mm.agent": name} if name else {}
 
 
 _LABEL = re.compile(r"[A-Za-z][A-Za-z0-9_.]{0,39}")

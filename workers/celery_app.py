@@ -165,6 +165,33 @@ def serve_beat_metrics(**_: Any) -> None:
     serve_metrics()
 
 
+def traced(service: str) -> bool:
+    """This process's traces when the OTEL_* variables ask for them (slackio.traces), with Celery's hand-off in
+    them: the publisher's span puts the trace's context in the task message's headers, and the worker's span for
+    the task continues it, so a turn is in the trace of the Slack request that asked for it."""
+    from slackio import traces
+
+    if not traces.configure(service):
+        return False
+    from opentelemetry.instrumentation.celery import CeleryInstrumentor
+
+    instrumentor = CeleryInstrumentor()
+    if not instrumentor.is_instrumented_by_opentelemetry:
+        instrumentor.instrument()
+    return True
+
+
+@signals.worker_init.connect
+def trace_worker(**_: Any) -> None:
+    # Before the pool takes a task; the threads pool runs every turn in this process.
+    traced("mm-worker")
+
+
+@signals.beat_init.connect
+def trace_beat(**_: Any) -> None:
+    traced("mm-beat")  # a no-op in a worker that embeds its beat (-B): configured once
+
+
 @signals.celeryd_after_setup.connect
 def warn_when_unsandboxed(instance: WorkController, **_: Any) -> None:
     # Once Celery has set up its logging, so that the warning is a line of the worker's log like the others.
