@@ -18,9 +18,10 @@ rounds of 100 answers, on the project's 2-core machine):
 the SDK costs 7x per request, 3x per chunk, and making its client (as a worker did once per turn) 27.7 ms,
 about half of an agent step's 50 ms. So the client streams with aiohttp, one session per event loop shared
 by every turn of a process (ModelHttp), and parses SSE itself: a few dozen lines against a format that has not
-changed. tests/test_model_streams.py holds it to the same events as the SDK on recorded streams of llama.cpp,
-Ollama and vLLM (tests/fixtures/model_streams/). The user-visible error texts are the SDK client's, word for
-word.
+changed. This client, guards and events included, went from 1.29 ms a request and 53 µs a chunk (the SDK's,
+with an asyncio.timeout per chunk) to 0.42 ms and 14 µs. tests/test_model_streams.py holds it to the SDK's
+events on recorded streams of llama.cpp, Ollama and vLLM (tests/fixtures/model_streams/). The user-visible
+error texts are the SDK client's, word for word.
 """
 
 from __future__ import annotations
