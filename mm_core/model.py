@@ -12,14 +12,16 @@ server over loopback, the CPU of the thread that reads, the same work per chunk 
 rounds of 100 answers, on the project's 2-core machine):
 
     client                  per request   per chunk   answer of 403 events   client made per turn
-    openai SDK (+ httpx)      1.43 ms      36.1 µs        16.0 ms                 27.7 ms
-    aiohttp, SSE by hand      0.20 ms      11.9 µs         5.0 ms                  0.7 ms
+    openai SDK (+ httpx)      1.27 ms      36.6 µs        16.0 ms                  2.2 ms
+    aiohttp, SSE by hand      0.19 ms      12.0 µs         5.0 ms                  0.6 ms
 
-the SDK costs 7x per request, 3x per chunk, and making its client (as a worker did once per turn) 27.7 ms,
-about half of an agent step's 50 ms. So the client streams with aiohttp, one session per event loop shared
-by every turn of a process (ModelHttp), and parses SSE itself: a few dozen lines against a format that has not
-changed. This client, guards and events included, went from 1.29 ms a request and 53 µs a chunk (the SDK's,
-with an asyncio.timeout per chunk) to 0.42 ms and 14 µs. tests/test_model_streams.py holds it to the SDK's
+(per turn: a client made, used for one short answer and closed, as a worker did each turn, the TLS context
+made once per process). The SDK costs 6-7x per request and 3x per chunk, and an agent step's answer is
+hundreds of chunks. So the client streams with aiohttp, one session per event loop shared by every turn of a
+process (ModelHttp), and parses SSE itself: a few dozen lines against a format that has not changed. This
+client, guards and events included, went from 1.29 ms a request and 53 µs a chunk (the SDK's, with an
+asyncio.timeout per chunk) to 0.40 ms and 14.6 µs; bench/bench_loop.py's agent step (model call included,
+10 messages of history) from 2.65 ms of CPU to 1.30 ms. tests/test_model_streams.py holds it to the SDK's
 events on recorded streams of llama.cpp, Ollama and vLLM (tests/fixtures/model_streams/). The user-visible
 error texts are the SDK client's, word for word.
 """
