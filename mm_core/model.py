@@ -39,6 +39,8 @@ from typing import Any
 
 import aiohttp
 import httpx
+from aiohttp.helpers import get_env_proxy_for_url
+from yarl import URL
 
 from mm_core.config import ModelConfig
 from mm_core.events import Status, TextDelta, Usage
@@ -107,6 +109,17 @@ def _tls() -> ssl.SSLContext:
     return httpx.create_ssl_context()
 
 
+@functools.lru_cache(maxsize=64)
+def _proxy(url: str) -> tuple[str | None, aiohttp.BasicAuth | None]:
+    """The proxy HTTP(S)_PROXY / NO_PROXY name for this endpoint, as the SDK's httpx client honoured them: looked
+    up once per endpoint (a process's environment does not change under it)."""
+    try:
+        proxy, auth = get_env_proxy_for_url(URL(url))
+    except LookupError:
+        return None, None
+    return str(proxy), auth
+
+
 class ModelHttp:
     """The HTTP side of the model client: one aiohttp session (its connection pool) per event loop, shared by
     every ModelClient made with it, whatever its endpoint, model or key. A worker process keeps one for all its
@@ -124,8 +137,8 @@ class ModelHttp:
         session = aiohttp.ClientSession(
             # No cap on connections: the worker's concurrency bounds the turns, each streams on its own one.
             connector=aiohttp.TCPConnector(limit=0),
-            # HTTP(S)_PROXY / NO_PROXY, as the SDK's httpx client honoured them.
-            trust_env=True,
+            # Not trust_env: it costs two thread-pool hops a request (netrc and proxy lookups), and a netrc entry
+            # for the host would clash with the Authorization header. The proxy is looked up by _proxy instead.
             # The watchdog, not a total time, decides when an answer takes too long.
             timeout=aiohttp.ClientTimeout(total=None, connect=10.0),
         )
@@ -243,10 +256,13 @@ class ModelClient:
             session = self.http.session()
             started = time.monotonic()
             try:
+                proxy, proxy_auth = _proxy(url)
                 response = await session.post(
                     url,
                     data=body,
                     headers=headers,
+                    proxy=proxy,
+                    proxy_auth=proxy_auth,
                     ssl=_tls() if url.startswith("https:") else True,
                     # Between two reads: the SDK client's read timeout. The watchdog is usually shorter.
                     timeout=aiohttp.ClientTimeout(total=None, connect=10.0, sock_read=self.config.requestTimeout),
