@@ -112,7 +112,9 @@ def _tls() -> ssl.SSLContext:
 @functools.lru_cache(maxsize=64)
 def _proxy(url: str) -> tuple[str | None, aiohttp.BasicAuth | None]:
     """The proxy HTTP(S)_PROXY / NO_PROXY name for this endpoint, as the SDK's httpx client honoured them: looked
-    up once per endpoint (a process's environment does not change under it)."""
+    up once per endpoint (a process's environment does not change under it). Not aiohttp's trust_env: that costs
+    two thread-pool hops a request (netrc and proxy lookups), and a ~/.netrc entry for the model's host would
+    make aiohttp refuse the request (netrc credentials beside our Authorization header)."""
     try:
         proxy, auth = get_env_proxy_for_url(URL(url))
     except LookupError:
@@ -137,8 +139,6 @@ class ModelHttp:
         session = aiohttp.ClientSession(
             # No cap on connections: the worker's concurrency bounds the turns, each streams on its own one.
             connector=aiohttp.TCPConnector(limit=0),
-            # Not trust_env: it costs two thread-pool hops a request (netrc and proxy lookups), and a netrc entry
-            # for the host would clash with the Authorization header. The proxy is looked up by _proxy instead.
             # The watchdog, not a total time, decides when an answer takes too long.
             timeout=aiohttp.ClientTimeout(total=None, connect=10.0),
         )
@@ -439,13 +439,21 @@ async def _read(
         event_ends(lines.finish())
     finished = time.monotonic()
     if done:
-        await response.read()  # what follows `[DONE]` (the body's end): the connection then serves the next call
+        # What follows `[DONE]` (the body's end, at once): read, the connection serves the next call. A server that
+        # keeps the body open after it loses the connection, not the answer.
+        try:
+            async with asyncio.timeout(DRAIN_SECONDS):
+                await response.read()
+        except TimeoutError:
+            response.close()
     tool_calls = [
         ToolCallRequest(id=c.id or f"call_{i}", name=c.name, arguments="".join(c.arguments) or "{}")
         for i, c in sorted(calls.items())
     ]
     return Completion("".join(text), tool_calls, usage, finished=finished)
 
+
+DRAIN_SECONDS = 1.0
 
 # The SDK client's words for an error object without a message.
 STREAM_ERROR = "An error occurred during streaming"

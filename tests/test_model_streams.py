@@ -35,6 +35,8 @@ class ReplayServer(ThreadedAiohttpServer):
         super().__init__()
         self.blocks: list[bytes] = []
         self.ports: list[int] = []
+        self.hold = 0.0  # seconds the body stays open after the last block
+        self.bodies_ended = 0
 
     @property
     def url(self) -> str:
@@ -54,7 +56,10 @@ class ReplayServer(ThreadedAiohttpServer):
         for block in self.blocks:
             await response.write(block)
             await asyncio.sleep(0.001)
+        if self.hold:
+            await self.wait_or_stop(self.hold)
         await response.write_eof()
+        self.bodies_ended += 1
         return response
 
 
@@ -249,3 +254,16 @@ def test_the_turns_of_a_process_share_one_connection(server):
 
     asyncio.run(two_turns())
     assert len(server.ports) == 2 and server.ports[0] == server.ports[1]
+
+
+def test_a_body_kept_open_after_done_does_not_hold_the_answer(server):
+    """The answer is whole at `[DONE]`: a server that keeps the body open after it costs the connection, not the
+    turn (no wait for the watchdog, nor for the body's end)."""
+    server.blocks, server.hold = [fixture("vllm_tool_calls.sse")], 60.0
+    try:
+        ended = server.bodies_ended
+        answer = asyncio.run(product(server.url))[1]
+        assert answer == EXPECTED["vllm_tool_calls.sse"]
+        assert server.bodies_ended == ended  # the answer came back while the body was still open
+    finally:
+        server.hold = 0.0
