@@ -20,8 +20,8 @@ made once per process). The SDK costs 6-7x per request and 3x per chunk, and an 
 hundreds of chunks. So the client streams with aiohttp, one session per event loop shared by every turn of a
 process (ModelHttp), and parses SSE itself: a few dozen lines against a format that has not changed. This
 client, guards and events included, went from 1.29 ms a request and 53 µs a chunk (the SDK's, with an
-asyncio.timeout per chunk) to 0.40 ms and 14.6 µs; bench/bench_loop.py's agent step (model call included,
-10 messages of history) from 2.65 ms of CPU to 1.30 ms. tests/test_model_streams.py holds it to the SDK's
+asyncio.timeout per chunk) to 0.21 ms and 12.9 µs; bench/bench_loop.py's agent step (model call included,
+10 messages of history) from 2.65 ms of CPU to 0.85 ms. tests/test_model_streams.py holds it to the SDK's
 events on recorded streams of llama.cpp, Ollama and vLLM (tests/fixtures/model_streams/). The user-visible
 error texts are the SDK client's, word for word.
 """
