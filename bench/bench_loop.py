@@ -113,7 +113,7 @@ async def agent_loop(url: str, steps: int, store, workspace: Path) -> Run:
             calls.append(event)
 
     agent = Agent(config, store, "bench", workspace, emit=emit)
-    agent.model.client  # noqa: B018 - made before the clock starts, as the bare loop's (see client_cost)
+    agent.model.http.session()  # made before the clock starts, as the bare loop's (see client_cost)
     cpu, began = time.thread_time(), time.perf_counter()
     result = await agent.send("go")
     elapsed, cpu = time.perf_counter() - began, time.thread_time() - cpu
@@ -213,12 +213,12 @@ def by_history(server: ModelServer, tmp: str) -> None:
 
 
 async def client_cost(url: str) -> float:
-    """The CPU a model client costs to make (its TLS context loads the CA bundle): once per ModelClient and
-    event loop, so once per turn where the worker makes an Agent per turn."""
+    """The CPU a model client's connections cost to make (an aiohttp session): once per event loop of a process
+    (mm_core.model.ModelHttp), so once per turn only where each turn runs on an event loop of its own."""
     config = AgentConfig.model_validate({"model": {"url": url, "name": "test-model"}})
     agent = Agent(config, MemoryStore(), "bench", Path("."), tools=[])
     cpu = time.thread_time()
-    agent.model.client  # noqa: B018
+    agent.model.http.session()
     cpu = time.thread_time() - cpu
     await agent.model.aclose()
     return cpu
@@ -231,7 +231,7 @@ def main() -> None:
         whole_turns(server, tmp, steps)
         by_history(server, tmp)
         made = statistics.median(asyncio.run(client_cost(server.url)) for _ in range(3))
-        print(f"making the model client (once per Agent and event loop): {ms(made)} of CPU")
+        print(f"making the model client's session (once per event loop): {ms(made)} of CPU")
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ response. Measured in one run, and printed against the targets:
 - per turn: Slack Web API calls, database transactions, database connections opened;
 
 and next to the worker, the in-process core on the same script: N mm_core Agents under asyncio.gather in this
-process, sharing one model client, on a MemoryStore and on the database store (one event loop: each synchronous
+process, sharing model connections, on a MemoryStore and on the database store (one event loop: each synchronous
 append stalls every agent), timing the same gap from the ModelCalled events.
 
     .venv/bin/python bench/bench_turns.py                  # 200 sessions x 3 rounds, 2 s per answer (minutes)
@@ -66,7 +66,7 @@ from chatops.store import DbStore, ensure_session
 from mm_core import Agent
 from mm_core.events import Error, Event, ModelCalled
 from mm_core.log import MemoryStore, Store
-from mm_core.model import ModelClient
+from mm_core.model import ModelHttp
 from mm_testkit.redis_server import OwnRedis, free_port
 from playground.model_server import ModelServer, Reply, ToolCall
 from playground.slack_api import SlackEmulator
@@ -625,17 +625,15 @@ def run_core(s: Services, name: str, make_store: Callable[[int], tuple[Store, st
 
         return emit
 
-    # One model client for all the agents of the loop, as a process hosting many agents would share it: each
-    # client makes its own TLS context (~100 ms of CPU, blocking the loop), so 200 of them would stall every
-    # agent for seconds and time their connections out.
-    model = ModelClient(config.model, None, config.watchdogTimeout)
+    # One set of model connections for all the agents of the loop, as a worker process shares them (ModelHttp).
+    http = ModelHttp()
     agents = []
     for i in range(n):
         workspace = s.tmp / "core" / name / str(i)
         workspace.mkdir(parents=True)
         (workspace / FILE).write_text(notes())
         store, session_id = make_store(i)
-        agents.append(Agent(config, store, session_id, workspace, model=model, emit=clock()))
+        agents.append(Agent(config, store, session_id, workspace, model_http=http, emit=clock()))
 
     async def one(i: int, agent: Agent) -> str:
         await asyncio.sleep(ramp * i / n)
@@ -648,7 +646,7 @@ def run_core(s: Services, name: str, make_store: Callable[[int], tuple[Store, st
         try:
             return await asyncio.gather(*(one(i, a) for i, a in enumerate(agents)))
         finally:
-            await model.aclose()
+            await http.aclose()
 
     servers = [server_thread(s.model), server_thread(s.slack)]
     usage, others = resource.getrusage(resource.RUSAGE_SELF), sum(thread_cpu(t) for t in servers)

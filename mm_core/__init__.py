@@ -25,7 +25,7 @@ from mm_core.events import (
     Usage,
 )
 from mm_core.log import CallStatus, Decision, Fenced, FileStore, MemoryStore, Outcome, Store
-from mm_core.model import ModelError
+from mm_core.model import ModelError, ModelHttp
 
 __all__ = [
     "Agent",
@@ -43,6 +43,7 @@ __all__ = [
     "MemoryStore",
     "ModelCalled",
     "ModelError",
+    "ModelHttp",
     "Outcome",
     "PendingCall",
     "PermissionRequested",

@@ -53,7 +53,7 @@ from mm_core.log import (
     shown_digest,
 )
 from mm_core.loopdetect import STOP_AT, LoopDetector, stop_text
-from mm_core.model import ModelClient, ModelError
+from mm_core.model import ModelClient, ModelError, ModelHttp
 from mm_core.state import SessionState, asking
 from mm_core.tools import build_tools
 from mm_core.tools.base import CANCELLED, Caller, Plan, SessionResources, SuspendTurn, Tool, ToolCancelled, ToolContext
@@ -118,6 +118,7 @@ class Agent:
         tools: list[Tool] | None = None,
         model: ModelClient | None = None,
         api_key: str | None = None,
+        model_http: ModelHttp | None = None,
         emit: Emit = ignore,
         resources: SessionResources | None = None,
         oneshot: bool = False,
@@ -136,7 +137,8 @@ class Agent:
         if tools is None:
             tools, _warnings = build_tools(config, self.workspace)
         self.tools = {t.name: t for t in tools}
-        self.model = model or ModelClient(config.model, api_key, config.watchdogTimeout)
+        # model_http: the process's connections to model servers, shared by its turns (None: the agent's own).
+        self.model = model or ModelClient(config.model, api_key, config.watchdogTimeout, model_http)
         # What the front end adds for this turn (mm_core.instructions): after the agent's own, never instead of it.
         base = config.systemPrompt or DEFAULT_SYSTEM_PROMPT
         self.system_prompt = f"{base}\n\n{instructions}" if instructions else base
@@ -206,7 +208,8 @@ class Agent:
         await self.resources.aclose()
 
     async def aclose(self) -> None:
-        """Close the model client. The session's resources are the session's: `new` closes them."""
+        """Close the model client (its connections, when they are the agent's own). The session's resources are
+        the session's: `new` closes them."""
         await self.model.aclose()
 
     async def compact(self) -> str:
@@ -351,6 +354,7 @@ class Agent:
                     call.id,
                     self.workspace,
                     api_key=api_key,
+                    model_http=self.model.http,  # an asked agent talks over the caller's connections
                     emit=emit,
                     resources=self.resources,
                     oneshot=self.oneshot,

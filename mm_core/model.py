@@ -1,24 +1,46 @@
 """The model client: OpenAI-compatible chat completions, streamed.
 
 It works with llama.cpp, Ollama, vLLM, Docker Model Runner and hosted APIs alike because it speaks only the
-chat-completions wire format, through the official openai SDK. Two guards sit on the stream because small
-models derail: the watchdog (silence longer than `watchdogTimeout` ends the call) and the runaway guard (a
-tool call whose arguments loop or balloon is stopped at once, not after minutes of garbage).
+chat-completions wire format: a POST, and the answer as Server-Sent Events (`data: {chunk}` lines, tool-call
+arguments in fragments gathered by their index, an optional usage-only chunk, `data: [DONE]`). Two guards sit
+on the stream because small models derail: the watchdog (silence longer than `watchdogTimeout` ends the call)
+and the runaway guard (a tool call whose arguments loop or balloon is stopped at once, not after minutes of
+garbage).
+
+Why aiohttp and not the openai SDK (issue 23). Measured by bench/bench_model_client.py: the scripted model
+server over loopback, the CPU of the thread that reads, the same work per chunk on both sides (median of 5
+rounds of 100 answers, on the project's 2-core machine):
+
+    client                  per request   per chunk   answer of 403 events   client made per turn
+    openai SDK (+ httpx)      1.27 ms      36.6 µs        16.0 ms                  2.2 ms
+    aiohttp, SSE by hand      0.19 ms      12.0 µs         5.0 ms                  0.6 ms
+
+(per turn: a client made, used for one short answer and closed, as a worker did each turn, the TLS context
+made once per process). The SDK costs 6-7x per request and 3x per chunk, and an agent step's answer is
+hundreds of chunks. So the client streams with aiohttp, one session per event loop shared by every turn of a
+process (ModelHttp), and parses SSE itself: a few dozen lines against a format that has not changed. This
+client, guards and events included, went from 1.29 ms a request and 53 µs a chunk (the SDK's, with an
+asyncio.timeout per chunk) to 0.21 ms and 12.9 µs; bench/bench_loop.py's agent step (model call included,
+10 messages of history) from 2.65 ms of CPU to 0.85 ms. tests/test_model_streams.py holds it to the SDK's
+events on recorded streams of llama.cpp, Ollama and vLLM (tests/fixtures/model_streams/). The user-visible
+error texts are the SDK client's, word for word.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import ssl
 import time
 from collections.abc import Callable
-from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
+import aiohttp
 import httpx
-import openai
+from aiohttp.helpers import get_env_proxy_for_url
+from yarl import URL
 
 from mm_core.config import ModelConfig
 from mm_core.errors import CoreError
@@ -56,20 +78,10 @@ class Completion:
     text: str
     tool_calls: list[ToolCallRequest] = field(default_factory=list)
     usage: Usage = field(default_factory=Usage)
-    # time.monotonic() when the request left (the SDK's building and the history's JSON are before it, on our
-    # side of the call) and when the answer's last byte arrived.
+    # time.monotonic() when the request left (the history's JSON is before it, on our side of the call) and when
+    # the answer's last event arrived.
     started: float = 0.0
     finished: float = 0.0
-
-
-# When this task's request left: set by the HTTP client's request hook, which runs in the task that sends.
-_sent_at: ContextVar[list[float] | None] = ContextVar("_sent_at", default=None)
-
-
-async def _note_sent(_request: object) -> None:
-    sent = _sent_at.get()
-    if sent is not None and not sent:  # a redirect sends again: the first send is when the request left
-        sent.append(time.monotonic())
 
 
 @dataclass
@@ -92,39 +104,128 @@ class _PartialCall:
 
 @functools.cache
 def _tls() -> ssl.SSLContext:
-    """httpx's own default TLS context, made once per process: loading the CA bundle costs ~100 ms of CPU, and
-    a worker makes a client per turn (SSLContext is safe to share between threads and event loops)."""
+    """httpx's default TLS context (certifi's CA bundle, or SSL_CERT_FILE / SSL_CERT_DIR), as the SDK client
+    trusted: made once per process, on the first https call (loading the CA bundle costs ~100 ms of CPU; an
+    SSLContext is safe to share between threads and event loops)."""
     return httpx.create_ssl_context()
 
 
+@functools.lru_cache(maxsize=64)
+def _proxy(url: str) -> tuple[str | None, aiohttp.BasicAuth | None]:
+    """The proxy HTTP(S)_PROXY / NO_PROXY name for this endpoint, as the SDK's httpx client honoured them: looked
+    up once per endpoint (a process's environment does not change under it). Not aiohttp's trust_env: that costs
+    two thread-pool hops a request (netrc and proxy lookups), and a ~/.netrc entry for the model's host would
+    make aiohttp refuse the request (netrc credentials beside our Authorization header)."""
+    try:
+        proxy, auth = get_env_proxy_for_url(URL(url))
+    except LookupError:
+        return None, None
+    return str(proxy), auth
+
+
+class ModelHttp:
+    """The HTTP side of the model client: one aiohttp session (its connection pool) per event loop, shared by
+    every ModelClient made with it, whatever its endpoint, model or key. A worker process keeps one for all its
+    turns; `aclose()` once at the end. A session is closed with its event loop too (a task of the loop holds
+    it, and asyncio.run cancels what is left at its end), so a loop per turn leaks nothing."""
+
+    def __init__(self) -> None:
+        self._sessions: dict[asyncio.AbstractEventLoop, tuple[aiohttp.ClientSession, asyncio.Task[None]]] = {}
+
+    def session(self) -> aiohttp.ClientSession:
+        loop = asyncio.get_running_loop()
+        held = self._sessions.get(loop)
+        if held is not None and not held[0].closed:
+            return held[0]
+        session = aiohttp.ClientSession(
+            # No cap on connections: the worker's concurrency bounds the turns, each streams on its own one.
+            connector=aiohttp.TCPConnector(limit=0),
+            # The watchdog, not a total time, decides when an answer takes too long.
+            timeout=aiohttp.ClientTimeout(total=None, connect=10.0),
+        )
+        self._sessions[loop] = (session, loop.create_task(self._hold(loop, session)))
+        return session
+
+    async def _hold(self, loop: asyncio.AbstractEventLoop, session: aiohttp.ClientSession) -> None:
+        try:
+            await asyncio.Event().wait()
+        finally:
+            if self._sessions.get(loop, (None,))[0] is session:
+                del self._sessions[loop]
+            await session.close()
+
+    async def aclose(self) -> None:
+        """Close this event loop's session (others close with their loops)."""
+        held = self._sessions.pop(asyncio.get_running_loop(), None)
+        if held is not None:
+            held[1].cancel()
+            await held[0].close()
+
+
+class _Watchdog:
+    """Ends the call when the model sends nothing for `seconds`: one timer for the whole call, which each event
+    pushes back at the cost of reading the clock (an asyncio.timeout per chunk made a timer and a context
+    manager per chunk). It cancels the call's task, and `expired()` tells that cancellation from a stop's."""
+
+    def __init__(self, seconds: float) -> None:
+        self.loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        assert task is not None
+        self.task, self.seconds, self.fired = task, seconds, False
+        self.cancelling = task.cancelling()
+        self.deadline = self.loop.time() + seconds
+        self.handle = self.loop.call_at(self.deadline, self._check)
+
+    def feed(self) -> None:
+        self.deadline = self.loop.time() + self.seconds
+
+    def _check(self) -> None:
+        if self.loop.time() < self.deadline:
+            self.handle = self.loop.call_at(self.deadline, self._check)
+        else:
+            self.fired = True
+            self.task.cancel()
+
+    def expired(self) -> bool:
+        """On CancelledError: whether it was the watchdog's alone (then the call ends with its error)."""
+        return self.fired and self.task.uncancel() <= self.cancelling
+
+    def stop(self) -> None:
+        self.handle.cancel()
+
+
+class _Unreachable(Exception):
+    """No answer began: the connection failed, or was closed before the response's headers."""
+
+
+class _Broken(Exception):
+    """The answer began and went wrong: `kind` and `text` are what the error names."""
+
+    def __init__(self, kind: str, text: str) -> None:
+        super().__init__(text)
+        self.kind, self.text = kind, text
+
+
 class ModelClient:
-    def __init__(self, config: ModelConfig, api_key: str | None = None, watchdog: float = 120.0):
+    """One agent's model: its endpoint, name, key and watchdog, over a ModelHttp (the process's, or one of its
+    own, which `aclose()` closes)."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        api_key: str | None = None,
+        watchdog: float = 120.0,
+        http: ModelHttp | None = None,
+    ):
         self.config = config
         self.watchdog = watchdog
         self.api_key = api_key
-        self._client: openai.AsyncOpenAI | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-
-    @property
-    def client(self) -> openai.AsyncOpenAI:
-        # A connection pool belongs to the event loop that opened it; a worker may run each turn in a new one.
-        loop = asyncio.get_running_loop()
-        if self._client is None or self._loop is not loop:
-            self._client = openai.AsyncOpenAI(
-                base_url=self.config.url,
-                api_key=self.api_key or "not-needed",
-                # The watchdog, not the HTTP read timeout, decides when silence is too long.
-                timeout=openai.Timeout(self.config.requestTimeout, connect=10.0),
-                max_retries=0,
-                http_client=openai.DefaultAsyncHttpxClient(event_hooks={"request": [_note_sent]}, verify=_tls()),
-            )
-            self._loop = loop
-        return self._client
+        self.http = http or ModelHttp()
+        self._owns_http = http is None
 
     async def aclose(self) -> None:
-        if self._client is not None and self._loop is asyncio.get_running_loop():
-            await self._client.close()
-        self._client = None
+        if self._owns_http:
+            await self.http.aclose()
 
     async def complete(
         self,
@@ -144,111 +245,216 @@ class ModelClient:
         if self.config.temperature is not None:
             request["temperature"] = self.config.temperature
         emit(Status("Thinking", agent))
-        asked, sent = time.monotonic(), []
-        token = _sent_at.set(sent)
+        url = self.config.url.rstrip("/") + "/chat/completions"
+        headers = {
+            "Authorization": f"Bearer {self.api_key or 'not-needed'}",
+            "Content-Type": "application/json",
+            "Accept": "application/json",
+        }
+        watchdog = _Watchdog(self.watchdog)
         try:
-            # The SDK's low-level post: `chat.completions.create` re-validates the whole history against its
-            # typed schema on every call, which cost more than everything else in a step (bench/bench_loop.py).
-            # The chunks come back as their JSON (cast_to=object): building the SDK's typed object for each one
-            # made reading a stream three to four times as costly in CPU, and an answer is hundreds of chunks.
-            stream = await self._alive(
-                self.client.post(
-                    "/chat/completions",
-                    body=request,
-                    cast_to=object,
-                    stream=True,
-                    stream_cls=openai.AsyncStream[Any],
+            body = _json_body(request)
+            session = self.http.session()
+            started = time.monotonic()
+            try:
+                proxy, proxy_auth = _proxy(url)
+                response = await session.post(
+                    url,
+                    data=body,
+                    headers=headers,
+                    proxy=proxy,
+                    proxy_auth=proxy_auth,
+                    ssl=_tls() if url.startswith("https:") else True,
+                    # Between two reads: the SDK client's read timeout. The watchdog is usually shorter.
+                    timeout=aiohttp.ClientTimeout(total=None, connect=10.0, sock_read=self.config.requestTimeout),
                 )
-            )
-            completion = await self._read(stream, emit, agent)
-            completion.started = sent[0] if sent else asked  # asked: an HTTP client without our hook
+            except aiohttp.ClientConnectorError as e:
+                raise _Unreachable(str(e.os_error)) from e
+            except (aiohttp.ClientConnectionError, TimeoutError) as e:
+                raise _Unreachable(str(e) or type(e).__name__) from e
+            async with response:
+                watchdog.feed()
+                try:
+                    if response.status >= 400:
+                        raise ModelError(self._refusal(response.status, await response.read()))
+                    completion = await _read(response, watchdog, emit, agent)
+                except (aiohttp.ClientError, TimeoutError, ValueError, AttributeError, TypeError) as e:
+                    raise _Broken(type(e).__name__, str(e)) from e
+            completion.started = started
             return completion
-        except openai.NotFoundError as e:
+        except asyncio.CancelledError:
+            if watchdog.expired():
+                raise ModelError(
+                    f"[error: the model sent nothing for {self.watchdog:g}s — turn stopped by the watchdog "
+                    f"(watchdogTimeout); the model may still be loading, or the server is stuck]"
+                ) from None
+            raise
+        except _Unreachable as e:
             raise ModelError(
-                f"the model endpoint {self.config.url} does not know the model {self.config.name!r} "
-                f"({_api_message(e)}) — check model.name or MM_MODEL"
+                f"the model endpoint {self.config.url} is unreachable ({e}) — start the model server or set "
+                f"MM_MODEL_URL"
             ) from e
-        except openai.AuthenticationError as e:
-            raise ModelError(
-                f"the model endpoint {self.config.url} refused the API key ({_api_message(e)}) — check the "
-                f"variable named by model.apiKeyEnv"
-            ) from e
-        except openai.APIConnectionError as e:
-            raise ModelError(
-                f"the model endpoint {self.config.url} is unreachable ({e.__cause__ or e}) — start the model "
-                f"server or set MM_MODEL_URL"
-            ) from e
-        except openai.APIStatusError as e:
-            raise ModelError(f"the model endpoint answered HTTP {e.status_code}: {_api_message(e)}") from e
-        except (openai.APIError, httpx.HTTPError, ValueError, AttributeError, TypeError) as e:
+        except _Broken as e:
             # An error sent inside the stream, a connection cut mid-answer, a chunk that is not what the
             # protocol says: the model's failure, told as such, never a crash that leaves the turn open.
-            raise ModelError(
-                f"the model endpoint {self.config.url} sent a broken answer ({type(e).__name__}: {e})"
-            ) from e
+            raise ModelError(f"the model endpoint {self.config.url} sent a broken answer ({e.kind}: {e.text})") from e
         finally:
-            _sent_at.reset(token)
+            watchdog.stop()
 
-    async def _alive(self, awaitable):
-        try:
-            async with asyncio.timeout(self.watchdog):  # cheaper than wait_for: no task per streamed chunk
-                return await awaitable
-        except TimeoutError:
-            raise ModelError(
-                f"[error: the model sent nothing for {self.watchdog:g}s — turn stopped by the watchdog "
-                f"(watchdogTimeout); the model may still be loading, or the server is stuck]"
-            ) from None
-
-    async def _read(self, stream, emit, agent) -> Completion:
-        text: list[str] = []
-        calls: dict[int, _PartialCall] = {}
-        usage = Usage()
-        composing = False
-        iterator = stream.__aiter__()
-        try:
-            while True:
-                try:
-                    chunk = await self._alive(iterator.__anext__())
-                except StopAsyncIteration:
-                    finished = time.monotonic()
-                    break
-                counted = chunk.get("usage")
-                if counted is not None:
-                    usage = Usage(counted.get("prompt_tokens") or 0, counted.get("completion_tokens") or 0)
-                for choice in chunk.get("choices") or ():
-                    delta = choice.get("delta") or {}
-                    if delta.get("content"):
-                        text.append(delta["content"])
-                        emit(TextDelta(delta["content"], agent))
-                    for tc in delta.get("tool_calls") or ():
-                        call = calls.setdefault(tc.get("index", 0), _PartialCall())
-                        if not composing:
-                            composing = True
-                            emit(Status("Composing a tool call", agent))
-                        if tc.get("id"):
-                            call.id = tc["id"]
-                        function = tc.get("function") or {}
-                        if function.get("name"):
-                            call.name += function["name"]
-                        if function.get("arguments"):
-                            runaway = call.add(function["arguments"])
-                            if runaway:
-                                raise ModelError(runaway)
-        finally:
-            await stream.close()
-        tool_calls = [
-            ToolCallRequest(id=c.id or f"call_{i}", name=c.name, arguments="".join(c.arguments) or "{}")
-            for i, c in sorted(calls.items())
-        ]
-        return Completion("".join(text), tool_calls, usage, finished=finished)
+    def _refusal(self, status: int, raw: bytes) -> str:
+        message = _status_message(status, raw.decode("utf-8", "replace"))
+        if status == 404:
+            return (
+                f"the model endpoint {self.config.url} does not know the model {self.config.name!r} "
+                f"({message}) — check model.name or MM_MODEL"
+            )
+        if status == 401:
+            return (
+                f"the model endpoint {self.config.url} refused the API key ({message}) — check the variable "
+                f"named by model.apiKeyEnv"
+            )
+        return f"the model endpoint answered HTTP {status}: {message}"
 
 
-def _api_message(e: openai.APIStatusError) -> str:
-    body = e.body
-    if isinstance(body, dict):
-        inner = body.get("error", body)
+def _json_body(request: dict[str, Any]) -> bytes:
+    try:
+        return json.dumps(request, ensure_ascii=False, separators=(",", ":")).encode()
+    except UnicodeEncodeError:  # a lone surrogate (a tool's undecodable output): escaped, it is still JSON
+        return json.dumps(request, separators=(",", ":")).encode()
+
+
+def _status_message(status: int, text: str) -> str:
+    """What the person is told of a refused request: the `error.message` of the body when it has one, else the
+    SDK client's words ("Error code: 503 - …"), so the texts stay what they were."""
+    text = text.strip()
+    fallback = f"Error code: {status}"
+    try:
+        body: Any = json.loads(text)
+    except ValueError:
+        body = text
+    else:
+        error = body.get("error", body) if isinstance(body, dict) else None
+        message = error.get("message") if isinstance(error, dict) else None
+        if isinstance(message, str) and message:
+            fallback += f" - {message}"
+    data = body.get("error", body) if isinstance(body, dict) else body
+    if isinstance(data, dict):
+        inner = data.get("error", data)
         if isinstance(inner, dict) and inner.get("message"):
             return str(inner["message"])
         if isinstance(inner, str):
             return inner
-    return e.message
+    return fallback
+
+
+class _Lines:
+    """Server-Sent Events' lines out of the body's blocks, as they come: a line (and a `\r\n`) may be split
+    across blocks anywhere."""
+
+    def __init__(self) -> None:
+        self.pending = b""
+
+    def feed(self, block: bytes) -> list[bytes]:
+        lines = (self.pending + block).splitlines(keepends=True) if self.pending else block.splitlines(True)
+        # An unfinished last line waits for the rest; so does one ending in `\r`, which may be half a `\r\n`.
+        if lines and (lines[-1][-1:] == b"\r" or lines[-1][-1:] != b"\n"):
+            self.pending = lines.pop()
+        else:
+            self.pending = b""
+        return lines
+
+    def finish(self) -> list[bytes]:
+        rest, self.pending = self.pending, b""
+        return [rest] if rest else []
+
+
+async def _read(
+    response: aiohttp.ClientResponse, watchdog: _Watchdog, emit: Callable[[Any], None], agent: str | None
+) -> Completion:
+    """The answer's events, gathered: text, tool calls by index, usage; `[DONE]` (or the end of the body)
+    ends it. SSE as the spec (and the SDK) reads it: `data:` lines joined until a blank line, comments and the
+    other fields skipped, an unfinished event at the end dropped."""
+    text: list[str] = []
+    calls: dict[int, _PartialCall] = {}
+    usage = Usage()
+    composing = False
+    data: list[bytes] = []
+    lines = _Lines()
+
+    def chunk_of(payload: bytes) -> None:
+        nonlocal usage, composing
+        chunk = json.loads(payload)
+        if isinstance(chunk, dict) and chunk.get("error"):
+            error = chunk["error"]
+            message = error.get("message") if isinstance(error, dict) else None
+            raise _Broken("APIError", message if message and isinstance(message, str) else STREAM_ERROR)
+        counted = chunk.get("usage")
+        if counted is not None:
+            usage = Usage(counted.get("prompt_tokens") or 0, counted.get("completion_tokens") or 0)
+        for choice in chunk.get("choices") or ():
+            delta = choice.get("delta") or {}
+            if delta.get("content"):
+                text.append(delta["content"])
+                emit(TextDelta(delta["content"], agent))
+            for tc in delta.get("tool_calls") or ():
+                call = calls.setdefault(tc.get("index", 0), _PartialCall())
+                if not composing:
+                    composing = True
+                    emit(Status("Composing a tool call", agent))
+                if tc.get("id"):
+                    call.id = tc["id"]
+                function = tc.get("function") or {}
+                if function.get("name"):
+                    call.name += function["name"]
+                if function.get("arguments"):
+                    runaway = call.add(function["arguments"])
+                    if runaway:
+                        raise ModelError(runaway)
+
+    def event_ends(batch: list[bytes]) -> bool:
+        """Take a batch of lines; True at `[DONE]`."""
+        for line in batch:
+            line = line.rstrip(b"\r\n")
+            if line:
+                if line[:5] == b"data:":
+                    data.append(line[6:] if line[5:6] == b" " else line[5:])
+                elif line == b"data":
+                    data.append(b"")
+                continue
+            if not data:
+                continue
+            payload = data[0] if len(data) == 1 else b"\n".join(data)
+            data.clear()
+            watchdog.feed()
+            if payload[:6] == b"[DONE]":
+                return True
+            chunk_of(payload)
+        return False
+
+    done = False
+    async for block in response.content.iter_any():
+        if event_ends(lines.feed(block)):
+            done = True
+            break
+    if not done:
+        event_ends(lines.finish())
+    finished = time.monotonic()
+    if done:
+        # What follows `[DONE]` (the body's end, at once): read, the connection serves the next call. A server that
+        # keeps the body open after it loses the connection, not the answer.
+        try:
+            async with asyncio.timeout(DRAIN_SECONDS):
+                await response.read()
+        except TimeoutError:
+            response.close()
+    tool_calls = [
+        ToolCallRequest(id=c.id or f"call_{i}", name=c.name, arguments="".join(c.arguments) or "{}")
+        for i, c in sorted(calls.items())
+    ]
+    return Completion("".join(text), tool_calls, usage, finished=finished)
+
+
+DRAIN_SECONDS = 1.0
+
+# The SDK client's words for an error object without a message.
+STREAM_ERROR = "An error occurred during streaming"

@@ -21,7 +21,7 @@ import json
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -64,7 +64,7 @@ from chatops.store import (
     set_status,
     thread_model,
 )
-from mm_core import Agent, display
+from mm_core import Agent, ModelHttp, display
 from mm_core.agent import DEFAULT_SYSTEM_PROMPT
 from mm_core.config import AgentConfig
 from mm_core.events import Event, PermissionRequested, TurnFinished
@@ -111,6 +111,7 @@ class Process:
     engine: Engine
     keeper: LeaseKeeper
     start_secrets: tuple[str, ...]
+    model_http: ModelHttp = field(default_factory=ModelHttp)  # the model connections, one set for all turns
 
     @property
     def config(self) -> Config:
@@ -280,6 +281,7 @@ class SessionTurns:
             session_id,
             workspace,
             api_key=self.config.model_api_keys.get(model_name) if model_name else self.config.model_api_key,
+            model_http=self.proc.model_http,
             emit=emit,
             granted=granted,
             instructions=await self._instructions(workspace),
