@@ -194,11 +194,11 @@ class _Watchdog:
         self.handle.cancel()
 
 
-class _Unreachable(Exception):
+class _Unreachable(CoreError):
     """No answer began: the connection failed, or was closed before the response's headers."""
 
 
-class _Broken(Exception):
+class _Broken(CoreError):
     """The answer began and went wrong: `kind` and `text` are what the error names."""
 
     def __init__(self, kind: str, text: str) -> None:
