@@ -37,7 +37,6 @@ from chatops.inbox import (
     expire_pending,
     forget_assistant_contexts,
     release_expired_leases,
-    sessions_with_work,
     stop_requested,
 )
 from chatops.jobs import forget_unrun
@@ -45,6 +44,7 @@ from chatops.reload import ConfigFile
 from chatops.requests import forget_finished
 from chatops.schema import ApprovalState, InboxCommand, Session, SessionKind, SessionStatus, utcnow
 from chatops.secrets import describe_error, known_secrets, scrub, secrets_of
+from chatops.sessions import sessions_with_work
 from chatops.store import (
     ApprovalRow,
     DbStore,
