@@ -60,6 +60,7 @@ class Turn:
     open: bool
     waiting: frozenset[str] = frozenset()  # the calls a decision may be for (SessionState.open_calls)
     decided: frozenset[str] = frozenset()  # the calls the log holds a decision for
+    fresh: bool = False  # the conversation is empty (nothing since the last `new`): a new turn gets the context
 
 
 @dataclass(frozen=True)
@@ -133,7 +134,12 @@ def snapshot(bind: Engine | Connection, session_id: str, *, log: bool = True) ->
                 select(SessionEvent.payload).where(SessionEvent.session_id == session_id).order_by(SessionEvent.seq)
             )
             state = SessionState.of([from_dict(payload) for (payload,) in entries])
-            turn = Turn(state.turn_start() is not None, frozenset(state.open_calls()), frozenset(state.decisions()))
+            turn = Turn(
+                state.turn_start() is not None,
+                frozenset(state.open_calls()),
+                frozenset(state.decisions()),
+                not state.entries,
+            )
     model = (s.agent_config or {}).get("model")
     return Snapshot(
         id=s.id,
