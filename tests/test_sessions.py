@@ -4,6 +4,7 @@ the decision, and that housekeeping's query and `needs_worker` agree on every on
 
 from __future__ import annotations
 
+import itertools
 import json
 import uuid
 from collections.abc import Iterator
@@ -82,33 +83,69 @@ def new_decisions(snap: Snapshot) -> list[str]:
 # --- next_step, pure --------------------------------------------------------------------------------------------
 
 
-@given(snapshots(), st.booleans())
-def test_next_step_follows_the_sessions_rules_in_their_order(snap: Snapshot, people: bool) -> None:
-    step = next_step(snap, people=people)
+def expected(snap: Snapshot, people: bool) -> type | Stop | Wait | Command | Start | Idle:
+    """The session's rules in their order, as the issue states them: the step next_step must give (for a resume,
+    its type: the decisions are checked on their own)."""
     assert snap.turn is not None
     awaiting = snap.status == SessionStatus.AWAITING_APPROVAL
     pending = any(a.state == ApprovalState.PENDING for a in snap.approvals)
     if snap.stop_requested:
-        assert step == Stop(snap.turn.open)  # a stop comes first: before any wait, any clone, any message
-    elif awaiting and pending:
-        assert step == Wait()
-    elif snap.turn.open:
-        decided = new_decisions(snap)
-        if awaiting and not decided:
-            assert step == Wait()  # nothing new came for the waiting turn: a stray delivery
-        else:
-            assert isinstance(step, Resume)
-            assert step.after_crash == (not awaiting)
-            assert [d.call_id for d in step.decisions] == decided
+        return Stop(snap.turn.open)  # a stop comes first: before any wait, any clone, any message
+    if awaiting and pending:
+        return Wait()
+    if snap.turn.open:
+        # Nothing new came for a waiting turn (a stray delivery): it waits on.
+        return Wait() if awaiting and not new_decisions(snap) else Resume
+    first = snap.inbox[0] if snap.inbox else None
+    if first is not None and first.command is not None:
+        # A command runs in its own turn; a person's waits for a running job's end, like their messages.
+        return Command(first.command) if people or not first.by_person else Idle()
+    upto = next((i for i, w in enumerate(snap.inbox) if w.command), len(snap.inbox))
+    takes = [w for w in snap.inbox[:upto] if people or not w.by_person]
+    return Start(len(takes)) if takes else Idle()
+
+
+def check(snap: Snapshot, people: bool) -> None:
+    step, want = next_step(snap, people=people), expected(snap, people)
+    if want is Resume:
+        assert isinstance(step, Resume)
+        assert step.after_crash == (snap.status != SessionStatus.AWAITING_APPROVAL)
+        assert [d.call_id for d in step.decisions] == new_decisions(snap)
     else:
-        first = snap.inbox[0] if snap.inbox else None
-        if first is not None and first.command is not None:
-            # A command runs in its own turn; a person's waits for a running job's end, like their messages.
-            assert step == (Command(first.command) if people or not first.by_person else Idle())
-        else:
-            messages = [w for w in snap.inbox[: next((i for i, w in enumerate(snap.inbox) if w.command), None)]]
-            takes = [w for w in messages if people or not w.by_person]
-            assert step == (Start(len(takes)) if takes else Idle())
+        assert step == want
+
+
+@given(snapshots(), st.booleans())
+def test_next_step_follows_the_sessions_rules_in_their_order(snap: Snapshot, people: bool) -> None:
+    check(snap, people)
+
+
+def test_next_step_on_every_session_of_one_call_and_one_inbox_row() -> None:
+    """Exhaustively, over a space small enough to list: every status, stop, open turn, state of one call's
+    approval, whether the turn waits for it and whether the log decided it, first inbox row, and job run."""
+    rows = [(), (Waiting(1, None, True),), (Waiting(1, None, False),)]
+    rows += [(Waiting(1, c, p),) for c in InboxCommand for p in (True, False)]
+    states: list[ApprovalState | None] = [None, *ApprovalState]
+    space = itertools.product(SessionStatus, (True, False), (True, False), states, (True, False), (True, False), rows)
+    count = 0
+    for status, stop, is_open, state, waits, decided, inbox in space:
+        if status == SessionStatus.IDLE and is_open:
+            continue  # the invariant: an idle session has no open turn
+        snap = Snapshot(
+            "s",
+            SessionKind.THREAD,
+            status,
+            stop_requested=stop,
+            approvals=() if state is None else (approval("call_a", state),),
+            inbox=inbox,
+            turn=Turn(
+                is_open, frozenset({"call_a"} if waits and is_open else ()), frozenset({"call_a"} if decided else ())
+            ),
+        )
+        for people in (True, False):
+            check(snap, people)
+            count += 1
+    assert count == 7 * 2 * 5 * 2 * 2 * 11 * 2  # (status, open turn) pairs, stop, state, waits, decided, row, job
 
 
 @given(snapshots())

@@ -8,10 +8,9 @@ blocks only its own turn, and the database driver releases the GIL while it wait
 not apply to threads, so a turn enforces `worker.turnTimeLimit` itself; stop requests and lease renewals for
 all of a process's turns go through one keeper thread (workers/leases.py).
 
-What to do is always read from the database, never from the task message: the log says whether a turn is
-open (then it resumes: after a decision, or after the worker running it died), the inbox holds the messages
-for the next turn, the approvals table holds the decisions. A message delivered twice finds the lease taken
-or nothing to do.
+What to do is always read from the database, never from the task message: one snapshot of the session
+(chatops.sessions: its row, approvals, inbox and what its log says of the open turn), and one decision over it,
+`next_step`, which this module carries out. A message delivered twice finds the lease taken or nothing to do.
 """
 
 from __future__ import annotations
