@@ -227,13 +227,11 @@ def next_step(snap: Snapshot, *, people: bool = True) -> Step:
     return Start(len(taken)) if taken else Idle()
 
 
-def next_turn(rows: Sequence[Any], people: bool) -> list[Any]:
-    """The untaken rows a turn takes (rows with `command` and, for `people=False`, `by_person` or `user_id`): up
-    to the first command (it waits for its own turn), and with `people=False` only those nobody wrote."""
+def next_turn(rows: Sequence[Waiting], people: bool) -> list[Waiting]:
+    """The untaken rows a turn takes, as DbStore.take_inbox does (tests check both agree): up to the first command
+    (it waits for its own turn), and with `people=False` only those nobody wrote."""
     rows = list(itertools.takewhile(lambda row: row.command is None, rows))
-    if people:
-        return rows
-    return [row for row in rows if not getattr(row, "by_person", getattr(row, "user_id", None) is not None)]
+    return rows if people else [row for row in rows if not row.by_person]
 
 
 def _decisions(approvals: Sequence[ApprovalRow], turn: Turn) -> tuple[tuple[Decision, ...], tuple[ApprovalRow, ...]]:
