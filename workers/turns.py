@@ -252,8 +252,8 @@ class SessionTurns:
             return True  # the inbox may hold more
         if isinstance(step, Wait):
             return False  # a stray delivery (a message to a waiting thread): the turn waits for people still
-        if isinstance(step, Idle):
-            return self._idle()
+        if isinstance(step, Idle) and self.running is None:
+            return self._idle()  # nothing to run: no workspace is prepared for it
         try:
             workspace = self.workspace = await self._workspace(renderer)
         except WorkspaceError as e:
@@ -276,6 +276,8 @@ class SessionTurns:
             self.failure = MODEL_GONE.format(name=model_name)
             await self._refuse(renderer, self.failure)
             return False
+        if isinstance(step, Idle):
+            return self._idle()  # a job's run whose turn ended before: its summary shows what the workspace holds
         config, granted = self._setting()
         agent = Agent(
             config,
