@@ -7,7 +7,7 @@ user group may need a Web API call). Nothing in the click is trusted but the cli
 2. The click must come from where the bot showed the button: the session's channel and thread (and the
    call's own message, once known), or the clicker's App Home.
 3. The clicker must be allowed (bot.authorize), by the config of the session's channel.
-4. The decision is a compare-and-set on the approvals row (chatops.store.decide_approval): of ten clicks at
+4. The decision is a compare-and-set on the approvals row (chatops.sessions.decide): of ten clicks at
    once, one wins; a click on a call already decided, or expired, changes nothing.
 
 A refusal is an ephemeral sentence to the clicker and changes nothing. The winner's decision is shown on the
@@ -24,15 +24,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, Engine, select
+from sqlalchemy import Connection, Engine
 
 from bot.authorize import Approvers
 from bot.steps import NoSteps, Steps, courtesy
 from chatops.buttons import Action, BadButton, ButtonValue
 from chatops.inbox import request_stop
 from chatops.queries import writers
-from chatops.schema import ApprovalState, Session, SessionKind
-from chatops.store import ApprovalRow, approvals_of, decide_approval, get_approval
+from chatops.schema import ApprovalState, SessionKind
+from chatops.sessions import Snapshot, decide, snapshot, waits_for_people
+from chatops.store import ApprovalRow, get_approval
 from slackio.approval_message import NO_APPROVERS, approvable, approval_blocks, layout, requesters, when
 from slackio.metrics import waited
 from slackio.mrkdwn import Mrkdwn
@@ -93,14 +94,6 @@ class Click:
         )
 
 
-@dataclass(frozen=True)
-class _Session:
-    id: str
-    channel_id: str | None
-    thread_ts: str | None
-    job_run: bool = False  # a job's run: an "Approve all" there covers the run's prompt, which nobody wrote
-
-
 class ClickHandler:
     """The bot process's click handling: its engine, config, approvers cache and the Web API client."""
 
@@ -120,7 +113,7 @@ class ClickHandler:
         what an earlier attempt at the same click did (a decision it made is shown and handed on, not refused
         as already made)."""
         steps = steps or NoSteps(self.engine)
-        session = await asyncio.to_thread(self._session, click.value.session_id)
+        session = await asyncio.to_thread(snapshot, self.engine, click.value.session_id, log=False)
         if session is None:
             return NOT_FOUND
         if click.channel is not None and (click.channel != session.channel_id or click.thread_ts != session.thread_ts):
@@ -150,10 +143,20 @@ class ClickHandler:
                 return refusal
             clicked = row
 
-            def decide(conn: Connection) -> str:
-                return json.dumps(self._decide(conn, clicked, approve, everything, click.user, click.channel is None))
+            def decided_now(conn: Connection) -> str:
+                in_home = click.channel is None
+                return json.dumps(
+                    decide(
+                        conn,
+                        clicked.call_id,
+                        approve,
+                        click.user,
+                        everything=everything,
+                        readable=lambda row: approvable(row, in_home=in_home),
+                    )
+                )
 
-            decided: list[str] = json.loads(await steps.take(DECIDED_STEP, decide))
+            decided: list[str] = json.loads(await steps.take(DECIDED_STEP, decided_now))
             for call_id in decided:
                 if (won := await asyncio.to_thread(get_approval, self.engine, call_id)) is not None:
                     waited(won, "approved" if approve else "rejected")
@@ -162,52 +165,20 @@ class ClickHandler:
         if not decided:
             row = await asyncio.to_thread(get_approval, self.engine, row.call_id)
             return _already(row) if row is not None else NOT_FOUND
+        # A job's run: an "Approve all" there covers the run's prompt, which nobody wrote.
+        job_run = session.kind == SessionKind.JOB
         for call_id in decided:
-            await self._show(slack, channel, call_id, session.job_run)
+            await self._show(slack, channel, call_id, job_run)
         if everything:
-            whose = requesters(None if session.job_run else row.requested_by)
+            whose = requesters(None if job_run else row.requested_by)
             said = ALL_APPROVED.format(user=click.user, requesters=whose)
             async with courtesy(f"tell {channel}/{session.thread_ts} whom an approval covers"):
                 await steps.post(slack, ALL_SAID_STEP, channel, said, session.thread_ts)
-        if not await asyncio.to_thread(self._still_waiting, session.id):
+        if not await asyncio.to_thread(waits_for_people, self.engine, session.id):
             await self._enqueue(session.id)
         return None
 
-    def _decide(
-        self, conn: Connection, row: ApprovalRow, approve: bool, everything: bool, user: str, in_home: bool
-    ) -> list[str]:
-        """The click's decision, by compare-and-set, in the caller's transaction: the calls it decided (none when
-        another decision came first)."""
-        if not decide_approval(conn, row.call_id, approve, user, approve_all=everything):
-            return []
-        return [row.call_id, *(self._approve_the_rest(conn, row, user, in_home) if everything else [])]
-
     # -- the steps ------------------------------------------------------------------------------------------
-
-    def _session(self, session_id: str) -> _Session | None:
-        with self.engine.connect() as conn:
-            row = conn.execute(
-                select(Session.id, Session.channel_id, Session.thread_ts, Session.kind).where(Session.id == session_id)
-            ).first()
-        return _Session(row.id, row.channel_id, row.thread_ts, row.kind == SessionKind.JOB) if row else None
-
-    def _approve_the_rest(self, conn: Connection, clicked: ApprovalRow, user: str, in_home: bool) -> list[str]:
-        """Approve all: the other waiting calls of the same requesters are approved too, those whose whole text
-        can be read where the click came from (the thread, or App Home, which holds no file: there only those its
-        messages show whole); the others wait for a decision of their own. Their later calls run without asking:
-        the worker hands the decision to the log, where mm_core.state derives whom it covers; the session's own
-        yolo is `yolo on|off`'s alone."""
-        return [
-            row.call_id
-            for row in approvals_of(conn, clicked.session_id)
-            if row.state == ApprovalState.PENDING
-            and row.requested_by == clicked.requested_by
-            and approvable(row, in_home=in_home)
-            and decide_approval(conn, row.call_id, True, user)
-        ]
-
-    def _still_waiting(self, session_id: str) -> bool:
-        return any(r.state == ApprovalState.PENDING for r in approvals_of(self.engine, session_id))
 
     async def _show(self, slack: SlackOut, channel: str, call_id: str, job_run: bool = False) -> None:
         """The call's message as it now stands: the decision, who and when, no buttons."""
@@ -232,7 +203,7 @@ class ClickHandler:
         await self.enqueue_push(session_id, branch, user)
         return None
 
-    async def _stop(self, slack: SlackOut, click: Click, session: _Session, steps: Steps) -> str | None:
+    async def _stop(self, slack: SlackOut, click: Click, session: Snapshot, steps: Steps) -> str | None:
         channel = session.channel_id or ""
         if steps.done(STOPPED_STEP) is None and not await may_stop(
             self.engine, self.approvers, slack.client, channel, session.id, click.user

@@ -1,10 +1,10 @@
 """What a thread asks of its session, as the database keeps it: messages waiting for a turn, stop requests,
-the query that finds every session with work nobody is doing, and what an assistant thread's person looks at.
+and what an assistant thread's person looks at.
 
 The bot records a message here before it acks Slack, and enqueues "session S has work" after; the worker
 takes the messages (DbStore.take_inbox) under the session's lease. Since the broker only carries that hint,
-housekeeping asks `sessions_with_work` which sessions need a worker and re-enqueues them: a lost message, a
-killed worker or a flushed Redis delays a turn and never loses it.
+housekeeping asks which sessions need a worker (chatops.sessions.sessions_with_work) and re-enqueues them: a
+lost message, a killed worker or a flushed Redis delays a turn and never loses it.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import JSON, Connection, Engine, and_, bindparam, delete, exists, insert, or_, select, update
+from sqlalchemy import JSON, Connection, Engine, bindparam, delete, exists, insert, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.sql.expression import Exists
@@ -232,32 +232,6 @@ def renew_held(
             update(Session).where(*where).values(lease_expires_at=now + timedelta(seconds=ttl_s)).returning(Session.id)
         )
         return set(rows.scalars())
-
-
-def sessions_with_work(
-    engine: Engine, quiet_s: float = 0.0, now: datetime | None = None, only: str | None = None
-) -> list[str]:
-    """Sessions that need a worker and have none: untaken messages, a queued or running turn, a stop asked,
-    or a decision on every approval they wait for, and no live lease; only those unchanged for `quiet_s`,
-    so that work whose message is merely waiting in a busy queue is not enqueued again and again. Messages
-    to a session that waits for a person wait with it: the next turn takes them once the decision came."""
-    now = now or utcnow()
-    free = or_(Session.lease_owner.is_(None), Session.lease_expires_at.is_(None), Session.lease_expires_at <= now)
-    awaiting = Session.status == SessionStatus.AWAITING_APPROVAL
-    decided = and_(
-        awaiting, ~exists().where(Approval.session_id == Session.id, Approval.state == ApprovalState.PENDING)
-    )
-    wanted = or_(
-        Session.status.in_([SessionStatus.QUEUED, SessionStatus.RUNNING]),
-        Session.stop_requested_at.is_not(None),
-        and_(~awaiting, _untaken(Session.id)),
-        decided,
-    )
-    conditions = [free, wanted, Session.updated_at <= now - timedelta(seconds=quiet_s)]
-    if only is not None:
-        conditions.append(Session.id == only)
-    with engine.connect() as conn:
-        return list(conn.execute(select(Session.id).where(*conditions).order_by(Session.updated_at)).scalars())
 
 
 def expire_pending(engine: Engine, session_id: str) -> list[str]:

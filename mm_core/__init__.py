@@ -1,7 +1,8 @@
 """mm_core: the agent core, a plain library (no Slack, no Celery, no database).
 
-Front ends use what is listed here: an `Agent` on a session's log (`Store`), driven by `send`, `resume`
-(with a person's `Decision`s), `stop`, `new` and `compact`; the typed events it emits while it works; and
+Front ends use what is listed here: an `Agent` on a session's log (`Store`), an async context manager, driven by
+`send`, `start` (a turn whose message the front end appended), `resume` (with a person's `Decision`s), `stop`,
+`new` and `compact`; the typed events it emits while it works; and
 `mm_core.display` for what to show of them. Everything else is the core's own business.
 """
 

@@ -7,6 +7,8 @@ suspended one, and recovers one whose process was killed.
 
 With `yolo` off, a call the reference gates does not run: the turn *suspends*. `run()` returns with the
 pending calls named, nothing waits, and `resume(decisions)` continues the same turn later, in any process.
+A front end that appends a turn's message itself (in its own transaction) runs the new turn with `start()`;
+`async with Agent(...) as agent` closes the model client on the way out.
 """
 
 from __future__ import annotations
@@ -171,6 +173,12 @@ class Agent:
         self._append(UserMessage(text, author))
         return await self._run()
 
+    async def start(self) -> TurnFinished:
+        """Run the new turn the front end opened in the log (it appended the turn's message itself: a store that
+        takes a thread's messages in one transaction, or `ask_entries`); IDLE when no turn is open."""
+        self.load()
+        return await self._run()
+
     async def resume(self, decisions: Iterable[Decision] = ()) -> TurnFinished:
         """Continue the turn: after approvals, or after the process that ran it died."""
         state = self.load()
@@ -211,6 +219,12 @@ class Agent:
         """Close the model client (its connections, when they are the agent's own). The session's resources are
         the session's: `new` closes them."""
         await self.model.aclose()
+
+    async def __aenter__(self) -> Agent:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
 
     async def compact(self) -> str:
         """`compact`: the model summarises older history; the latest exchange is kept as it is."""

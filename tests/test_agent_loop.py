@@ -36,6 +36,7 @@ from mm_core.log import (
     shown_digest,
 )
 from mm_core.loopdetect import LOOP_DETECTED
+from mm_core.model import ModelClient
 from mm_testkit.fixtures_kit import needs_bwrap_when_root
 from playground.model_server import Reply, ToolCall, endless
 
@@ -726,3 +727,30 @@ def test_a_front_end_s_standing_grant_covers_the_turns_of_its_requesters_alone(m
     assert run(agent.send("the job's prompt")).outcome == "answered"
     assert run(agent.send("me too", author="U0EVE")).outcome == "suspended"
     assert (tmp_path / "prompt.txt").exists() and not (tmp_path / "eve.txt").exists()
+
+
+def test_start_runs_the_turn_a_front_end_opened_and_the_agent_closes_as_a_context(model_server, tmp_path):
+    """A front end appends the turn's message in its own transaction (a store taking a thread's inbox) and starts
+    the turn; `async with` closes the model client on the way out."""
+
+    class Closing(ModelClient):
+        closed = 0
+
+        async def aclose(self) -> None:
+            self.closed += 1
+            await super().aclose()
+
+    store = MemoryStore()
+    config = agent_config(model_server.url)
+    model = Closing(config.model, None, config.watchdogTimeout)
+    model_server.script(Reply(text="hello"))
+
+    async def go():
+        async with make_agent(config, store, tmp_path, model=model) as agent:
+            assert (await agent.start()).outcome == "idle"  # nothing opened yet: nothing to run
+            store.append("s1", UserMessage("hi", "U1"))
+            return await agent.start()
+
+    finished = run(go())
+    assert (finished.outcome, finished.answer) == ("answered", "hello")
+    assert model.closed == 1

@@ -9,7 +9,7 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import Engine
 
-from chatops import inbox, store
+from chatops import inbox, sessions, store
 from chatops.schema import SessionStatus, utcnow
 from mm_core.log import Fenced, UserMessage
 
@@ -31,7 +31,7 @@ def test_a_message_is_recorded_once_and_queues_an_idle_session(engine: Engine) -
     again = record(engine, root, root, "fix it")  # a retry, or the message twin of an app_mention
     assert again == inbox.Recorded(first.session_id, new=False, busy=False)
     assert inbox.session_of(engine, "C0INBOX", root) == first.session_id
-    assert inbox.sessions_with_work(engine, now=utcnow() + timedelta(seconds=5)).count(first.session_id) == 1
+    assert sessions.sessions_with_work(engine, now=utcnow() + timedelta(seconds=5)).count(first.session_id) == 1
 
 
 def test_a_turn_takes_the_untaken_messages_in_order_and_at_most_a_turns_worth(engine: Engine) -> None:
@@ -62,12 +62,12 @@ def test_housekeeping_finds_work_nobody_does_and_leaves_work_somebody_does(engin
     root = thread()
     session_id = record(engine, root, root, "hello").session_id
     later = utcnow() + timedelta(seconds=10)
-    assert session_id in inbox.sessions_with_work(engine, quiet_s=5, now=later)
-    assert session_id not in inbox.sessions_with_work(engine, quiet_s=60, now=later)  # its hand-off may still come
+    assert session_id in sessions.sessions_with_work(engine, quiet_s=5, now=later)
+    assert session_id not in sessions.sessions_with_work(engine, quiet_s=60, now=later)  # its hand-off may still come
     token = store.acquire_lease(engine, session_id, "w", ttl_s=30)
     assert token is not None
-    assert session_id not in inbox.sessions_with_work(engine, now=later)  # a live lease: somebody does it
-    assert session_id in inbox.sessions_with_work(engine, now=utcnow() + timedelta(seconds=31))  # expired
+    assert session_id not in sessions.sessions_with_work(engine, now=later)  # a live lease: somebody does it
+    assert session_id in sessions.sessions_with_work(engine, now=utcnow() + timedelta(seconds=31))  # expired
     assert inbox.renew_held(engine, "w", ttl_s=30) >= {session_id}
     assert inbox.release_expired_leases(engine, now=utcnow() + timedelta(seconds=31)) >= 1
     assert not store.renew_lease(engine, session_id, token, ttl_s=30)  # released: nobody holds it
@@ -96,9 +96,9 @@ def test_messages_to_a_session_waiting_for_a_person_wait_with_it(engine: Engine)
     record(engine, root, f"{root}1", "and meanwhile?")
     later = utcnow() + timedelta(seconds=5)
     # Nothing to do until somebody decides: no worker is woken for the message, again and again.
-    assert session_id not in inbox.sessions_with_work(engine, now=later)
+    assert session_id not in sessions.sessions_with_work(engine, now=later)
     inbox.expire_pending(engine, session_id)
-    assert session_id in inbox.sessions_with_work(engine, now=later, only=session_id)
+    assert session_id in sessions.sessions_with_work(engine, now=later, only=session_id)
 
 
 def test_a_worker_that_lost_the_session_cannot_set_its_status(engine: Engine) -> None:

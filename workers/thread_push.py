@@ -15,13 +15,14 @@ from sqlalchemy import select
 
 from chatops import logs
 from chatops.schema import Session, SessionStatus
+from chatops.sessions import Snapshot, snapshot
 from chatops.store import acquire_lease, record_error, release_lease
 from slackio.mrkdwn import Mrkdwn
 from slackio.slack_client import web_client
 from slackio.slack_out import SlackOut
 from workers import git
 from workers.push import BranchRefused, NothingToPush, agent_of, credentials, push_workspace
-from workers.turns import Process, SessionFacts, process, session_facts
+from workers.turns import Process, process
 from workers.workspaces import cloned_branch, public_url, start_commit, workspace_path
 
 log = logging.getLogger("mm.worker.push")
@@ -50,7 +51,7 @@ def push_thread_work(session_id: str, branch: str | None, user: str) -> None:
 def _push_thread(session_id: str, branch: str | None, user: str) -> None:
     proc = process()
     engine = proc.engine
-    facts = session_facts(engine, session_id)
+    facts = snapshot(engine, session_id, log=False)
     if facts is None:
         return
     branch = branch or default_branch(facts.thread_ts or session_id)
@@ -67,7 +68,7 @@ def _push_thread(session_id: str, branch: str | None, user: str) -> None:
     asyncio.run(_say(proc, facts, said, session_id))
 
 
-def _push(proc: Process, facts: SessionFacts, session_id: str, branch: str, user: str) -> str:
+def _push(proc: Process, facts: Snapshot, session_id: str, branch: str, user: str) -> str:
     config = proc.config
     remote = facts.repo or config.service.channel(facts.channel_id or "").repo
     if not remote:
@@ -103,7 +104,7 @@ def _agent_name(proc: Process, session_id: str) -> str | None:
         return conn.execute(select(Session.agent_name).where(Session.id == session_id)).scalar_one_or_none()
 
 
-async def _say(proc: Process, facts: SessionFacts, text: str, session_id: str) -> None:
+async def _say(proc: Process, facts: Snapshot, text: str, session_id: str) -> None:
     slack = SlackOut(web_client(proc.config), proc.secrets)  # scrubs the token and the rest from git's words
     try:
         await slack.post(facts.channel_id or "", text, thread_ts=facts.thread_ts)

@@ -8,10 +8,9 @@ blocks only its own turn, and the database driver releases the GIL while it wait
 not apply to threads, so a turn enforces `worker.turnTimeLimit` itself; stop requests and lease renewals for
 all of a process's turns go through one keeper thread (workers/leases.py).
 
-What to do is always read from the database, never from the task message: the log says whether a turn is
-open (then it resumes: after a decision, or after the worker running it died), the inbox holds the messages
-for the next turn, the approvals table holds the decisions. A message delivered twice finds the lease taken
-or nothing to do.
+What to do is always read from the database, never from the task message: one snapshot of the session
+(chatops.sessions: its row, approvals, inbox and what its log says of the open turn), and one decision over it,
+`next_step`, which this module carries out. A message delivered twice finds the lease taken or nothing to do.
 """
 
 from __future__ import annotations
@@ -37,21 +36,18 @@ from chatops.inbox import (
     expire_pending,
     forget_assistant_contexts,
     release_expired_leases,
-    sessions_with_work,
-    stop_requested,
 )
 from chatops.jobs import forget_unrun
 from chatops.reload import ConfigFile
 from chatops.requests import forget_finished
 from chatops.schema import ApprovalState, InboxCommand, Session, SessionKind, SessionStatus, utcnow
 from chatops.secrets import describe_error, known_secrets, scrub, secrets_of
+from chatops.sessions import Command, Idle, Resume, Stop, Wait, decide, next_step, sessions_with_work, snapshot
 from chatops.store import (
     ApprovalRow,
     DbStore,
     TakenCommand,
     acquire_lease,
-    approvals_of,
-    decide_approval,
     expire_approvals,
     forget_seen_events,
     get_approval,
@@ -62,14 +58,13 @@ from chatops.store import (
     set_approval_message,
     set_instructions_used,
     set_status,
-    thread_model,
 )
 from mm_core import Agent, ModelHttp, display
 from mm_core.agent import DEFAULT_SYSTEM_PROMPT
 from mm_core.config import AgentConfig
 from mm_core.events import Event, PermissionRequested, TurnFinished
 from mm_core.instructions import extra_instructions, read_repo_files
-from mm_core.log import Decision, ErrorRecord, Fenced, Outcome, TurnEnded
+from mm_core.log import ErrorRecord, Fenced, Outcome, TurnEnded
 from mm_core.state import SessionState
 from mm_core.tools.ask_agent import load_agent_file
 from slackio import metrics
@@ -185,7 +180,12 @@ class SessionTurns:
         self.proc, self.session_id, self.token = proc, session_id, token
         self.config = proc.config
         self.store = DbStore(proc.engine, lease_token=token)
-        self.row = _session_row(proc.engine, session_id)
+        row = snapshot(proc.engine, session_id)
+        if row is None:
+            raise LookupError(f"session {session_id} is gone")
+        self.row = row  # the session as this lease found it: what next_step decides from
+        self.asked: tuple[ApprovalRow, ...] = ()  # the approvals this turn asked for
+        self.setting: tuple[AgentConfig, frozenset[str | None]] | None = None  # resolved once a turn (_setting)
         self.ending: SessionStatus | None = None  # the status the session takes once the thread shows the turn
         # A job run's turn: how it finished, or why it did not (its summary says so).
         self.finished: TurnFinished | None = None
@@ -215,7 +215,7 @@ class SessionTurns:
             on_approval_posted=lambda call_id, ts: set_approval_message(engine, call_id, ts),
             on_approval_file=lambda call_id, file_id: set_approval_file(engine, call_id, file_id),
         )
-        self.finished = self.failure = None
+        self.finished = self.failure = self.setting = None
         # The run a job's session carries, decided once a turn: its yolo, its time limit, what the turn takes.
         self.running = self._running_job() if self.row.kind == SessionKind.JOB else None
         try:
@@ -237,32 +237,35 @@ class SessionTurns:
                 self.row, self.ending = self.row.with_status(self.ending), None
 
     async def _next(self, renderer: ThreadRenderer, client: Any) -> bool:
+        """Decide from the snapshot (chatops.sessions.next_step), then carry the step out."""
         engine, session_id = self.proc.engine, self.session_id
-        if stop_requested(engine, session_id):
+        step = next_step(self.row, people=self.running is None)
+        if isinstance(step, Stop):
             # Before the workspace: a stop must not wait on (or fail with) a clone.
             clear_stop(engine, session_id)
-            if SessionState.of(self.store.load(session_id)).turn_start() is not None:
+            if step.turn_open:
                 self.failure = "it was stopped"
-                agent = Agent(self._agent_config(), self.store, session_id, self.config.workspaces_root / session_id)
-                await agent.stop()
-                await agent.aclose()
+                async with self._agent() as agent:
+                    await agent.stop()
                 await self._expire(renderer)
                 await renderer.notice(STOPPED)
             self.ending = SessionStatus.IDLE
             return True  # the inbox may hold more
-        if self.row.status == SessionStatus.AWAITING_APPROVAL and _undecided(engine, session_id):
+        if isinstance(step, Wait):
             return False  # a stray delivery (a message to a waiting thread): the turn waits for people still
+        if isinstance(step, Idle) and self.running is None:
+            return self._idle()  # nothing to run: no workspace is prepared for it
         try:
             workspace = self.workspace = await self._workspace(renderer)
         except WorkspaceError as e:
             self.failure = e.text
             await self._refuse(renderer, e.text)
             return False
-        step = metrics.StepClock()
+        clock = metrics.StepClock()
 
         def emit(event: Event) -> None:
             renderer.emit(event)
-            step.observe(event)
+            clock.observe(event)
             if isinstance(event, TurnFinished):
                 self.finished = event
             elif isinstance(event, PermissionRequested):
@@ -274,6 +277,8 @@ class SessionTurns:
             self.failure = MODEL_GONE.format(name=model_name)
             await self._refuse(renderer, self.failure)
             return False
+        if isinstance(step, Idle):
+            return self._idle()  # a job's run whose turn ended before: its summary shows what the workspace holds
         config, granted = self._setting()
         agent = Agent(
             config,
@@ -286,40 +291,37 @@ class SessionTurns:
             granted=granted,
             instructions=await self._instructions(workspace),
         )
-        try:
-            state = agent.load()
-            if state.turn_start() is not None:
-                decisions, undecided = await self._decisions(agent, renderer)
-                if self.row.status == SessionStatus.AWAITING_APPROVAL and (undecided or not decisions):
-                    return False  # a stray delivery, or a decision of several: the turn still waits for people
-                if self.row.status != SessionStatus.AWAITING_APPROVAL:
-                    await renderer.notice(RESUMED)
-                run = agent.resume(decisions)
-            elif (command := self.store.take_command(session_id, people=self.running is None)) is not None:
-                run = await self._command(agent, command, renderer)
-                if run is None:
-                    self.ending = SessionStatus.IDLE
-                    return True  # the inbox may hold more
-            else:
-                preface = await self._thread_context(client) if not state.entries else ""
-                notes, images = await self._receive_files(workspace, renderer, config.model.vision)
-                taken = self.store.take_inbox(
-                    session_id, preface, people=self.running is None, notes=notes, images=images
-                )
-                if taken is None:
-                    if self.running is not None:  # its turn ended before, and its end was never recorded
-                        self.failure = NO_END
-                    self.ending = SessionStatus.IDLE
-                    return False
-                run = agent.resume()
-            set_status(engine, session_id, SessionStatus.RUNNING, lease_token=self.token)
-            self.row = self.row.with_status(SessionStatus.RUNNING)
-            metrics.TURNS_STARTED.inc()
-            with metrics.TURNS_RUNNING.track_inprogress():
-                finished = await self._run(agent, run, renderer)
-        finally:
-            await agent.resources.aclose()
-            await agent.aclose()
+        async with agent:
+            try:
+                if isinstance(step, Resume):
+                    for row in step.expired:
+                        await renderer.update_approval(row, self.row.channel_id or "")
+                        await renderer.notice(EXPIRED.format(title=_title(row.tool, row.arguments)))
+                    if step.after_crash:
+                        await renderer.notice(RESUMED)
+                    run = agent.resume(step.decisions)
+                elif isinstance(step, Command):
+                    command = self.store.take_command(session_id, people=self.running is None)
+                    run = await self._command(agent, command, renderer) if command is not None else None
+                    if run is None:
+                        self.ending = SessionStatus.IDLE
+                        return True  # the inbox may hold more
+                else:
+                    preface = await self._thread_context(client) if self.row.turn and self.row.turn.fresh else ""
+                    notes, images = await self._receive_files(workspace, renderer, config.model.vision)
+                    taken = self.store.take_inbox(
+                        session_id, preface, people=self.running is None, notes=notes, images=images
+                    )
+                    if taken is None:
+                        return self._idle()
+                    run = agent.start()
+                set_status(engine, session_id, SessionStatus.RUNNING, lease_token=self.token)
+                self.row = self.row.with_status(SessionStatus.RUNNING)
+                metrics.TURNS_STARTED.inc()
+                with metrics.TURNS_RUNNING.track_inprogress():
+                    finished = await self._run(agent, run, renderer)
+            finally:
+                await agent.resources.aclose()
         if finished is CRASHED:
             metrics.TURNS.labels("crashed").inc()
             self.ending = SessionStatus.IDLE
@@ -327,9 +329,21 @@ class SessionTurns:
         if finished is not None and finished.outcome == Outcome.SUSPENDED:
             self.ending = SessionStatus.AWAITING_APPROVAL
             # Calls nobody may approve were rejected at once (_ask): then the turn goes on without waiting.
-            return not _undecided(engine, session_id)
+            return not any(row.state == ApprovalState.PENDING for row in self.asked)
         self.ending = SessionStatus.IDLE
         return True
+
+    def _idle(self) -> bool:
+        """Nothing to run: the session is idle (a job's run whose turn ended before, its end never recorded,
+        fails)."""
+        if self.running is not None:
+            self.failure = NO_END
+        self.ending = SessionStatus.IDLE
+        return False
+
+    def _agent(self) -> Agent:
+        """An agent only to end the open turn (a stop, a workspace gone): it runs no model."""
+        return Agent(self._agent_config(), self.store, self.session_id, self.config.workspaces_root / self.session_id)
 
     async def _run(self, agent: Agent, run: Any, renderer: ThreadRenderer) -> Any:
         """The turn, within its time limit; a stop or the limit ends it through the loop's own cancellation."""
@@ -405,12 +419,10 @@ class SessionTurns:
         """The turn cannot start (no workspace): the messages are answered with the reason, not kept forever.
         The log's error entry is the errors table's row (the store projects it)."""
         engine, session_id = self.proc.engine, self.session_id
-        log = self.store.load(session_id)
-        if SessionState.of(log).turn_start() is not None:
+        if self.row.turn is not None and self.row.turn.open:
             # A turn was open (its workspace went away and cannot be made again): it ends, its calls answered.
-            agent = Agent(self.config.agent, self.store, session_id, self.config.workspaces_root / session_id)
-            await agent.stop()
-            await agent.aclose()
+            async with self._agent() as agent:
+                await agent.stop()
             await self._expire(renderer)
             record_error(engine, "workspace", text, session_id=session_id)
         elif self.store.take_inbox(session_id, "", people=self.running is None) is not None:
@@ -442,28 +454,6 @@ class SessionTurns:
         for line in received.refused:
             await renderer.notice(line)
         return received.notes([row_id for row_id, _, _ in rows]), received.images()
-
-    async def _decisions(self, agent: Agent, renderer: ThreadRenderer) -> tuple[list[Decision], bool]:
-        """The decisions the approvals table holds for calls still waiting (an expired one is a rejection), and
-        whether some waiting call is still undecided."""
-        state = agent.state()
-        waiting, known = state.open_calls(), set(state.decisions())
-        decisions, undecided = [], False
-        channel = self.row.channel_id or ""
-        for row in approvals_of(self.proc.engine, self.session_id):
-            if row.call_id not in waiting or row.call_id in known:
-                continue
-            if row.state == ApprovalState.PENDING:
-                undecided = True
-                continue
-            if row.state == ApprovalState.EXPIRED:
-                await renderer.update_approval(row, channel)
-                await renderer.notice(EXPIRED.format(title=_title(row.tool, row.arguments)))
-            approved = row.state == ApprovalState.APPROVED
-            by = row.decided_by or str(row.state)
-            # Bound to what the person saw: a row without its digest (older than it) approves nothing.
-            decisions.append(Decision(row.call_id, approved, by, all=row.approve_all, shown=row.shown or ""))
-        return decisions, undecided
 
     async def _expire(self, renderer: ThreadRenderer) -> None:
         """The turn was stopped: the calls it waited for expire, and their messages lose their buttons."""
@@ -498,17 +488,17 @@ class SessionTurns:
                 shown=call.shown,
                 timeout_s=timeout,
             )
-            if nobody and decide_approval(engine, call.call_id, False, NO_APPROVERS):
+            if nobody and decide(engine, call.call_id, False, NO_APPROVERS):
                 row = get_approval(engine, call.call_id) or row
             rows.append(row)
+        self.asked += tuple(rows)
         return tuple(rows)
 
     async def _command(self, agent: Agent, command: TakenCommand, renderer: ThreadRenderer) -> Any:
         """A thread command the bot recorded in the inbox: its log entries are in (take_command); what is left
         is to say so, or to run the turn it opened (`ask`). None when there is no turn to run."""
-        agent.load()
         if command.command == InboxCommand.ASK:
-            return agent.resume()
+            return agent.start()
         if command.command == InboxCommand.NEW:
             await agent.resources.aclose()
             await renderer.notice(NEW_CONVERSATION)
@@ -601,7 +591,13 @@ class SessionTurns:
 
     def _setting(self) -> tuple[AgentConfig, frozenset[str | None]]:
         """The agent config the turn runs with, its yolo the thread's (workers.asking), and the requesters whose
-        calls run without asking besides those an approver granted (a running job's prompt, under its yolo)."""
+        calls run without asking besides those an approver granted (a running job's prompt, under its yolo):
+        resolved once a turn."""
+        if self.setting is None:
+            self.setting = self._resolve()
+        return self.setting
+
+    def _resolve(self) -> tuple[AgentConfig, frozenset[str | None]]:
         agent = self.config.agent
         if self.row.agent_name and self.row.agent_name in agent.mmConfigs:  # a job's own agent
             agent = load_agent_file(agent.mmConfigs[self.row.agent_name])
@@ -622,10 +618,7 @@ class SessionTurns:
         `model`). A job's own agent (`agent:`) keeps its own."""
         if self.row.agent_name:
             return None
-        return (
-            thread_model(self.proc.engine, self.session_id)
-            or self.config.service.channel(self.row.channel_id or "").model
-        )
+        return self.row.model or self.config.service.channel(self.row.channel_id or "").model
 
     def _running_job(self) -> RunningJob | None:
         def reread() -> Config:
@@ -652,80 +645,6 @@ class SessionTurns:
         ][-CONTEXT_MESSAGES:]
         lines = "\n".join(f"<@{m.get('user', '?')}>: {m.get('text', '')}" for m in earlier)[-CONTEXT_CHARS:]
         return THREAD_CONTEXT.format(lines=lines) if lines else ""
-
-
-@dataclass(frozen=True)
-class _Row:
-    kind: str
-    agent_name: str | None
-    channel_id: str | None
-    thread_ts: str | None
-    team_id: str | None
-    requester: str | None
-    repo: str | None
-    branch: str | None
-    yolo: bool | None
-    assistant_thread: bool
-    status: str
-    has_log: bool
-    first_message_ts: str | None
-
-    def with_status(self, status: SessionStatus) -> _Row:
-        return _Row(**{**self.__dict__, "status": status, "has_log": True})
-
-
-def _session_row(engine: Engine, session_id: str) -> _Row:
-    from chatops.schema import InboxMessage, SessionEvent
-
-    with engine.connect() as conn:
-        s = conn.execute(select(Session.__table__).where(Session.id == session_id)).one()
-        has_log = conn.execute(select(SessionEvent.seq).where(SessionEvent.session_id == session_id).limit(1)).first()
-        first = conn.execute(
-            select(InboxMessage.message_ts)
-            .where(InboxMessage.session_id == session_id)
-            .order_by(InboxMessage.id)
-            .limit(1)
-        ).scalar_one_or_none()
-    return _Row(
-        s.kind,
-        s.agent_name,
-        s.channel_id,
-        s.thread_ts,
-        s.team_id,
-        s.requester,
-        s.repo,
-        s.branch,
-        s.yolo,
-        bool(s.assistant_thread),
-        s.status,
-        has_log is not None,
-        first,
-    )
-
-
-@dataclass(frozen=True)
-class SessionFacts:
-    """What work outside a turn needs of a session (a push): its thread, repository, status and requester."""
-
-    channel_id: str | None
-    thread_ts: str | None
-    repo: str | None
-    branch: str | None
-    status: str
-
-
-def session_facts(engine: Engine, session_id: str) -> SessionFacts | None:
-    with engine.connect() as conn:
-        s = conn.execute(
-            select(Session.channel_id, Session.thread_ts, Session.repo, Session.branch, Session.status).where(
-                Session.id == session_id
-            )
-        ).first()
-    return SessionFacts(s.channel_id, s.thread_ts, s.repo, s.branch, s.status) if s is not None else None
-
-
-def _undecided(engine: Engine, session_id: str) -> bool:
-    return any(row.state == ApprovalState.PENDING for row in approvals_of(engine, session_id))
 
 
 def _title(tool: str, arguments: str | None) -> str:
