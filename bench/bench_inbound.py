@@ -597,7 +597,9 @@ def parse() -> argparse.Namespace:
 def py_spy(pid: int, output: str) -> subprocess.Popen[bytes]:
     beside = Path(sys.executable).parent / "py-spy"
     spy = str(beside) if beside.exists() else shutil.which("py-spy") or "py-spy"
-    argv = [spy, "record", "--pid", str(pid), "--gil", "--nonblocking", "--format", "raw", "-o", output]
+    # 1000 samples a second: the default 100 gives too few over a run of a few seconds.
+    argv = [spy, "record", "--pid", str(pid), "--rate", "1000", "--gil", "--nonblocking", "--format", "raw"]
+    argv += ["-o", output]
     return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 

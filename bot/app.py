@@ -32,12 +32,15 @@ from sqlalchemy.exc import DataError
 from bot import handlers, shapes
 from bot.approvals import ClickHandler
 from bot.authorize import Approvers
+from bot.before_ack import WAIT_S
 from bot.commands import SLASH_COMMAND, Commands
 from bot.home import Home
+from bot.inbox_writer import InboxWriter
 from bot.jobs import JobCommands
 from bot.logging_setup import BOLT_LOGGER
 from bot.requests import Requests
 from chatops.buttons import ACTION_PATTERN
+from chatops.inbox_async import async_inbox
 from chatops.reload import ConfigFile
 from chatops.secrets import LiveSecrets
 from slackio.slack_client import api_base, counted_only
@@ -67,6 +70,8 @@ class SlackApp:
     bolt: AsyncApp
     identity: Identity
     requests: Requests
+    # The record of each message before its ack, on the event loop (closed at shutdown: bot.server).
+    inbox: InboxWriter
 
 
 class Identity:
@@ -121,11 +126,14 @@ _BOT_USER = "mm_bot_user_hint"
 _SOURCE = str(Path(__file__).resolve().parent.parent)
 
 
-def create_app(config: Config, engine: Engine, inbound: Engine | None = None) -> SlackApp:
+def create_app(
+    config: Config, engine: Engine, inbound: Engine | None = None, inbox: InboxWriter | None = None
+) -> SlackApp:
     """A bolt app that verifies signatures with the signing secret, calls the Web API at
     `config.slack_api_url` (Slack itself, GovSlack, or the test emulator) and records what arrives through
-    `inbound` before the ack (an engine whose waits are bounded: bot.before_ack), and works after it through
-    `engine`.
+    `inbound` before the ack (an engine whose waits are bounded: bot.before_ack), a message through `inbox`
+    (on the event loop: bot.inbox_writer; made on `inbound`'s database when not given), and works after it
+    through `engine`.
 
     Needs SLACK_BOT_TOKEN and SLACK_SIGNING_SECRET; callers check `config.missing_slack_secrets()` first.
     """
@@ -136,6 +144,8 @@ def create_app(config: Config, engine: Engine, inbound: Engine | None = None) ->
     identity = Identity(client)
     inbound = inbound or engine
     thread_contexts = handlers.ThreadContexts(inbound)
+    if inbox is None:
+        inbox = inbox_writer(inbound.url.render_as_string(hide_password=False))
 
     # Bolt passes what a function names (a method's `self` is not one of its arguments).
     async def before_authorize(body: dict[str, Any], context: AsyncBoltContext, next: Callable) -> None:
@@ -164,8 +174,13 @@ def create_app(config: Config, engine: Engine, inbound: Engine | None = None) ->
         logger=bolt_log,
     )
     app.error(_error)
-    requests = register(app, engine, config, thread_contexts, inbound)
-    return SlackApp(app, identity, requests)
+    requests = register(app, engine, config, thread_contexts, inbound, inbox)
+    return SlackApp(app, identity, requests, inbox)
+
+
+def inbox_writer(database_url: str) -> InboxWriter:
+    """The process's writer of messages before their ack: its own connections, every wait bounded."""
+    return InboxWriter(async_inbox(database_url, WAIT_S))
 
 
 class _CheckedApp(AsyncApp):
@@ -187,11 +202,14 @@ def register(
     config: Config,
     thread_contexts: handlers.ThreadContexts,
     inbound: Engine | None = None,
+    inbox: InboxWriter | None = None,
 ) -> Requests:
     """The listeners, by kind: assistant threads, events, button clicks, the slash command, App Home. The
     process's requests (bot.requests), for its background loop. `inbound`: the engine of the work before the
-    ack (`engine` when not given)."""
+    ack (`engine` when not given); `inbox`: the writer of messages before their ack (one on `inbound`'s
+    database when not given)."""
     inbound = inbound or engine
+    inbox = inbox or inbox_writer(inbound.url.render_as_string(hide_password=False))
     # An edit of the config file reaches the bot's checks and commands within a second (chatops/reload.py).
     config_file = ConfigFile(config)
     approvers = Approvers(lambda: config_file.current().service)
@@ -213,6 +231,7 @@ def register(
 
     async def attach_engine(context: AsyncBoltContext, next: Callable[[], Awaitable[None]]) -> None:
         context[handlers.ENGINE] = inbound  # the listeners' own work is before the ack
+        context[handlers.INBOX] = inbox
         context[handlers.HOME] = home
         context[handlers.REQUESTS] = requests
         context[handlers.SECRETS] = secrets
