@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import traceback
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -147,11 +146,6 @@ def create_app(
     if inbox is None:
         inbox = inbox_writer(inbound.url.render_as_string(hide_password=False))
 
-    # Bolt passes what a function names (a method's `self` is not one of its arguments).
-    async def before_authorize(body: dict[str, Any], context: AsyncBoltContext, next: Callable) -> None:
-        identity.remember_bot_user(body, context)
-        await next()
-
     async def authorize(
         context: AsyncBoltContext, enterprise_id: str | None, team_id: str | None, user_id: str | None
     ) -> AuthorizeResult:
@@ -161,7 +155,6 @@ def create_app(
         client=client,
         signing_secret=config.slack_signing_secret,
         authorize=authorize,
-        before_authorize=before_authorize,
         # Bolt answers url_verification with the challenge (after the signature check).
         url_verification_enabled=True,
         # Bolt's default acks an event before its listener runs; ours record the message first, and bolt
@@ -173,6 +166,8 @@ def create_app(
         assistant_thread_context_store=thread_contexts,
         logger=bolt_log,
     )
+    # Before bolt authorizes a request (in async_dispatch: a middleware of bolt's costs its every argument built).
+    app.identity = identity
     app.error(_error)
     requests = register(app, engine, config, thread_contexts, inbound, inbox)
     return SlackApp(app, identity, requests, inbox)
@@ -186,18 +181,30 @@ def inbox_writer(database_url: str) -> InboxWriter:
 class _CheckedApp(AsyncApp):
     """Bolt's app, which first checks that a request has the shape its listeners read (bot.shapes), over HTTP
     and the socket alike: one that does not is acked and dropped in one line, before bolt reads any of it
-    (bolt builds a middleware's arguments — the click's first action, say — from the body before it runs)."""
+    (bolt builds a middleware's arguments — the click's first action, say — from the body before it runs).
+
+    Then it puts in the request's context what the listeners use (`preset`: the engine, the inbox, ...) and
+    the bot's user id the request names (Identity.remember_bot_user, for `authorize`): here rather than in
+    middlewares, each of which makes bolt build every argument a listener could ask for (the ack path's
+    largest cost after the record)."""
+
+    identity: Identity | None = None
+    preset: dict[str, Any] | None = None
 
     async def async_dispatch(self, req: AsyncBoltRequest) -> BoltResponse:
         body = req.body if isinstance(req.body, dict) else {}
         if (wrong := shapes.problem(body)) is not None:
             bolt_log.warning("dropped a signed Slack request of a shape no listener reads (%s); acked", wrong)
             return BoltResponse(status=200, body="")
+        if self.preset:
+            req.context.update(self.preset)
+        if self.identity is not None:
+            self.identity.remember_bot_user(body, req.context)
         return await super().async_dispatch(req)
 
 
 def register(
-    app: AsyncApp,
+    app: _CheckedApp,
     engine: Engine,
     config: Config,
     thread_contexts: handlers.ThreadContexts,
@@ -229,16 +236,14 @@ def register(
         inbound,
     )
 
-    async def attach_engine(context: AsyncBoltContext, next: Callable[[], Awaitable[None]]) -> None:
-        context[handlers.ENGINE] = inbound  # the listeners' own work is before the ack
-        context[handlers.INBOX] = inbox
-        context[handlers.HOME] = home
-        context[handlers.REQUESTS] = requests
-        context[handlers.SECRETS] = secrets
-        await next()
-
-    # Before the assistant: its middleware runs the assistant listeners itself, which need the engine too.
-    app.middleware(attach_engine)
+    # In every request's context before any middleware (the assistant's runs its listeners itself).
+    app.preset = {
+        handlers.ENGINE: inbound,  # the listeners' own work is before the ack
+        handlers.INBOX: inbox,
+        handlers.HOME: home,
+        handlers.REQUESTS: requests,
+        handlers.SECRETS: secrets,
+    }
     assistant = AsyncAssistant(thread_context_store=thread_contexts, logger=bolt_log)
     assistant.thread_started(handlers.on_assistant_thread_started)
     assistant.thread_context_changed(handlers.on_assistant_context_changed)
