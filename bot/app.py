@@ -185,8 +185,8 @@ class _CheckedApp(AsyncApp):
 
     Then it puts in the request's context what the listeners use (`preset`: the engine, the inbox, ...) and
     the bot's user id the request names (Identity.remember_bot_user, for `authorize`): here rather than in
-    middlewares, each of which makes bolt build every argument a listener could ask for (the ack path's
-    largest cost after the record)."""
+    middlewares, each of which makes bolt build every argument a listener could ask for, on every request
+    (py-spy on bench/bench_inbound.py: a seventh of the bot's time)."""
 
     identity: Identity | None = None
     preset: dict[str, Any] | None = None

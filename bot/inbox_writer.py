@@ -2,10 +2,11 @@
 
 Each message Slack sends is kept in the inbox before the bot acks it (bot.handlers). Written through the
 threaded engine, a record cost a hop to a thread and back and a transaction (a commit, so a flush of the
-database's log) of its own. Here it is written on the event loop, through an async engine (one pool for the
-process), by a writer that takes every message waiting and keeps them in one transaction: while one batch
-commits, the messages that arrive wait for the next, so a burst costs few commits and an event alone waits for
-nobody. Each waiter is answered once the commit of its batch has succeeded, never before.
+database's log) of its own. Here it is written on the event loop, through chatops.inbox_async (async
+connections, one pool for the process), by a writer that takes every message waiting and keeps them in one
+transaction: while one batch commits, the messages that arrive wait for the next, so a burst costs few
+commits and an event alone waits for nobody. Each waiter is answered once the commit of its batch has
+succeeded, never before.
 
 A batch that fails before its commit (one bad message, another bot that created the same session meanwhile) is
 rolled back and its messages are written again one by one, each in a transaction of its own, so that one
@@ -14,8 +15,8 @@ message's failure is that message's alone and none is lost or answered for anoth
 The bounds of bot.before_ack hold: a waiter gets its answer within DEADLINE_S. A message given up before its
 batch began its commit (`abandon`) is never committed: the batch is rolled back and written again without it,
 and its waiter raises DatabaseSilent. A waiter whose deadline comes during its batch's commit cannot know:
-Unsure, with the outcome to come. The engine's waits are bounded (chatops.db's `wait_s`) and a batch is given
-BATCH_LIMIT_S in all, so that a database that falls silent holds a writer for that long at most.
+Unsure, with the outcome to come. The connections' waits are bounded (chatops.db's `wait_s`) and a batch is
+given BATCH_LIMIT_S in all, so that a database that falls silent holds a writer for that long at most.
 """
 
 from __future__ import annotations
