@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import traceback
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -32,12 +31,15 @@ from sqlalchemy.exc import DataError
 from bot import handlers, shapes
 from bot.approvals import ClickHandler
 from bot.authorize import Approvers
+from bot.before_ack import WAIT_S
 from bot.commands import SLASH_COMMAND, Commands
 from bot.home import Home
+from bot.inbox_writer import InboxWriter
 from bot.jobs import JobCommands
 from bot.logging_setup import BOLT_LOGGER
 from bot.requests import Requests
 from chatops.buttons import ACTION_PATTERN
+from chatops.inbox_async import async_inbox
 from chatops.reload import ConfigFile
 from chatops.secrets import LiveSecrets
 from slackio.slack_client import api_base, counted_only
@@ -67,6 +69,8 @@ class SlackApp:
     bolt: AsyncApp
     identity: Identity
     requests: Requests
+    # The record of each message before its ack, on the event loop (closed at shutdown: bot.server).
+    inbox: InboxWriter
 
 
 class Identity:
@@ -121,11 +125,14 @@ _BOT_USER = "mm_bot_user_hint"
 _SOURCE = str(Path(__file__).resolve().parent.parent)
 
 
-def create_app(config: Config, engine: Engine, inbound: Engine | None = None) -> SlackApp:
+def create_app(
+    config: Config, engine: Engine, inbound: Engine | None = None, inbox: InboxWriter | None = None
+) -> SlackApp:
     """A bolt app that verifies signatures with the signing secret, calls the Web API at
     `config.slack_api_url` (Slack itself, GovSlack, or the test emulator) and records what arrives through
-    `inbound` before the ack (an engine whose waits are bounded: bot.before_ack), and works after it through
-    `engine`.
+    `inbound` before the ack (an engine whose waits are bounded: bot.before_ack), a message through `inbox`
+    (on the event loop: bot.inbox_writer; made on `inbound`'s database when not given), and works after it
+    through `engine`.
 
     Needs SLACK_BOT_TOKEN and SLACK_SIGNING_SECRET; callers check `config.missing_slack_secrets()` first.
     """
@@ -136,11 +143,8 @@ def create_app(config: Config, engine: Engine, inbound: Engine | None = None) ->
     identity = Identity(client)
     inbound = inbound or engine
     thread_contexts = handlers.ThreadContexts(inbound)
-
-    # Bolt passes what a function names (a method's `self` is not one of its arguments).
-    async def before_authorize(body: dict[str, Any], context: AsyncBoltContext, next: Callable) -> None:
-        identity.remember_bot_user(body, context)
-        await next()
+    if inbox is None:
+        inbox = inbox_writer(inbound.url.render_as_string(hide_password=False))
 
     async def authorize(
         context: AsyncBoltContext, enterprise_id: str | None, team_id: str | None, user_id: str | None
@@ -151,7 +155,6 @@ def create_app(config: Config, engine: Engine, inbound: Engine | None = None) ->
         client=client,
         signing_secret=config.slack_signing_secret,
         authorize=authorize,
-        before_authorize=before_authorize,
         # Bolt answers url_verification with the challenge (after the signature check).
         url_verification_enabled=True,
         # Bolt's default acks an event before its listener runs; ours record the message first, and bolt
@@ -163,35 +166,57 @@ def create_app(config: Config, engine: Engine, inbound: Engine | None = None) ->
         assistant_thread_context_store=thread_contexts,
         logger=bolt_log,
     )
+    # Before bolt authorizes a request (in async_dispatch: a middleware of bolt's costs its every argument built).
+    app.identity = identity
     app.error(_error)
-    requests = register(app, engine, config, thread_contexts, inbound)
-    return SlackApp(app, identity, requests)
+    requests = register(app, engine, config, thread_contexts, inbound, inbox)
+    return SlackApp(app, identity, requests, inbox)
+
+
+def inbox_writer(database_url: str) -> InboxWriter:
+    """The process's writer of messages before their ack: its own connections, every wait bounded."""
+    return InboxWriter(async_inbox(database_url, WAIT_S))
 
 
 class _CheckedApp(AsyncApp):
     """Bolt's app, which first checks that a request has the shape its listeners read (bot.shapes), over HTTP
     and the socket alike: one that does not is acked and dropped in one line, before bolt reads any of it
-    (bolt builds a middleware's arguments — the click's first action, say — from the body before it runs)."""
+    (bolt builds a middleware's arguments — the click's first action, say — from the body before it runs).
+
+    Then it puts in the request's context what the listeners use (`preset`: the engine, the inbox, ...) and
+    the bot's user id the request names (Identity.remember_bot_user, for `authorize`): here rather than in
+    middlewares, each of which makes bolt build every argument a listener could ask for, on every request
+    (py-spy on bench/bench_inbound.py: a seventh of the bot's time)."""
+
+    identity: Identity | None = None
+    preset: dict[str, Any] | None = None
 
     async def async_dispatch(self, req: AsyncBoltRequest) -> BoltResponse:
         body = req.body if isinstance(req.body, dict) else {}
         if (wrong := shapes.problem(body)) is not None:
             bolt_log.warning("dropped a signed Slack request of a shape no listener reads (%s); acked", wrong)
             return BoltResponse(status=200, body="")
+        if self.preset:
+            req.context.update(self.preset)
+        if self.identity is not None:
+            self.identity.remember_bot_user(body, req.context)
         return await super().async_dispatch(req)
 
 
 def register(
-    app: AsyncApp,
+    app: _CheckedApp,
     engine: Engine,
     config: Config,
     thread_contexts: handlers.ThreadContexts,
     inbound: Engine | None = None,
+    inbox: InboxWriter | None = None,
 ) -> Requests:
     """The listeners, by kind: assistant threads, events, button clicks, the slash command, App Home. The
     process's requests (bot.requests), for its background loop. `inbound`: the engine of the work before the
-    ack (`engine` when not given)."""
+    ack (`engine` when not given); `inbox`: the writer of messages before their ack (one on `inbound`'s
+    database when not given)."""
     inbound = inbound or engine
+    inbox = inbox or inbox_writer(inbound.url.render_as_string(hide_password=False))
     # An edit of the config file reaches the bot's checks and commands within a second (chatops/reload.py).
     config_file = ConfigFile(config)
     approvers = Approvers(lambda: config_file.current().service)
@@ -211,15 +236,14 @@ def register(
         inbound,
     )
 
-    async def attach_engine(context: AsyncBoltContext, next: Callable[[], Awaitable[None]]) -> None:
-        context[handlers.ENGINE] = inbound  # the listeners' own work is before the ack
-        context[handlers.HOME] = home
-        context[handlers.REQUESTS] = requests
-        context[handlers.SECRETS] = secrets
-        await next()
-
-    # Before the assistant: its middleware runs the assistant listeners itself, which need the engine too.
-    app.middleware(attach_engine)
+    # In every request's context before any middleware (the assistant's runs its listeners itself).
+    app.preset = {
+        handlers.ENGINE: inbound,  # the listeners' own work is before the ack
+        handlers.INBOX: inbox,
+        handlers.HOME: home,
+        handlers.REQUESTS: requests,
+        handlers.SECRETS: secrets,
+    }
     assistant = AsyncAssistant(thread_context_store=thread_contexts, logger=bolt_log)
     assistant.thread_started(handlers.on_assistant_thread_started)
     assistant.thread_context_changed(handlers.on_assistant_context_changed)

@@ -15,6 +15,9 @@ record's commit asks `Commit.wanted` first, and a listener that gave up (`Commit
 began makes it roll back; `recorded` then raises DatabaseSilent, and nothing is kept. A listener whose deadline
 came while the commit was under way cannot know (Unsure): what it asked is carried out if the commit went
 through, by this bot once the thread returns (Unsure.outcome), or by a replay.
+
+A message's record does not take these threads: it is written on the event loop (bot.inbox_writer), under the
+same deadline, the same bounded waits and the same answers (DatabaseSilent, Unsure).
 """
 
 from __future__ import annotations

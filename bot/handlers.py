@@ -9,10 +9,12 @@ Everything after the record (the enqueue, the "queued" line, the request's work)
 task of its own: nothing here waits on a broker, a model, a tool or the Web API, because Slack wants its ack
 within 3 seconds and a Web API that fails must not fail the ack.
 
-The database is synchronous (SQLAlchemy), so its calls run in threads, off the event loop that serves every
-other request: those before the ack on threads of their own, bounded in time (bot.before_ack), so that a slow
-or silent database gets an answer to Slack within its 3 seconds either way — a slash command then says in one
-sentence that nothing was done, an event or a click is not acked.
+A message is recorded on the event loop itself (bot.inbox_writer: an async engine, the messages that wait
+together kept in one transaction). The rest of the database work is synchronous (SQLAlchemy), so its calls run
+in threads, off the event loop that serves every other request: those before the ack on threads of their own.
+Both are bounded in time (bot.before_ack), so that a slow or silent database gets an answer to Slack within its
+3 seconds either way — a slash command then says in one sentence that nothing was done, an event or a click is
+not acked.
 
 Duplicates need no bookkeeping of their own: the inbox keeps one row per message of a thread,
 so a retried HTTP delivery, a Socket Mode envelope sent twice and the `message` twin of an `app_mention` all
@@ -40,10 +42,11 @@ from sqlalchemy import Engine
 from bot.approvals import Click
 from bot.before_ack import Unsure, bounded, silent
 from bot.commands import SLASH_COMMAND, Where, parse
+from bot.inbox_writer import InboxWriter
 from bot.requests import Requests, in_background
 from bot.shapes import MAX_TEXT, kept, shared_files
 from chatops.buttons import BadButton
-from chatops.inbox import Recorded, assistant_context, keep_assistant_context, record_message, session_of
+from chatops.inbox import Recorded, assistant_context, keep_assistant_context, message_values
 from chatops.requests import request_key
 from chatops.schema import RequestKind
 from chatops.store import record_slack_event
@@ -54,6 +57,7 @@ from workers.tasks import enqueue_job_run, enqueue_push, enqueue_session
 log = logging.getLogger("mm.bot")
 # Where register() puts the process's engine, App Home and requests in bolt's context, for the listeners.
 ENGINE = "engine"
+INBOX = "inbox"
 HOME = "home"
 REQUESTS = "requests"
 SECRETS = "secrets"
@@ -261,11 +265,15 @@ async def _in_followed_thread(context: AsyncBoltContext, event: dict[str, Any]) 
     if not thread_ts or thread_ts == event["ts"]:
         # Top level: one that mentions the bot is taken by on_mention (its app_mention twin), the rest is talk.
         return False
-    return await bounded(session_of, _engine(context), event["channel"], thread_ts) is not None
+    return await _inbox(context).session_of(event["channel"], thread_ts) is not None
 
 
 def _engine(context: AsyncBoltContext) -> Engine:
     return context[ENGINE]
+
+
+def _inbox(context: AsyncBoltContext) -> InboxWriter:
+    return context[INBOX]
 
 
 def slack_out(context: AsyncBoltContext, client: AsyncWebClient) -> SlackOut:
@@ -317,9 +325,7 @@ async def _take(
         key = request_key(RequestKind.COMMAND, channel, event["ts"])
         await _record_then_ack(ack, context, client, RequestKind.COMMAND, key, payload)
         return
-    keep = functools.partial(
-        record_message,
-        _engine(context),
+    values = message_values(
         channel_id=channel,
         thread_ts=thread_ts,
         message_ts=event["ts"],
@@ -329,7 +335,8 @@ async def _take(
         assistant_thread=assistant_thread,
         files=shared_files(event),  # downloaded by the worker: the ack cannot wait for them
     )
-    recorded = await bounded(keep)
+    # On the event loop, in a transaction shared with the messages that wait with it (bot.inbox_writer).
+    recorded = await _inbox(context).write(values)
     context[RECORDED] = True
     await ack()
     if recorded.new:
@@ -392,9 +399,59 @@ def _what(exc: BaseException) -> str:
     return f"{type(exc).__name__} at {frame[0].name}" if frame else type(exc).__name__
 
 
+class _Sessions:
+    """The enqueue of the sessions whose messages were just acked, on the broker's threads: those handed over in
+    the same turn of the event loop (the messages the inbox committed together) go to a thread in one trip,
+    each still published on its own (one message on the queue a session), its failure its own. A trip to a
+    thread, and back, costs the event loop more than a publish costs the thread."""
+
+    def __init__(self) -> None:
+        self._waiting: list[tuple[str, asyncio.Future[None]]] = []
+
+    async def enqueue(self, session_id: str) -> None:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+        if not self._waiting:
+            loop.call_soon(self._send, loop)  # once the others handed over in this turn have joined
+        self._waiting.append((session_id, future))
+        await future
+
+    def _send(self, loop: asyncio.AbstractEventLoop) -> None:
+        batch, self._waiting = self._waiting, []
+        published = loop.run_in_executor(_enqueuer, _publish, [session_id for session_id, _ in batch])
+
+        def settle(done: asyncio.Future[list[Exception | None]]) -> None:
+            failed = done.exception()
+            errors: list[BaseException | None] = [*done.result()] if failed is None else [failed] * len(batch)
+            for (_, future), error in zip(batch, errors, strict=True):
+                if future.done():
+                    continue
+                if error is None:
+                    future.set_result(None)
+                else:
+                    future.set_exception(error)
+
+        published.add_done_callback(settle)
+
+
+def _publish(session_ids: list[str]) -> list[Exception | None]:
+    errors: list[Exception | None] = []
+    for session_id in session_ids:
+        try:
+            enqueue_session(session_id)
+        except Exception as exc:  # noqa: BLE001 - that session's waiter gets it; the others are published
+            errors.append(exc)
+        else:
+            errors.append(None)
+    return errors
+
+
+_sessions = _Sessions()
+
+
 async def _hand_off(recorded: Recorded, slack: SlackOut, channel: str, thread_ts: str) -> None:
     try:
-        await asyncio.get_running_loop().run_in_executor(_enqueuer, enqueue_session, recorded.session_id)
+        await _sessions.enqueue(recorded.session_id)
     except Exception as exc:  # noqa: BLE001 - the message is recorded: housekeeping enqueues it later
         log.warning("could not enqueue session %s (%s); housekeeping will", recorded.session_id, exc)
     if recorded.busy:

@@ -90,6 +90,11 @@ def build_web_app(config: Config, socket_mode: bool = False) -> web.Application:
         return await _events(slack, verifier, request)
 
     async def dispose(_app: web.Application) -> None:
+        if slack is not None:
+            # Not waited for past DISPOSE_TIMEOUT: a connection a silent database holds may never close.
+            closing = asyncio.ensure_future(slack.inbox.close())
+            if not (await asyncio.wait({closing}, timeout=DISPOSE_TIMEOUT))[0]:
+                log.warning("the inbox's connections did not close within %.0f s; leaving them", DISPOSE_TIMEOUT)
         # On a thread of its own: the default executor may be full of threads a silent database holds.
         done = asyncio.get_running_loop().create_future()
 

@@ -21,6 +21,7 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, OperationalError
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from chatops.errors import ChatopsError
 from chatops.secrets import describe_error, mask_url, scrub
@@ -107,12 +108,33 @@ def engine_for(url: str, *, foreign_keys: bool = True, wait_s: float | None = No
     work that must answer in time (the bot's, before it acks Slack). None: the defaults, which wait long.
     """
     try:
-        return _engine_for(url, foreign_keys, wait_s, **kwargs)
+        engine = _engine_for(url, foreign_keys, wait_s, **kwargs)
     except (ArgumentError, OSError, ImportError) as exc:
         raise DatabaseUnavailable(url, exc) from exc
+    assert isinstance(engine, Engine)
+    return engine
 
 
-def _engine_for(url: str, foreign_keys: bool, wait_s: float | None, **kwargs: Any) -> Engine:
+def async_engine_for(url: str, *, wait_s: float | None = None, **kwargs: Any) -> AsyncEngine:
+    """engine_for's twin on asyncio, for work that runs on the event loop itself (the bot's record before its
+    ack): psycopg's async driver on PostgreSQL, aiosqlite on SQLite; the same settings, `wait_s` included.
+    Make one per process (its pool belongs to the event loop that first uses it)."""
+    try:
+        parsed = make_url(normalize_url(url))
+        if parsed.get_backend_name() == "sqlite":
+            parsed = parsed.set(drivername="sqlite+aiosqlite")
+        # postgresql+psycopg stays: create_async_engine takes psycopg's async connection for it.
+        async_url = parsed.render_as_string(hide_password=False)
+        engine = _engine_for(async_url, True, wait_s, create=create_async_engine, **kwargs)
+    except (ArgumentError, OSError, ImportError) as exc:
+        raise DatabaseUnavailable(url, exc) from exc
+    assert isinstance(engine, AsyncEngine)
+    return engine
+
+
+def _engine_for(
+    url: str, foreign_keys: bool, wait_s: float | None, create: Any = create_engine, **kwargs: Any
+) -> Engine | AsyncEngine:
     url = normalize_url(url)
     parsed = make_url(url)
     if parsed.get_backend_name() != "sqlite":
@@ -123,13 +145,15 @@ def _engine_for(url: str, foreign_keys: bool, wait_s: float | None, **kwargs: An
                 "connect_timeout": max(2, round(wait_s)),
                 "options": f"-c statement_timeout={ms} -c lock_timeout={ms}",
             } | kwargs.get("connect_args", {})
-        return create_engine(url, pool_pre_ping=True, **kwargs)
+        return create(url, pool_pre_ping=True, **kwargs)
     if parsed.database and parsed.database != ":memory:" and not parsed.database.startswith("file:"):
         Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
     if wait_s is not None:
         kwargs.setdefault("pool_timeout", wait_s)
     busy = SQLITE_BUSY_TIMEOUT_S if wait_s is None else wait_s
-    engine = create_engine(url, connect_args={"timeout": busy}, **kwargs)
+    made = create(url, connect_args={"timeout": busy}, **kwargs)
+    # An async engine's events are its synchronous core's (SQLAlchemy runs them inside the driver's adapter).
+    engine = made.sync_engine if isinstance(made, AsyncEngine) else made
 
     @event.listens_for(engine, "connect")
     def _connect(dbapi_connection: Any, _record: Any) -> None:
@@ -144,7 +168,7 @@ def _engine_for(url: str, foreign_keys: bool, wait_s: float | None, **kwargs: An
     def _begin(connection: Connection) -> None:
         connection.exec_driver_sql("BEGIN IMMEDIATE")
 
-    return engine
+    return made
 
 
 def _set_wal(cursor: Any) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 from sqlalchemy import JSON, Connection, Engine, bindparam, delete, exists, insert, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.expression import Exists
 
 from chatops.db import transaction
@@ -65,17 +66,17 @@ def record_message(
     session, or create it already queued; insert the message unless it is there (a redelivery, a mention's
     twin); queue an idle session."""
     keep = _KEEP_PG if engine.dialect.name == "postgresql" else _KEEP_SQLITE
-    values = {
-        "p_channel": channel_id,
-        "p_thread": thread_ts,
-        "p_team": team_id,
-        "p_user": user_id,
-        "p_assistant": assistant_thread,
-        "p_message_ts": message_ts,
-        "p_text": text,
-        "p_command": command,
-        "p_files": files or None,
-    }
+    values = message_values(
+        channel_id=channel_id,
+        thread_ts=thread_ts,
+        message_ts=message_ts,
+        user_id=user_id,
+        text=text,
+        team_id=team_id,
+        assistant_thread=assistant_thread,
+        command=command,
+        files=files,
+    )
     for _ in range(2):
         try:
             with engine.begin() as conn:
@@ -95,6 +96,60 @@ def record_message(
         except IntegrityError:
             continue  # another bot created the session between our read and our insert: read it again
     raise RuntimeError(f"could not record a message of {channel_id}/{thread_ts}")
+
+
+def message_values(
+    *,
+    channel_id: str,
+    thread_ts: str,
+    message_ts: str,
+    user_id: str | None,
+    text: str,
+    team_id: str | None = None,
+    assistant_thread: bool = False,
+    command: InboxCommand | None = None,
+    files: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """A message's parameters for the statements below (record_message's, and record_in's before the ack)."""
+    return {
+        "p_channel": channel_id,
+        "p_thread": thread_ts,
+        "p_team": team_id,
+        "p_user": user_id,
+        "p_assistant": assistant_thread,
+        "p_message_ts": message_ts,
+        "p_text": text,
+        "p_command": command,
+        "p_files": files or None,
+    }
+
+
+async def record_in(conn: AsyncConnection, values: dict[str, Any]) -> Recorded:
+    """record_message's statements on an async connection, inside the caller's transaction, which may hold other
+    messages too (the bot's group commit on SQLite: chatops.inbox_async); the caller commits. `values`:
+    message_values().
+    An IntegrityError (another bot created the session meanwhile) spoils the transaction: the caller rolls back
+    and records the message again."""
+    keep = _KEEP_PG if conn.dialect.name == "postgresql" else _KEEP_SQLITE
+    now = utcnow()
+    found = (await conn.execute(_FIND, values)).first()
+    if found is None:
+        session_id = (await conn.execute(_CREATE, values | {"p_id": new_id(), "p_now": now})).scalar_one()
+    else:
+        session_id = found.id
+    inserted = (await conn.execute(keep, values | {"p_session": session_id, "p_now": now})).first()
+    if inserted is None:
+        return Recorded(session_id, new=False, busy=False)
+    if found is not None and found.status == SessionStatus.IDLE:
+        await conn.execute(_QUEUE, {"p_id": session_id, "p_now": now})
+    busy = found is not None and found.status in (SessionStatus.RUNNING, SessionStatus.AWAITING_APPROVAL)
+    return Recorded(session_id, new=True, busy=busy)
+
+
+async def session_in(conn: AsyncConnection, channel_id: str, thread_ts: str) -> str | None:
+    """session_of on an async connection (the bot's, before its ack)."""
+    found = (await conn.execute(_FIND, {"p_channel": channel_id, "p_thread": thread_ts})).first()
+    return found.id if found is not None else None
 
 
 # Built once (the bot runs them before every ack): executing them finds their compiled form in SQLAlchemy's

@@ -1,0 +1,131 @@
+"""The bot's record of a message before its ack, on the event loop (bot.inbox_writer over chatops.inbox_async), on
+SQLite and PostgreSQL: messages that wait together are kept in one transaction, each with its own answer, as
+record_message keeps one; a bad one fails alone; one given up before its commit is never kept."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, func, select, text
+
+from bot.before_ack import DatabaseSilent
+from bot.inbox_writer import InboxWriter
+from chatops import inbox
+from chatops.inbox_async import async_inbox
+from chatops.schema import InboxMessage, Session, SessionStatus
+from chatops.store import set_status
+
+CHANNEL = "C0WRITER"
+
+
+def thread() -> str:
+    return f"{uuid.uuid4().int % 10**10}.000100"
+
+
+def message(thread_ts: str, ts: str, text: str = "fix it", **extra: Any) -> dict[str, Any]:
+    return inbox.message_values(
+        channel_id=CHANNEL, thread_ts=thread_ts, message_ts=ts, user_id="U0ALICE", text=text, **extra
+    )
+
+
+def url_of(engine: Engine) -> str:
+    return engine.url.render_as_string(hide_password=False)
+
+
+def kept(engine: Engine, thread_ts: str) -> list[str]:
+    with engine.connect() as conn:
+        return list(
+            conn.execute(
+                select(InboxMessage.text)
+                .join(Session, Session.id == InboxMessage.session_id)
+                .where(Session.channel_id == CHANNEL, Session.thread_ts == thread_ts)
+                .order_by(InboxMessage.id)
+            ).scalars()
+        )
+
+
+def run(engine: Engine, scenario: Any, wait_s: float = 1.5, writers: int = 2) -> Any:
+    async def main() -> Any:
+        writer = InboxWriter(async_inbox(url_of(engine), wait_s), writers=writers)
+        try:
+            return await scenario(writer)
+        finally:
+            await writer.close()
+
+    return asyncio.run(main())
+
+
+def test_messages_that_arrive_together_are_each_kept_once_with_their_own_answer(engine: Engine) -> None:
+    roots = [thread() for _ in range(6)]
+    # Two messages of each thread, and the first of each twice (a retry, or the message twin of a mention).
+    values = [message(root, root, f"first of {root}") for root in roots]
+    values += [message(root, f"{root}1", f"second of {root}") for root in roots]
+    values += [message(root, root, f"first of {root}") for root in roots]
+
+    async def scenario(writer: InboxWriter) -> list[inbox.Recorded]:
+        return await asyncio.gather(*(writer.write(v) for v in values))
+
+    answers = run(engine, scenario)
+    for i, root in enumerate(roots):
+        first, second, again = answers[i], answers[i + 6], answers[i + 12]
+        assert first.session_id == second.session_id == again.session_id
+        assert (first.new, second.new, again.new) == (True, True, False)
+        assert kept(engine, root) == [f"first of {root}", f"second of {root}"]
+    assert len({a.session_id for a in answers}) == len(roots)
+
+
+def test_a_message_to_an_idle_session_queues_it_and_to_a_running_one_is_busy(engine: Engine) -> None:
+    root = thread()
+    session_id = inbox.record_message(
+        engine, channel_id=CHANNEL, thread_ts=root, message_ts=root, user_id="U0ALICE", text="start"
+    ).session_id
+
+    async def scenario(writer: InboxWriter) -> tuple[inbox.Recorded, str | None, inbox.Recorded]:
+        set_status(engine, session_id, SessionStatus.IDLE)
+        idle = await writer.write(message(root, f"{root}1", "more"))
+        with engine.connect() as conn:
+            status = conn.execute(select(Session.status).where(Session.id == session_id)).scalar_one()
+        set_status(engine, session_id, SessionStatus.RUNNING)
+        running = await writer.write(message(root, f"{root}2", "and more"))
+        return idle, status, running
+
+    idle, status, running = run(engine, scenario)
+    assert idle == inbox.Recorded(session_id, new=True, busy=False) and status == SessionStatus.QUEUED
+    assert running == inbox.Recorded(session_id, new=True, busy=True)
+
+
+def test_a_message_that_cannot_be_kept_fails_alone_and_the_others_of_its_batch_are_kept(engine: Engine) -> None:
+    roots = [thread() for _ in range(4)]
+    bad = message(thread(), "1.0", "bad", files=[{"id": object()}])  # not JSON: no database keeps it
+
+    async def scenario(writer: InboxWriter) -> list[Any]:
+        values = [message(root, root, root) for root in roots]
+        return await asyncio.gather(*(writer.write(v) for v in [*values[:2], bad, *values[2:]]), return_exceptions=True)
+
+    answers = run(engine, scenario)
+    assert isinstance(answers[2], Exception)
+    assert all(isinstance(a, inbox.Recorded) and a.new for a in answers[:2] + answers[3:])
+    assert [kept(engine, root) for root in roots] == [[root] for root in roots]
+
+
+def test_a_message_given_up_before_its_commit_is_never_kept(engine: Engine) -> None:
+    root, later = thread(), thread()
+    # The blocker holds the inbox (PostgreSQL) or the database's write lock (SQLite); the writer's own waits
+    # are longer than the deadline, so that its waiter gives up first, while its batch waits on the lock.
+    lock = "LOCK TABLE inbox IN EXCLUSIVE MODE" if engine.dialect.name == "postgresql" else "SELECT 1"
+
+    async def scenario(writer: InboxWriter) -> inbox.Recorded:
+        with engine.begin() as blocker:
+            blocker.execute(text(lock))
+            with pytest.raises(DatabaseSilent):
+                await writer.write(message(root, root, "given up"))
+        # The lock is gone and the batch goes on; one writer: once the next message is kept, it is over.
+        return await writer.write(message(later, later, "kept"))
+
+    assert run(engine, scenario, wait_s=10, writers=1).new
+    assert kept(engine, root) == [] and kept(engine, later) == ["kept"]
+    with engine.connect() as conn:
+        assert conn.execute(select(func.count()).where(Session.thread_ts == root)).scalar_one() == 0
