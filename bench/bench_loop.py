@@ -140,7 +140,7 @@ def history(messages: int) -> list[Entry]:
 def stored(entries: list[Entry]) -> MemoryStore:
     store = MemoryStore()
     for entry in entries:
-        store.append("bench", entry)
+        asyncio.run(store.append("bench", entry))
     return store
 
 

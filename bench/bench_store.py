@@ -10,6 +10,7 @@ database on 127.0.0.1 that is dropped afterwards]
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
 import time
@@ -61,11 +62,11 @@ def run(engine: Engine, n: int) -> None:
     log = store.DbStore(engine, lease_token=token)
     work = entries(WARMUP + n)
     for entry in work[:WARMUP]:  # connections opened, statements compiled and cached
-        log.append(session_id, entry)
+        asyncio.run(log.append(session_id, entry))
 
     cpu0, wall0 = time.process_time(), time.perf_counter()
     for entry in work[WARMUP:]:
-        log.append(session_id, entry)
+        asyncio.run(log.append(session_id, entry))
     cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
 
     statements = 0  # counted on a second pass: a listener would slow the timed one down
@@ -76,9 +77,9 @@ def run(engine: Engine, n: int) -> None:
 
     event.listen(engine, "before_cursor_execute", count)
     for entry in work[WARMUP:]:
-        log.append(session_id, entry)
+        asyncio.run(log.append(session_id, entry))
     event.remove(engine, "before_cursor_execute", count)
-    assert len(log.load(session_id)) == WARMUP + 2 * n
+    assert len(asyncio.run(log.load(session_id))) == WARMUP + 2 * n
     print(f"{engine.dialect.name}: {n} appends in {wall:.2f} s: {n / wall:,.0f} appends/s")
     print(f"  CPU of this process: {cpu / n * 1e6:,.0f} µs per append")
     print(f"  statements sent: {statements / n:.2f} per append (BEGIN, COMMIT and the pool's pre-ping not counted)")

@@ -69,21 +69,29 @@ class UnknownSession(ChatopsError, LookupError):
     pass
 
 
+def log_of(engine: Engine, session_id: str) -> list[Entry]:
+    """A session's log as stored, read outside a turn (the bot, housekeeping): DbStore.load for a turn."""
+    with engine.connect() as conn:
+        rows = conn.execute(
+            select(SessionEvent.payload).where(SessionEvent.session_id == session_id).order_by(SessionEvent.seq)
+        )
+        return [from_dict(payload) for (payload,) in rows]
+
+
 class DbStore:
-    """mm_core's Store over the database; with a lease token, appends stop (Fenced) once the lease is lost."""
+    """mm_core's Store over the database; with a lease token, appends stop (Fenced) once the lease is lost.
+
+    Its log's reads and appends are coroutines, as mm_core's Store asks; each turn has an event loop of its own
+    (workers/turns.py), so their synchronous bodies hold only that turn."""
 
     def __init__(self, engine: Engine, lease_token: int | None = None):
         self.engine = engine
         self.lease_token = lease_token
 
-    def load(self, session_id: str) -> list[Entry]:
-        with self.engine.connect() as conn:
-            rows = conn.execute(
-                select(SessionEvent.payload).where(SessionEvent.session_id == session_id).order_by(SessionEvent.seq)
-            )
-            return [from_dict(payload) for (payload,) in rows]
+    async def load(self, session_id: str) -> list[Entry]:
+        return log_of(self.engine, session_id)
 
-    def append(self, session_id: str, entry: Entry) -> None:
+    async def append(self, session_id: str, entry: Entry) -> None:
         with self.engine.begin() as conn:
             _insert_entry(conn, session_id, self._next_seq(conn, session_id), entry)
 

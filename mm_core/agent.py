@@ -147,9 +147,9 @@ class Agent:
         self._state = SessionState()
 
     # -- the log ----------------------------------------------------------------------------------
-    def load(self) -> SessionState:
+    async def load(self) -> SessionState:
         """The session as stored: read again, since another process may have written it."""
-        self._state = SessionState.of(self.store.load(self.session_id))
+        self._state = SessionState.of(await self.store.load(self.session_id))
         return self._state
 
     def state(self) -> SessionState:
@@ -158,8 +158,8 @@ class Agent:
         it is the session *now*: read what you need from it before appending."""
         return self._state
 
-    def _append(self, entry: Entry) -> None:
-        self.store.append(self.session_id, entry)  # durable first: the log is the truth
+    async def _append(self, entry: Entry) -> None:
+        await self.store.append(self.session_id, entry)  # durable first: the log is the truth
         # After a reset the conversation is what follows it, as SessionState.of reads it from the log.
         if isinstance(entry, Reset):
             self._state = SessionState()
@@ -168,51 +168,51 @@ class Agent:
 
     # -- what front ends call ---------------------------------------------------------------------
     async def send(self, text: str, author: str | None = None) -> TurnFinished:
-        if self.load().turn_start() is not None:
+        if (await self.load()).turn_start() is not None:
             raise TurnInProgress(self.session_id)
-        self._append(UserMessage(text, author))
+        await self._append(UserMessage(text, author))
         return await self._run()
 
     async def start(self) -> TurnFinished:
         """Run the new turn the front end opened in the log (it appended the turn's message itself: a store that
         takes a thread's messages in one transaction, or `ask_entries`); IDLE when no turn is open."""
-        self.load()
+        await self.load()
         return await self._run()
 
     async def resume(self, decisions: Iterable[Decision] = ()) -> TurnFinished:
         """Continue the turn: after approvals, or after the process that ran it died."""
-        state = self.load()
+        state = await self.load()
         waiting, known = state.open_calls(), set(state.decisions())
         for d in decisions:
             # The first decision on a call wins; one for a call that waits no more (a stale button) is dropped.
             if d.call_id in waiting and d.call_id not in known:
                 known.add(d.call_id)
-                self._append(d)
+                await self._append(d)
         return await self._run()
 
     async def ask(self, agent: str, prompt: str, author: str | None = None) -> TurnFinished:
         """`ask <agent> <prompt>`: a turn in which the person's request goes to the asked agent, as the model
         would send it with ask_agent, and the model then answers with what the agent said. The call goes
         through the loop like any other (gated, shown, logged, resumable)."""
-        if self.load().turn_start() is not None:
+        if (await self.load()).turn_start() is not None:
             raise TurnInProgress(self.session_id)
         for entry in ask_entries(agent, prompt, author):
-            self._append(entry)
+            await self._append(entry)
         return await self._run()
 
     async def stop(self) -> TurnFinished:
         """End a turn that is not running in this process (awaiting approval, or orphaned by a crash)."""
-        state = self.load()
+        state = await self.load()
         if state.turn_start() is None:
             return TurnFinished(Outcome.IDLE)
-        self._close_pending(state, CANCELLED, CallStatus.CANCELLED)
-        return self._end(Outcome.CANCELLED)
+        await self._close_pending(state, CANCELLED, CallStatus.CANCELLED)
+        return await self._end(Outcome.CANCELLED)
 
     async def new(self) -> None:
         """`new`: a fresh conversation. Background jobs, language servers and the loop detector go too."""
-        if self.load().turn_start() is not None:
+        if (await self.load()).turn_start() is not None:
             await self.stop()
-        self._append(Reset())
+        await self._append(Reset())
         await self.resources.aclose()
 
     async def aclose(self) -> None:
@@ -228,7 +228,7 @@ class Agent:
 
     async def compact(self) -> str:
         """`compact`: the model summarises older history; the latest exchange is kept as it is."""
-        state = self.load()
+        state = await self.load()
         if state.turn_start() is not None:
             raise TurnInProgress(self.session_id)
         users = [i for i, e in enumerate(state.entries) if isinstance(e, UserMessage)]
@@ -238,7 +238,7 @@ class Agent:
         messages = SessionState(state.entries[:keep_from]).messages(self.system_prompt, self.config.model.vision)
         messages.append({"role": "user", "content": COMPACT_PROMPT})
         completion = await self.model.complete(messages, None, lambda e: None, self.name)
-        self._append(Compaction(completion.text.strip(), keep_from))
+        await self._append(Compaction(completion.text.strip(), keep_from))
         return f"compacted {keep_from} earlier entries into a summary of {len(completion.text)} characters"
 
     # -- the loop ---------------------------------------------------------------------------------
@@ -249,20 +249,20 @@ class Agent:
                 if state.turn_start() is None:
                     return TurnFinished(Outcome.IDLE)
                 if state.failure() is not None:  # it failed, and the process died before the end mark
-                    return self._close_failed(Outcome.FAILED)
+                    return await self._close_failed(Outcome.FAILED)
                 if state.cancelled():  # it was being cancelled when the process died: finish that, not the turn
-                    self._close_pending(state, CANCELLED, CallStatus.CANCELLED)
-                    return self._end(Outcome.CANCELLED)
+                    await self._close_pending(state, CANCELLED, CallStatus.CANCELLED)
+                    return await self._end(Outcome.CANCELLED)
                 if state.answered():
-                    return self._end(Outcome.ANSWERED)
+                    return await self._end(Outcome.ANSWERED)
                 if state.pending():
-                    self._drop_over_cap(state)
+                    await self._drop_over_cap(state)
                     waiting = await self._run_calls(state)
                     if waiting:
                         return self._suspend(waiting)
                     continue
                 if state.steps() >= self.config.maxTurns:
-                    return self._fail(
+                    return await self._fail(
                         f"[error: the turn reached maxTurns ({self.config.maxTurns}) model calls without a "
                         f"final answer — ask again to continue, or raise maxTurns]",
                         Outcome.MAX_TURNS,
@@ -274,7 +274,7 @@ class Agent:
                 calls = tuple(
                     ToolCallRequest(f"call_{uuid.uuid4().hex[:20]}", c.name, c.arguments) for c in answer.tool_calls
                 )
-                self._append(
+                await self._append(
                     AssistantMessage(
                         answer.text,
                         calls,
@@ -291,13 +291,13 @@ class Agent:
                     )
                 )
         except (ModelError, _LoopStopped) as e:
-            return self._fail(str(e), Outcome.FAILED)
+            return await self._fail(str(e), Outcome.FAILED)
         except asyncio.CancelledError:
-            self._close_pending(self.state(), CANCELLED, CallStatus.CANCELLED)
-            self._end(Outcome.CANCELLED)
+            await self._close_pending(self.state(), CANCELLED, CallStatus.CANCELLED)
+            await self._end(Outcome.CANCELLED)
             raise
 
-    def _drop_over_cap(self, state: SessionState) -> None:
+    async def _drop_over_cap(self, state: SessionState) -> None:
         """Answer the latest answer's calls beyond maxToolCallsPerAnswer with TOO_MANY_CALLS, before any of its
         calls runs or is asked for: each call keeps one result (the log stays a conversation the model API
         takes), none of them is shown, asked or counted, and the thread gets one line for them all. Read from
@@ -311,7 +311,7 @@ class Agent:
             return
         text = TOO_MANY_CALLS.format(asked=len(last.tool_calls), cap=cap)
         for call in dropped:
-            self._append(ToolResult(call.id, call.name, text, CallStatus.DROPPED, 0, self.name))
+            await self._append(ToolResult(call.id, call.name, text, CallStatus.DROPPED, 0, self.name))
         self.emit(CallsDropped(len(last.tool_calls), cap, self.name))
 
     async def _run_calls(self, state: SessionState) -> list[PendingCall]:
@@ -326,10 +326,10 @@ class Agent:
             tool = self.tools.get(call.name)
             args, problem = _parse(call, tool, list(self.tools))
             if call.id in started and not (tool and tool.resumable):
-                self._result(call, INTERRUPTED, CallStatus.INTERRUPTED)
+                await self._result(call, INTERRUPTED, CallStatus.INTERRUPTED)
                 continue
             if tool is None or problem:
-                self._result(call, problem or "", CallStatus.ERROR)
+                await self._result(call, problem or "", CallStatus.ERROR)
                 continue
             decision = decisions.get(call.id)
             shown = None  # the digest of what the approver was shown, when the call must still show it to run
@@ -337,13 +337,13 @@ class Agent:
                 if decision is None and not self.oneshot:
                     return await self._waiting(pending[i:], decisions)
                 if decision is None or not decision.approved:
-                    self._result(call, tool.refusal(args), CallStatus.REJECTED)
+                    await self._result(call, tool.refusal(args), CallStatus.REJECTED)
                     continue
                 shown = decision.shown
             try:
                 await self._execute(call, tool, args, detector, shown)
             except SuspendTurn as suspended:  # an asked agent waits for approvals of its own
-                self._append(ToolSuspended(call.id, call.name))
+                await self._append(ToolSuspended(call.id, call.name))
                 return list(suspended.calls)
         return []
 
@@ -383,19 +383,19 @@ class Agent:
     async def _execute(
         self, call: ToolCallRequest, tool: Tool, args: dict, detector: LoopDetector, shown: str | None = None
     ) -> None:
-        self._append(ToolStarted(call.id, call.name, self.name))
+        await self._append(ToolStarted(call.id, call.name, self.name))
         self.emit(ToolCallStarted(call.id, call.name, args, tool.emoji, tool.title(args), self.name))
         began, status = time.monotonic(), CallStatus.OK
         try:
             output = await self._carry_out(call, tool, args, shown)
         except _Changed:
-            self._result(call, CHANGED, CallStatus.ERROR, began)
+            await self._result(call, CHANGED, CallStatus.ERROR, began)
             return
         except ToolCancelled as e:
-            self._result(call, e.output, CallStatus.CANCELLED, began)
+            await self._result(call, e.output, CallStatus.CANCELLED, began)
             raise asyncio.CancelledError from None
         except asyncio.CancelledError:
-            self._result(call, CANCELLED, CallStatus.CANCELLED, began)
+            await self._result(call, CANCELLED, CallStatus.CANCELLED, began)
             raise
         except SuspendTurn:
             raise
@@ -404,9 +404,9 @@ class Agent:
         run = detector.record(call.name, call.arguments, output) if status == CallStatus.OK else 0
         if run >= STOP_AT:  # the call's result is the error: _fail writes both, the error first
             raise _LoopStopped(stop_text(call.name))
-        self._result(call, LoopDetector.annotate(output, run), status, began, tool.shown(args, output))
+        await self._result(call, LoopDetector.annotate(output, run), status, began, tool.shown(args, output))
 
-    def _result(
+    async def _result(
         self,
         call: ToolCallRequest,
         output: str,
@@ -415,7 +415,7 @@ class Agent:
         shown: str | None = None,
     ) -> None:
         ms = int((time.monotonic() - began) * 1000) if began is not None else 0
-        self._append(ToolResult(call.id, call.name, output, status, ms, self.name))
+        await self._append(ToolResult(call.id, call.name, output, status, ms, self.name))
         lines = output.splitlines()[: self.config.previewLines]
         preview = shown or ("\n".join(lines) if output.strip() else "(no output)")
         self.emit(ToolCallFinished(call.id, call.name, output, preview, status, self.name))
@@ -463,25 +463,25 @@ class Agent:
         self.emit(finished)
         return finished
 
-    def _fail(self, message: str, outcome: Outcome) -> TurnFinished:
+    async def _fail(self, message: str, outcome: Outcome) -> TurnFinished:
         # The error is the decision that ends the turn, so it is written first: a crash after it still ends it.
-        self._append(ErrorRecord(message, "generation"))
+        await self._append(ErrorRecord(message, "generation"))
         self.emit(Error(message, "generation", self.name))
-        return self._close_failed(outcome)
+        return await self._close_failed(outcome)
 
-    def _close_failed(self, outcome: Outcome) -> TurnFinished:
+    async def _close_failed(self, outcome: Outcome) -> TurnFinished:
         state = self.state()
         started = state.started()
         for call in state.pending():  # the call the loop detector stopped gets the error as its result
             if call.id in started:
-                self._result(call, state.failure() or NOT_RUN, CallStatus.ERROR)
+                await self._result(call, state.failure() or NOT_RUN, CallStatus.ERROR)
             else:
-                self._result(call, NOT_RUN, CallStatus.CANCELLED)
-        return self._end(outcome)
+                await self._result(call, NOT_RUN, CallStatus.CANCELLED)
+        return await self._end(outcome)
 
-    def _end(self, outcome: Outcome) -> TurnFinished:
+    async def _end(self, outcome: Outcome) -> TurnFinished:
         finished = self._finished(outcome)  # the recap of the turn, read before its end mark closes it
-        self._append(TurnEnded(outcome))
+        await self._append(TurnEnded(outcome))
         self.emit(finished)
         return finished
 
@@ -492,10 +492,10 @@ class Agent:
         answer = last.text if last and outcome == Outcome.ANSWERED else ""
         return TurnFinished(outcome, answer, state.counters(counter_of), state.usage())
 
-    def _close_pending(self, state: SessionState, text: str, status: CallStatus) -> None:
+    async def _close_pending(self, state: SessionState, text: str, status: CallStatus) -> None:
         """Give every call without a result one, so the log stays a valid conversation."""
         for call in state.pending():
-            self._result(call, text, status)
+            await self._result(call, text, status)
 
 
 def _parse(call: ToolCallRequest, tool: Tool | None, names: list[str]) -> tuple[dict[str, Any], str | None]:

@@ -232,9 +232,9 @@ class Fenced(CoreError):
 class Store(Protocol):
     """Where a session's log lives. The database implementation is chatops.store.DbStore."""
 
-    def load(self, session_id: str) -> list[Entry]: ...
+    async def load(self, session_id: str) -> list[Entry]: ...
 
-    def append(self, session_id: str, entry: Entry) -> None:
+    async def append(self, session_id: str, entry: Entry) -> None:
         """Append durably, or raise Fenced when the caller no longer holds the session."""
 
 
@@ -243,11 +243,15 @@ class MemoryStore:
         self._logs: dict[str, list[Entry]] = {}
         self._lock = threading.Lock()
 
-    def load(self, session_id: str) -> list[Entry]:
+    async def load(self, session_id: str) -> list[Entry]:
+        return self.entries(session_id)
+
+    def entries(self, session_id: str) -> list[Entry]:
+        """The log as it is now, without a coroutine: what `load` answers, for code that cannot await (an emit)."""
         with self._lock:
             return list(self._logs.get(session_id, []))
 
-    def append(self, session_id: str, entry: Entry) -> None:
+    async def append(self, session_id: str, entry: Entry) -> None:
         with self._lock:
             self._logs.setdefault(session_id, []).append(entry)
 
@@ -263,7 +267,7 @@ class FileStore:
         safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in session_id)
         return Path(self.root) / f"{safe}.jsonl"
 
-    def load(self, session_id: str) -> list[Entry]:
+    async def load(self, session_id: str) -> list[Entry]:
         path = self._path(session_id)
         if not path.exists():
             return []
@@ -276,7 +280,7 @@ class FileStore:
                 continue
         return entries
 
-    def append(self, session_id: str, entry: Entry) -> None:
+    async def append(self, session_id: str, entry: Entry) -> None:
         path = self._path(session_id)
         path.parent.mkdir(parents=True, exist_ok=True)
         line = json.dumps(to_dict(entry), ensure_ascii=False) + "\n"
@@ -297,12 +301,12 @@ class ScopedStore:
     def __init__(self, store: Store, session_id: str):
         self.store, self.session_id = store, session_id
 
-    def load(self, session_id: str) -> list[Entry]:
+    async def load(self, session_id: str) -> list[Entry]:
         return [
             from_dict(e.entry)
-            for e in self.store.load(self.session_id)
+            for e in await self.store.load(self.session_id)
             if isinstance(e, Nested) and e.scope == session_id
         ]
 
-    def append(self, session_id: str, entry: Entry) -> None:
-        self.store.append(self.session_id, Nested(session_id, to_dict(entry)))
+    async def append(self, session_id: str, entry: Entry) -> None:
+        await self.store.append(self.session_id, Nested(session_id, to_dict(entry)))

@@ -81,7 +81,7 @@ def test_several_tool_rounds_feed_results_back(model_server, tmp_path):
     result = run(agent.send("do things"))
     assert result.outcome == "answered"
     assert (tmp_path / "notes.txt").read_text() == "x\n"
-    c1, c2, c3 = call_ids(store.load("s1"))
+    c1, c2, c3 = call_ids(asyncio.run(store.load("s1")))
     assert len({c1, c2, c3}) == 3
     second = model_server.messages(1)
     assert [c["id"] for c in second[-3]["tool_calls"]] == [c1, c2]
@@ -104,7 +104,7 @@ def test_max_turns_stops_the_turn(model_server, tmp_path):
     result = run(agent.send("loop"))
     assert result.outcome == "max_turns"
     assert len(model_server.requests) == 3
-    errors = [e for e in store.load("s1") if isinstance(e, ErrorRecord)]
+    errors = [e for e in asyncio.run(store.load("s1")) if isinstance(e, ErrorRecord)]
     assert errors and "maxTurns (3)" in errors[0].message
     # The session takes the next message.
     model_server.always(None)
@@ -124,7 +124,7 @@ def test_watchdog_ends_a_silent_model(model_server, tmp_path):
         "[error: the model sent nothing for 0.5s — turn stopped by the watchdog (watchdogTimeout); the model "
         "may still be loading, or the server is stuck]"
     )
-    assert isinstance(store.load("s1")[-1], TurnEnded)
+    assert isinstance(asyncio.run(store.load("s1"))[-1], TurnEnded)
 
 
 def test_watchdog_is_fed_by_every_delta(model_server, tmp_path):
@@ -144,7 +144,7 @@ def test_runaway_repeating_arguments(model_server, tmp_path):
     [error] = [e for e in events if isinstance(e, Error)]
     assert error.message.startswith("[error: the model's tool call ran away: its arguments repeat the same pattern (2")
     assert error.message.endswith("— generation stopped; rephrase the request, or try another model]")
-    assert ErrorRecord(error.message, "generation") in store.load("s1")
+    assert ErrorRecord(error.message, "generation") in asyncio.run(store.load("s1"))
 
 
 def test_runaway_arguments_past_256_kb(model_server, tmp_path):
@@ -170,7 +170,7 @@ def test_loop_detector_warns_at_3_and_stops_at_6(model_server, tmp_path):
     agent = make_agent(agent_config(model_server.url), store, tmp_path, events=events)
     result = run(agent.send("read it"))
     assert result.outcome == "failed"
-    outputs = [e.output for e in store.load("s1") if isinstance(e, ToolResult)]
+    outputs = [e.output for e in asyncio.run(store.load("s1")) if isinstance(e, ToolResult)]
     assert len(outputs) == 6
     assert not any(LOOP_DETECTED in o for o in outputs[:2])
     assert all(o.endswith("\n" + LOOP_DETECTED) for o in outputs[2:5])
@@ -179,7 +179,7 @@ def test_loop_detector_warns_at_3_and_stops_at_6(model_server, tmp_path):
         "stopped by the loop detector; rephrase the request, or fix what the tool kept reporting]"
     )
     assert outputs[5] == stop
-    assert ErrorRecord(stop, "generation") in store.load("s1")
+    assert ErrorRecord(stop, "generation") in asyncio.run(store.load("s1"))
     assert len(model_server.requests) == 6
 
 
@@ -194,12 +194,12 @@ def test_loop_detector_resets_on_new_not_on_compact(model_server, tmp_path):
     assert run(agent.compact()).startswith("compacted")
     model_server.script(call(), Reply(text="b"))
     run(agent.send("two"))
-    outputs = [e.output for e in store.load("s1") if isinstance(e, ToolResult)]
+    outputs = [e.output for e in asyncio.run(store.load("s1")) if isinstance(e, ToolResult)]
     assert outputs[-1].endswith(LOOP_DETECTED)  # the third in a row, across a compaction
     run(agent.new())
     model_server.script(call(), Reply(text="c"))
     run(agent.send("three"))
-    outputs = [e.output for e in store.load("s1") if isinstance(e, ToolResult)]
+    outputs = [e.output for e in asyncio.run(store.load("s1")) if isinstance(e, ToolResult)]
     assert outputs[-1] == "same\n"
 
 
@@ -214,7 +214,7 @@ def test_a_different_call_restarts_the_count(model_server, tmp_path):
         Reply(text="done"),
     )
     run(agent.send("go"))
-    assert not any(LOOP_DETECTED in e.output for e in store.load("s1") if isinstance(e, ToolResult))
+    assert not any(LOOP_DETECTED in e.output for e in asyncio.run(store.load("s1")) if isinstance(e, ToolResult))
 
 
 def test_invalid_arguments_and_unknown_tool_are_text(model_server, tmp_path):
@@ -249,7 +249,7 @@ def test_suspend_resume_approved_and_rejected(model_server, tmp_path):
     result = run(agent.send("go"))
     assert result.outcome == "suspended"
     [request] = [e for e in events if isinstance(e, PermissionRequested)]
-    _, b1, b2 = call_ids(store.load("s1"))
+    _, b1, b2 = call_ids(asyncio.run(store.load("s1")))
     assert [(c.call_id, c.tool, c.preview) for c in request.calls] == [
         (b1, "bash", "echo approved > out.txt"),
         (b2, "bash", "rm -rf everything"),
@@ -264,7 +264,7 @@ def test_suspend_resume_approved_and_rejected(model_server, tmp_path):
     assert (tmp_path / "out.txt").read_text() == "approved\n"
     tool_messages = [m for m in model_server.messages(1) if m["role"] == "tool"]
     assert [m["content"] for m in tool_messages] == ["A\n", "", "[command rejected by the user]"]
-    decisions = [e for e in store.load("s1") if isinstance(e, Decision)]
+    decisions = [e for e in asyncio.run(store.load("s1")) if isinstance(e, Decision)]
     assert [(d.call_id, d.approved, d.by) for d in decisions] == [(b1, True, "U1"), (b2, False, "U2")]
 
 
@@ -303,11 +303,11 @@ def test_approve_all_runs_the_rest_of_the_requester_s_calls(model_server, tmp_pa
     store = MemoryStore()
     agent = make_agent(agent_config(model_server.url, yolo=False), store, tmp_path)
     assert run(agent.send("go")).outcome == "suspended"
-    [a] = call_ids(store.load("s1"))
+    [a] = call_ids(asyncio.run(store.load("s1")))
     assert run(agent.resume([Decision(a, True, "U1", all=True)])).outcome == "answered"
     assert run(agent.send("more")).outcome == "answered"
-    results = [(e.call_id, e.output) for e in store.load("s1") if isinstance(e, ToolResult)]
-    assert results == list(zip(call_ids(store.load("s1")), ["1\n", "2\n", "3\n"], strict=True))
+    results = [(e.call_id, e.output) for e in asyncio.run(store.load("s1")) if isinstance(e, ToolResult)]
+    assert results == list(zip(call_ids(asyncio.run(store.load("s1"))), ["1\n", "2\n", "3\n"], strict=True))
 
 
 def test_approve_all_covers_its_requester_and_not_someone_else_who_replies(model_server, tmp_path):
@@ -324,12 +324,12 @@ def test_approve_all_covers_its_requester_and_not_someone_else_who_replies(model
     store = MemoryStore()
     agent = make_agent(agent_config(model_server.url, yolo=False), store, tmp_path)
     assert run(agent.send("go", author="U0ADA")).outcome == "suspended"
-    [a] = call_ids(store.load("s1"))
+    [a] = call_ids(asyncio.run(store.load("s1")))
     assert run(agent.resume([Decision(a, True, "U0GRACE", all=True)])).outcome == "answered"
     assert run(agent.send("more", author="U0ADA")).outcome == "answered"
     assert run(agent.send("me too", author="U0LINUS")).outcome == "suspended"
     assert not (tmp_path / "linus.txt").exists()
-    outputs = [e.output for e in store.load("s1") if isinstance(e, ToolResult)]
+    outputs = [e.output for e in asyncio.run(store.load("s1")) if isinstance(e, ToolResult)]
     assert outputs == ["ada-1\n", "ada-2\n"]
 
 
@@ -343,7 +343,7 @@ def test_a_rejected_call_stays_rejected_beside_an_approve_all(model_server, tmp_
     store = MemoryStore()
     agent = make_agent(agent_config(model_server.url, yolo=False), store, tmp_path)
     assert run(agent.send("go", author="U0ADA")).outcome == "suspended"
-    a, b = call_ids(store.load("s1"))
+    a, b = call_ids(asyncio.run(store.load("s1")))
     decisions = [Decision(b, False, "U0GRACE"), Decision(a, True, "U0GRACE", all=True)]
     assert run(agent.resume(decisions)).outcome == "answered"
     assert (tmp_path / "approved.txt").exists() and not (tmp_path / "rejected.txt").exists()
@@ -370,7 +370,7 @@ def test_an_approved_edit_whose_file_changed_before_it_ran_does_not_run_and_is_a
     target.write_text("one\nswapped behind your back\n")
     assert run(agent.resume([Decision(asked.call_id, True, "U1", shown=asked.shown)])).outcome == "suspended"
     assert target.read_text() == "one\nswapped behind your back\n"
-    [result] = [e for e in store.load("s1") if isinstance(e, ToolResult)]
+    [result] = [e for e in asyncio.run(store.load("s1")) if isinstance(e, ToolResult)]
     assert (result.call_id, result.output, result.status) == (asked.call_id, CHANGED, "error")
     assert [m["content"] for m in model_server.messages(1) if m["role"] == "tool"] == [CHANGED]
     [again] = [e for e in events if isinstance(e, PermissionRequested)][-1].calls
@@ -386,11 +386,13 @@ def test_a_decision_for_another_version_of_the_call_runs_nothing(model_server, t
     store = MemoryStore()
     agent = make_agent(agent_config(model_server.url, yolo=False), store, tmp_path)
     assert run(agent.send("go")).outcome == "suspended"
-    [a] = call_ids(store.load("s1"))
+    [a] = call_ids(asyncio.run(store.load("s1")))
     harmless = shown_digest("bash", {"command": "echo harmless"}, "echo harmless")
     assert run(agent.resume([Decision(a, True, "U1", all=True, shown=harmless)])).outcome == "answered"
     assert not (tmp_path / "made.txt").exists()
-    assert [(e.output, e.status) for e in store.load("s1") if isinstance(e, ToolResult)] == [(CHANGED, "error")]
+    assert [(e.output, e.status) for e in asyncio.run(store.load("s1")) if isinstance(e, ToolResult)] == [
+        (CHANGED, "error")
+    ]
 
 
 def test_oneshot_rejects_calls_that_would_ask(model_server, tmp_path):
@@ -423,7 +425,7 @@ def test_cancel_during_generation(model_server, tmp_path):
     store, events = MemoryStore(), []
     agent = make_agent(agent_config(model_server.url), store, tmp_path, events=events)
     assert cancel_when(agent, lambda: any(isinstance(e, TextDelta) for e in events)) == "next"
-    log = store.load("s1")
+    log = asyncio.run(store.load("s1"))
     assert TurnEnded(Outcome.CANCELLED) in log
     assert not any(isinstance(e, AssistantMessage) and e.text.startswith("slow") for e in log)
 
@@ -436,8 +438,8 @@ def test_cancel_during_a_tool_kills_it(model_server, tmp_path):
     store = MemoryStore()
     agent = make_agent(agent_config(model_server.url), store, tmp_path)
     assert cancel_when(agent, (tmp_path / "running").exists) == "next"
-    a, b = call_ids(store.load("s1"))
-    results = {e.call_id: e for e in store.load("s1") if isinstance(e, ToolResult)}
+    a, b = call_ids(asyncio.run(store.load("s1")))
+    results = {e.call_id: e for e in asyncio.run(store.load("s1")) if isinstance(e, ToolResult)}
     assert results[a].output == "started\n[error: cancelled]"
     assert results[a].status == "cancelled"
     assert results[b].output == "[error: cancelled]"
@@ -476,7 +478,7 @@ def test_compaction_summarises_and_keeps_the_tail(model_server, tmp_path):
         "answer two",
         "question three",
     ]
-    assert any(isinstance(e, Compaction) for e in store.load("s1"))
+    assert any(isinstance(e, Compaction) for e in asyncio.run(store.load("s1")))
 
 
 def test_user_message_author_is_kept(model_server, tmp_path):
@@ -484,7 +486,7 @@ def test_user_message_author_is_kept(model_server, tmp_path):
     model_server.script(Reply(text="ok"))
     agent = make_agent(agent_config(model_server.url), store, tmp_path)
     run(agent.send("hello", author="U123"))
-    assert store.load("s1")[0] == UserMessage("hello", "U123")
+    assert asyncio.run(store.load("s1"))[0] == UserMessage("hello", "U123")
     assert json.dumps(model_server.messages(0))  # what was sent is plain JSON
 
 
@@ -517,7 +519,9 @@ def test_a_failing_model_answer_leaves_the_session_usable(model_server, tmp_path
     store = MemoryStore()
     agent = make_agent(agent_config(model_server.url), store, tmp_path)
     assert run(agent.send("hi")).outcome == "failed"
-    assert ErrorRecord("the model endpoint answered HTTP 503: overloaded", "generation") in store.load("s1")
+    assert ErrorRecord("the model endpoint answered HTTP 503: overloaded", "generation") in asyncio.run(
+        store.load("s1")
+    )
     assert run(agent.send("again")).answer == "back"
 
 
@@ -527,10 +531,10 @@ def test_a_decision_for_a_call_that_is_not_pending_is_dropped(model_server, tmp_
     store = MemoryStore()
     agent = make_agent(agent_config(model_server.url, yolo=False), store, tmp_path)
     assert run(agent.send("go")).outcome == "suspended"
-    [a] = call_ids(store.load("s1"))
+    [a] = call_ids(asyncio.run(store.load("s1")))
     assert run(agent.stop()).outcome == "cancelled"
     assert run(agent.resume([Decision(a, True, "U1", all=True)])).outcome == "idle"
-    assert not any(isinstance(e, Decision) for e in store.load("s1"))
+    assert not any(isinstance(e, Decision) for e in asyncio.run(store.load("s1")))
     assert run(agent.send("again")).outcome == "suspended"
     assert not (tmp_path / "later").exists()
 
@@ -540,10 +544,10 @@ def test_the_first_decision_on_a_call_wins(model_server, tmp_path):
     store = MemoryStore()
     agent = make_agent(agent_config(model_server.url, yolo=False), store, tmp_path)
     assert run(agent.send("go")).outcome == "suspended"
-    [a] = call_ids(store.load("s1"))
+    [a] = call_ids(asyncio.run(store.load("s1")))
     assert run(agent.resume([Decision(a, False, "U1"), Decision(a, True, "U2")])).outcome == "answered"
     assert not (tmp_path / "made").exists()
-    assert [(d.approved, d.by) for d in store.load("s1") if isinstance(d, Decision)] == [(False, "U1")]
+    assert [(d.approved, d.by) for d in asyncio.run(store.load("s1")) if isinstance(d, Decision)] == [(False, "U1")]
 
 
 def test_new_reaps_the_background_jobs_of_the_session(model_server, tmp_path):
@@ -600,9 +604,9 @@ def test_an_answer_s_calls_beyond_the_cap_are_answered_not_run(model_server, tmp
         "not run."
     )
     # Every call has exactly one result, so the next request is a conversation the API takes.
-    results = [e for e in store.load("s1") if isinstance(e, ToolResult)]
+    results = [e for e in asyncio.run(store.load("s1")) if isinstance(e, ToolResult)]
     assert len(results) == MANY and len({r.call_id for r in results}) == MANY
-    ids = call_ids(store.load("s1"))
+    ids = call_ids(asyncio.run(store.load("s1")))
     # They are answered first, at once: what runs after them was never in doubt.
     assert [r.call_id for r in results[:134]] == ids[16:]
     assert {(r.status, r.output) for r in results[:134]} == {(CallStatus.DROPPED, dropped_text(MANY, 16))}
@@ -629,7 +633,7 @@ def test_with_approvals_only_the_calls_within_the_cap_are_asked_for(model_server
     # The dropped calls' results are in the log before anybody is asked: another process resuming the turn
     # sees 16 open calls, not 150.
     again = make_agent(config, store, tmp_path)
-    assert len(again.load().open_calls()) == 16
+    assert len(run(again.load()).open_calls()) == 16
     decisions = [Decision(c.call_id, True, "U1") for c in asked.calls]
     assert run(again.resume(decisions)).outcome == "answered"
     assert len(list(tmp_path.glob("f*"))) == 16
@@ -639,8 +643,8 @@ def test_a_turn_resumed_after_a_crash_drops_the_same_calls(model_server, tmp_pat
     # The process died right after logging the answer, before any call had a result.
     store = MemoryStore()
     calls = tuple(ToolCallRequest(f"call_{i}", "bash", json.dumps({"command": f"echo {i} > f{i}"})) for i in range(40))
-    store.append("s1", UserMessage("make 40 files"))
-    store.append("s1", AssistantMessage("", calls))
+    asyncio.run(store.append("s1", UserMessage("make 40 files")))
+    asyncio.run(store.append("s1", AssistantMessage("", calls)))
     model_server.script(Reply(text="done"))
     events: list = []
     config = agent_config(model_server.url, maxToolCallsPerAnswer=4, yolo=False)
@@ -688,8 +692,8 @@ class RacingStore(MemoryStore):
         super().__init__()
         self.target, self.text = target, text
 
-    def append(self, session_id: str, entry) -> None:
-        super().append(session_id, entry)
+    async def append(self, session_id: str, entry) -> None:
+        await super().append(session_id, entry)
         if isinstance(entry, ToolStarted):
             self.target.write_text(self.text)
 
@@ -709,7 +713,7 @@ def test_an_approved_edit_is_checked_after_its_start_is_recorded_right_before_it
     [asked] = [e for e in events if isinstance(e, PermissionRequested)][-1].calls
     assert run(agent.resume([Decision(asked.call_id, True, "U1", shown=asked.shown)])).outcome == "answered"
     assert target.read_text() == "one\nwritten by someone else while the start was recorded\n"
-    [result] = [e for e in store.load("s1") if isinstance(e, ToolResult)]
+    [result] = [e for e in asyncio.run(store.load("s1")) if isinstance(e, ToolResult)]
     assert (result.output, result.status) == (CHANGED, "error")
 
 
@@ -748,7 +752,7 @@ def test_start_runs_the_turn_a_front_end_opened_and_the_agent_closes_as_a_contex
     async def go():
         async with make_agent(config, store, tmp_path, model=model) as agent:
             assert (await agent.start()).outcome == "idle"  # nothing opened yet: nothing to run
-            store.append("s1", UserMessage("hi", "U1"))
+            (await store.append("s1", UserMessage("hi", "U1")))
             return await agent.start()
 
     finished = run(go())

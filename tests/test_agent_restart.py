@@ -119,7 +119,7 @@ def test_kill_9_mid_tool_then_resume_never_reruns_a_completed_call(model_server,
     lines = finish(child(tmp_path, model_server.url, {}, "resume"))
     assert lines[-1] == {"outcome": "answered"}
     assert (ws / "counter.txt").read_text() == "ran\nafter\n"  # done1 ran once, later ran on resume
-    log = FileStore(tmp_path / "store").load("s1")
+    log = asyncio.run(FileStore(tmp_path / "store").load("s1"))
     done1, slow, later = call_ids(log)
     results = {e.call_id: e for e in log if isinstance(e, ToolResult)}
     assert results[slow].status == "interrupted"
@@ -140,14 +140,14 @@ class DyingStore:
     def __init__(self, store: FileStore, lives: int):
         self.store, self.lives = store, lives
 
-    def load(self, session_id: str) -> list:
-        return self.store.load(session_id)
+    async def load(self, session_id: str) -> list:
+        return await self.store.load(session_id)
 
-    def append(self, session_id: str, entry) -> None:
+    async def append(self, session_id: str, entry) -> None:
         if self.lives <= 0:
             raise Killed
         self.lives -= 1
-        self.store.append(session_id, entry)
+        await self.store.append(session_id, entry)
 
 
 def conversation_is_valid(messages: list[dict]) -> bool:
@@ -179,11 +179,11 @@ def kill_at_every_append(model_server, tmp_path, config: dict, check) -> int:
         except Killed:
             pass
         again = make_agent(agent_config(model_server.url, **config), store, ws)
-        result = asyncio.run(closing(again, again.resume() if store.load("s1") else again.send("go")))
+        result = asyncio.run(closing(again, again.resume() if asyncio.run(store.load("s1")) else again.send("go")))
         assert result.outcome == "answered", (n, result)
         for request in model_server.requests[first:]:
             assert conversation_is_valid(request.json["messages"]), (n, request.json["messages"])
-        check(n, ws, store.load("s1"))
+        check(n, ws, asyncio.run(store.load("s1")))
         n += 1
 
 
@@ -274,7 +274,7 @@ def test_a_kill_while_resuming_an_approved_nested_call(model_server, tmp_path):
         result = asyncio.run(closing(again, again.resume(approval)))
         assert result.outcome == ("answered" if died else "idle"), (n, result)
         assert (ws / "count.txt").read_text() == "r\n", n
-        [answer] = [e for e in store.load("s1") if isinstance(e, ToolResult)]
+        [answer] = [e for e in asyncio.run(store.load("s1")) if isinstance(e, ToolResult)]
         assert answer.output == "reviewed", (n, answer)
         n += 1
     assert n > 8
@@ -297,9 +297,9 @@ def test_a_kill_while_the_loop_detector_stops_the_turn_keeps_it_stopped(model_se
             died = False
         except Killed:
             again = make_agent(agent_config(model_server.url), store, ws)
-            result = asyncio.run(closing(again, again.resume() if store.load("s1") else again.send("go")))
+            result = asyncio.run(closing(again, again.resume() if asyncio.run(store.load("s1")) else again.send("go")))
             assert result.outcome == "failed", (n, result)
-        log = store.load("s1")
+        log = asyncio.run(store.load("s1"))
         results = [e for e in log if isinstance(e, ToolResult)]
         interrupted = sum(r.status == "interrupted" for r in results)
         assert (ws / "ran.txt").read_text().count("x") == 6 + interrupted, n
@@ -329,11 +329,11 @@ def test_a_kill_while_a_cancellation_is_recorded_keeps_the_turn_cancelled(model_
         ToolResult("call_a", "bash", "[error: cancelled]", CallStatus.CANCELLED),
         ToolResult("call_b", "bash", "[error: cancelled]", CallStatus.CANCELLED),
     ][: 3 + recorded]:
-        store.append("s1", entry)
+        asyncio.run(store.append("s1", entry))
     agent = make_agent(agent_config(model_server.url), store, tmp_path)
     assert asyncio.run(agent.resume()).outcome == "cancelled"
     assert not (tmp_path / "b-ran").exists()
     assert model_server.requests == []
-    log = store.load("s1")
+    log = asyncio.run(store.load("s1"))
     assert [e.status for e in log if isinstance(e, ToolResult)] == ["cancelled", "cancelled"]
     assert log[-1] == TurnEnded(Outcome.CANCELLED)

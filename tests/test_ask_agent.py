@@ -74,7 +74,7 @@ def test_nested_gated_call_suspends_and_resumes(tmp_path, model_server):
         call_line(ask_call).text,
         "🛠️ bash: echo reviewed > review.txt",
     ]
-    results = [e for e in store.load("s1") if isinstance(e, ToolResult)]
+    results = [e for e in asyncio.run(store.load("s1")) if isinstance(e, ToolResult)]
     assert [(r.tool, r.output) for r in results] == [("ask_agent", "Looks good to me.")]
     finished = [e for e in events2 if isinstance(e, ToolCallFinished)]
     assert [(e.agent, e.preview) for e in finished] == [
@@ -129,7 +129,7 @@ def test_asked_agent_that_stops_returns_what_it_said(tmp_path, model_server):
     store = MemoryStore()
     agent = make_agent(config, store, tmp_path)
     assert asyncio.run(agent.send("go")).outcome == "answered"
-    [result] = [e for e in store.load("s1") if isinstance(e, ToolResult)]
+    [result] = [e for e in asyncio.run(store.load("s1")) if isinstance(e, ToolResult)]
     assert result.output.startswith("[ask_agent: reviewer stopped before finishing: [error: the model sent nothing")
 
 
@@ -139,7 +139,7 @@ def test_broken_agent_file_fails_clearly(tmp_path, model_server):
     model_server.script(ask(), Reply(text="ok"))
     store = MemoryStore()
     asyncio.run(make_agent(config, store, tmp_path).send("go"))
-    [result] = [e for e in store.load("s1") if isinstance(e, ToolResult)]
+    [result] = [e for e in asyncio.run(store.load("s1")) if isinstance(e, ToolResult)]
     assert result.output.startswith(f"[ask_agent: reviewer failed: cannot load {tmp_path}/agents/reviewer.yaml: ")
 
 
@@ -164,7 +164,7 @@ def test_with_context_sends_history_without_tool_outputs(tmp_path, model_server)
         "assistant: first answer\n\n"
         "Your task:\nReview the change in app.py"
     )
-    assert len(call_ids(store.load("s1"))) == 2
+    assert len(call_ids(asyncio.run(store.load("s1")))) == 2
 
 
 def test_depth_limit(tmp_path, model_server):
@@ -173,7 +173,7 @@ def test_depth_limit(tmp_path, model_server):
     store = MemoryStore()
     agent = make_agent(config, store, tmp_path, depth=2)
     asyncio.run(agent.send("go"))
-    [result] = [e for e in store.load("s1") if isinstance(e, ToolResult)]
+    [result] = [e for e in asyncio.run(store.load("s1")) if isinstance(e, ToolResult)]
     assert result.output == (
         "[ask_agent: reviewer cannot be asked: agents may only be nested 2 levels deep (MM_ASK_DEPTH)]"
     )
@@ -234,7 +234,7 @@ def test_cancel_while_the_asked_agent_runs_a_tool(tmp_path, model_server):
 
     assert asyncio.run(scenario()).answer == "next"
     assert not (tmp_path / "never").exists()
-    [result] = [e for e in store.load("s1") if isinstance(e, ToolResult)]
+    [result] = [e for e in asyncio.run(store.load("s1")) if isinstance(e, ToolResult)]
     assert (result.status, result.output) == (
         "cancelled",
         "Checking. \n[ask_agent: reviewer stopped before finishing: cancelled]",

@@ -62,7 +62,7 @@ def test_a_hostile_asked_agent_file_fails_as_text(tmp_path: Path, model_server) 
     model_server.script(Reply(tool_calls=[asks]), Reply(text="ok"))
     store = MemoryStore()
     asyncio.run(make_agent(config, store, tmp_path).send("go"))
-    [result] = [e for e in store.load("s1") if isinstance(e, ToolResult)]
+    [result] = [e for e in asyncio.run(store.load("s1")) if isinstance(e, ToolResult)]
     assert result.output == (
         f"[ask_agent: reviewer failed: cannot load {tmp_path}/bomb.yaml: "
         "6: expands to more than 100,000 values (aliases used too often)]"

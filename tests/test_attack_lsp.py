@@ -402,7 +402,7 @@ def test_a_rename_is_shown_whole_and_a_change_in_any_file_of_it_stops_it(tmp_pat
         (ws / "m12.py").write_text("from lib import helper\n\nprint(helper())  # changed behind your back\n")
         decision = Decision(asked.call_id, True, "U0GRACE", shown=asked.shown)
         assert asyncio.run(agent.resume([decision])).outcome == "answered"
-        [result] = [e for e in store.load("s1") if isinstance(e, ToolResult)]
+        [result] = [e for e in asyncio.run(store.load("s1")) if isinstance(e, ToolResult)]
         assert result.output == CHANGED
         assert "helper" in (ws / "lib.py").read_text() and "assist" not in (ws / "m00.py").read_text()
     finally:

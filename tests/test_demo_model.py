@@ -78,7 +78,7 @@ def test_turns_play_the_script_and_replay_it(demo, tmp_path):
     agent = new_agent(demo, store, repo, events)
     first = asyncio.run(agent.send("show me what you can do"))
     assert first.outcome == Outcome.ANSWERED
-    log = store.load("s1")
+    log = asyncio.run(store.load("s1"))
     assert calls_of(log) == [BASH, EDIT]
     assert [e.output for e in log if isinstance(e, ToolResult)] == ["hello, wrold\n", RESULT_OF_EDIT]
     assert (repo / DEMO_FILE).read_text() == FIXED_CONTENT
@@ -97,28 +97,28 @@ def test_turns_play_the_script_and_replay_it(demo, tmp_path):
     git(repo, "checkout", "--", DEMO_FILE)
     second = asyncio.run(agent.send("again please"))
     assert second.outcome == Outcome.ANSWERED
-    turn = turn_entries(store.load("s1"), 1)
+    turn = turn_entries(asyncio.run(store.load("s1")), 1)
     assert calls_of(turn) == [BASH, EDIT]
     assert assistant_texts(turn)[0] == f"{LABEL}: replaying the demo; let me run the script first."
     assert (repo / DEMO_FILE).read_text() == FIXED_CONTENT
 
     # Without the typo, the replay finds nothing to fix and says so instead of failing at the edit.
     third = asyncio.run(agent.send("once more"))
-    turn = turn_entries(store.load("s1"), 2)
+    turn = turn_entries(asyncio.run(store.load("s1")), 2)
     assert calls_of(turn) == [BASH]
     assert third.answer.startswith(f"{LABEL}: greet.py already prints “hello, world”")
 
     # compact keeps the model's answer as the summary; the session goes on after it.
     said = asyncio.run(agent.compact())
     assert said.startswith("compacted ")
-    [compaction] = [e for e in store.load("s1") if isinstance(e, Compaction)]
+    [compaction] = [e for e in asyncio.run(store.load("s1")) if isinstance(e, Compaction)]
     assert compaction.summary.startswith(f"{LABEL}: a scripted model cannot summarise")
     fourth = asyncio.run(agent.send("and after the compaction"))
     assert fourth.outcome == Outcome.ANSWERED
-    assert calls_of(turn_entries(store.load("s1"), 3)) == [BASH]
+    assert calls_of(turn_entries(asyncio.run(store.load("s1")), 3)) == [BASH]
     assert fourth.answer == third.answer
 
-    texts = [*assistant_texts(store.load("s1")), compaction.summary]
+    texts = [*assistant_texts(asyncio.run(store.load("s1"))), compaction.summary]
     assert len(texts) == 11
     assert all(text.startswith(LABEL) for text in texts), texts
 
@@ -142,7 +142,7 @@ def test_rejecting_the_command_stops_the_demo(demo, tmp_path):
     assert result.answer == (
         f"{LABEL}: you rejected the command `python3 greet.py`, so I stopped there. Ask again to replay the demo."
     )
-    assert calls_of(store.load("s1")) == [BASH]
+    assert calls_of(asyncio.run(store.load("s1"))) == [BASH]
     assert (repo / DEMO_FILE).read_text() == DEMO_CONTENT
 
 
@@ -168,7 +168,7 @@ def test_a_workspace_without_the_demo_file_ends_the_demo(demo, tmp_path):
     agent = new_agent(demo, store, tmp_path, events)
     result = asyncio.run(agent.send("go"))
     assert result.outcome == Outcome.ANSWERED
-    assert calls_of(store.load("s1")) == [BASH]
+    assert calls_of(asyncio.run(store.load("s1"))) == [BASH]
     assert result.answer.startswith(f"{LABEL}: `python3 greet.py` did not go as the script expects (“python3: ")
     assert "The demo needs its own repository" in result.answer
 

@@ -124,9 +124,13 @@ def test_the_agent_sends_images_only_to_a_model_that_takes_them(model_server, tm
     for vision, urls in [(True, [THIRD]), (False, [])]:
         store = MemoryStore()
         for entry in THREAD:
-            store.append("s1", entry)
+            asyncio.run(store.append("s1", entry))
         model_server.script(Reply(text="ok"))
         config = agent_config(model_server.url, model={"url": model_server.url, "name": "m", "vision": vision})
         assert asyncio.run(send(make_agent(config, store, tmp_path), "compare them")) == "answered"
         assert image_urls(model_server.messages()) == urls
-        assert [e.images for e in store.load("s1") if isinstance(e, UserMessage)] == [(FIRST, SECOND), (THIRD,), ()]
+        assert [e.images for e in asyncio.run(store.load("s1")) if isinstance(e, UserMessage)] == [
+            (FIRST, SECOND),
+            (THIRD,),
+            (),
+        ]

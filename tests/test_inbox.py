@@ -3,6 +3,7 @@ what housekeeping finds."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from datetime import timedelta
 
@@ -49,7 +50,7 @@ def test_a_turn_takes_the_untaken_messages_in_order_and_at_most_a_turns_worth(en
     second = log.take_inbox(session_id)
     assert second is not None and second.text.startswith(f"<@U0ALICE>: m{store.INBOX_PER_TURN}\n\n")
     assert log.take_inbox(session_id) is None
-    assert [e for e in log.load(session_id) if isinstance(e, UserMessage)] == [first, second]
+    assert [e for e in asyncio.run(log.load(session_id)) if isinstance(e, UserMessage)] == [first, second]
     # A worker that lost its lease takes nothing, and leaves the messages for the one that has it.
     record(engine, root, f"{root}999", "late")
     assert store.acquire_lease(engine, session_id, "w2", ttl_s=30, now=utcnow() + timedelta(seconds=60))

@@ -5,6 +5,7 @@ time limit."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -335,7 +336,7 @@ def test_a_person_s_ask_in_a_run_s_thread_never_rides_on_the_job_s_yolo(
         root = s.slack.add_message(CHANNEL, "🔧 *tidy* started", "U0BOT")["ts"]
         session = ensure_session(s.engine, channel_id=CHANNEL, thread_ts=root, kind=SessionKind.JOB)
         for entry in (UserMessage("hello"), AssistantMessage("answer: hello"), TurnEnded(Outcome.ANSWERED)):
-            DbStore(s.engine).append(session, entry)
+            asyncio.run(DbStore(s.engine).append(session, entry))
         now = datetime.now(UTC)
         with s.engine.begin() as conn:
             run_id = conn.execute(

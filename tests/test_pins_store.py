@@ -5,6 +5,7 @@ test_store.py's session."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from datetime import datetime, timedelta
 
@@ -125,11 +126,11 @@ def _call_row(engine: Engine, session_id: str, call_id: str) -> tuple[str, str, 
 def test_the_tool_calls_table_shows_a_running_call_as_running(engine: Engine, session_id: str) -> None:
     """Operators listing tool_calls see a call requested, then running (auto-approved in yolo), then ok."""
     log = store.DbStore(engine)
-    log.append(session_id, AssistantMessage("", (ToolCallRequest("c1", "bash", "{}"),)))
+    asyncio.run(log.append(session_id, AssistantMessage("", (ToolCallRequest("c1", "bash", "{}"),))))
     assert _call_row(engine, session_id, "c1") == ("bash", "requested", None)
-    log.append(session_id, ToolStarted("c1", "bash"))
+    asyncio.run(log.append(session_id, ToolStarted("c1", "bash")))
     assert _call_row(engine, session_id, "c1") == ("bash", "running", "auto")
-    log.append(session_id, ToolResult("c1", "bash", "done"))
+    asyncio.run(log.append(session_id, ToolResult("c1", "bash", "done")))
     assert _call_row(engine, session_id, "c1") == ("bash", "ok", "auto")
 
 
@@ -137,9 +138,9 @@ def test_a_decision_before_its_call_is_listed_with_no_tool_name_yet(engine: Engi
     """A decision projected before its call (an asked agent's call) makes a row with an empty tool name, which
     the call fills in when it arrives."""
     log = store.DbStore(engine)
-    log.append(session_id, Decision("n1", approved=True, by="U03CAROL"))
+    asyncio.run(log.append(session_id, Decision("n1", approved=True, by="U03CAROL")))
     assert _call_row(engine, session_id, "n1") == ("", "requested", "approved")
-    log.append(session_id, ToolStarted("n1", "bash"))
+    asyncio.run(log.append(session_id, ToolStarted("n1", "bash")))
     assert _call_row(engine, session_id, "n1") == ("bash", "running", "approved")
 
 

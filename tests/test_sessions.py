@@ -4,6 +4,7 @@ the decision, and that housekeeping's query and `needs_worker` agree on every on
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import uuid
@@ -236,15 +237,15 @@ def write(engine: Engine, snap: Snapshot) -> str:
             )
         )
     log = store.DbStore(engine)
-    log.append(session_id, UserMessage("hi", "U0ALICE"))
+    asyncio.run(log.append(session_id, UserMessage("hi", "U0ALICE")))
     calls = {c: f"{session_id}-{c}" for c in CALLS}  # call ids are unique across sessions
     if snap.turn.open:
         requests = tuple(ToolCallRequest(calls[c], "bash", "{}") for c in sorted(snap.turn.waiting))
-        log.append(session_id, AssistantMessage("", requests))
+        asyncio.run(log.append(session_id, AssistantMessage("", requests)))
         for c in sorted(snap.turn.decided & snap.turn.waiting):
-            log.append(session_id, Decision(calls[c], True, "U0BOB"))
+            asyncio.run(log.append(session_id, Decision(calls[c], True, "U0BOB")))
     else:
-        log.append(session_id, TurnEnded(Outcome.ANSWERED))
+        asyncio.run(log.append(session_id, TurnEnded(Outcome.ANSWERED)))
     with engine.begin() as conn:
         for a in snap.approvals:
             conn.execute(

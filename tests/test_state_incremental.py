@@ -344,7 +344,7 @@ def test_an_agents_state_through_turns_equals_its_log_replayed(tmp_path: Path) -
     holder: list[Agent] = []
 
     def emit(event: Event) -> None:
-        log = store.load("s1")
+        log = store.entries("s1")
         assert_same(holder[0].state(), Replayed.of(log))
         if isinstance(event, ModelCalled):
             last = log[-1]
@@ -372,15 +372,15 @@ def test_an_agents_state_through_turns_equals_its_log_replayed(tmp_path: Path) -
             server.script(Reply(tool_calls=[read]), Reply(tool_calls=[read]), Reply(text="still gone"))
             assert (await agent.send("again")).outcome == Outcome.ANSWERED
             await agent.new()
-            assert_same(agent.state(), Replayed.of(store.load("s1")))  # before anything reads the log again
+            assert_same(agent.state(), Replayed.of(await store.load("s1")))  # before anything reads the log again
             server.script(Reply(tool_calls=[read]), Reply(text="fresh"))
             assert (await agent.send("after new")).outcome == Outcome.ANSWERED
             await agent.aclose()
 
         asyncio.run(session())
-    log = store.load("s1")
+    log = asyncio.run(store.load("s1"))
     assert_same(agent.state(), Replayed.of(log))
-    assert_same(agent.load(), Replayed.of(log))
+    assert_same(asyncio.run(agent.load()), Replayed.of(log))
     outputs = [e.output for e in log if isinstance(e, ToolResult)]
     warned = [o.endswith(LOOP_DETECTED) for o in outputs]
     # The third read in a row is warned, across a suspension and a compaction, and not after a reset.

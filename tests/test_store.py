@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import uuid
@@ -98,8 +99,8 @@ def _concurrently(n: int, fn: Callable[[int], T]) -> list[T]:
 def test_every_entry_kind_roundtrips(engine: Engine, session_id: str) -> None:
     log = store.DbStore(engine)
     for entry in EVERY_KIND:
-        log.append(session_id, entry)
-    assert log.load(session_id) == EVERY_KIND
+        asyncio.run(log.append(session_id, entry))
+    assert asyncio.run(log.load(session_id)) == EVERY_KIND
     with engine.connect() as conn:
         seqs = conn.execute(select(SessionEvent.seq).where(SessionEvent.session_id == session_id)).scalars().all()
     assert sorted(seqs) == list(range(len(EVERY_KIND)))
@@ -107,24 +108,28 @@ def test_every_entry_kind_roundtrips(engine: Engine, session_id: str) -> None:
 
 def test_unknown_session_is_refused(engine: Engine) -> None:
     with pytest.raises(store.UnknownSession):
-        store.DbStore(engine).append("no-such-session", UserMessage("hi"))
-    assert store.DbStore(engine).load("no-such-session") == []
+        asyncio.run(store.DbStore(engine).append("no-such-session", UserMessage("hi")))
+    assert asyncio.run(store.DbStore(engine).load("no-such-session")) == []
 
 
 def test_concurrent_appends_get_distinct_seqs(engine: Engine, session_id: str) -> None:
     log = store.DbStore(engine)
-    results = _concurrently(6, lambda i: log.append(session_id, UserMessage(f"m{i}")))
+    results = _concurrently(6, lambda i: asyncio.run(log.append(session_id, UserMessage(f"m{i}"))))
     assert results == [None] * 6
-    assert sorted(log.load(session_id), key=str) == [UserMessage(f"m{i}") for i in range(6)]
+    assert sorted(asyncio.run(log.load(session_id)), key=str) == [UserMessage(f"m{i}") for i in range(6)]
 
 
 def test_projections_into_tool_calls_and_errors(engine: Engine, session_id: str) -> None:
     log = store.DbStore(engine)
     for entry in EVERY_KIND[: EVERY_KIND.index(TurnEnded(Outcome.ANSWERED))]:
-        log.append(session_id, entry)
-    log.append(session_id, AssistantMessage("", tool_calls=(ToolCallRequest("c3", "bash", '{"command":"rm"}'),)))
-    log.append(session_id, Decision("c3", approved=False, by="U02BOB"))
-    log.append(session_id, ToolResult("c3", "bash", "[command rejected by the user]", status=CallStatus.REJECTED))
+        asyncio.run(log.append(session_id, entry))
+    asyncio.run(
+        log.append(session_id, AssistantMessage("", tool_calls=(ToolCallRequest("c3", "bash", '{"command":"rm"}'),)))
+    )
+    asyncio.run(log.append(session_id, Decision("c3", approved=False, by="U02BOB")))
+    asyncio.run(
+        log.append(session_id, ToolResult("c3", "bash", "[command rejected by the user]", status=CallStatus.REJECTED))
+    )
     with engine.connect() as conn:
         calls = conn.execute(select(ToolCall.__table__).where(ToolCall.session_id == session_id))
         rows = {r.call_id: r for r in calls}
@@ -156,9 +161,9 @@ def test_an_asked_agents_calls_are_projected_too(engine: Engine, session_id: str
         ToolStarted("n1", "bash", agent="reviewer"),
         ToolResult("n1", "bash", "a.py\n", agent="reviewer", duration_ms=5),
     ]
-    log.append(session_id, Decision("n1", approved=True, by="U03CAROL"))
+    asyncio.run(log.append(session_id, Decision("n1", approved=True, by="U03CAROL")))
     for entry in nested:
-        log.append(session_id, Nested("ask-call", to_dict(entry)))
+        asyncio.run(log.append(session_id, Nested("ask-call", to_dict(entry))))
     with engine.connect() as conn:
         row = conn.execute(
             select(ToolCall.__table__).where(ToolCall.session_id == session_id, ToolCall.call_id == "n1")
@@ -177,16 +182,16 @@ def test_fencing_stops_an_expired_owner(engine: Engine, session_id: str) -> None
     t0 = utcnow()
     old = store.acquire_lease(engine, session_id, "worker-a", ttl_s=30, now=t0)
     assert old is not None
-    store.DbStore(engine, lease_token=old).append(session_id, UserMessage("first"))
+    asyncio.run(store.DbStore(engine, lease_token=old).append(session_id, UserMessage("first")))
 
     # worker-a stalls past its lease; worker-b takes the session over.
     new = store.acquire_lease(engine, session_id, "worker-b", ttl_s=30, now=t0 + timedelta(seconds=31))
     assert new is not None and new > old
     with pytest.raises(Fenced):
-        store.DbStore(engine, lease_token=old).append(session_id, ErrorRecord("late write"))
-    store.DbStore(engine, lease_token=new).append(session_id, UserMessage("second"))
+        asyncio.run(store.DbStore(engine, lease_token=old).append(session_id, ErrorRecord("late write")))
+    asyncio.run(store.DbStore(engine, lease_token=new).append(session_id, UserMessage("second")))
 
-    assert store.DbStore(engine).load(session_id) == [UserMessage("first"), UserMessage("second")]
+    assert asyncio.run(store.DbStore(engine).load(session_id)) == [UserMessage("first"), UserMessage("second")]
     with engine.connect() as conn:  # the fenced append's projection was not written either
         assert conn.execute(select(Error.message).where(Error.session_id == session_id)).all() == []
     assert not store.renew_lease(engine, session_id, old, ttl_s=30)
@@ -320,8 +325,8 @@ def test_hostile_text_never_fails_an_append(engine: Engine, session_id: str) -> 
         ErrorRecord("bad \x00 byte \ud800", where="w" * 100),
     ]
     for entry in entries:
-        log.append(session_id, entry)
-    assert log.load(session_id) == entries
+        asyncio.run(log.append(session_id, entry))
+    assert asyncio.run(log.load(session_id)) == entries
     with engine.connect() as conn:
         row = conn.execute(
             select(ToolCall.__table__).where(ToolCall.session_id == session_id, ToolCall.call_id == "h1")
@@ -368,7 +373,7 @@ def test_the_next_seq_stays_right_under_concurrent_and_fenced_appends(engine: En
     old = store.acquire_lease(engine, session_id, "worker-a", ttl_s=30)
     assert old is not None
     log = store.DbStore(engine, lease_token=old)
-    _concurrently(6, lambda i: log.append(session_id, UserMessage(f"m{i}")))
+    _concurrently(6, lambda i: asyncio.run(log.append(session_id, UserMessage(f"m{i}"))))
     assert _seqs(engine, session_id) == list(range(6)) and _event_seq(engine, session_id) == 6
 
     assert log.take_inbox(session_id) is None  # nothing to take: no entry, no seq used
@@ -377,16 +382,16 @@ def test_the_next_seq_stays_right_under_concurrent_and_fenced_appends(engine: En
     new = store.acquire_lease(engine, session_id, "worker-b", ttl_s=30, now=utcnow() + timedelta(seconds=31))
     assert new is not None
     with pytest.raises(Fenced):
-        log.append(session_id, AssistantMessage("late", tool_calls=(ToolCallRequest("f1", "bash", "{}"),)))
+        asyncio.run(log.append(session_id, AssistantMessage("late", tool_calls=(ToolCallRequest("f1", "bash", "{}"),))))
     with pytest.raises(Fenced):
         log.take_inbox(session_id)
     assert _event_seq(engine, session_id) == 6
     with engine.connect() as conn:  # the fenced append's projection was rolled back with it
         assert conn.execute(select(ToolCall.id).where(ToolCall.session_id == session_id)).all() == []
 
-    store.DbStore(engine, lease_token=new).append(session_id, UserMessage("after"))
+    asyncio.run(store.DbStore(engine, lease_token=new).append(session_id, UserMessage("after")))
     assert _seqs(engine, session_id) == list(range(7)) and _event_seq(engine, session_id) == 7
-    assert store.DbStore(engine).load(session_id)[-1] == UserMessage("after")
+    assert asyncio.run(store.DbStore(engine).load(session_id))[-1] == UserMessage("after")
 
 
 def _call_row(engine: Engine, session_id: str, call_id: str):
@@ -399,9 +404,9 @@ def _call_row(engine: Engine, session_id: str, call_id: str):
 def test_the_call_upsert_keeps_a_decision_and_what_was_not_given(engine: Engine, session_id: str) -> None:
     log = store.DbStore(engine)
     # Decided before it started: the start does not make it "auto"; a result keeps what it does not give.
-    log.append(session_id, Decision("k1", approved=False, by="U02BOB"))
-    log.append(session_id, ToolStarted("k1", "bash", agent="reviewer"))
-    log.append(session_id, ToolResult("k1", "bash", "out", status=CallStatus.REJECTED, duration_ms=7))
+    asyncio.run(log.append(session_id, Decision("k1", approved=False, by="U02BOB")))
+    asyncio.run(log.append(session_id, ToolStarted("k1", "bash", agent="reviewer")))
+    asyncio.run(log.append(session_id, ToolResult("k1", "bash", "out", status=CallStatus.REJECTED, duration_ms=7)))
     k1 = _call_row(engine, session_id, "k1")
     assert (k1.tool, k1.agent, k1.decision, k1.decided_by, k1.status, k1.output, k1.duration_ms) == (
         "bash",
@@ -415,7 +420,9 @@ def test_the_call_upsert_keeps_a_decision_and_what_was_not_given(engine: Engine,
     assert k1.started_at is not None and k1.finished_at is not None
 
     # Started with no decision: "auto", kept by a second start; a Decision after it is recorded.
-    log.append(session_id, AssistantMessage("", tool_calls=(ToolCallRequest("k2", "read_file", '{"p": 1}'),)))
+    asyncio.run(
+        log.append(session_id, AssistantMessage("", tool_calls=(ToolCallRequest("k2", "read_file", '{"p": 1}'),)))
+    )
     k2 = _call_row(engine, session_id, "k2")
     assert (k2.tool, k2.arguments, k2.status, k2.decision, k2.started_at) == (
         "read_file",
@@ -424,21 +431,21 @@ def test_the_call_upsert_keeps_a_decision_and_what_was_not_given(engine: Engine,
         None,
         None,
     )
-    log.append(session_id, ToolStarted("k2", "read_file"))
-    log.append(session_id, ToolStarted("k2", "read_file"))
+    asyncio.run(log.append(session_id, ToolStarted("k2", "read_file")))
+    asyncio.run(log.append(session_id, ToolStarted("k2", "read_file")))
     k2 = _call_row(engine, session_id, "k2")
     assert (k2.status, k2.decision, k2.decided_by, k2.arguments) == ("running", "auto", None, '{"p": 1}')
-    log.append(session_id, Decision("k2", approved=True, by=None))
+    asyncio.run(log.append(session_id, Decision("k2", approved=True, by=None)))
     assert _call_row(engine, session_id, "k2").decision == "approved"
 
     # A decision for a call never requested creates its row, with no tool yet.
-    log.append(session_id, Decision("k3", approved=True, by="U03CAROL"))
+    asyncio.run(log.append(session_id, Decision("k3", approved=True, by="U03CAROL")))
     k3 = _call_row(engine, session_id, "k3")
     assert (k3.tool, k3.status, k3.decision, k3.decided_by, k3.agent) == ("", "requested", "approved", "U03CAROL", None)
 
     # Several calls in one message: each its row.
     calls = tuple(ToolCallRequest(f"m{i}", "bash", f'{{"i": {i}}}') for i in range(3))
-    log.append(session_id, AssistantMessage("", tool_calls=calls, agent="helper"))
+    asyncio.run(log.append(session_id, AssistantMessage("", tool_calls=calls, agent="helper")))
     for i in range(3):
         row = _call_row(engine, session_id, f"m{i}")
         assert (row.tool, row.arguments, row.agent) == ("bash", f'{{"i": {i}}}', "helper")
@@ -470,9 +477,9 @@ def test_the_migration_sets_the_next_seq_of_existing_logs(backend: str, request:
         db.migrate(url)
         engine.dispose()
         assert (_event_seq(engine, "s-with-log"), _event_seq(engine, "s-empty")) == (3, 0)
-        store.DbStore(engine).append("s-with-log", UserMessage("m3"))
-        store.DbStore(engine).append("s-empty", UserMessage("first"))
+        asyncio.run(store.DbStore(engine).append("s-with-log", UserMessage("m3")))
+        asyncio.run(store.DbStore(engine).append("s-empty", UserMessage("first")))
         assert _seqs(engine, "s-with-log") == [0, 1, 2, 3] and _seqs(engine, "s-empty") == [0]
-        assert store.DbStore(engine).load("s-with-log") == [UserMessage(f"m{i}") for i in range(4)]
+        assert asyncio.run(store.DbStore(engine).load("s-with-log")) == [UserMessage(f"m{i}") for i in range(4)]
     finally:
         engine.dispose()

@@ -16,7 +16,7 @@ from sqlalchemy import Engine, select
 
 from chatops.config import Config, JobConfig
 from chatops.schema import Session
-from chatops.store import DbStore
+from chatops.store import log_of
 from mm_core.config import AgentConfig
 from mm_core.state import Asking, SessionState, asking
 from workers.jobs import job_of_session
@@ -61,5 +61,5 @@ def thread_asking(engine: Engine, config: Config, session_id: str) -> tuple[Aski
     running = job_of_session(engine, config, session_id)
     agent = agent_of(config, row.agent_name)
     setting = thread_setting(config, agent, row.channel_id or "", row.yolo, running.job if running else None)
-    state = SessionState.of(DbStore(engine).load(session_id))
+    state = SessionState.of(log_of(engine, session_id))
     return asking(state, setting.default, setting.standing), setting

@@ -388,7 +388,7 @@ class SessionTurns:
             reason = describe_error(e)
             log.exception("session %s: the turn failed", self.session_id)
             try:
-                self.store.append(self.session_id, ErrorRecord(reason, "worker"))
+                await self.store.append(self.session_id, ErrorRecord(reason, "worker"))
                 await agent.stop()
                 await self._expire(renderer)
             except Exception:  # noqa: BLE001 - the database itself may be what failed: keep the record at least
@@ -426,8 +426,8 @@ class SessionTurns:
             await self._expire(renderer)
             record_error(engine, "workspace", text, session_id=session_id)
         elif self.store.take_inbox(session_id, "", people=self.running is None) is not None:
-            self.store.append(session_id, ErrorRecord(text, "workspace"))
-            self.store.append(session_id, TurnEnded(Outcome.FAILED))
+            await self.store.append(session_id, ErrorRecord(text, "workspace"))
+            await self.store.append(session_id, TurnEnded(Outcome.FAILED))
         else:
             record_error(engine, "workspace", text, session_id=session_id)
         self.ending = SessionStatus.IDLE

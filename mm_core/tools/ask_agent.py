@@ -174,7 +174,7 @@ class AskAgentTool(Tool):
         same_endpoint = config.model.url == caller.model_url
         api_key = os.environ.get(key_env) if key_env else (caller.api_key if same_endpoint else None)
         agent = caller.ask(name, config, api_key, emit)
-        state = agent.load()
+        state = await agent.load()
         try:
             if not state.entries:
                 context = self._context(caller.state()) if with_context else ""

@@ -94,7 +94,7 @@ class SessionResources:
 class AskedAgent(Protocol):
     """An agent that a tool runs inside the current turn (ask_agent); mm_core.agent.Agent is one."""
 
-    def load(self) -> SessionState:
+    async def load(self) -> SessionState:
         """Its session as stored (empty before it was first asked)."""
         ...
 
