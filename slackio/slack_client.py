@@ -116,6 +116,14 @@ def _seconds(value: object) -> float | None:
         return None
 
 
+def failed_where(error: BaseException, method: str) -> str:
+    """Where a Web API call that failed is recorded in the errors table: `slack:<method>`, the method Slack's own
+    answer names when there is one (a helper that makes several calls, such as an upload), else `method`."""
+    response = getattr(error, "response", None) if isinstance(error, SlackApiError) else None
+    url = getattr(response, "api_url", None) or ""
+    return f"slack:{url.rsplit('/', 1)[-1] or method}"
+
+
 def api_base(url: str) -> str:
     """slack_sdk joins method names onto base_url, so it must end with a slash."""
     return url if url.endswith("/") else url + "/"

@@ -9,6 +9,7 @@ named in a string to `getattr`.
 from __future__ import annotations
 
 import ast
+import asyncio
 import inspect
 import re
 from pathlib import Path
@@ -126,3 +127,24 @@ def test_the_gateway_asks_a_function_of_secrets_at_each_write() -> None:
     assert said["text"] == "the key hunter2-new and ***"
     known.append("hunter2-new")  # a reload brings a new secret: the next write hides it too
     assert outgoing({"text": "the key hunter2-new"}, lambda: known)["text"] == "the key ***"
+
+
+def test_a_failed_call_is_recorded_under_the_method_slack_answered_for(slack) -> None:
+    """`slack:<method>` everywhere (slackio.slack_client.failed_where): the method of Slack's own answer when the
+    error carries one, else the caller's name for what it did."""
+    from slack_sdk.errors import SlackApiError
+    from slack_sdk.web.async_client import AsyncWebClient
+
+    from slackio.slack_client import failed_where
+
+    async def refused() -> SlackApiError:
+        client = AsyncWebClient(token=slack.bot_token, base_url=slack.url)
+        try:
+            await client.conversations_replies(channel="C0NOWHERE", ts="1.2")
+        except SlackApiError as e:
+            return e
+        raise AssertionError("the emulator answered a channel it does not know")
+
+    error = asyncio.run(refused())
+    assert failed_where(error, "files_upload_v2") == "slack:conversations.replies"
+    assert failed_where(ConnectionResetError("gone"), "chat.postMessage") == "slack:chat.postMessage"

@@ -18,7 +18,7 @@ from chatops.schema import Session, SessionStatus
 from chatops.sessions import Snapshot, snapshot
 from chatops.store import acquire_lease, record_error, release_lease
 from slackio.mrkdwn import Mrkdwn
-from slackio.slack_client import web_client
+from slackio.slack_client import failed_where, web_client
 from slackio.slack_out import SlackOut
 from workers import git
 from workers.push import BranchRefused, NothingToPush, agent_of, credentials, push_workspace
@@ -109,4 +109,4 @@ async def _say(proc: Process, facts: Snapshot, text: str, session_id: str) -> No
     try:
         await slack.post(facts.channel_id or "", text, thread_ts=facts.thread_ts)
     except Exception as e:  # noqa: BLE001 - the push happened (or not); the errors table keeps the message
-        record_error(proc.engine, "slack", f"chat.postMessage: {e}", session_id=session_id)
+        record_error(proc.engine, failed_where(e, "chat.postMessage"), f"chat.postMessage: {e}", session_id=session_id)

@@ -70,7 +70,7 @@ from mm_core.tools.ask_agent import load_agent_file
 from slackio import metrics
 from slackio.approval_message import NO_APPROVERS, ApprovalAsked
 from slackio.blocks import duration
-from slackio.slack_client import TIMEOUT, web_client
+from slackio.slack_client import TIMEOUT, failed_where, web_client
 from slackio.slack_out import SlackOut
 from workers.asking import thread_setting
 from workers.attachments import attach
@@ -518,7 +518,8 @@ class SessionTurns:
             limits = self.config.service.workspaces.files
             await attach(slack, self.row.channel_id or "", self.row.thread_ts, workspace, finished.answer, limits)
         except Exception as e:  # noqa: BLE001 - the answer is shown; a line Slack refused is only recorded
-            record_error(self.proc.engine, "slack", f"attaching files: {e}", session_id=self.session_id)
+            where = failed_where(e, "files_upload_v2")
+            record_error(self.proc.engine, where, f"attaching files: {e}", session_id=self.session_id)
 
     async def _offer_push(self, slack: SlackOut) -> None:
         """After a turn that ran commands or edits, when the workspace differs from its repository: the button
@@ -541,7 +542,12 @@ class SessionTurns:
         try:
             await slack.post(self.row.channel_id or "", text, thread_ts=self.row.thread_ts, blocks=blocks)
         except Exception as e:  # noqa: BLE001 - a courtesy: `push` in the thread does the same
-            record_error(self.proc.engine, "slack", f"chat.postMessage: {e}", session_id=self.session_id)
+            record_error(
+                self.proc.engine,
+                failed_where(e, "chat.postMessage"),
+                f"chat.postMessage: {e}",
+                session_id=self.session_id,
+            )
 
     async def _finish_job(self, renderer: ThreadRenderer, slack: SlackOut) -> None:
         """A job run's turn ended: its summary in the thread, and in the channel the job pausing itself."""
@@ -553,7 +559,12 @@ class SessionTurns:
             try:
                 await slack.post(self.row.channel_id or "", text)
             except Exception as e:  # noqa: BLE001 - the pause holds; its announcement is a courtesy
-                record_error(self.proc.engine, "slack", f"chat.postMessage: {e}", session_id=self.session_id)
+                record_error(
+                    self.proc.engine,
+                    failed_where(e, "chat.postMessage"),
+                    f"chat.postMessage: {e}",
+                    session_id=self.session_id,
+                )
 
         try:
             await finish_run(
@@ -636,7 +647,8 @@ class SessionTurns:
         try:
             response = await client.conversations_replies(channel=row.channel_id, ts=row.thread_ts, limit=200)
         except Exception as e:  # noqa: BLE001 - the turn goes on without the context, and says why in the errors
-            record_error(self.proc.engine, "slack", f"conversations.replies: {e}", session_id=self.session_id)
+            where = failed_where(e, "conversations.replies")
+            record_error(self.proc.engine, where, f"conversations.replies: {e}", session_id=self.session_id)
             return ""
         earlier = [
             m
