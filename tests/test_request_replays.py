@@ -46,7 +46,7 @@ from test_record_before_ack import (
 )
 from threads_support import CHANNEL, SECRET, Stack, config, stack
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.timeout(240), pytest.mark.process]
 
 JOBS = "C0JOBS"
 JOB = "tidy"
