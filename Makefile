@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 
-.PHONY: run test check bench install clean mutate
+.PHONY: run test check check-types check-tests bench install clean mutate
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,11 +32,17 @@ test: $(STAMP)
 
 # The fast inner loop (under two minutes on two cores): the same static checks, then only the tests that start no
 # process (`pytest --no-process`, mm_testkit/process_guard.py: a test that starts one there fails, naming the fix).
+# basedpyright (one core, most of a minute) runs beside pytest rather than before it.
 check: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(MAKE) --no-print-directory -j2 check-types check-tests
+
+check-types: $(STAMP)
 	$(VENV)/bin/basedpyright
-	$(PY) -m pytest --no-process $(PYTEST_ARGS)
+
+check-tests: $(STAMP)
+	$(PY) -m pytest --no-process -n auto $(PYTEST_ARGS)
 
 # Mutation testing of the core modules (scripts/mutate.py says how): about twenty minutes on two cores, so it is not
 # part of `make test`. MUTATE_ARGS narrows it, e.g. MUTATE_ARGS="--module mm_core/loopdetect.py --max 10".
