@@ -1,10 +1,10 @@
-# The two set-up commands of the README: `make run` and `make test`.
+# The two set-up commands of the README: `make run` and `make test`; `make check` is the fast inner loop.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 
-.PHONY: run test bench install clean mutate
+.PHONY: run test check check-types check-tests bench install clean mutate
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,11 +20,29 @@ run: $(STAMP)
 
 # The static checks come first and stop the run: ruff (lint, then formatting) and basedpyright, as pyproject.toml
 # configures them.
+# pytest runs over several processes (pytest-xdist): most tests wait on the processes they start, so more of them
+# than cores keep the cores busy. worksteal: the slow thread tests are spread as they come. PYTEST_WORKERS=0 runs
+# it in one process.
+PYTEST_WORKERS ?= 4
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/basedpyright
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
+
+# The fast inner loop (under two minutes on two cores): the same static checks, then only the tests that start no
+# process (`pytest --no-process`, mm_testkit/process_guard.py: a test that starts one there fails, naming the fix).
+# basedpyright (one core, most of a minute) runs beside pytest rather than before it.
+check: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(MAKE) --no-print-directory -j2 check-types check-tests
+
+check-types: $(STAMP)
+	$(VENV)/bin/basedpyright
+
+check-tests: $(STAMP)
+	$(PY) -m pytest --no-process -n auto $(PYTEST_ARGS)
 
 # Mutation testing of the core modules (scripts/mutate.py says how): about twenty minutes on two cores, so it is not
 # part of `make test`. MUTATE_ARGS narrows it, e.g. MUTATE_ARGS="--module mm_core/loopdetect.py --max 10".

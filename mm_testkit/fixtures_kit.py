@@ -51,8 +51,9 @@ def needs_system(command: str, package: str) -> pytest.MarkDecorator:
 
 needs_bwrap = needs_system("bwrap", "bubblewrap")
 # A root worker runs a command in a workspace root owns only inside the sandbox (never as root), so tests that
-# run commands through an agent in their own temporary directories need bubblewrap when they run as root.
-needs_bwrap_when_root = needs_bwrap if os.geteuid() == 0 else pytest.mark.usefixtures()
+# run commands through an agent in their own temporary directories need bubblewrap when they run as root. Either
+# way they start processes (mm_testkit/process_guard.py): `make check` leaves them to `make test`.
+needs_bwrap_when_root = needs_bwrap if os.geteuid() == 0 else pytest.mark.process
 
 
 def path_without(command: str, where: Path) -> str:

@@ -17,6 +17,8 @@ from chatops.schema import Approval, SessionEvent
 from playground.model_server import Reply, ToolCall
 from threads_support import OwnRedis, Stack, approval_messages, config, stack
 
+pytestmark = pytest.mark.process  # its tests start processes (mm_testkit/process_guard.py)
+
 MANY = 150
 CAP = 16
 LINE = (

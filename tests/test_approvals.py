@@ -33,6 +33,8 @@ from threads_support import (
     waiting_message,
 )
 
+pytestmark = pytest.mark.process  # its tests start processes (mm_testkit/process_guard.py)
+
 APPROVER, LEAD, ALICE, EVE = "U0BOB", "U0CAROL", "U0ALICE", "U0EVE"
 GATED = config(
     "{yolo: false, approvers: [U0BOB, S0LEADS]}",

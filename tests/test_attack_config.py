@@ -69,6 +69,7 @@ def test_a_hostile_asked_agent_file_fails_as_text(tmp_path: Path, model_server) 
     )
 
 
+@pytest.mark.process
 def test_mm_bot_run_never_reads_an_asked_agents_config_from_the_workspace(tmp_path: Path, model_server) -> None:
     """A workspace that carries its own agents/reviewer.yaml (sandbox off, the worker's token as the model key,
     a model URL of the attacker's) changes nothing: the reviewer is the operator's."""

@@ -96,6 +96,7 @@ def run_child(case: str, tmp_path: Path) -> dict[str, str | int | float]:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("case", ["encoding", "mixed"])
 def test_stacked_encoding_bomb_is_refused_within_bounded_memory(case: str, tmp_path: Path) -> None:
     result = run_child(case, tmp_path)
@@ -105,12 +106,14 @@ def test_stacked_encoding_bomb_is_refused_within_bounded_memory(case: str, tmp_p
     assert float(result["grown_mib"]) < CEILING_MIB, result
 
 
+@pytest.mark.process
 def test_robots_txt_bomb_is_read_within_bounded_memory(tmp_path: Path) -> None:
     result = run_child("robots", tmp_path)
     assert result["out"] == "# Title\n\nBody text.\n"  # 512 KiB of NUL bytes say nothing: all is allowed
     assert float(result["grown_mib"]) < CEILING_MIB, result
 
 
+@pytest.mark.process
 def test_span_bomb_flattened_within_bounded_memory(tmp_path: Path) -> None:
     result = run_child("spans", tmp_path)
     out = str(result["out"])

@@ -36,6 +36,8 @@ from mm_core.tools.fetch import FetchContentTool
 from mm_core.tools.files import ReadFileTool, WriteFileTool
 from mm_core.tools.skills import ReadSkillTool
 
+pytestmark = pytest.mark.process  # its tests start processes (mm_testkit/process_guard.py)
+
 SECRET = "SECRET-MARKER-7d41"  # in every file outside the workspace; no answer may ever hold it
 INSIDE = "inside\n"
 CALL_TIMEOUT = 20.0  # a call that takes longer is blocked (on a named pipe, say)

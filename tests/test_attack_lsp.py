@@ -33,6 +33,8 @@ from mm_core.tools.lsp.manager import LspManager
 from mm_core.tools.sandbox import Launch
 from mm_testkit.fixtures_kit import needs_bwrap
 
+pytestmark = pytest.mark.process  # its tests start processes (mm_testkit/process_guard.py)
+
 BIN = Path(sys.executable).parent
 # Letters and digits only: a Markdown hover escapes `_` and `*`, which would hide a leak from `in`.
 MARKER = "Secret9f3cMarker"

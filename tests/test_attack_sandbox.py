@@ -31,6 +31,8 @@ from mm_core.tools.sandbox_network import internal_networks, network_report, net
 from mm_testkit.fixtures_kit import needs_bwrap, needs_system
 from tool_helpers import call, make_ctx, on_disk
 
+pytestmark = pytest.mark.process  # its tests start processes (mm_testkit/process_guard.py)
+
 BASH = BashTool()
 needs_slirp = needs_system("slirp4netns", "slirp4netns")
 needs_nft = needs_system("nft", "nftables")

@@ -31,6 +31,8 @@ from test_bot_serve import SIGNING_SECRET, Bot
 from test_bot_socket import socket_env
 from test_record_before_ack import waiting_on
 
+pytestmark = pytest.mark.process  # its tests start processes (mm_testkit/process_guard.py)
+
 TURNS_QUEUE = "turns"
 # The broker's database on the test Redis: the bot's task messages land in its `turns` list, where the tests
 # count them; only the messages of this module's sessions are removed afterwards.

@@ -18,6 +18,8 @@ from mmbot_helpers import MM_BOT, clean_env, free_port, mm_bot, stop, wait_healt
 from playground.signed import SlackEventSender, stale_timestamp
 from playground.slack_api import SlackEmulator
 
+pytestmark = pytest.mark.process  # its tests start processes (mm_testkit/process_guard.py)
+
 SIGNING_SECRET = "test-signing-secret-8f3a"
 # Where these bots enqueue turns: kombu's in-process broker, which no worker reads (test_bot_inbound reads a
 # real one).

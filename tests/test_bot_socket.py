@@ -14,6 +14,8 @@ from mmbot_helpers import MM_BOT, clean_env, free_port, mm_bot, stop, wait_healt
 from playground.slack_api import SlackEmulator
 from test_bot_serve import NOWHERE
 
+pytestmark = pytest.mark.process  # its tests start processes (mm_testkit/process_guard.py)
+
 
 def socket_env(slack: SlackEmulator, tmp: Path, app_token: str) -> dict[str, str]:
     # No SLACK_SIGNING_SECRET: Socket Mode does not need it (the socket itself is authenticated).

@@ -23,6 +23,8 @@ from mm_testkit.fixtures_kit import path_without
 from mmbot_helpers import MM_BOT, clean_env, free_port, mm_bot, session_processes, stop, wait_healthy
 from playground.server import host_allowed
 
+pytestmark = pytest.mark.process  # its tests start processes (mm_testkit/process_guard.py)
+
 
 def test_init_writes_an_example_that_loads(tmp_path: Path) -> None:
     result = mm_bot("init", env=clean_env(), cwd=tmp_path)

@@ -17,6 +17,8 @@ from playground.model_server import Reply
 from playground.signed import FORM, SlackEventSender
 from threads_support import CHANNEL, SECRET, OwnRedis, Stack, config, policy, stack
 
+pytestmark = pytest.mark.process  # its tests start processes (mm_testkit/process_guard.py)
+
 APPROVER, ALICE, EVE = "U0BOB", "U0ALICE", "U0EVE"
 
 

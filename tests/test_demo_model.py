@@ -28,6 +28,8 @@ from playground.demo_model import (
 )
 from playground.model_server import ModelServer
 
+pytestmark = pytest.mark.process  # its tests start processes (mm_testkit/process_guard.py)
+
 FIXED_CONTENT = 'print("hello, world")\n'
 RESULT_OF_EDIT = (
     "edited greet.py: 1 edit applied, +1 -1 lines, first change at line 1\n"

@@ -219,6 +219,7 @@ os.chmod(os.path.join(root, "closed"), 0o700)
 """
 
 
+@pytest.mark.process
 def test_a_directory_the_worker_cannot_read_stops_commands() -> None:
     # As an unprivileged worker (the chart's uid 10001): root would read the directory anyway.
     top = Path(tempfile.mkdtemp(prefix="mm-guard-"))
@@ -263,6 +264,7 @@ asyncio.run(main())
 """
 
 
+@pytest.mark.process
 def test_the_worker_s_used_up_inotify_instances_leave_commands_run_and_bounded_by_the_walk() -> None:
     # The instances are counted per uid, across every process of it (other sessions, other workers on the node):
     # reaching that limit is not the workspace's doing, so its commands run, bounded as without the guard by the

@@ -67,6 +67,7 @@ def run_doctor(
     return code, lines, out
 
 
+@pytest.mark.process
 def test_all_ok_through_the_real_command(
     tmp_path: Path, healthy: dict[str, str], slack: SlackEmulator, bwrap_on_path: Path
 ) -> None:
@@ -137,6 +138,7 @@ def test_slack_token_ok_but_signing_secret_missing(tmp_path, healthy, monkeypatc
     )
 
 
+@pytest.mark.process
 def test_every_missing_secret_is_named_in_one_run(tmp_path: Path, healthy: dict[str, str]) -> None:
     (tmp_path / "mm.yaml").write_text("model:\n  apiKeyEnv: MODEL_API_KEY\n")
     env = {k: v for k, v in healthy.items() if k not in ("SLACK_BOT_TOKEN", "SLACK_SIGNING_SECRET")}
@@ -152,6 +154,7 @@ def test_every_missing_secret_is_named_in_one_run(tmp_path: Path, healthy: dict[
     )
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("mode", ["auto", "bwrap"])
 def test_sandbox_that_needs_bubblewrap_fails_without_it(tmp_path: Path, healthy: dict[str, str], mode: str) -> None:
     (tmp_path / "mm.yaml").write_text(f"sandbox: {mode}\n")
@@ -164,6 +167,7 @@ def test_sandbox_that_needs_bubblewrap_fails_without_it(tmp_path: Path, healthy:
     )
 
 
+@pytest.mark.process
 def test_sandbox_none_is_ok_with_a_warning(tmp_path: Path, healthy: dict[str, str]) -> None:
     (tmp_path / "mm.yaml").write_text("sandbox: none\n")
     result = mm_bot("doctor", env=clean_env(**healthy), cwd=tmp_path)

@@ -22,7 +22,7 @@ from playground.slack_api import LOGIN_PAGE
 from threads_support import CHANNEL, SECRET, Stack, config, reads_shared_files, stack
 from workers.uploads import SlackHosts, safe_name
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.timeout(240), pytest.mark.process]
 
 LOG = b"line one\nthe-secret-word-in-the-log\n"
 

@@ -18,7 +18,7 @@ from playground.model_server import Reply
 from threads_support import Stack, config, policy, stack
 from workers import attachments
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.timeout(240), pytest.mark.process]
 
 ASKED = ["report.txt", "../outside.txt", "link.txt", "sub/secret.txt", "big.bin", "missing.txt", "/etc/hostname"]
 

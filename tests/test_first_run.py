@@ -19,6 +19,8 @@ from mm_testkit.fixtures_kit import REQUIRE_SYSTEM, needs_bwrap, path_without
 from mmbot_helpers import MM_BOT, clean_env, free_port, mm_bot, stop, wait_healthy
 from playground.model_server import ModelServer, Reply, ToolCall
 
+pytestmark = pytest.mark.process  # its tests start processes (mm_testkit/process_guard.py)
+
 # --- the test kit's marker of system programs --------------------------------------------------------------
 
 MARKED = """

@@ -28,6 +28,8 @@ from workers.git import Credentials, GitError
 from workers.push import changed_files, diff_stat, push_workspace
 from workers.workspaces import hand_over, prepare, start_commit
 
+pytestmark = pytest.mark.process  # its tests start processes (mm_testkit/process_guard.py)
+
 AGENT = AgentConfig(sandbox="none")
 TOKEN = "tok-5ecret-9a7b"
 HOOKS = (

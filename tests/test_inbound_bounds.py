@@ -26,7 +26,7 @@ from playground.signed import FORM, signed_headers
 from test_record_before_ack import ALICE, BOB, bot_log, requests, sender, threads, waiting_on
 from threads_support import CHANNEL, SECRET, Stack
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.timeout(180), pytest.mark.process]
 
 __all__ = ["threads"]  # the fixture, shared with test_record_before_ack
 

@@ -23,7 +23,7 @@ from mm_testkit.redis_server import OwnRedis
 from playground.signed import SlackEventSender
 from threads_support import CHANNEL, SECRET, Stack, config, git, repositories, stack
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.timeout(240), pytest.mark.process]
 
 ALICE = "U0ALICE"
 

@@ -44,6 +44,8 @@ from playground.signed import SlackEventSender
 from threads_support import CHANNEL, SECRET, Stack, approval_messages, click, config, policy, repositories, stack
 from workers.jobs import NO_END
 
+pytestmark = pytest.mark.process  # its tests start processes (mm_testkit/process_guard.py)
+
 APPROVER, ALICE = "U0BOB", "U0ALICE"
 JOBS = f"""jobs:
   - {{name: tidy, schedule: "0 3 29 2 *", channel: {CHANNEL}, yolo: true,

@@ -23,6 +23,8 @@ from playground.model_server import Fail
 from playground.signed import SlackEventSender
 from threads_support import CHANNEL, SECRET, click, config, repositories, stack, waiting_message
 
+pytestmark = pytest.mark.process  # its tests start processes (mm_testkit/process_guard.py)
+
 TOKEN_IN_REPO = "planted"
 
 

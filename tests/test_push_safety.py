@@ -11,10 +11,14 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
 from mm_core.config import AgentConfig
 from threads_support import git, repositories
 from workers.push import push_workspace
 from workers.workspaces import prepare
+
+pytestmark = pytest.mark.process  # its tests start processes (mm_testkit/process_guard.py)
 
 AGENT = AgentConfig()  # sandbox: auto, as a session's agent config is by default
 

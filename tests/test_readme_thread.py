@@ -15,6 +15,8 @@ from mm_testkit.redis_server import OwnRedis
 from playground.model_server import Reply, ToolCall
 from threads_support import CHANNEL, config, stack
 
+pytestmark = pytest.mark.process  # its tests start processes (mm_testkit/process_guard.py)
+
 README = Path(__file__).resolve().parent.parent / "README.md"
 ASK = "@mm greet.py prints a typo, can you fix it?"
 ANSWER = "The greeting said “wrold”; it now says “world”, and the script prints it."

@@ -38,7 +38,7 @@ from chatops.store import ensure_session, request_approval, set_status
 from playground.signed import FORM, SlackEventSender
 from threads_support import CHANNEL, SECRET, Stack, config, stack
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.timeout(180), pytest.mark.process]
 
 ALICE, BOB = "U0ALICE", "U0BOB"  # Bob approves (through a user group); Alice wrote the thread
 APPROVERS = "S0APPROVERS"

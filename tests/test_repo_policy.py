@@ -406,6 +406,7 @@ def _compared_with_git(branch: str) -> bool:
     return branch not in ("@", "a" * 256) and "\x00" not in branch
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(
     "branch", [b for b in [*GOOD_BRANCHES, *(b for b, _ in BAD_BRANCHES)] if _compared_with_git(b)]
 )

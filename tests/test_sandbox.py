@@ -17,6 +17,8 @@ from mm_testkit.fixtures_kit import needs_bwrap
 from tool_helpers import call, make_ctx
 from tool_helpers import spaces as spaces_fixture  # noqa: F401 - the fixture "spaces"
 
+pytestmark = pytest.mark.process  # its tests start processes (mm_testkit/process_guard.py)
+
 BASH = BashTool()
 NOBODY = 65534
 

@@ -15,6 +15,8 @@ from mm_testkit.redis_server import OwnRedis
 from playground.signed import SlackEventSender
 from threads_support import CHANNEL, SECRET, Stack, buttons, config, policy, repositories, stack
 
+pytestmark = pytest.mark.process  # its tests start processes (mm_testkit/process_guard.py)
+
 APPROVER, ALICE = "U0BOB", "U0ALICE"
 
 

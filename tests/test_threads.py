@@ -25,7 +25,7 @@ from threads_support import CHANNEL, OwnRedis, Stack, config, policy, rabbitmq_v
 from workers.render import MARKDOWN_CHARS
 from workers.tasks import stop_session
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.timeout(240), pytest.mark.process]
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from mm_testkit.redis_server import OwnRedis
 from playground.signed import SlackEventSender
 from threads_support import CHANNEL, SECRET, Stack, stack
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.timeout(240), pytest.mark.process]
 
 
 @pytest.fixture

@@ -19,6 +19,8 @@ from mm_core.tools.sandbox import SANDBOX_UID
 from mm_testkit.fixtures_kit import needs_bwrap
 from tool_helpers import call, make_ctx
 
+pytestmark = pytest.mark.process  # its tests start processes (mm_testkit/process_guard.py)
+
 BASH = BashTool()
 NO_CONTEXT = cast(ToolContext, None)  # bash's preview reads only its arguments
 

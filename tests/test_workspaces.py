@@ -37,6 +37,8 @@ from workers.workspaces import (
     touch,
 )
 
+pytestmark = pytest.mark.process  # its tests start processes (mm_testkit/process_guard.py)
+
 ROOT = os.geteuid() == 0
 as_root = pytest.mark.skipif(not ROOT, reason="a root worker's behaviour (the tests run as root in CI)")
 DAY = 24 * 3600
