@@ -23,7 +23,8 @@ from playground.signed import SlackEventSender
 from slackio.traces import asked
 from threads_support import CHANNEL, SECRET, Stack, stack
 
-pytestmark = pytest.mark.timeout(240)
+# Its tests start processes (mm_testkit/process_guard.py): the bot, a worker, a probe of the set-up.
+pytestmark = [pytest.mark.timeout(240), pytest.mark.process]
 
 
 @pytest.fixture
