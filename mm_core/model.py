@@ -33,13 +33,13 @@ import functools
 import json
 import ssl
 import time
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
 import httpx
-from aiohttp.helpers import get_env_proxy_for_url
 from yarl import URL
 
 from mm_core.config import ModelConfig
@@ -112,15 +112,20 @@ def _tls() -> ssl.SSLContext:
 
 @functools.lru_cache(maxsize=64)
 def _proxy(url: str) -> tuple[str | None, aiohttp.BasicAuth | None]:
-    """The proxy HTTP(S)_PROXY / NO_PROXY name for this endpoint, as the SDK's httpx client honoured them: looked
-    up once per endpoint (a process's environment does not change under it). Not aiohttp's trust_env: that costs
-    two thread-pool hops a request (netrc and proxy lookups), and a ~/.netrc entry for the model's host would
-    make aiohttp refuse the request (netrc credentials beside our Authorization header)."""
-    try:
-        proxy, auth = get_env_proxy_for_url(URL(url))
-    except LookupError:
+    """The proxy the environment names for this endpoint, read as the SDK's httpx client (and curl) read it:
+    HTTP_PROXY / HTTPS_PROXY, else ALL_PROXY, in either case; a value without a scheme is an http:// proxy;
+    NO_PROXY exempts a host. Looked up once per endpoint (a process's environment does not change under it).
+    Not aiohttp's trust_env: it ignores ALL_PROXY and a scheme-less value, costs two thread-pool hops a request,
+    and a ~/.netrc entry for the model's host would make it refuse the request."""
+    target = URL(url)
+    host = target.host or ""
+    proxies = urllib.request.getproxies_environment()
+    value = proxies.get(target.scheme) or proxies.get("all")
+    if not value or (host and urllib.request.proxy_bypass(host)):
         return None, None
-    return str(proxy), auth
+    proxy = URL(value if "://" in value else f"http://{value}")
+    auth = aiohttp.BasicAuth(proxy.user, proxy.password or "") if proxy.user else None
+    return str(proxy.with_user(None)), auth
 
 
 class ModelHttp:
@@ -270,13 +275,14 @@ class ModelClient:
                 )
             except aiohttp.ClientConnectorError as e:
                 raise _Unreachable(str(e.os_error)) from e
-            except (aiohttp.ClientConnectionError, TimeoutError) as e:
+            except (aiohttp.ClientError, TimeoutError, ValueError) as e:
+                # A refused connection, a proxy that answers 407, a URL aiohttp cannot use: no answer began.
                 raise _Unreachable(str(e) or type(e).__name__) from e
             async with response:
                 watchdog.feed()
                 try:
                     if response.status >= 400:
-                        raise ModelError(self._refusal(response.status, await response.read()))
+                        raise ModelError(self._refusal(response.status, await _head(response)))
                     completion = await _read(response, watchdog, emit, agent)
                 except (aiohttp.ClientError, TimeoutError, ValueError, AttributeError, TypeError) as e:
                     raise _Broken(type(e).__name__, str(e)) from e
@@ -347,24 +353,59 @@ def _status_message(status: int, text: str) -> str:
     return fallback
 
 
+async def _head(response: aiohttp.ClientResponse) -> bytes:
+    """An error's body, its first BODY_MOST bytes at most: what a refusal says is in its head."""
+    parts: list[bytes] = []
+    size = 0
+    while size < BODY_MOST and (part := await response.content.read(BODY_MOST - size)):
+        parts.append(part)
+        size += len(part)
+    return b"".join(parts)
+
+
 class _Lines:
     """Server-Sent Events' lines out of the body's blocks, as they come: a line (and a `\r\n`) may be split
-    across blocks anywhere."""
+    across blocks anywhere. The unfinished line is kept as parts and only the new block is searched for line
+    ends, so a long line costs linear time; a line or an event longer than LINE_MOST is a broken answer (a
+    server or proxy gone wrong would otherwise grow it, and the CPU spent on it, until the watchdog)."""
 
     def __init__(self) -> None:
-        self.pending = b""
+        self.parts: list[bytes] = []
+        self.size = 0
 
     def feed(self, block: bytes) -> list[bytes]:
-        lines = (self.pending + block).splitlines(keepends=True) if self.pending else block.splitlines(True)
+        done: list[bytes] = []
+        if self.parts and self.parts[-1][-1:] == b"\r":
+            # The unfinished line ended in `\r`: a `\n` now makes it `\r\n`; anything else means `\r` ended it.
+            if block[:1] == b"\n":
+                self.parts.append(b"\n")
+                block = block[1:]
+            done.append(self._take())
+        if b"\n" not in block and b"\r" not in block:
+            if block:
+                self._keep(block)
+            return done
+        lines = block.splitlines(keepends=True)
+        if self.parts:
+            self._keep(lines[0])
+            lines[0] = self._take()
         # An unfinished last line waits for the rest; so does one ending in `\r`, which may be half a `\r\n`.
-        if lines and (lines[-1][-1:] == b"\r" or lines[-1][-1:] != b"\n"):
-            self.pending = lines.pop()
-        else:
-            self.pending = b""
-        return lines
+        if lines[-1][-1:] == b"\r" or lines[-1][-1:] != b"\n":
+            self._keep(lines.pop())
+        return done + lines
+
+    def _keep(self, part: bytes) -> None:
+        self.size += len(part)
+        if self.size > LINE_MOST:
+            raise _Broken("LineTooLong", f"a line of the stream passed {LINE_MOST} bytes")
+        self.parts.append(part)
+
+    def _take(self) -> bytes:
+        line, self.parts, self.size = b"".join(self.parts), [], 0
+        return line
 
     def finish(self) -> list[bytes]:
-        rest, self.pending = self.pending, b""
+        rest = self._take()
         return [rest] if rest else []
 
 
@@ -418,6 +459,8 @@ async def _read(
             if line:
                 if line[:5] == b"data:":
                     data.append(line[6:] if line[5:6] == b" " else line[5:])
+                    if len(data) > 1 and sum(map(len, data)) > LINE_MOST:
+                        raise _Broken("EventTooLong", f"an event of the stream passed {LINE_MOST} bytes")
                 elif line == b"data":
                     data.append(b"")
                 continue
@@ -444,7 +487,8 @@ async def _read(
         # keeps the body open after it loses the connection, not the answer.
         try:
             async with asyncio.timeout(DRAIN_SECONDS):
-                await response.read()
+                while await response.content.read(BODY_MOST):
+                    pass
         except TimeoutError:
             response.close()
     tool_calls = [
@@ -455,6 +499,11 @@ async def _read(
 
 
 DRAIN_SECONDS = 1.0
+# The longest line or event of a stream taken: a chunk carries a few tokens, and a tool call's arguments are
+# capped by the runaway guard long before this.
+LINE_MOST = 2 * RUNAWAY_MAX_BYTES
+# What is read of an error's body, and of what follows `[DONE]`.
+BODY_MOST = 64 * 1024
 
 # The SDK client's words for an error object without a message.
 STREAM_ERROR = "An error occurred during streaming"

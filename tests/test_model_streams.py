@@ -267,3 +267,48 @@ def test_a_body_kept_open_after_done_does_not_hold_the_answer(server):
         assert server.bodies_ended == ended  # the answer came back while the body was still open
     finally:
         server.hold = 0.0
+
+
+def test_bare_cr_line_ends_cut_anywhere_give_the_same_answer(server):
+    """SSE lets a line end in a lone `\\r`: one cut at every byte position (so at every `\\r`, which may or may not
+    be followed by a `\\n` in the next block) gives the answer of the whole stream."""
+    data = fixture("llamacpp_tool_call.sse").replace(b"\n", b"\r")
+    whole_answer = replay(server, [data])[0][1]
+    assert whole_answer == LLAMA_CPP
+    for at in range(1, len(data), max(1, len(data) // 60)):
+        server.blocks = [data[:at], data[at:]]
+        assert asyncio.run(product(server.url))[1] == LLAMA_CPP, f"cut at byte {at}"
+
+
+def test_a_line_without_end_is_a_broken_answer_not_a_growing_buffer(server):
+    """A server (or a proxy) that sends megabytes without a line end: the call ends with the model's error once
+    the line passes the bound, instead of holding memory and CPU until the watchdog."""
+    from mm_core.model import LINE_MOST
+
+    server.blocks = [b"data: " + b"x" * 65536 for _ in range(LINE_MOST // 65536 + 2)]
+    _events, error = asyncio.run(product(server.url))
+    assert isinstance(error, str) and "sent a broken answer (LineTooLong" in error
+
+
+def test_the_proxy_is_read_as_httpx_read_it_all_proxy_and_no_scheme(server, monkeypatch):
+    """ALL_PROXY, a value without a scheme (an http:// proxy, as httpx and curl read it), and NO_PROXY exempting a
+    host. The replay server stands in for the proxy: the request for a host that does not exist reaches it."""
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("ALL_PROXY", server.base.removeprefix("http://"))
+    data = fixture("llamacpp_tool_call.sse")
+    server.blocks = [data]
+    assert asyncio.run(product("http://model-behind-the-proxy.invalid/v1"))[1] == LLAMA_CPP
+    monkeypatch.setenv("NO_PROXY", "exempt.invalid")
+    _events, error = asyncio.run(product("http://exempt.invalid/v1"))
+    assert isinstance(error, str) and "is unreachable" in error  # went direct, to a host that does not exist
+
+
+def test_a_proxy_or_url_aiohttp_cannot_use_is_the_model_s_error_not_a_crash(server, monkeypatch):
+    """Before the answer begins, whatever the HTTP client refuses (here a proxy URL that does not parse) ends the
+    call with the model's 'unreachable' sentence: the turn fails as a model failure, it does not crash the worker."""
+    for name in ("http_proxy", "ALL_PROXY", "all_proxy", "NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HTTP_PROXY", "http://[::1")
+    _events, error = asyncio.run(product("http://proxied-badly.invalid/v1"))
+    assert isinstance(error, str) and "is unreachable" in error
