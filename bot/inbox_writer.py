@@ -63,6 +63,12 @@ class _Waiter:
             self.future.set_exception(error or DatabaseSilent())
 
 
+def lock_order(waiter: _Waiter) -> tuple[str, str, str]:
+    """Where a message's record takes its locks: its thread's session, then its own key (channel, thread, ts)."""
+    values = waiter.values
+    return (str(values["p_channel"]), str(values["p_thread"]), str(values["p_message_ts"]))
+
+
 class InboxWriter:
     """Writes messages on the event loop, those waiting together: `await write(values)` is the message's
     Recorded once committed (values: chatops.inbox.message_values)."""
@@ -161,6 +167,10 @@ class InboxWriter:
             waiter = self._waiting.popleft()
             if waiter.state == "open":
                 batch.append(waiter)
+        # In one order for every batch: two writers' transactions then take the rows' locks (a thread's session,
+        # a message's unique key, which a mention and its `message` twin share) in the same order, and never wait
+        # on each other in a cycle (a deadlock PostgreSQL breaks only after a second, failing a whole batch).
+        batch.sort(key=lock_order)
         return batch
 
     async def _batch(self, batch: list[_Waiter], again: bool = True) -> None:

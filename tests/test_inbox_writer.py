@@ -129,3 +129,60 @@ def test_a_message_given_up_before_its_commit_is_never_kept(engine: Engine) -> N
     assert kept(engine, root) == [] and kept(engine, later) == ["kept"]
     with engine.connect() as conn:
         assert conn.execute(select(func.count()).where(Session.thread_ts == root)).scalar_one() == 0
+
+
+class RecordingInbox:
+    """A stand-in for the database that keeps what each transaction was given, in order: the writer's own choice
+    of order is what is checked here (the database's locks follow it)."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[tuple[str, str, str]]] = []
+
+    def transaction(self) -> Any:
+        inbox_ = self
+
+        class Transaction:
+            async def __aenter__(self) -> Transaction:
+                return self
+
+            async def __aexit__(self, *exc: object) -> None:
+                return None
+
+            async def keep(self, messages: list[dict[str, Any]]) -> list[inbox.Recorded]:
+                inbox_.batches.append([(m["p_channel"], m["p_thread"], m["p_message_ts"]) for m in messages])
+                return [inbox.Recorded("S", new=True, busy=False) for _ in messages]
+
+            async def commit(self) -> None:
+                await asyncio.sleep(0)
+
+            async def rollback(self) -> None:
+                return None
+
+        return Transaction()
+
+    async def session_of(self, channel_id: str, thread_ts: str) -> str | None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+
+def test_every_batch_takes_its_locks_in_one_order_so_two_writers_never_deadlock() -> None:
+    """A mention and its `message` twin share a key: two batches holding them crosswise ([X, Y's twin] and
+    [Y, X's twin]) would each wait for the other's lock until PostgreSQL broke the cycle a second later. Every
+    batch is ordered by thread and message, whatever the order the messages came in."""
+    roots = [f"17000000{i:02d}.000100" for i in range(8)]
+    arrivals = [message(root, root) for root in roots] + [message(root, root) for root in reversed(roots)]
+    recording = RecordingInbox()
+
+    async def main() -> None:
+        writer = InboxWriter(recording, writers=2)  # type: ignore[arg-type] - the Protocol's shape, not its class
+        try:
+            await asyncio.gather(*(writer.write(v) for v in arrivals))
+        finally:
+            await writer.close()
+
+    asyncio.run(main())
+    assert sum(len(b) for b in recording.batches) == len(arrivals)
+    assert all(batch == sorted(batch) for batch in recording.batches), recording.batches
+    assert any(len(batch) > 1 for batch in recording.batches)  # some batches held several: the order mattered
