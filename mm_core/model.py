@@ -17,8 +17,9 @@ rounds of 100 answers, on the project's 2-core machine):
 
 (per turn: a client made, used for one short answer and closed, as a worker did each turn, the TLS context
 made once per process). The SDK costs 6-7x per request and 3x per chunk, and an agent step's answer is
-hundreds of chunks. So the client streams with aiohttp, one session per event loop shared by every turn of a
-process (ModelHttp), and parses SSE itself: a few dozen lines against a format that has not changed. This
+hundreds of chunks. So the client streams with aiohttp, one session per event loop (ModelHttp: shared by the
+turns of a process that share a loop), and parses SSE itself: a few dozen lines against a format that has
+not changed. This
 client, guards and events included, went from 1.29 ms a request and 53 µs a chunk (the SDK's, with an
 asyncio.timeout per chunk) to 0.21 ms and 12.9 µs; bench/bench_loop.py's agent step (model call included,
 10 messages of history) from 2.65 ms of CPU to 0.85 ms. tests/test_model_streams.py holds it to the SDK's

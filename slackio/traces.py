@@ -4,8 +4,8 @@ On when OTEL_TRACES_EXPORTER names an exporter (`otlp`, or `console`), or when O
 OTEL_EXPORTER_OTLP_TRACES_ENDPOINT says where to send them; OTEL_SDK_DISABLED=true or OTEL_TRACES_EXPORTER=none
 keeps them off. Off, nothing of the SDK is imported and the spans below cost one test of a global. On, spans go
 over OTLP/HTTP (protobuf), in batches from a thread of the SDK, to where the exporter's own variables say; the
-Web API's and the model's HTTP calls (aiohttp and httpx) are traced, and a caller adds its own instrumentation
-(Celery's hand-off, the bot's server) once `configure` said yes.
+Web API's and the model's HTTP calls (aiohttp) and the fetch tool's (httpx) are traced, and a caller adds its
+own instrumentation (Celery's hand-off, the bot's server) once `configure` said yes.
 
 A turn's own spans (`mm.step`, `mm.model_call`, `mm.tool_call`) are made from the very numbers the metrics
 observe (slackio.metrics.StepClock): a step span lasts exactly what mm_step_outside_model_seconds recorded.
@@ -88,8 +88,8 @@ def configure(service: str, env: Mapping[str, str] | None = None) -> bool:
             chosen = ConsoleSpanExporter()
         provider.add_span_processor(BatchSpanProcessor(chosen))
         trace.set_tracer_provider(provider)
-        # The Web API's calls (slack_sdk's aiohttp sessions), the model's (openai's client: httpx2 from openai 3
-        # on, httpx before) and the fetch tool's (httpx).
+        # The Web API's calls (slack_sdk's aiohttp sessions), the model's (mm_core.model's aiohttp session) and the
+        # fetch tool's (httpx; httpx2 where a library of the process uses it).
         AioHttpClientInstrumentor().instrument()
         HTTPXClientInstrumentor().instrument()
         if importlib.util.find_spec("httpx2") is not None:

@@ -106,7 +106,7 @@ class Process:
     engine: Engine
     keeper: LeaseKeeper
     start_secrets: tuple[str, ...]
-    model_http: ModelHttp = field(default_factory=ModelHttp)  # the model connections, one set for all turns
+    model_http: ModelHttp = field(default_factory=ModelHttp)  # the model's client: a session per event loop
 
     @property
     def config(self) -> Config:
