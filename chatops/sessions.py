@@ -216,9 +216,10 @@ def next_step(snap: Snapshot, *, people: bool = True) -> Step:
     if awaiting and snap.undecided:
         return Wait()  # a stray delivery (a message to a waiting thread): the turn waits for people still
     if snap.turn.open:
+        # Nothing is pending: the turn goes on, with what was decided since, or with nothing new (its decisions
+        # reached the log before the worker died, or its calls were never asked: the loop asks them again).
+        # Waiting here would wait for nobody, while housekeeping, rightly, kept enqueueing the session.
         decisions, expired = _decisions(snap.approvals, snap.turn)
-        if awaiting and not decisions:
-            return Wait()
         return Resume(decisions, expired, after_crash=not awaiting)
     first = snap.inbox[0] if snap.inbox else None
     if first is not None and first.command is not None:
