@@ -423,6 +423,7 @@ WRITERS = {
 }
 
 
+@pytest.mark.alone  # the guard's reaction time is what is measured: other tests on the cores would slow it
 @pytest.mark.parametrize("mode", ["none", pytest.param("bwrap", marks=needs_bwrap)])
 @pytest.mark.parametrize("writer", list(WRITERS))
 def test_a_command_writing_as_fast_as_it_can_is_stopped_at_the_workspace_limit(owned_ws, mode, writer):
@@ -443,6 +444,7 @@ def test_a_command_writing_as_fast_as_it_can_is_stopped_at_the_workspace_limit(o
     assert "over its limit of 100 MB (bash.limits.workspaceMB)" in more, more
 
 
+@pytest.mark.alone  # as above: the guard's reaction time is measured
 @pytest.mark.parametrize("mode", ["none", pytest.param("bwrap", marks=needs_bwrap)])
 def test_a_background_job_writing_after_its_command_returned_is_stopped(owned_ws, mode):
     ctx = make_ctx(owned_ws, sandbox=mode, bash=DISK)

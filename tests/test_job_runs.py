@@ -146,6 +146,7 @@ def test_a_run_due_while_the_previous_one_runs_is_skipped_and_the_time_limit_fai
     jobs.wait(lambda: "failed after" in jobs.thread_text(run.root_ts or ""), message="the summary")
 
 
+@pytest.mark.alone  # real minute ticks: a scheduler slowed by other tests misses its tick
 @pytest.mark.timeout(300)
 def test_two_real_schedulers_give_one_run_a_tick_and_the_survivor_takes_over(
     tmp_path: Path, fresh_pg_url: str, own_redis: OwnRedis

@@ -154,6 +154,7 @@ def test_a_job_paused_by_a_bot_that_died_before_announcing_it_is_announced_once(
 # --- 5: `/mm job run` records one run -------------------------------------------------------------------------
 
 
+@pytest.mark.alone  # a bot killed while a lock holds its write: the waits are timed
 def test_a_job_run_whose_bot_died_after_recording_the_run_records_one(threads: Stack) -> None:
     """The bot is killed once the run is recorded and while its next write to the request waits on a lock."""
     threads.slack.hold(HELD)  # who may run jobs: the bot waits there, the request recorded
