@@ -5,8 +5,8 @@ Each sample is charged to the first part of the service or library found walking
 frame out, so time spent in SQLAlchemy on behalf of the log's append counts as "database", and the agent loop's
 own Python counts as "agent loop" only when nothing below it claims it.
 
-    .venv/bin/python bench/bench_turns.py -n 200 -k 2 --py-spy /tmp/worker.spy
-    .venv/bin/python bench/profile_steps.py /tmp/worker.spy --steps 600     # the steps the run made: N x (K+1)
+    .venv/bin/python bench/bench_turns.py -n 200 -k 2 --py-spy var/worker.spy
+    .venv/bin/python bench/profile_steps.py var/worker.spy --steps 600     # the steps the run made: N x (K+1)
 """
 
 from __future__ import annotations
