@@ -63,6 +63,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import httpx
@@ -96,23 +97,44 @@ KINDS = {"mention": "app_mention events", "slash": "`/mm status` commands", "cli
 # --- the bare app (its own process) ----------------------------------------------------------------------------
 
 
-def bare_app(port: int) -> None:
-    """A slack-bolt app that only acks, configured as bot.app.create_app configures the real one, served by
-    aiohttp like `mm-bot serve` (no access log), with a /healthz of its own."""
-    from aiohttp import web
-    from slack_bolt.async_app import AsyncAck, AsyncApp
+def bolt_app() -> Any:
+    """A slack-bolt AsyncApp configured as bot.app.create_app configures the real one (its client on the emulator)."""
+    from slack_bolt.async_app import AsyncApp
     from slack_sdk.web.async_client import AsyncWebClient
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     api = os.environ["SLACK_API_URL"]
     # slack_sdk joins method names onto base_url, so it must end with a slash (slackio.slack_client.api_base).
     client = AsyncWebClient(token=os.environ["SLACK_BOT_TOKEN"], base_url=api if api.endswith("/") else api + "/")
-    app = AsyncApp(
+    return AsyncApp(
         client=client,
         signing_secret=os.environ["SLACK_SIGNING_SECRET"],
         url_verification_enabled=True,
         process_before_response=True,
     )
+
+
+def serve(app: Any, port: int, context: Any = None) -> None:
+    """Served by aiohttp like `mm-bot serve` (no access log), with a /healthz of its own; `context`: a cleanup
+    context of the aiohttp app (what it opens at start and closes at the end)."""
+    from aiohttp import web
+
+    web_app = app.web_app(path=EVENTS_PATH, port=port)
+
+    async def health(_request: web.Request) -> web.Response:
+        return web.json_response({"ok": True, "pid": os.getpid()})
+
+    if context is not None:
+        web_app.cleanup_ctx.append(context)
+    web_app.router.add_get(HEALTH_PATH, health)
+    web.run_app(web_app, host="127.0.0.1", port=port, access_log=None, print=None)
+
+
+def bare_app(port: int) -> None:
+    """A slack-bolt app that only acks."""
+    from slack_bolt.async_app import AsyncAck
+
+    app = bolt_app()
 
     async def only_ack(ack: AsyncAck) -> None:
         await ack()
@@ -121,13 +143,7 @@ def bare_app(port: int) -> None:
     app.event("message")(only_ack)
     app.command("/mm")(only_ack)
     app.action(re.compile(".*"))(only_ack)
-    web_app = app.web_app(path=EVENTS_PATH, port=port)
-
-    async def health(_request: web.Request) -> web.Response:
-        return web.json_response({"ok": True, "pid": os.getpid()})
-
-    web_app.router.add_get(HEALTH_PATH, health)
-    web.run_app(web_app, host="127.0.0.1", port=port, access_log=None, print=None)
+    serve(app, port)
 
 
 # --- the durable floor (its own process) -----------------------------------------------------------------------
@@ -141,18 +157,9 @@ def floor_app(port: int) -> None:
     connection of a pool of FLOOR_POOL made at start) and then ack: nothing else, the floor of a durable ack."""
     import psycopg
     from aiohttp import web
-    from slack_bolt.async_app import AsyncAck, AsyncApp
-    from slack_sdk.web.async_client import AsyncWebClient
+    from slack_bolt.async_app import AsyncAck
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    api = os.environ["SLACK_API_URL"]
-    client = AsyncWebClient(token=os.environ["SLACK_BOT_TOKEN"], base_url=api if api.endswith("/") else api + "/")
-    app = AsyncApp(
-        client=client,
-        signing_secret=os.environ["SLACK_SIGNING_SECRET"],
-        url_verification_enabled=True,
-        process_before_response=True,
-    )
+    app = bolt_app()
     pool: asyncio.Queue[psycopg.AsyncConnection] = asyncio.Queue()
 
     async def write(kind: str, channel: str | None, ts: str | None, user: str | None, body: str) -> None:
@@ -181,7 +188,6 @@ def floor_app(port: int) -> None:
     app.event("message")(event)
     app.command("/mm")(command)
     app.action(re.compile(".*"))(action)
-    web_app = app.web_app(path=EVENTS_PATH, port=port)
 
     async def connect(_app: web.Application):
         url = os.environ["FLOOR_DATABASE_URL"]
@@ -192,12 +198,7 @@ def floor_app(port: int) -> None:
         for conn in conns:
             await conn.close()
 
-    async def health(_request: web.Request) -> web.Response:
-        return web.json_response({"ok": True, "pid": os.getpid()})
-
-    web_app.cleanup_ctx.append(connect)
-    web_app.router.add_get(HEALTH_PATH, health)
-    web.run_app(web_app, host="127.0.0.1", port=port, access_log=None, print=None)
+    serve(app, port, connect)
 
 
 def make_floor_table(libpq_url: str) -> None:

@@ -65,7 +65,6 @@ def record_message(
     One transaction, and the fewest statements that do it (the bot runs this before every ack): find the
     session, or create it already queued; insert the message unless it is there (a redelivery, a mention's
     twin); queue an idle session."""
-    keep = _KEEP_PG if engine.dialect.name == "postgresql" else _KEEP_SQLITE
     values = message_values(
         channel_id=channel_id,
         thread_ts=thread_ts,
@@ -80,19 +79,7 @@ def record_message(
     for _ in range(2):
         try:
             with engine.begin() as conn:
-                now = utcnow()
-                found = conn.execute(_FIND, values).first()
-                if found is None:
-                    session_id = conn.execute(_CREATE, values | {"p_id": new_id(), "p_now": now}).scalar_one()
-                else:
-                    session_id = found.id
-                inserted = conn.execute(keep, values | {"p_session": session_id, "p_now": now}).first()
-                if inserted is None:
-                    return Recorded(session_id, new=False, busy=False)
-                if found is not None and found.status == SessionStatus.IDLE:
-                    conn.execute(_QUEUE, {"p_id": session_id, "p_now": now})
-                busy = found is not None and found.status in (SessionStatus.RUNNING, SessionStatus.AWAITING_APPROVAL)
-                return Recorded(session_id, new=True, busy=busy)
+                return record_on(conn, values)
         except IntegrityError:
             continue  # another bot created the session between our read and our insert: read it again
     raise RuntimeError(f"could not record a message of {channel_id}/{thread_ts}")
@@ -110,7 +97,7 @@ def message_values(
     command: InboxCommand | None = None,
     files: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """A message's parameters for the statements below (record_message's, and record_in's before the ack)."""
+    """A message's parameters for the statements below (record_on's: record_message's, and the bot's before its ack)."""
     return {
         "p_channel": channel_id,
         "p_thread": thread_ts,
@@ -124,26 +111,29 @@ def message_values(
     }
 
 
-async def record_in(conn: AsyncConnection, values: dict[str, Any]) -> Recorded:
-    """record_message's statements on an async connection, inside the caller's transaction, which may hold other
-    messages too (the bot's group commit on SQLite: chatops.inbox_async); the caller commits. `values`:
-    message_values().
-    An IntegrityError (another bot created the session meanwhile) spoils the transaction: the caller rolls back
-    and records the message again."""
+def record_on(conn: Connection, values: dict[str, Any]) -> Recorded:
+    """record_message's statements, inside the caller's transaction (which may hold other messages too); the
+    caller commits. `values`: message_values(). An IntegrityError (another bot created the session meanwhile)
+    spoils the transaction: the caller rolls back and records the message again."""
     keep = _KEEP_PG if conn.dialect.name == "postgresql" else _KEEP_SQLITE
     now = utcnow()
-    found = (await conn.execute(_FIND, values)).first()
+    found = conn.execute(_FIND, values).first()
     if found is None:
-        session_id = (await conn.execute(_CREATE, values | {"p_id": new_id(), "p_now": now})).scalar_one()
+        session_id = conn.execute(_CREATE, values | {"p_id": new_id(), "p_now": now}).scalar_one()
     else:
         session_id = found.id
-    inserted = (await conn.execute(keep, values | {"p_session": session_id, "p_now": now})).first()
+    inserted = conn.execute(keep, values | {"p_session": session_id, "p_now": now}).first()
     if inserted is None:
         return Recorded(session_id, new=False, busy=False)
     if found is not None and found.status == SessionStatus.IDLE:
-        await conn.execute(_QUEUE, {"p_id": session_id, "p_now": now})
+        conn.execute(_QUEUE, {"p_id": session_id, "p_now": now})
     busy = found is not None and found.status in (SessionStatus.RUNNING, SessionStatus.AWAITING_APPROVAL)
     return Recorded(session_id, new=True, busy=busy)
+
+
+async def record_in(conn: AsyncConnection, values: dict[str, Any]) -> Recorded:
+    """record_on on an async connection (the bot's group commit on SQLite: chatops.inbox_async)."""
+    return await conn.run_sync(record_on, values)
 
 
 async def session_in(conn: AsyncConnection, channel_id: str, thread_ts: str) -> str | None:
