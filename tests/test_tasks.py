@@ -63,5 +63,13 @@ def test_a_task_logs_with_its_session_and_is_timed_by_how_it_ended(celery_config
     result = probe_the_declaration.task.apply(args=["S-boom"])
     assert isinstance(result.result, ValueError)
     assert seen == ["S-1", "S-boom"]
+
+    @task(TURNS_QUEUE)
+    def probe_without_a_session(run_id: int) -> None:
+        seen.append(logs.session_id.get())
+
+    # The threads pool runs the next task in the same thread: the session of the one before is not carried over.
+    probe_without_a_session.task.apply(args=[7])
+    assert seen[-1] is None
     assert runs(probe_the_declaration.name, "ok") == ok + 1
     assert runs(probe_the_declaration.name, "failed") == failed + 1

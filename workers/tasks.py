@@ -55,14 +55,15 @@ def task(queue: str, **options: Any) -> Callable[[Callable[P, None]], Declared]:
 
         @functools.wraps(fn)
         def run(*args: P.args, **kwargs: P.kwargs) -> None:
-            if names_session and args:
-                logs.session_id.set(str(args[0]))  # this task's own context: Celery runs each in a fresh one
+            # For this task only: the threads pool runs the next task in the same thread, and so the same context.
+            about = logs.session_id.set(str(args[0]) if names_session and args else None)
             began, outcome = time.monotonic(), "failed"
             try:
                 fn(*args, **kwargs)
                 outcome = "ok"
             finally:
                 metrics.TASK_SECONDS.labels(name, outcome).observe(time.monotonic() - began)
+                logs.session_id.reset(about)
 
         return Declared(name, queue, app.task(name=name, queue=queue, **options)(run))
 

@@ -13,7 +13,6 @@ import logging
 
 from sqlalchemy import select
 
-from chatops import logs
 from chatops.schema import Session, SessionStatus
 from chatops.sessions import Snapshot, snapshot
 from chatops.store import acquire_lease, record_error, release_lease
@@ -41,14 +40,7 @@ def default_branch(thread_ts: str) -> str:
 
 
 def push_thread_work(session_id: str, branch: str | None, user: str) -> None:
-    about = logs.session_id.set(session_id)  # this pool thread's lines name the session, for this task only
-    try:
-        _push_thread(session_id, branch, user)
-    finally:
-        logs.session_id.reset(about)
-
-
-def _push_thread(session_id: str, branch: str | None, user: str) -> None:
+    """The push task's body (its log lines name the session: workers.tasks.task)."""
     proc = process()
     engine = proc.engine
     facts = snapshot(engine, session_id, log=False)

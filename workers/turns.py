@@ -28,7 +28,7 @@ from typing import Any
 import aiohttp
 from sqlalchemy import Engine, select
 
-from chatops import db, logs
+from chatops import db
 from chatops.buttons import Action, ButtonValue, element
 from chatops.config import Config, load_config
 from chatops.inbox import (
@@ -147,7 +147,6 @@ def run_session_work(session_id: str) -> bool:
 
 
 async def _work(proc: Process, session_id: str) -> bool:
-    logs.session_id.set(session_id)  # every line logged for this task carries it (this task's own context)
     ttl = proc.config.service.worker.leaseSeconds
     token = acquire_lease(proc.engine, session_id, proc.keeper.owner, ttl)
     if token is None:
