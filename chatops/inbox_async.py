@@ -4,9 +4,10 @@ one transaction, and the thread's session read, without leaving the event loop.
 Two ways to the same rows as chatops.inbox.record_message (one message, one session a thread, an idle session
 queued):
 
-- PostgreSQL (`PgInbox`): psycopg's async connections, with one statement a message (find or create the
-  session, keep the message unless it is there, queue an idle session: PG_RECORD), prepared by the server
-  after its first few uses, so that a batch costs a round trip a message and one commit; a pool of its own.
+- PostgreSQL (`PgInbox`): psycopg's async connections, with one statement for a batch of messages of distinct
+  threads (find or create each session, keep each message unless it is there, queue an idle session:
+  PG_RECORD), prepared by the server after its first few uses, so that a batch costs one round trip (a second
+  for a thread's second message) and one commit; a pool of its own.
   Its errors are SQLAlchemy's (IntegrityError, DataError, OperationalError), as the threaded engine raises them.
 - anything else, SQLite first (`SqlInbox`): SQLAlchemy's asyncio extension (aiosqlite), record_message's
   statements one by one inside the batch's transaction.
@@ -16,9 +17,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, StatementError
@@ -98,34 +100,83 @@ def _busy(status: str | None) -> bool:
 
 # --- PostgreSQL ---------------------------------------------------------------------------------------------------
 
-# One statement a message, what record_message does in four: the thread's session found, or created queued;
-# the message kept unless it is there (a redelivery, a mention's twin: `new` false); an idle session queued. The
-# foreign key of the message on a session made by the same statement is checked at its end, when that row is
-# there. Two bots creating the same session at once: the second's insert fails (IntegrityError), and its
-# message is written again, finding the session.
+# One statement for many messages, what record_message does in four a message: each thread's session found, or
+# created queued; each message kept unless it is there (a redelivery, a mention's twin: `new` false); an idle
+# session that got a message queued. The messages of one statement are of distinct threads (`rounds`): a
+# statement's parts do not see each other's rows, so a thread's second message goes in the next statement of
+# the transaction, which finds the session the first one made. Rows are written and locked in the messages'
+# order (bot.inbox_writer sorts a batch by thread and message), so that two batches never wait on each other in
+# a cycle. The foreign key of a message on a session made by the same statement is checked at its end, when
+# that row is there. Two bots creating the same session at once: the second's insert fails (IntegrityError),
+# and its messages are written again, finding the session. Each message's parameters are one element of an
+# array a column: one round trip and one parse for the whole batch, not one a message.
 PG_RECORD = f"""
-WITH found AS (
-    SELECT id, status FROM sessions WHERE channel_id = %(p_channel)s AND thread_ts = %(p_thread)s
+WITH input AS (
+    SELECT * FROM unnest(
+        %(p_id)s::text[], %(p_channel)s::text[], %(p_thread)s::text[], %(p_team)s::text[], %(p_user)s::text[],
+        %(p_assistant)s::boolean[], %(p_message_ts)s::text[], %(p_text)s::text[], %(p_command)s::text[],
+        %(p_files)s::text[]
+    ) WITH ORDINALITY AS m(id, channel, thread, team, user_id, assistant, message_ts, text, command, files, ord)
+), found AS (
+    SELECT m.ord, s.id, s.status FROM input m JOIN sessions s ON s.channel_id = m.channel AND s.thread_ts = m.thread
 ), created AS (
     INSERT INTO sessions (id, kind, channel_id, thread_ts, team_id, requester, assistant_thread, status,
                           lease_token, event_seq, created_at, updated_at)
-    SELECT %(p_id)s, '{SessionKind.THREAD.value}', %(p_channel)s, %(p_thread)s, %(p_team)s, %(p_user)s,
-           %(p_assistant)s, '{SessionStatus.QUEUED.value}', 0, 0, %(p_now)s, %(p_now)s
-    WHERE NOT EXISTS (SELECT FROM found)
+    SELECT m.id, '{SessionKind.THREAD.value}', m.channel, m.thread, m.team, m.user_id, m.assistant,
+           '{SessionStatus.QUEUED.value}', 0, 0, %(p_now)s, %(p_now)s
+    FROM input m WHERE NOT EXISTS (SELECT FROM found f WHERE f.ord = m.ord)
+    ORDER BY m.ord
     RETURNING id
 ), target AS (
-    SELECT id FROM found UNION ALL SELECT id FROM created
+    SELECT ord, id FROM found UNION ALL SELECT m.ord, m.id FROM input m JOIN created c ON c.id = m.id
 ), kept AS (
     INSERT INTO inbox (session_id, message_ts, user_id, text, command, files, created_at)
-    SELECT id, %(p_message_ts)s, %(p_user)s, %(p_text)s, %(p_command)s, %(p_files)s::json, %(p_now)s FROM target
+    SELECT t.id, m.message_ts, m.user_id, m.text, m.command, m.files::json, %(p_now)s
+    FROM target t JOIN input m ON m.ord = t.ord
+    ORDER BY t.ord
     ON CONFLICT DO NOTHING
-    RETURNING id
+    RETURNING session_id
+), idle AS (
+    SELECT s.id FROM found f JOIN sessions s ON s.id = f.id
+    WHERE s.status = '{SessionStatus.IDLE.value}' AND s.id IN (SELECT session_id FROM kept)
+    ORDER BY f.ord
+    FOR UPDATE OF s
 ), queued AS (
     UPDATE sessions SET status = '{SessionStatus.QUEUED.value}', updated_at = %(p_now)s
-    WHERE id IN (SELECT id FROM found) AND status = '{SessionStatus.IDLE.value}' AND EXISTS (SELECT FROM kept)
+    WHERE id IN (SELECT id FROM idle)
 )
-SELECT (SELECT id FROM target), (SELECT status FROM found), EXISTS (SELECT FROM kept)
+SELECT t.ord, t.id, f.status, t.id IN (SELECT session_id FROM kept)
+FROM target t LEFT JOIN found f ON f.ord = t.ord
+ORDER BY t.ord
 """
+# The parameters of a message (chatops.inbox.message_values) that are columns of PG_RECORD's input.
+_COLUMNS = (
+    "p_channel",
+    "p_thread",
+    "p_team",
+    "p_user",
+    "p_assistant",
+    "p_message_ts",
+    "p_text",
+    "p_command",
+    "p_files",
+)
+
+
+def rounds(messages: list[dict[str, Any]]) -> list[list[int]]:
+    """The messages' indexes in statements of distinct threads, each in the order given: a thread's n-th
+    message in the n-th statement."""
+    parts: list[list[int]] = []
+    seen: dict[tuple[Any, Any], int] = {}
+    for i, values in enumerate(messages):
+        key = (values["p_channel"], values["p_thread"])
+        n = seen[key] = seen.get(key, -1) + 1
+        if n == len(parts):
+            parts.append([])
+        parts[n].append(i)
+    return parts
+
+
 PG_SESSION = "SELECT id FROM sessions WHERE channel_id = %s AND thread_ts = %s"
 # Connections kept: the writers' and the reads'; a batch that finds none free waits `wait_s` at most.
 PG_POOL = 6
@@ -219,23 +270,19 @@ class _PgTransaction:
         self.conn = conn
 
     async def keep(self, messages: list[dict[str, Any]]) -> list[Recorded]:
-        from psycopg.types.json import Json
-
         now = utcnow()
-        recorded = []
-        # One statement after the other, not in a pipeline: psycopg's async pipeline polls a writable socket
-        # until the answers come, which costs more CPU than the round trips it saves on a local network.
-        for values in messages:
-            params = values | {
-                "p_id": new_id(),
-                "p_now": now,
-                "p_command": values["p_command"].value if values["p_command"] is not None else None,
-                "p_files": Json(values["p_files"]) if values["p_files"] is not None else None,
-            }
-            cursor = await self.conn.execute(PG_RECORD, params)
-            session_id, status, new = await cursor.fetchone()
-            recorded.append(Recorded(session_id, new=new, busy=new and _busy(status)))
-        return recorded
+        recorded: list[Recorded | None] = [None] * len(messages)
+        for part in rounds(messages):
+            columns: dict[str, Any] = {name: [messages[i][name] for i in part] for name in _COLUMNS}
+            columns["p_id"] = [new_id() for _ in part]
+            columns["p_command"] = [c.value if c is not None else None for c in columns["p_command"]]
+            columns["p_files"] = [json.dumps(f) if f is not None else None for f in columns["p_files"]]
+            cursor = await self.conn.execute(PG_RECORD, columns | {"p_now": now})
+            for ord_, session_id, status, new in await cursor.fetchall():
+                recorded[part[ord_ - 1]] = Recorded(session_id, new=new, busy=new and _busy(status))
+        if any(r is None for r in recorded):  # every message has its session: a statement that did not say is a bug
+            raise RuntimeError("the inbox's statement left a message without its session")
+        return cast(list[Recorded], recorded)
 
     async def commit(self) -> None:
         await self.conn.commit()

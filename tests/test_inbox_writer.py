@@ -186,3 +186,46 @@ def test_every_batch_takes_its_locks_in_one_order_so_two_writers_never_deadlock(
     assert sum(len(b) for b in recording.batches) == len(arrivals)
     assert all(batch == sorted(batch) for batch in recording.batches), recording.batches
     assert any(len(batch) > 1 for batch in recording.batches)  # some batches held several: the order mattered
+
+
+def test_one_batch_of_idle_running_and_new_threads_answers_and_queues_each_as_one_at_a_time(engine: Engine) -> None:
+    """PostgreSQL keeps a batch in one statement (its messages an array a column): each thread's answer is its
+    own, and only the idle sessions that got a message are queued, as record_message does one by one."""
+    idle_roots, running_roots, new_roots = (
+        [thread() for _ in range(3)],
+        [thread() for _ in range(3)],
+        [thread() for _ in range(3)],
+    )
+    ids = {}
+    for root in idle_roots + running_roots:
+        ids[root] = inbox.record_message(
+            engine, channel_id=CHANNEL, thread_ts=root, message_ts=root, user_id="U0ALICE", text="start"
+        ).session_id
+        set_status(engine, ids[root], SessionStatus.IDLE if root in idle_roots else SessionStatus.RUNNING)
+    roots = idle_roots + running_roots + new_roots
+
+    async def scenario(writer: InboxWriter) -> list[inbox.Recorded]:
+        return await asyncio.gather(*(writer.write(message(root, f"{root}9", "more")) for root in roots))
+
+    answers = dict(zip(roots, run(engine, scenario, writers=1), strict=True))
+    with engine.connect() as conn:
+        status = dict(conn.execute(select(Session.id, Session.status).where(Session.id.in_(ids.values()))).all())
+    for root in idle_roots:
+        assert answers[root] == inbox.Recorded(ids[root], new=True, busy=False)
+        assert status[ids[root]] == SessionStatus.QUEUED
+    for root in running_roots:
+        assert answers[root] == inbox.Recorded(ids[root], new=True, busy=True)
+        assert status[ids[root]] == SessionStatus.RUNNING
+    for root in new_roots:
+        assert answers[root].new and not answers[root].busy and answers[root].session_id not in ids.values()
+        assert kept(engine, root) == ["more"]
+
+
+def test_a_batch_is_cut_into_statements_of_distinct_threads_in_order() -> None:
+    from chatops.inbox_async import rounds
+
+    a1, b1, a2, c1, a3, b2 = (
+        message(root, ts) for root, ts in [("A", "1"), ("B", "1"), ("A", "2"), ("C", "1"), ("A", "3"), ("B", "2")]
+    )
+    assert rounds([a1, b1, a2, c1, a3, b2]) == [[0, 1, 3], [2, 5], [4]]
+    assert rounds([]) == []
