@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import traceback
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,6 +25,7 @@ from slack_bolt.async_app import AsyncApp, AsyncAssistant, AsyncBoltContext
 from slack_bolt.authorization import AuthorizeResult
 from slack_bolt.error import BoltUnhandledRequestError
 from slack_bolt.request.async_request import AsyncBoltRequest
+from slack_bolt.request.payload_utils import is_assistant_event, is_other_message_sub_event_in_assistant_thread
 from slack_bolt.response import BoltResponse
 from slack_sdk.web.async_client import AsyncWebClient
 from sqlalchemy.exc import DataError
@@ -33,6 +35,7 @@ from bot.approvals import ClickHandler
 from bot.authorize import Approvers
 from bot.before_ack import WAIT_S
 from bot.commands import SLASH_COMMAND, Commands
+from bot.hand_off import HandOff
 from bot.home import Home
 from bot.inbox_writer import InboxWriter
 from bot.jobs import JobCommands
@@ -71,6 +74,8 @@ class SlackApp:
     requests: Requests
     # The record of each message before its ack, on the event loop (closed at shutdown: bot.server).
     inbox: InboxWriter
+    # The sessions' hand-off to the workers after the ack, a process of its own (started and ended by bot.server).
+    hand_off: HandOff
 
 
 class Identity:
@@ -169,8 +174,9 @@ def create_app(
     # Before bolt authorizes a request (in async_dispatch: a middleware of bolt's costs its every argument built).
     app.identity = identity
     app.error(_error)
-    requests = register(app, engine, config, thread_contexts, inbound, inbox)
-    return SlackApp(app, identity, requests, inbox)
+    hand_off = HandOff()
+    requests = register(app, engine, config, thread_contexts, inbound, inbox, hand_off)
+    return SlackApp(app, identity, requests, inbox, hand_off)
 
 
 def inbox_writer(database_url: str) -> InboxWriter:
@@ -203,6 +209,21 @@ class _CheckedApp(AsyncApp):
         return await super().async_dispatch(req)
 
 
+class _Assistant(AsyncAssistant):
+    """Bolt's assistant, which a request that is none of its events passes at once: bolt's own runs each of
+    its listeners' matchers first, building every argument a matcher could ask for, on every request (py-spy
+    on bench/bench_inbound.py: three in four of the matchers run for a mention). The test is the one those
+    matchers and the assistant's own fall-through make (bolt's payload_utils)."""
+
+    async def async_process(
+        self, *, req: AsyncBoltRequest, resp: BoltResponse, next: Callable[[], Awaitable[BoltResponse]]
+    ) -> BoltResponse | None:
+        body = req.body
+        if not (is_assistant_event(body) or is_other_message_sub_event_in_assistant_thread(body)):
+            return await next()
+        return await super().async_process(req=req, resp=resp, next=next)
+
+
 def register(
     app: _CheckedApp,
     engine: Engine,
@@ -210,28 +231,31 @@ def register(
     thread_contexts: handlers.ThreadContexts,
     inbound: Engine | None = None,
     inbox: InboxWriter | None = None,
+    hand_off: HandOff | None = None,
 ) -> Requests:
     """The listeners, by kind: assistant threads, events, button clicks, the slash command, App Home. The
     process's requests (bot.requests), for its background loop. `inbound`: the engine of the work before the
     ack (`engine` when not given); `inbox`: the writer of messages before their ack (one on `inbound`'s
-    database when not given)."""
+    database when not given); `hand_off`: the sessions' hand-off to the workers (one started at its first
+    use when not given)."""
     inbound = inbound or engine
     inbox = inbox or inbox_writer(inbound.url.render_as_string(hide_password=False))
+    hand_off = hand_off or HandOff()
     # An edit of the config file reaches the bot's checks and commands within a second (chatops/reload.py).
     config_file = ConfigFile(config)
     approvers = Approvers(lambda: config_file.current().service)
     # The secrets of the config as it stands (those a reload brings too), asked at each use.
     secrets = LiveSecrets(config_file.current)
-    clicks = ClickHandler(engine, approvers, secrets, handlers.enqueue, handlers.enqueue_thread_push)
+    clicks = ClickHandler(engine, approvers, secrets, hand_off.enqueue, handlers.enqueue_thread_push)
     jobs = JobCommands(engine, config_file, approvers, handlers.enqueue_run)
     home = Home(engine, approvers, secrets, jobs)
-    commands = Commands(engine, config_file, approvers, handlers.enqueue, secrets, jobs, clicks)
+    commands = Commands(engine, config_file, approvers, hand_off.enqueue, secrets, jobs, clicks)
     requests = Requests(
         engine,
         commands,
         clicks,
         home,
-        handlers.enqueue,
+        hand_off.enqueue,
         lambda: config_file.current().service.bot.claimSeconds,
         inbound,
     )
@@ -243,8 +267,9 @@ def register(
         handlers.HOME: home,
         handlers.REQUESTS: requests,
         handlers.SECRETS: secrets,
+        handlers.HAND_OFF: hand_off,
     }
-    assistant = AsyncAssistant(thread_context_store=thread_contexts, logger=bolt_log)
+    assistant = _Assistant(thread_context_store=thread_contexts, logger=bolt_log)
     assistant.thread_started(handlers.on_assistant_thread_started)
     assistant.thread_context_changed(handlers.on_assistant_context_changed)
     # Every threaded direct message (the assistant pane's threads, and replies in a DM's thread alike).

@@ -42,6 +42,7 @@ from sqlalchemy import Engine
 from bot.approvals import Click
 from bot.before_ack import Unsure, bounded, silent
 from bot.commands import SLASH_COMMAND, Where, parse
+from bot.hand_off import HandOff
 from bot.inbox_writer import InboxWriter
 from bot.requests import Requests, in_background
 from bot.shapes import MAX_TEXT, kept, shared_files
@@ -52,7 +53,7 @@ from chatops.schema import RequestKind
 from chatops.store import record_slack_event
 from slackio.mrkdwn import Mrkdwn
 from slackio.slack_out import SlackOut, outgoing
-from workers.tasks import enqueue_job_run, enqueue_push, enqueue_session
+from workers.tasks import enqueue_job_run, enqueue_push
 
 log = logging.getLogger("mm.bot")
 # Where register() puts the process's engine, App Home and requests in bolt's context, for the listeners.
@@ -61,6 +62,7 @@ INBOX = "inbox"
 HOME = "home"
 REQUESTS = "requests"
 SECRETS = "secrets"
+HAND_OFF = "hand_off"
 # Set in a request's context once what it asks is recorded: an error after that is answered 200 (bot.app),
 # since the record is carried out all the same, and a retry would only find it recorded.
 RECORDED = "recorded"
@@ -208,11 +210,6 @@ async def on_button(
     return click
 
 
-async def enqueue(session_id: str) -> None:
-    """Hand a session to the workers, on the threads kept for the broker."""
-    await asyncio.get_running_loop().run_in_executor(_enqueuer, enqueue_session, session_id)
-
-
 async def enqueue_thread_push(session_id: str, branch: str | None, user: str) -> None:
     """Hand a thread's push to the workers (its workspace is on a worker's disk)."""
     await asyncio.get_running_loop().run_in_executor(_enqueuer, enqueue_push, session_id, branch, user)
@@ -340,7 +337,7 @@ async def _take(
     context[RECORDED] = True
     await ack()
     if recorded.new:
-        in_background(_hand_off(recorded, slack_out(context, client), channel, thread_ts))
+        in_background(_hand_off(recorded, context[HAND_OFF], slack_out(context, client), channel, thread_ts))
     else:
         log.debug("message %s in %s already recorded (a redelivery, or a mention's twin)", event["ts"], channel)
 
@@ -399,59 +396,9 @@ def _what(exc: BaseException) -> str:
     return f"{type(exc).__name__} at {frame[0].name}" if frame else type(exc).__name__
 
 
-class _Sessions:
-    """The enqueue of the sessions whose messages were just acked, on the broker's threads: those handed over in
-    the same turn of the event loop (the messages the inbox committed together) go to a thread in one trip,
-    each still published on its own (one message on the queue a session), its failure its own. A trip to a
-    thread, and back, costs the event loop more than a publish costs the thread."""
-
-    def __init__(self) -> None:
-        self._waiting: list[tuple[str, asyncio.Future[None]]] = []
-
-    async def enqueue(self, session_id: str) -> None:
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[None] = loop.create_future()
-        if not self._waiting:
-            loop.call_soon(self._send, loop)  # once the others handed over in this turn have joined
-        self._waiting.append((session_id, future))
-        await future
-
-    def _send(self, loop: asyncio.AbstractEventLoop) -> None:
-        batch, self._waiting = self._waiting, []
-        published = loop.run_in_executor(_enqueuer, _publish, [session_id for session_id, _ in batch])
-
-        def settle(done: asyncio.Future[list[Exception | None]]) -> None:
-            failed = done.exception()
-            errors: list[BaseException | None] = [*done.result()] if failed is None else [failed] * len(batch)
-            for (_, future), error in zip(batch, errors, strict=True):
-                if future.done():
-                    continue
-                if error is None:
-                    future.set_result(None)
-                else:
-                    future.set_exception(error)
-
-        published.add_done_callback(settle)
-
-
-def _publish(session_ids: list[str]) -> list[Exception | None]:
-    errors: list[Exception | None] = []
-    for session_id in session_ids:
-        try:
-            enqueue_session(session_id)
-        except Exception as exc:  # noqa: BLE001 - that session's waiter gets it; the others are published
-            errors.append(exc)
-        else:
-            errors.append(None)
-    return errors
-
-
-_sessions = _Sessions()
-
-
-async def _hand_off(recorded: Recorded, slack: SlackOut, channel: str, thread_ts: str) -> None:
+async def _hand_off(recorded: Recorded, hand_off: HandOff, slack: SlackOut, channel: str, thread_ts: str) -> None:
     try:
-        await _sessions.enqueue(recorded.session_id)
+        await hand_off.enqueue(recorded.session_id)
     except Exception as exc:  # noqa: BLE001 - the message is recorded: housekeeping enqueues it later
         log.warning("could not enqueue session %s (%s); housekeeping will", recorded.session_id, exc)
     if recorded.busy:

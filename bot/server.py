@@ -165,10 +165,12 @@ def _refused(status: int, error: str, why: str) -> web.Response:
 
 
 def _beside(slack: SlackApp) -> Callable:
-    """What runs beside the server: who the bot is, asked before it listens (for at most IDENTITY_TIMEOUT, then
-    again in the background until Slack answers), and the replay of unfinished requests."""
+    """What runs beside the server: the hand-off process (bot.hand_off), who the bot is, asked before it listens
+    (for at most IDENTITY_TIMEOUT, then again in the background until Slack answers), and the replay of
+    unfinished requests."""
 
     async def context(_app: web.Application):
+        await slack.hand_off.start()
         try:
             known = await asyncio.wait_for(slack.identity.learn(), IDENTITY_TIMEOUT)
         except TimeoutError:
@@ -180,6 +182,7 @@ def _beside(slack: SlackApp) -> Callable:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        await slack.hand_off.close()  # once nothing more is handed off: what it was given is published
 
     return context
 

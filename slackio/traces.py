@@ -15,12 +15,13 @@ They are made once the interval is over, with its start and end, as children of 
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import logging
 import os
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 log = logging.getLogger("mm.traces")
@@ -114,3 +115,31 @@ def interval(name: str, started: float, finished: float, attributes: Mapping[str
     end = max(start, round(finished * 1e9) + offset)
     span = _tracer.start_span(name, start_time=start, attributes=dict(attributes or {}))
     span.end(end_time=end)
+
+
+def carrier() -> dict[str, str] | None:
+    """The current trace's context as the W3C headers carry it (`traceparent`, ...), for work that continues in
+    another process (bot.hand_off); None when traces are off."""
+    if _tracer is None:
+        return None
+    from opentelemetry import propagate
+
+    headers: dict[str, str] = {}
+    propagate.inject(headers)
+    return headers
+
+
+@contextlib.contextmanager
+def attached(headers: Any) -> Iterator[None]:
+    """Within it, the trace whose context `headers` carries (what `carrier` gave in another process) is the
+    current one; nothing when traces are off or `headers` are not a carrier's."""
+    if _tracer is None or not isinstance(headers, dict):
+        yield
+        return
+    from opentelemetry import context, propagate
+
+    token = context.attach(propagate.extract({str(k): str(v) for k, v in headers.items()}))
+    try:
+        yield
+    finally:
+        context.detach(token)
