@@ -205,7 +205,10 @@ class PgInbox:
         import psycopg
 
         try:
-            await asyncio.wait_for(self._slots.acquire(), self._wait_s)
+            if self._slots.locked():  # else taken at once: wait_for would make a task of it, and cost a turn
+                await asyncio.wait_for(self._slots.acquire(), self._wait_s)
+            else:
+                await self._slots.acquire()
         except TimeoutError:
             raise _translated(psycopg.OperationalError("no connection of the inbox's pool came free")) from None
         conn = None

@@ -56,11 +56,13 @@ def sessions(turns: Turns, n: int) -> list[str]:
 def test_every_session_written_is_published_once_and_those_written_before_the_close_too(
     broker_url: str, turns: Turns
 ) -> None:
-    ids = sessions(turns, 50)
+    first, *ids = sessions(turns, 51)
 
     async def main() -> None:
         handing = HandOff(env=env_for(broker_url))
         await handing.start()
+        await handing.enqueue(first)  # once it is published the child is up (its start takes seconds on a busy machine)
+        await asyncio.to_thread(wait_for, lambda: turns.of(first), "the first session published", 120)
         for session_id in ids:
             await handing.enqueue(session_id)
         await handing.close()  # at once: the child publishes what it was given before it ends
@@ -84,7 +86,7 @@ def test_a_child_killed_is_started_again_and_the_sessions_after_are_published(
         await handing.enqueue(before[0])
         first = handing.pid
         assert first is not None
-        await asyncio.to_thread(wait_for, lambda: turns.of(before[0]), "the first session published")
+        await asyncio.to_thread(wait_for, lambda: turns.of(before[0]), "the first session published", 120)
         os.kill(first, signal.SIGKILL)
         while handing.pid in (None, first):
             # Lost in the dead pipe, or refused while no child runs: housekeeping's, either way; nothing breaks.
@@ -92,6 +94,7 @@ def test_a_child_killed_is_started_again_and_the_sessions_after_are_published(
                 await handing.enqueue(str(uuid.uuid4()))
             await asyncio.sleep(0.05)
         await handing.enqueue(after[0])
+        await asyncio.to_thread(wait_for, lambda: turns.of(after[0]), "the session after published", 120)
         await handing.close()
 
     asyncio.run(main())

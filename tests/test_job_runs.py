@@ -314,8 +314,9 @@ def test_an_approval_nobody_answers_expires_and_fails_the_run(
         s.start_worker()
         run = finished(s, run_now(s, "unattended"))
         assert run.status == "failed" and run.error == "a call waited for a decision until it expired"
-        thread = s.thread_text(run.root_ts)
-        assert "nobody-approves" in thread and "❌ *unattended* failed after" in thread
+        # The summary is posted once the run's row says how it ended: it may come a moment later.
+        s.wait(lambda: "❌ *unattended* failed after" in s.thread_text(run.root_ts), message="the summary says so")
+        assert "nobody-approves" in s.thread_text(run.root_ts)
 
 
 # -- issue 21, second round: nobody rides on a job's yolo, and `status` says what the worker does ----------------------
