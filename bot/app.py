@@ -229,18 +229,13 @@ def register(
     engine: Engine,
     config: Config,
     thread_contexts: handlers.ThreadContexts,
-    inbound: Engine | None = None,
-    inbox: InboxWriter | None = None,
-    hand_off: HandOff | None = None,
+    inbound: Engine,
+    inbox: InboxWriter,
+    hand_off: HandOff,
 ) -> Requests:
     """The listeners, by kind: assistant threads, events, button clicks, the slash command, App Home. The
     process's requests (bot.requests), for its background loop. `inbound`: the engine of the work before the
-    ack (`engine` when not given); `inbox`: the writer of messages before their ack (one on `inbound`'s
-    database when not given); `hand_off`: the sessions' hand-off to the workers (one started at its first
-    use when not given)."""
-    inbound = inbound or engine
-    inbox = inbox or inbox_writer(inbound.url.render_as_string(hide_password=False))
-    hand_off = hand_off or HandOff()
+    ack; `inbox`: the writer of messages before their ack; `hand_off`: the sessions' hand-off to the workers."""
     # An edit of the config file reaches the bot's checks and commands within a second (chatops/reload.py).
     config_file = ConfigFile(config)
     approvers = Approvers(lambda: config_file.current().service)

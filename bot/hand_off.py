@@ -35,6 +35,7 @@ from typing import Any
 
 from bot.errors import BotError
 from slackio import traces
+from workers.tasks import enqueue_session
 
 log = logging.getLogger("mm.bot.hand_off")
 
@@ -141,8 +142,6 @@ class HandOff:
 
 def publish(line: bytes) -> None:
     """One line of the pipe: its session published, in its trace; what fails is said, and left to housekeeping."""
-    from workers.tasks import enqueue_session
-
     try:
         said: Any = json.loads(line)
         session_id = said["session"]
