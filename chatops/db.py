@@ -33,6 +33,12 @@ MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
 # Any constant will do, as long as every replica uses the same one: "mm-bot" in ASCII.
 MIGRATION_LOCK_KEY = 0x6D6D2D626F74
 SQLITE_BUSY_TIMEOUT_S = 30.0
+# A PostgreSQL transaction that waits this long for its client's next statement belongs to a process that
+# stalled (stopped, swapped out, wedged) between two statements: the server ends its session, so that the row
+# locks it holds do not keep the others waiting — a replica taking over a stalled bot's request would otherwise
+# wait on its claim's row for as long as the stall lasts. Every transaction here is a few statements back to
+# back, never a call to Slack or the model between them; the busiest process's pauses are a thousandth of this.
+STALLED_S = 10.0
 
 
 class DatabaseUnavailable(ChatopsError):
@@ -132,6 +138,19 @@ def async_engine_for(url: str, *, wait_s: float | None = None, **kwargs: Any) ->
     return engine
 
 
+def pg_connect_args(wait_s: float | None = None) -> dict[str, Any]:
+    """libpq's arguments for every connection of ours to PostgreSQL: a stalled transaction is ended (STALLED_S);
+    with `wait_s` (see engine_for), connecting, each statement and each lock wait are bounded by it too."""
+    options = f"-c idle_in_transaction_session_timeout={round(STALLED_S * 1000)}"
+    if wait_s is None:
+        return {"options": options}
+    ms = max(1, round(wait_s * 1000))
+    return {
+        "connect_timeout": max(2, round(wait_s)),
+        "options": f"{options} -c statement_timeout={ms} -c lock_timeout={ms}",
+    }
+
+
 def _engine_for(
     url: str, foreign_keys: bool, wait_s: float | None, create: Any = create_engine, **kwargs: Any
 ) -> Engine | AsyncEngine:
@@ -139,12 +158,8 @@ def _engine_for(
     parsed = make_url(url)
     if parsed.get_backend_name() != "sqlite":
         if wait_s is not None:
-            ms = max(1, round(wait_s * 1000))
             kwargs.setdefault("pool_timeout", wait_s)
-            kwargs["connect_args"] = {
-                "connect_timeout": max(2, round(wait_s)),
-                "options": f"-c statement_timeout={ms} -c lock_timeout={ms}",
-            } | kwargs.get("connect_args", {})
+        kwargs["connect_args"] = pg_connect_args(wait_s) | kwargs.get("connect_args", {})
         return create(url, pool_pre_ping=True, **kwargs)
     if parsed.database and parsed.database != ":memory:" and not parsed.database.startswith("file:"):
         Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)

@@ -188,11 +188,7 @@ class PgInbox:
     def __init__(self, url: str, wait_s: float) -> None:
         parsed = make_url(db.normalize_url(url))
         self._conninfo = parsed.set(drivername="postgresql").render_as_string(hide_password=False)
-        ms = max(1, round(wait_s * 1000))
-        self._options = {
-            "connect_timeout": max(2, round(wait_s)),
-            "options": f"-c statement_timeout={ms} -c lock_timeout={ms}",
-        }
+        self._options = db.pg_connect_args(wait_s)
         self._wait_s = wait_s
         self._idle: list[Any] = []
         self._slots = asyncio.Semaphore(PG_POOL)

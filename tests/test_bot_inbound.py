@@ -29,7 +29,7 @@ from playground.signed import SlackEventSender
 from playground.slack_api import SlackEmulator
 from test_bot_serve import SIGNING_SECRET, Bot
 from test_bot_socket import socket_env
-from test_record_before_ack import waiting_on
+from test_record_before_ack import stalls_on_purpose, waiting_on
 
 pytestmark = pytest.mark.process  # its tests start processes (mm_testkit/process_guard.py)
 
@@ -427,6 +427,7 @@ def test_the_ack_waits_for_the_record_and_the_server_stays_responsive(
     channel = new_channel()
     with engine.connect() as blocker, ThreadPoolExecutor(1) as pool:
         # A slow database: inserts into the inbox wait for this transaction.
+        stalls_on_purpose(blocker)
         blocker.execute(text("LOCK TABLE inbox IN EXCLUSIVE MODE"))
         answer = pool.submit(mention, sender, channel)
         wait_for(lambda: waiting_on("inbox", blocker), "the record, waiting for the lock")

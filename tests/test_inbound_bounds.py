@@ -23,7 +23,7 @@ from sqlalchemy.engine import make_url
 
 from chatops.schema import InboxMessage, SlackRequest
 from playground.signed import FORM, signed_headers
-from test_record_before_ack import ALICE, BOB, bot_log, requests, sender, threads, waiting_on
+from test_record_before_ack import ALICE, BOB, bot_log, requests, sender, stalls_on_purpose, threads, waiting_on
 from threads_support import CHANNEL, SECRET, Stack
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.process]
@@ -46,6 +46,7 @@ def timed(call: Any) -> tuple[httpx.Response, float]:
 
 def test_a_slash_command_the_locked_table_cannot_record_is_answered_in_time_and_not_done(threads: Stack) -> None:
     with sender(threads, threads.start_bot()) as slack, threads.engine.connect() as blocker:
+        stalls_on_purpose(blocker)
         blocker.execute(text("LOCK TABLE slack_requests IN EXCLUSIVE MODE"))  # the record waits for it
         answer, took = timed(lambda: slack.slash_command("/mm", "status", user=ALICE, channel=CHANNEL))
         assert waiting_on("slack_requests", blocker) is False  # its wait ended with the answer

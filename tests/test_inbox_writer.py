@@ -17,6 +17,7 @@ from chatops import inbox
 from chatops.inbox_async import async_inbox
 from chatops.schema import InboxMessage, Session, SessionStatus
 from chatops.store import set_status
+from test_record_before_ack import stalls_on_purpose
 
 CHANNEL = "C0WRITER"
 
@@ -119,6 +120,7 @@ def test_a_message_given_up_before_its_commit_is_never_kept(engine: Engine) -> N
 
     async def scenario(writer: InboxWriter) -> inbox.Recorded:
         with engine.begin() as blocker:
+            stalls_on_purpose(blocker)
             blocker.execute(text(lock))
             with pytest.raises(DatabaseSilent):
                 await writer.write(message(root, root, "given up"))

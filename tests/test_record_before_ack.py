@@ -208,6 +208,7 @@ def test_a_slash_command_is_acked_only_once_recorded(threads: Stack) -> None:
         threads.engine.connect() as blocker,
         ThreadPoolExecutor(1) as pool,
     ):
+        stalls_on_purpose(blocker)
         blocker.execute(text("LOCK TABLE slack_requests IN EXCLUSIVE MODE"))  # the record waits for it
         answer = pool.submit(slack.slash_command, "/mm", "status", user=ALICE, channel=CHANNEL)
         threads.wait(lambda: waiting_on("slack_requests", blocker), timeout=30, message="the record, waiting")
@@ -234,6 +235,13 @@ def test_a_request_that_cannot_be_recorded_is_not_acked_and_said_in_one_line(thr
     assert len(failed) == 1 and "IntegrityError" in failed[0] and "not recorded, so not acked" in failed[0]
     [told] = [line for line in log.splitlines() if "could not record /mm" in line]
     assert "IntegrityError" in told and "stop" not in told.split("could not record /mm", 1)[1]
+
+
+def stalls_on_purpose(conn: Any) -> None:
+    """This connection's transaction holds its locks, idle, as long as the test needs (a slow database, another
+    process's lock): the server's end of stalled transactions (chatops.db.STALLED_S) is off for it alone."""
+    if conn.dialect.name == "postgresql":
+        conn.execute(text("SET LOCAL idle_in_transaction_session_timeout = 0"))
 
 
 def waiting_on(table: str, conn: Any) -> bool:

@@ -43,6 +43,7 @@ from test_record_before_ack import (
     requests,
     running_session,
     sender,
+    stalls_on_purpose,
 )
 from threads_support import CHANNEL, SECRET, Stack, config, stack
 
@@ -162,6 +163,7 @@ def test_a_job_run_whose_bot_died_after_recording_the_run_records_one(threads: S
         assert slack.slash_command("/mm", f"job run {JOB}", user=BOB, channel=CHANNEL).status_code == 200
     threads.slack.wait_for_held(HELD)
     with threads.engine.connect() as blocker:
+        stalls_on_purpose(blocker)
         blocker.execute(text("SELECT id FROM slack_requests FOR UPDATE"))  # every write to the request waits
         threads.slack.release(HELD)
 

@@ -10,16 +10,18 @@ import contextlib
 import threading
 import uuid
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TypeVar
 
 import pytest
 from sqlalchemy import Engine, select, update
+from sqlalchemy.exc import DBAPIError
 
 from bot.steps import NoSteps
+from chatops import db, schema
 from chatops import requests as requests_module
-from chatops import schema
 from chatops.config import load_config
 from chatops.inbox import CONTEXTS_KEPT, assistant_context, forget_assistant_contexts, keep_assistant_context
 from chatops.requests import (
@@ -231,3 +233,27 @@ def test_a_job_run_asked_again_by_a_replay_is_recorded_once_and_handed_over_agai
     with engine.connect() as conn:
         runs = list(conn.execute(select(JobRun.id).where(JobRun.job_name == name)).scalars())
     assert len(runs) == 1 and handed == runs * 2
+
+
+def test_a_bot_stalled_inside_a_transaction_holds_up_no_replica(pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bot stops (SIGSTOP, a swap storm) between its claim renewal's UPDATE and its commit: the row stays
+    locked. The server ends that transaction after STALLED_S, and a replica's takeover goes on; the stalled bot,
+    woken, finds its connection gone and its renewal undone."""
+    monkeypatch.setattr(db, "STALLED_S", 0.5)
+    db.migrate(pg_url)
+    stalled, replica = db.engine_for(pg_url), db.engine_for(pg_url)
+    pool = ThreadPoolExecutor(1)  # shut down last: without the timeout, the replica waits until the lock goes
+    try:
+        request = record(stalled, RequestKind.SLASH, key(), {}, "stalled")
+        assert request is not None
+        aged(stalled, request.id, 60)
+        with stalled.connect() as conn:
+            conn.execute(update(SlackRequest).where(SlackRequest.id == request.id).values(claimed_at=db_clock()))
+            taken = pool.submit(claim_stale, replica, "replica", 30).result(timeout=30)
+            assert [(r.id, r.attempts, r.failures) for r in taken] == [(request.id, 2, 1)]
+            with pytest.raises(DBAPIError, match="idle-in-transaction timeout"):
+                conn.execute(select(1))
+    finally:
+        pool.shutdown()
+        stalled.dispose()
+        replica.dispose()

@@ -246,7 +246,9 @@ class Stack:
                 if process.poll() is not None:
                     raise AssertionError(f"worker {name} exited ({process.returncode}):\n{self.log_of(name)[-3000:]}")
             time.sleep(0.1)
-        logs = "\n".join(f"--- {n}\n{self.log_of(n)[-3000:]}" for n in self.workers)
+        # The workers' logs and the bots' (`bot`, and a replica's `bot2`): what each was doing when time ran out.
+        names = [*self.workers, *(n for n in ("bot", "bot2") if (self.tmp / f"{n}.log").exists())]
+        logs = "\n".join(f"--- {n}\n{self.log_of(n)[-3000:]}" for n in names)
         raise AssertionError(f"timed out waiting: {message or what}\n{logs}")
 
 
