@@ -4,8 +4,10 @@ Telling the workers that a session has work is one Celery message on the broker.
 in 0.7 ms of CPU alone and 1.5-2 ms beside the bot's requests (bench/bench_inbound.py): more than the record
 and the ack of the message together, and on a thread of the bot it holds the same interpreter as the event
 loop that acks. So the bot writes one line a session into the pipe of a child process (`python -m
-bot.hand_off`, started with the server) and the child publishes it with Celery, as the bot did; the bot's part
-is a write to a pipe.
+bot.hand_off`, started with the server), and the bot's part is a write to a pipe. The child publishes the lines
+it reads at once together: on a Redis broker in one LPUSH of the messages Celery builds (workers.publish, a
+quarter of `send_task`'s cost a message), with Celery's own `send_task` on any other broker and for a traced
+hand-off.
 
 Nothing is lost with it. A session is handed off only once its message, click or command is recorded, and
 housekeeping enqueues every session with work that nobody took (chatops.sessions.sessions_with_work): what a
@@ -26,16 +28,18 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import re
 import signal
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from bot.errors import BotError
 from slackio import traces
-from workers.tasks import enqueue_session
+from workers.publish import RedisPublisher
+from workers.tasks import enqueue_session, run_session
 
 log = logging.getLogger("mm.bot.hand_off")
 
@@ -45,6 +49,8 @@ BACKLOG_MOST = 256 * 1024
 # How long the child gets at shutdown to publish what it was given; how often it may be started again.
 CLOSE_S = 5.0
 RESTART_S = 5.0
+# The most the child reads from its pipe at once (a line is ~60 bytes, ~1,000 bytes with a trace's context).
+READ_MOST = 64 * 1024
 # A session's id as the database makes it (chatops.schema.new_id); anything else is not written to the pipe.
 SESSION_ID = re.compile(r"[0-9a-f]{8}-(?:[0-9a-f]{4}-){3}[0-9a-f]{12}")
 
@@ -140,8 +146,9 @@ class HandOff:
 # --- the child process ----------------------------------------------------------------------------------------------
 
 
-def publish(line: bytes) -> None:
-    """One line of the pipe: its session published, in its trace; what fails is said, and left to housekeeping."""
+def parse(line: bytes) -> tuple[str, Any] | None:
+    """A line of the pipe: its session and its trace's context (None when traces are off); None, said, when it
+    is not a hand-off."""
     try:
         said: Any = json.loads(line)
         session_id = said["session"]
@@ -149,27 +156,58 @@ def publish(line: bytes) -> None:
             raise ValueError("not a session's id")
     except (ValueError, TypeError, KeyError) as exc:
         log.error("the hand-off process read a line that is not a hand-off (%s); skipped", type(exc).__name__)
-        return
-    with traces.attached(said.get("trace")):
+        return None
+    return session_id, said.get("trace")
+
+
+def publish(lines: list[bytes], publisher: RedisPublisher | None) -> None:
+    """The lines read at once, their sessions published: those without a trace together in one command where
+    the broker allows it (workers.publish), each traced one through Celery in its trace. What fails is said,
+    and left to housekeeping."""
+    untraced = []
+    for session_id, trace in filter(None, map(parse, lines)):
+        if trace is None and publisher is not None:
+            untraced.append(session_id)
+            continue
+        with traces.attached(trace):
+            try:
+                enqueue_session(session_id)
+            except Exception as exc:  # noqa: BLE001 - that session waits for housekeeping; the next one is published
+                log.warning("could not enqueue session %s (%s); housekeeping will", session_id, exc)
+    if untraced and publisher is not None:
         try:
-            enqueue_session(session_id)
-        except Exception as exc:  # noqa: BLE001 - that session waits for housekeeping; the next one is published
-            log.warning("could not enqueue session %s (%s); housekeeping will", session_id, exc)
+            publisher.publish(run_session.name, run_session.queue, [[session_id] for session_id in untraced])
+        except Exception as exc:  # noqa: BLE001 - as above, for each of them
+            for session_id in untraced:
+                log.warning("could not enqueue session %s (%s); housekeeping will", session_id, exc)
+
+
+def lines_read(fd: int) -> Iterator[list[bytes]]:
+    """The pipe's whole lines, as many as it holds each time it is read, until it ends (an unfinished last line
+    is one too)."""
+    rest = b""
+    while chunk := os.read(fd, READ_MOST):
+        *whole, rest = (rest + chunk).split(b"\n")
+        if whole:
+            yield whole
+    if rest:
+        yield [rest]
 
 
 def main() -> int:
     from bot.logging_setup import setup_logging
     from chatops.config import load_config
     from chatops.secrets import secrets_of
-    from workers.celery_app import traced
+    from workers.celery_app import app, traced
 
     # The bot's shutdown ends this process, by closing the pipe, once what it holds is published.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     setup_logging(secrets_of(load_config()))
     traced("mm-bot")
-    for line in sys.stdin.buffer:
-        publish(line)
+    publisher = RedisPublisher.for_app(app)
+    for lines in lines_read(sys.stdin.fileno()):
+        publish(lines, publisher)
     return 0
 
 

@@ -6,6 +6,7 @@ does not read makes the bot refuse rather than hold the messages in memory."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import logging
@@ -15,6 +16,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
+from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
@@ -22,7 +24,11 @@ import redis
 
 from bot import hand_off
 from bot.hand_off import HandOff, HandOffError
+from mmbot_helpers import free_port
 from test_bot_inbound import BROKER_DB, Turns, wait_for
+from workers.celery_app import TURNS_QUEUE, app
+from workers.publish import RedisPublisher
+from workers.tasks import run_session
 
 pytestmark = pytest.mark.process  # its tests start processes (mm_testkit/process_guard.py)
 
@@ -150,3 +156,58 @@ def test_a_child_that_does_not_read_makes_the_bot_refuse_instead_of_holding_the_
 
     said = asyncio.run(main())
     assert said.startswith("the hand-off process is behind ("), said
+
+
+def test_the_messages_written_together_are_those_celery_writes_field_for_field(broker_url: str, turns: Turns) -> None:
+    """workers.publish writes kombu's envelope itself: on the real Redis, its message for a session is the one
+    Celery's send_task writes for the same session, but for the ids each message draws; several are pushed in one
+    command, and a worker (BRPOP, from the list's tail) takes them in the order given."""
+    same, *several = sessions(turns, 4)
+    with app.connection_for_write(broker_url) as connection:
+        app.send_task(run_session.name, args=[same], queue=run_session.queue, ignore_result=True, connection=connection)
+    publisher = RedisPublisher(app, broker_url)
+    try:
+        publisher.publish(run_session.name, run_session.queue, [[same]])
+        publisher.publish(run_session.name, run_session.queue, [[s] for s in several])
+    finally:
+        publisher.close()
+
+    ours = {*several, same}
+    written = [m for m in map(json.loads, turns.client.lrange(TURNS_QUEUE, 0, -1)) if argument(m) in ours]
+    taken_first_to_last = [argument(m) for m in reversed(written)]
+    assert taken_first_to_last == [same, same, *several]
+    by_celery, by_us = (without_ids(m) for m in reversed(written[-2:]))
+    assert by_us == by_celery
+    assert by_celery["headers"]["task"] == run_session.name and by_celery["properties"]["delivery_mode"] == 2
+
+
+def argument(message: dict[str, Any]) -> str:
+    args, _kwargs, _embed = json.loads(base64.b64decode(message["body"]))
+    return args[0]
+
+
+def without_ids(message: dict[str, Any]) -> dict[str, Any]:
+    """The message with the ids every message draws anew (the task's, and kombu's delivery tag) taken out, after
+    checking that they are there and agree with each other."""
+    headers, properties = dict(message["headers"]), dict(message["properties"])
+    task_id = headers.pop("id")
+    assert uuid.UUID(task_id) and headers.pop("root_id") == task_id == properties.pop("correlation_id")
+    assert uuid.UUID(properties.pop("delivery_tag"))
+    return message | {"headers": headers, "properties": properties}
+
+
+def test_a_broker_that_refuses_is_said_for_each_session_and_the_child_goes_on() -> None:
+    """Nothing listens where the broker should be: each session read is said in the bot's words (housekeeping
+    enqueues it later), in one line each, and the child reads on until its pipe ends."""
+    ids = [str(uuid.uuid4()) for _ in range(3)]
+    child = subprocess.run(
+        [sys.executable, "-m", "bot.hand_off"],
+        input=b"".join(json.dumps({"session": s}).encode() + b"\n" for s in ids),
+        env=env_for(f"redis://127.0.0.1:{free_port()}/0"),
+        capture_output=True,
+        timeout=60,
+    )
+    assert child.returncode == 0, child.stderr
+    said = [line for line in child.stderr.decode().splitlines() if "could not enqueue session" in line]
+    assert [next(s for s in ids if s in line) for line in said] == ids, said
+    assert all(line.endswith("housekeeping will") for line in said), said
