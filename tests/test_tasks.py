@@ -73,3 +73,31 @@ def test_a_task_logs_with_its_session_and_is_timed_by_how_it_ended(celery_config
     assert seen[-1] is None
     assert runs(probe_the_declaration.name, "ok") == ok + 1
     assert runs(probe_the_declaration.name, "failed") == failed + 1
+
+
+@pytest.mark.parametrize(
+    ("broker", "conf", "direct"),
+    [
+        ("redis://127.0.0.1:6379/0", {}, True),
+        ("redis://:secret@cache.internal:6380/3", {"broker_transport_options": {"visibility_timeout": 60}}, True),
+        ("rediss://cache.internal:6380/0", {}, False),  # TLS: kombu's own settings for it
+        ("redis://a:6379/0;redis://b:6379/0", {}, False),  # a failover list
+        ("redis://127.0.0.1:6379/0", {"broker_transport_options": {"global_keyprefix": "mm:"}}, False),
+        ("redis://127.0.0.1:6379/0", {"task_compression": "gzip"}, False),
+        ("amqp://guest@127.0.0.1//", {}, False),
+        ("sqla+sqlite:///var/broker.sqlite3", {}, False),
+    ],
+)
+def test_the_hand_off_writes_messages_itself_only_to_one_plain_redis(broker: str, conf: dict, direct: bool) -> None:
+    """workers.publish pushes kombu's envelope itself where that is all kombu would do; anywhere else (another
+    transport, a key prefix, compression, several brokers) the hand-off keeps Celery's send_task."""
+    from celery import Celery
+
+    from workers.publish import RedisPublisher
+
+    app = Celery("probe", broker=broker, set_as_current=False)
+    app.conf.update(conf)
+    publisher = RedisPublisher.for_app(app)
+    assert (publisher is not None) is direct
+    if publisher is not None:
+        publisher.close()  # never connected: redis-py connects on the first command

@@ -8,9 +8,10 @@ Celery still builds each message (`amqp.create_task_message`, its headers and bo
 its body; only kombu's envelope, a few fields, is written here, and tests/test_hand_off.py holds it to what
 Celery and kombu write for the same task, field for field, on a real Redis.
 
-It is used only where it is the same thing: a plain `redis://` broker whose transport options name no key
-prefix, and no trace to carry (OpenTelemetry's Celery instrumentation works through `send_task`'s signals). Any
-other broker, or a traced hand-off, goes through `send_task` as before (`for_app` says None).
+It is used only where it is the same thing: one plain `redis://` broker (no failover list) whose transport
+options name no key prefix, messages not compressed, and no trace to carry (OpenTelemetry's Celery
+instrumentation works through `send_task`'s signals). Any other broker, or a traced hand-off, goes through
+`send_task` as before (`for_app` says None).
 """
 
 from __future__ import annotations
@@ -43,7 +44,8 @@ class RedisPublisher:
         """A publisher for the app's broker when it is plain Redis with kombu's own key names; else None."""
         url = app.conf.broker_url or ""
         options = app.conf.broker_transport_options or {}
-        if not url.startswith("redis://") or options.get("global_keyprefix") or app.conf.task_compression:
+        plain = url.startswith("redis://") and ";" not in url  # not a list of brokers to fail over between
+        if not plain or options.get("global_keyprefix") or app.conf.task_compression:
             return None
         return cls(app, url)
 
