@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NotRequired, TypedDict, Unpack
 
 from sqlalchemy import JSON, Connection, Engine, bindparam, delete, exists, insert, select, update
 from sqlalchemy.dialects import postgresql, sqlite
@@ -44,19 +44,7 @@ class Recorded:
     busy: bool
 
 
-def record_message(
-    engine: Engine,
-    *,
-    channel_id: str,
-    thread_ts: str,
-    message_ts: str,
-    user_id: str | None,
-    text: str,
-    team_id: str | None = None,
-    assistant_thread: bool = False,
-    command: InboxCommand | None = None,
-    files: list[dict[str, Any]] | None = None,
-) -> Recorded:
+def record_message(engine: Engine, **message: Unpack[Message]) -> Recorded:
     """Keep a message for the thread's agent (creating the thread's session) and mark the session queued. With
     `command`, the row is a thread command (new, compact, ask, yolo) that the worker carries out in its turn.
     `files`: what Slack said of the files the message carries (bot.shapes.shared_files), downloaded by the
@@ -65,49 +53,42 @@ def record_message(
     One transaction, and the fewest statements that do it (the bot runs this before every ack): find the
     session, or create it already queued; insert the message unless it is there (a redelivery, a mention's
     twin); queue an idle session."""
-    values = message_values(
-        channel_id=channel_id,
-        thread_ts=thread_ts,
-        message_ts=message_ts,
-        user_id=user_id,
-        text=text,
-        team_id=team_id,
-        assistant_thread=assistant_thread,
-        command=command,
-        files=files,
-    )
+    values = message_values(**message)
     for _ in range(2):
         try:
             with engine.begin() as conn:
                 return record_on(conn, values)
         except IntegrityError:
             continue  # another bot created the session between our read and our insert: read it again
-    raise RuntimeError(f"could not record a message of {channel_id}/{thread_ts}")
+    raise RuntimeError(f"could not record a message of {message['channel_id']}/{message['thread_ts']}")
 
 
-def message_values(
-    *,
-    channel_id: str,
-    thread_ts: str,
-    message_ts: str,
-    user_id: str | None,
-    text: str,
-    team_id: str | None = None,
-    assistant_thread: bool = False,
-    command: InboxCommand | None = None,
-    files: list[dict[str, Any]] | None = None,
-) -> dict[str, Any]:
+class Message(TypedDict):
+    """A Slack message for a thread's agent, as record_message and message_values take it."""
+
+    channel_id: str
+    thread_ts: str
+    message_ts: str
+    user_id: str | None
+    text: str
+    team_id: NotRequired[str | None]
+    assistant_thread: NotRequired[bool]
+    command: NotRequired[InboxCommand | None]
+    files: NotRequired[list[dict[str, Any]] | None]
+
+
+def message_values(**message: Unpack[Message]) -> dict[str, Any]:
     """A message's parameters for the statements below (record_on's: record_message's, and the bot's before its ack)."""
     return {
-        "p_channel": channel_id,
-        "p_thread": thread_ts,
-        "p_team": team_id,
-        "p_user": user_id,
-        "p_assistant": assistant_thread,
-        "p_message_ts": message_ts,
-        "p_text": text,
-        "p_command": command,
-        "p_files": files or None,
+        "p_channel": message["channel_id"],
+        "p_thread": message["thread_ts"],
+        "p_team": message.get("team_id"),
+        "p_user": message["user_id"],
+        "p_assistant": message.get("assistant_thread", False),
+        "p_message_ts": message["message_ts"],
+        "p_text": message["text"],
+        "p_command": message.get("command"),
+        "p_files": message.get("files") or None,
     }
 
 
