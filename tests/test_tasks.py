@@ -84,6 +84,7 @@ def test_a_task_logs_with_its_session_and_is_timed_by_how_it_ended(celery_config
         ("redis://a:6379/0;redis://b:6379/0", {}, False),  # a failover list
         ("redis://127.0.0.1:6379/0", {"broker_transport_options": {"global_keyprefix": "mm:"}}, False),
         ("redis://127.0.0.1:6379/0", {"task_compression": "gzip"}, False),
+        ("redis://127.0.0.1:6379/0", {"task_default_priority": 5}, False),  # kombu's list for that priority
         ("amqp://guest@127.0.0.1//", {}, False),
         ("sqla+sqlite:///var/broker.sqlite3", {}, False),
     ],

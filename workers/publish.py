@@ -9,9 +9,9 @@ its body; only kombu's envelope, a few fields, is written here, and tests/test_h
 Celery and kombu write for the same task, field for field, on a real Redis.
 
 It is used only where it is the same thing: one plain `redis://` broker (no failover list) whose transport
-options name no key prefix, messages not compressed, and no trace to carry (OpenTelemetry's Celery
-instrumentation works through `send_task`'s signals). Any other broker, or a traced hand-off, goes through
-`send_task` as before (`for_app` says None).
+options name no key prefix, messages neither compressed nor given a priority (a list of its own), and no trace
+to carry (OpenTelemetry's Celery instrumentation works through `send_task`'s signals). Any other broker, or a
+traced hand-off, goes through `send_task` as before (`for_app` says None).
 """
 
 from __future__ import annotations
@@ -45,7 +45,8 @@ class RedisPublisher:
         url = app.conf.broker_url or ""
         options = app.conf.broker_transport_options or {}
         plain = url.startswith("redis://") and ";" not in url  # not a list of brokers to fail over between
-        if not plain or options.get("global_keyprefix") or app.conf.task_compression:
+        kombus_own = options.get("global_keyprefix") or app.conf.task_compression or app.conf.task_default_priority
+        if not plain or kombus_own:
             return None
         return cls(app, url)
 
