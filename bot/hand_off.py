@@ -5,9 +5,9 @@ in 0.7 ms of CPU alone and 1.5-2 ms beside the bot's requests (bench/bench_inbou
 and the ack of the message together, and on a thread of the bot it holds the same interpreter as the event
 loop that acks. So the bot writes one line a session into the pipe of a child process (`python -m
 bot.hand_off`, started with the server), and the bot's part is a write to a pipe. The child publishes the lines
-it reads at once together: on a Redis broker in one LPUSH of the messages Celery builds (workers.publish, a
-quarter of `send_task`'s cost a message), with Celery's own `send_task` on any other broker and for a traced
-hand-off.
+it reads at once together: on a Redis broker in one LPUSH of the messages Celery builds (workers.publish, half
+of `send_task`'s cost a message, a quarter when four are read at once), with Celery's own `send_task` on any
+other broker and for a traced hand-off.
 
 Nothing is lost with it. A session is handed off only once its message, click or command is recorded, and
 housekeeping enqueues every session with work that nobody took (chatops.sessions.sessions_with_work): what a

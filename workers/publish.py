@@ -52,7 +52,8 @@ class RedisPublisher:
 
     def publish(self, name: str, queue: str, calls: Sequence[list[Any]]) -> None:
         """One message of task `name` on `queue` for each list of arguments, in their order, in one round trip;
-        redis.RedisError when the broker did not take them (some may have been taken)."""
+        redis.RedisError when the broker did not take them (all or none: one command; a connection lost after
+        it was sent leaves that unknown, and housekeeping's enqueue of them again is harmless)."""
         if calls:
             # One LPUSH of several values pushes them one after the other: the list holds them as that many LPUSHes
             # would, and a worker's BRPOP takes the first one first.
