@@ -17,6 +17,7 @@ traced hand-off, goes through `send_task` as before (`for_app` says None).
 from __future__ import annotations
 
 import base64
+import functools
 import uuid
 from collections.abc import Sequence
 from typing import Any
@@ -38,6 +39,9 @@ class RedisPublisher:
         self._client = redis.Redis.from_url(
             url, socket_timeout=SOCKET_TIMEOUT_S, socket_connect_timeout=SOCKET_TIMEOUT_S, health_check_interval=25
         )
+        # Read from Celery's configuration once, not for every message (a sixteenth of the child's time).
+        self._serializer = app.conf.task_serializer
+        self._reply_to = app.thread_oid  # the child publishes from its one thread
 
     @classmethod
     def for_app(cls, app: Any) -> RedisPublisher | None:
@@ -57,35 +61,39 @@ class RedisPublisher:
         if calls:
             # One LPUSH of several values pushes them one after the other: the list holds them as that many LPUSHes
             # would, and a worker's BRPOP takes the first one first.
-            self._client.lpush(queue, *(dumps(envelope(self._app, name, queue, args)) for args in calls))
+            mode = self._delivery_mode(queue)
+            self._client.lpush(queue, *(dumps(self.envelope(name, queue, mode, args)) for args in calls))
 
     def close(self) -> None:
         self._client.close()
 
+    @functools.cache  # noqa: B019 - one publisher a process, and a queue or two
+    def _delivery_mode(self, queue: str) -> int:
+        """How Celery asks the broker to keep the queue's messages (2: on disk), as send_task_message decides it."""
+        declared = self._app.amqp.queues[queue]
+        return int(maybe_delivery_mode(declared.exchange.delivery_mode or self._app.conf.task_default_delivery_mode))
 
-def envelope(app: Any, name: str, queue: str, args: list[Any]) -> dict[str, Any]:
-    """The JSON object kombu's Redis transport pushes for `app.send_task(name, args, queue=queue,
-    ignore_result=True)`, with ids of its own."""
-    task_id = str(uuid.uuid4())
-    headers, properties, body, _ = app.amqp.create_task_message(
-        task_id, name, args, {}, reply_to=app.thread_oid, ignore_result=True
-    )
-    content_type, content_encoding, data = serialization.dumps(body, serializer=app.conf.task_serializer)
-    declared = app.amqp.queues[queue]
-    mode = maybe_delivery_mode(declared.exchange.delivery_mode or app.conf.task_default_delivery_mode)
-    data = data.encode() if isinstance(data, str) else data
-    return {
-        "body": base64.b64encode(data).decode(),
-        "content-encoding": content_encoding,
-        "content-type": content_type,
-        "headers": headers,
-        "properties": {
-            **properties,
-            "delivery_mode": mode,
-            # Celery sends a direct queue's messages through the nameless exchange, routed by the queue's name.
-            "delivery_info": {"exchange": "", "routing_key": queue},
-            "priority": 0,
-            "body_encoding": "base64",
-            "delivery_tag": str(uuid.uuid4()),
-        },
-    }
+    def envelope(self, name: str, queue: str, mode: int, args: list[Any]) -> dict[str, Any]:
+        """The JSON object kombu's Redis transport pushes for `app.send_task(name, args, queue=queue,
+        ignore_result=True)`, with ids of its own."""
+        task_id = str(uuid.uuid4())
+        headers, properties, body, _ = self._app.amqp.create_task_message(
+            task_id, name, args, {}, reply_to=self._reply_to, ignore_result=True
+        )
+        content_type, content_encoding, data = serialization.dumps(body, serializer=self._serializer)
+        data = data.encode() if isinstance(data, str) else data
+        return {
+            "body": base64.b64encode(data).decode(),
+            "content-encoding": content_encoding,
+            "content-type": content_type,
+            "headers": headers,
+            "properties": {
+                **properties,
+                "delivery_mode": mode,
+                # Celery sends a direct queue's messages through the nameless exchange, routed by the queue's name.
+                "delivery_info": {"exchange": "", "routing_key": queue},
+                "priority": 0,
+                "body_encoding": "base64",
+                "delivery_tag": str(uuid.uuid4()),
+            },
+        }
