@@ -14,7 +14,7 @@ from sqlalchemy import Engine, func, select, text
 from bot.before_ack import DatabaseSilent
 from bot.inbox_writer import InboxWriter
 from chatops import inbox
-from chatops.inbox_async import async_inbox
+from chatops.inbox_async import PgInbox, async_inbox
 from chatops.schema import InboxMessage, Session, SessionStatus
 from chatops.store import set_status
 from test_record_before_ack import stalls_on_purpose
@@ -231,3 +231,60 @@ def test_a_batch_is_cut_into_statements_of_distinct_threads_in_order() -> None:
     )
     assert rounds([a1, b1, a2, c1, a3, b2]) == [[0, 1, 3], [2, 5], [4]]
     assert rounds([]) == []
+
+
+def test_a_record_finds_its_thread_by_index_however_few_sessions_there_were_when_its_plan_was_made(
+    fresh_pg_url: str,
+) -> None:
+    """A new install: the record's statement is prepared, and its plan kept, while `sessions` holds a handful of
+    rows. Thousands of sessions later, a message still finds its thread through the index: the server's count of
+    sequential scans of `sessions` does not move while five more messages are kept."""
+    import time
+
+    from chatops import db
+
+    db.migrate(fresh_pg_url)
+    engine = db.engine_for(fresh_pg_url)
+    scans = text("SELECT seq_scan, idx_scan FROM pg_stat_user_tables WHERE relname = 'sessions'")
+
+    def counts() -> tuple[int, int]:
+        with engine.connect() as conn:
+            conn.execute(text("SELECT pg_stat_clear_snapshot()"))
+            seq, idx = conn.execute(scans).one()
+            return seq, idx
+
+    async def scenario(writer: InboxWriter) -> tuple[tuple[int, int], tuple[int, int]]:
+        # Enough uses on a nearly empty table for psycopg to prepare the statement and the server to keep one
+        # plan for it (a generic plan, after five custom ones).
+        for _ in range(20):
+            root = thread()
+            await writer.write(message(root, root))
+        with engine.begin() as conn:
+            conn.execute(
+                text(
+                    "INSERT INTO sessions (id, kind, channel_id, thread_ts, status, lease_token, event_seq, "
+                    "assistant_thread, created_at, updated_at) SELECT md5(n::text), 'thread', 'C0OTHER', n::text, "
+                    "'idle', 0, 0, false, now(), now() FROM generate_series(1, 5000) n"
+                )
+            )
+        before = counts()
+        for _ in range(5):
+            root = thread()
+            await writer.write(message(root, root))
+        # The server publishes a connection's counts when it goes idle, at most once a second (else ten seconds
+        # later): the pool's connections ask for it at their next idle moment.
+        assert isinstance(writer.inbox, PgInbox)
+        for conn in writer.inbox._idle:  # pyright: ignore[reportPrivateUsage] - the connections the records used
+            await conn.execute("SELECT pg_stat_force_next_flush()")
+            await conn.rollback()
+        deadline = time.monotonic() + 20
+        while (after := counts())[1] < before[1] + 5 and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+        return before, after
+
+    try:
+        before, after = run(engine, scenario)
+    finally:
+        engine.dispose()
+    assert after[1] >= before[1] + 5, f"the server never published the records' lookups: {before} → {after}"
+    assert after[0] == before[0], f"a record scanned the whole sessions table: {before} → {after}"
