@@ -30,7 +30,7 @@ from sqlalchemy.exc import IntegrityError
 
 from bot.before_ack import DEADLINE_S, DatabaseSilent, Unsure
 from chatops.inbox import Recorded
-from chatops.inbox_async import AsyncInbox
+from chatops.inbox_async import AsyncInbox, CommitUnknown
 
 log = logging.getLogger("mm.bot")
 
@@ -174,26 +174,30 @@ class InboxWriter:
         return batch
 
     async def _batch(self, batch: list[_Waiter], again: bool = True) -> None:
-        """The batch in one transaction, each waiter answered once it is committed; on a failure before the
-        commit, one by one (a message alone is tried again once after an IntegrityError: another bot created
+        """The batch kept and committed at once, each waiter answered once it is committed; on a failure that kept
+        nothing, one by one (a message alone is tried again once after an IntegrityError: another bot created
         its session between our read and our insert)."""
+
+        def committing() -> bool:
+            # The point of no return: a waiter given up before it is never kept. No await between the check and
+            # the marks: none can be given up in between.
+            if any(w.state != "open" for w in batch):
+                return False
+            for waiter in batch:
+                waiter.state = "committing"
+            return True
+
         try:
-            async with self.inbox.transaction() as transaction:
-                results = await transaction.keep([w.values for w in batch])
-                if any(w.state != "open" for w in batch):
-                    # Given up meanwhile: never committed. The others go back to the front of the queue.
-                    await transaction.rollback()
-                    self._waiting.extendleft(reversed([w for w in batch if w.state == "open"]))
-                    self._start()
-                    return
-                for waiter in batch:  # no await since the check: none can be given up in between
-                    waiter.state = "committing"
-                await transaction.commit()
-        except Exception as exc:  # noqa: BLE001 - whatever it is, the waiters are told (or the batch split)
-            if any(w.state == "committing" for w in batch):  # the commit itself failed: its outcome is unknown
-                for waiter in batch:
-                    waiter.settle(error=exc)
-            elif len(batch) > 1:
+            results = await self.inbox.keep([w.values for w in batch], committing)
+        except CommitUnknown as exc:  # the commit itself failed: its outcome is unknown
+            for waiter in batch:
+                waiter.settle(error=exc)
+            return
+        except Exception as exc:  # noqa: BLE001 - whatever it is, nothing was kept: the waiters are told (or the batch split)
+            for waiter in batch:
+                if waiter.state == "committing":
+                    waiter.state = "open"
+            if len(batch) > 1:
                 log.info("a batch of %d records failed (%s); writing them one by one", len(batch), type(exc).__name__)
                 for waiter in batch:
                     if waiter.state == "open":
@@ -202,6 +206,11 @@ class InboxWriter:
                 await self._batch(batch, again=False)
             else:
                 batch[0].settle(error=exc)
+            return
+        if results is None:
+            # Given up meanwhile: never committed. The others go back to the front of the queue.
+            self._waiting.extendleft(reversed([w for w in batch if w.state == "open"]))
+            self._start()
             return
         for waiter, result in zip(batch, results, strict=True):
             waiter.settle(result)

@@ -6,11 +6,16 @@ queued):
 
 - PostgreSQL (`PgInbox`): psycopg's async connections, with one statement for a batch of messages of distinct
   threads (find or create each session, keep each message unless it is there, queue an idle session:
-  PG_RECORD), prepared by the server after its first few uses, so that a batch costs one round trip (a second
-  for a thread's second message) and one commit; a pool of its own.
+  PG_RECORD), prepared by the server after its first few uses. The statement is its own transaction (the
+  connections are in autocommit), so that a batch costs one round trip, commit included; a batch that holds a
+  thread's second message takes a transaction of several statements. A pool of its own.
   Its errors are SQLAlchemy's (IntegrityError, DataError, OperationalError), as the threaded engine raises them.
 - anything else, SQLite first (`SqlInbox`): SQLAlchemy's asyncio extension (aiosqlite), record_message's
   statements one by one inside the batch's transaction.
+
+Either way a batch has one point of no return, the commit or the statement that commits itself: `keep` asks its
+caller right before it (`committing`), so that a message given up before that point is never kept, and an
+error after it is CommitUnknown.
 """
 
 from __future__ import annotations
@@ -18,32 +23,29 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any, Protocol, cast
 
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, StatementError
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from chatops import db
+from chatops.errors import ChatopsError
 from chatops.inbox import Recorded, record_in, session_in
 from chatops.schema import SessionKind, SessionStatus, new_id, utcnow
 
 
-class Transaction(Protocol):
-    async def keep(self, messages: list[dict[str, Any]]) -> list[Recorded]:
-        """Each message (chatops.inbox.message_values) kept in this transaction, in order."""
-        ...
-
-    async def commit(self) -> None: ...
-
-    async def rollback(self) -> None: ...
+class CommitUnknown(ChatopsError):
+    """The database failed after the point of no return (the commit under way): the messages may be kept."""
 
 
 class AsyncInbox(Protocol):
-    def transaction(self) -> Any:
-        """An async context manager: a Transaction on a connection of the pool, rolled back unless committed."""
+    async def keep(self, messages: list[dict[str, Any]], committing: Callable[[], bool]) -> list[Recorded] | None:
+        """Each message (chatops.inbox.message_values) kept and committed, in order. `committing()` is asked right
+        before the point of no return; when it says no, nothing is kept and the answer is None. CommitUnknown when
+        the database failed after that point; any other error: nothing was kept."""
         ...
 
     async def session_of(self, channel_id: str, thread_ts: str) -> str | None: ...
@@ -65,12 +67,17 @@ class SqlInbox:
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
 
-    @asynccontextmanager
-    async def transaction(self) -> AsyncIterator[Transaction]:
+    async def keep(self, messages: list[dict[str, Any]], committing: Callable[[], bool]) -> list[Recorded] | None:
         async with self.engine.connect() as conn:
-            yield _SqlTransaction(conn)
-            if conn.in_transaction():
+            kept = [await record_in(conn, values) for values in messages]
+            if not committing():
                 await conn.rollback()
+                return None
+            try:
+                await conn.commit()
+            except Exception as exc:
+                raise CommitUnknown("the database failed while committing") from exc
+            return kept
 
     async def session_of(self, channel_id: str, thread_ts: str) -> str | None:
         async with self.engine.connect() as conn:
@@ -78,20 +85,6 @@ class SqlInbox:
 
     async def close(self) -> None:
         await self.engine.dispose()
-
-
-class _SqlTransaction:
-    def __init__(self, conn: AsyncConnection) -> None:
-        self.conn = conn
-
-    async def keep(self, messages: list[dict[str, Any]]) -> list[Recorded]:
-        return [await record_in(self.conn, values) for values in messages]
-
-    async def commit(self) -> None:
-        await self.conn.commit()
-
-    async def rollback(self) -> None:
-        await self.conn.rollback()
 
 
 def _busy(status: str | None) -> bool:
@@ -232,19 +225,19 @@ class PgInbox:
                 await _drop(conn)
             self._slots.release()
 
-    @asynccontextmanager
-    async def transaction(self) -> AsyncIterator[Transaction]:
+    async def keep(self, messages: list[dict[str, Any]], committing: Callable[[], bool]) -> list[Recorded] | None:
         import psycopg
 
         try:
             async with self._connection() as conn:
-                yield _PgTransaction(conn)
-                if conn.info.transaction_status != _IDLE:  # neither committed nor rolled back: rolled back
-                    await conn.rollback()
+                return await _keep(conn, messages, committing)
         except psycopg.Error as exc:
             if isinstance(exc, psycopg.OperationalError):
                 await self._forget_idle()
             raise _translated(exc) from exc
+        except CommitUnknown:
+            await self._forget_idle()
+            raise
 
     async def session_of(self, channel_id: str, thread_ts: str) -> str | None:
         import psycopg
@@ -253,7 +246,6 @@ class PgInbox:
             async with self._connection() as conn:
                 cur = await conn.execute(PG_SESSION, (channel_id, thread_ts))
                 found = await cur.fetchone()
-                await conn.rollback()
                 return found[0] if found else None
         except psycopg.OperationalError as exc:
             await self._forget_idle()
@@ -271,39 +263,60 @@ class PgInbox:
         await self._forget_idle()
 
 
-class _PgTransaction:
-    def __init__(self, conn: Any) -> None:
-        self.conn = conn
-
-    async def keep(self, messages: list[dict[str, Any]]) -> list[Recorded]:
-        now = utcnow()
-        recorded: list[Recorded | None] = [None] * len(messages)
-        for part in rounds(messages):
-            columns: dict[str, Any] = {name: [messages[i][name] for i in part] for name in _COLUMNS}
-            columns["p_id"] = [new_id() for _ in part]
-            columns["p_command"] = [c.value if c is not None else None for c in columns["p_command"]]
-            columns["p_files"] = [json.dumps(f) if f is not None else None for f in columns["p_files"]]
-            cursor = await self.conn.execute(PG_RECORD, columns | {"p_now": now})
-            for ord_, session_id, status, new in await cursor.fetchall():
-                recorded[part[ord_ - 1]] = Recorded(session_id, new=new, busy=new and _busy(status))
-        if any(r is None for r in recorded):  # every message has its session: a statement that did not say is a bug
-            raise RuntimeError("the inbox's statement left a message without its session")
-        return cast(list[Recorded], recorded)
-
-    async def commit(self) -> None:
-        await self.conn.commit()
-
-    async def rollback(self) -> None:
-        await self.conn.rollback()
+def _parameters(messages: list[dict[str, Any]], part: list[int], now: Any) -> dict[str, Any]:
+    """PG_RECORD's parameters for the messages of `part`: a column each, an element a message."""
+    columns: dict[str, Any] = {name: [messages[i][name] for i in part] for name in _COLUMNS}
+    columns["p_id"] = [new_id() for _ in part]
+    columns["p_command"] = [c.value if c is not None else None for c in columns["p_command"]]
+    columns["p_files"] = [json.dumps(f) if f is not None else None for f in columns["p_files"]]
+    return columns | {"p_now": now}
 
 
-_IDLE = 0  # psycopg.pq.TransactionStatus.IDLE
+async def _keep(conn: Any, messages: list[dict[str, Any]], committing: Callable[[], bool]) -> list[Recorded] | None:
+    """PgInbox.keep on one connection (autocommit): one statement, its own transaction, when the messages are of
+    distinct threads; else a transaction of one statement a round (rounds)."""
+    import psycopg
+
+    now = utcnow()
+    parts = rounds(messages)
+    recorded: list[Recorded | None] = [None] * len(messages)
+
+    async def statement(part: list[int]) -> None:
+        cursor = await conn.execute(PG_RECORD, _parameters(messages, part, now))
+        for ord_, session_id, status, new in await cursor.fetchall():
+            recorded[part[ord_ - 1]] = Recorded(session_id, new=new, busy=new and _busy(status))
+
+    if len(parts) == 1:
+        if not committing():
+            return None
+        try:
+            await statement(parts[0])
+        except psycopg.Error as exc:
+            # The server's own refusal (a constraint, a timeout) ended the statement and its transaction; a
+            # connection lost on the way leaves its commit unknown.
+            if conn.broken or conn.closed:
+                raise CommitUnknown("the database failed while the record committed itself") from exc
+            raise
+    else:
+        await conn.execute("BEGIN")
+        for part in parts:
+            await statement(part)
+        if not committing():
+            await conn.execute("ROLLBACK")
+            return None
+        try:
+            await conn.execute("COMMIT")
+        except psycopg.Error as exc:
+            raise CommitUnknown("the database failed while committing") from exc
+    if any(r is None for r in recorded):  # every message has its session: a statement that did not say is a bug
+        raise RuntimeError("the inbox's statement left a message without its session")
+    return cast(list[Recorded], recorded)
 
 
 async def _connect(conninfo: str, options: dict[str, Any]) -> Any:
     import psycopg
 
-    return await psycopg.AsyncConnection.connect(conninfo, **options)
+    return await psycopg.AsyncConnection.connect(conninfo, autocommit=True, **options)
 
 
 async def _drop(conn: Any) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, func, select, text
 
-from bot.before_ack import DatabaseSilent
+from bot.before_ack import DatabaseSilent, Unsure
 from bot.inbox_writer import InboxWriter
 from chatops import inbox
 from chatops.inbox_async import PgInbox, async_inbox
@@ -113,24 +113,40 @@ def test_a_message_that_cannot_be_kept_fails_alone_and_the_others_of_its_batch_a
 
 
 def test_a_message_given_up_before_its_commit_is_never_kept(engine: Engine) -> None:
-    root, later = thread(), thread()
+    """The first message's batch waits on a lock; the second waits behind it (one writer) and is given up at its
+    deadline: it is never kept. The first one's answer says what became of it: on PostgreSQL its statement,
+    which commits itself, was sent (Unsure, then kept); on SQLite its transaction had not reached its commit
+    (DatabaseSilent, never kept)."""
+    first, given_up, later = thread(), thread(), thread()
     # The blocker holds the inbox (PostgreSQL) or the database's write lock (SQLite); the writer's own waits
-    # are longer than the deadline, so that its waiter gives up first, while its batch waits on the lock.
+    # are longer than the deadline, so that its waiters give up first, while its batch waits on the lock.
     lock = "LOCK TABLE inbox IN EXCLUSIVE MODE" if engine.dialect.name == "postgresql" else "SELECT 1"
 
-    async def scenario(writer: InboxWriter) -> inbox.Recorded:
+    async def scenario(writer: InboxWriter) -> tuple[BaseException, object, inbox.Recorded]:
         with engine.begin() as blocker:
             stalls_on_purpose(blocker)
             blocker.execute(text(lock))
+            stuck = asyncio.ensure_future(writer.write(message(first, first, "stuck")))
+            await asyncio.sleep(0.3)  # its batch is under way, waiting on the lock
             with pytest.raises(DatabaseSilent):
-                await writer.write(message(root, root, "given up"))
+                await writer.write(message(given_up, given_up, "given up"))
+            answer = await asyncio.gather(stuck, return_exceptions=True)
+        assert isinstance(answer[0], DatabaseSilent | Unsure), answer
+        outcome = answer[0].outcome if isinstance(answer[0], Unsure) else None
+        kept_first = await asyncio.gather(outcome, return_exceptions=True) if outcome is not None else [None]
         # The lock is gone and the batch goes on; one writer: once the next message is kept, it is over.
-        return await writer.write(message(later, later, "kept"))
+        return answer[0], kept_first[0], await writer.write(message(later, later, "kept"))
 
-    assert run(engine, scenario, wait_s=10, writers=1).new
-    assert kept(engine, root) == [] and kept(engine, later) == ["kept"]
+    first_answer, first_outcome, later_answer = run(engine, scenario, wait_s=10, writers=1)
+    assert later_answer.new
+    assert kept(engine, given_up) == [] and kept(engine, later) == ["kept"]
     with engine.connect() as conn:
-        assert conn.execute(select(func.count()).where(Session.thread_ts == root)).scalar_one() == 0
+        assert conn.execute(select(func.count()).where(Session.thread_ts == given_up)).scalar_one() == 0
+    if isinstance(first_answer, Unsure):
+        assert isinstance(first_outcome, inbox.Recorded) and first_outcome.new
+        assert kept(engine, first) == ["stuck"]
+    else:
+        assert kept(engine, first) == []
 
 
 class RecordingInbox:
@@ -140,27 +156,12 @@ class RecordingInbox:
     def __init__(self) -> None:
         self.batches: list[list[tuple[str, str, str]]] = []
 
-    def transaction(self) -> Any:
-        inbox_ = self
-
-        class Transaction:
-            async def __aenter__(self) -> Transaction:
-                return self
-
-            async def __aexit__(self, *exc: object) -> None:
-                return None
-
-            async def keep(self, messages: list[dict[str, Any]]) -> list[inbox.Recorded]:
-                inbox_.batches.append([(m["p_channel"], m["p_thread"], m["p_message_ts"]) for m in messages])
-                return [inbox.Recorded("S", new=True, busy=False) for _ in messages]
-
-            async def commit(self) -> None:
-                await asyncio.sleep(0)
-
-            async def rollback(self) -> None:
-                return None
-
-        return Transaction()
+    async def keep(self, messages: list[dict[str, Any]], committing: Any) -> list[inbox.Recorded] | None:
+        self.batches.append([(m["p_channel"], m["p_thread"], m["p_message_ts"]) for m in messages])
+        await asyncio.sleep(0)
+        if not committing():
+            return None
+        return [inbox.Recorded("S", new=True, busy=False) for _ in messages]
 
     async def session_of(self, channel_id: str, thread_ts: str) -> str | None:
         return None
