@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -211,3 +212,22 @@ def test_a_broker_that_refuses_is_said_for_each_session_and_the_child_goes_on() 
     said = [line for line in child.stderr.decode().splitlines() if "could not enqueue session" in line]
     assert [next(s for s in ids if s in line) for line in said] == ids, said
     assert all(line.endswith("housekeeping will") for line in said), said
+
+
+def test_the_lines_right_behind_the_first_are_read_with_it_and_the_pipe_end_ends_the_reading() -> None:
+    read_end, write_end = os.pipe()
+    try:
+        os.write(write_end, b"one\n")
+        late = threading.Timer(0.05, lambda: os.write(write_end, b"two\nthr"))
+        late.start()
+        lines = hand_off.lines_read(read_end, gather_s=1.0)
+        assert next(lines) == [b"one", b"two"]  # read together: one publish
+        late.join()
+        os.write(write_end, b"ee\n")
+        os.close(write_end)
+        write_end = -1
+        assert list(lines) == [[b"three"]]
+    finally:
+        os.close(read_end)
+        if write_end != -1:
+            os.close(write_end)
