@@ -42,6 +42,7 @@ from bot.before_ack import WAIT_S, release_threads
 from bot.errors import BotError
 from bot.logging_setup import REFUSED, setup_logging
 from chatops.config import SLACK_DOCS
+from chatops.heap import freeze_loaded
 from chatops.secrets import secrets_of
 from slackio.metrics import serve_metrics
 from workers.celery_app import traced
@@ -307,6 +308,7 @@ def serve(config: Config, host: str, port: int, socket_mode: bool = False, quiet
             file=sys.stderr,
             flush=True,
         )
+    freeze_loaded()  # what start-up loaded is kept for the process's life: no full collection walks it again
     try:
         # Slack never compresses what it sends: bodies are taken as sent (a compressed one does not verify).
         web.run_app(web_app, host=host, port=port, print=announce, access_log=None, auto_decompress=False)

@@ -192,6 +192,16 @@ def trace_beat(**_: Any) -> None:
     traced("mm-beat")  # a no-op in a worker that embeds its beat (-B): configured once
 
 
+@signals.worker_ready.connect
+@signals.worker_process_init.connect
+def freeze_what_is_loaded(**_: Any) -> None:
+    # Once the process that runs the turns has started (the threads pool's, or a prefork child): what it loaded
+    # is kept for its life, and no full collection pauses its turns to walk it again (chatops.heap).
+    from chatops.heap import freeze_loaded
+
+    freeze_loaded()
+
+
 @signals.celeryd_after_setup.connect
 def warn_when_unsandboxed(instance: WorkController, **_: Any) -> None:
     # Once Celery has set up its logging, so that the warning is a line of the worker's log like the others.
