@@ -31,8 +31,24 @@ def bench_database() -> Iterator[str]:
         db.migrate(url)
         yield url
     finally:
+        with contextlib.suppress(psycopg.Error):
+            print(sequential_scans(make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)))
         with psycopg.connect(admin, autocommit=True, connect_timeout=5) as conn:
             conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+def sequential_scans(libpq_url: str) -> str:
+    """The rows the server read by sequential scans, a table: a statement whose plan scans a table it should
+    look up by key shows here as a count that grows with the run."""
+    import psycopg
+
+    with psycopg.connect(libpq_url, connect_timeout=5) as conn:
+        rows = conn.execute(
+            "SELECT relname, seq_scan, seq_tup_read FROM pg_stat_user_tables WHERE seq_tup_read > 0 "
+            "ORDER BY seq_tup_read DESC LIMIT 6"
+        ).fetchall()
+    said = ", ".join(f"{name} {reads:,} rows in {scans:,} scans" for name, scans, reads in rows)
+    return f"rows read by sequential scans: {said or 'none'}"
 
 
 def named(comm: str) -> list[int]:
