@@ -294,7 +294,7 @@ async def _keep(conn: Any, messages: list[dict[str, Any]], committing: Callable[
         except psycopg.Error as exc:
             # The server's own refusal (a constraint, a timeout) ended the statement and its transaction; a
             # connection lost on the way leaves its commit unknown.
-            if conn.broken or conn.closed:
+            if conn.closed:  # psycopg closes a connection it lost (`broken`)
                 raise CommitUnknown("the database failed while the record committed itself") from exc
             raise
     else:

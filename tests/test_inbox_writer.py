@@ -289,3 +289,40 @@ def test_a_record_finds_its_thread_by_index_however_few_sessions_there_were_when
         engine.dispose()
     assert after[1] >= before[1] + 5, f"the server never published the records' lookups: {before} → {after}"
     assert after[0] == before[0], f"a record scanned the whole sessions table: {before} → {after}"
+
+
+def test_a_connection_lost_while_a_batch_commits_itself_is_unsure_and_the_next_batch_reconnects(pg_url: str) -> None:
+    """The batch's statement, which commits itself, was sent, and its connection is lost before the answer: its
+    waiter cannot know (Unsure, with nothing to wait for); the pool drops that connection and the next message
+    is kept on a new one."""
+    from chatops import db
+
+    db.migrate(pg_url)
+    engine = db.engine_for(pg_url)
+    lost, later = thread(), thread()
+
+    async def scenario(writer: InboxWriter) -> tuple[BaseException | inbox.Recorded, inbox.Recorded]:
+        with engine.begin() as blocker:
+            stalls_on_purpose(blocker)
+            blocker.execute(text("LOCK TABLE inbox IN EXCLUSIVE MODE"))
+            answer = asyncio.ensure_future(writer.write(message(lost, lost, "lost")))
+            waiting = text(
+                "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()"
+            )
+            for _ in range(100):
+                blocker.execute(text("SELECT pg_stat_clear_snapshot()"))  # else the transaction's first look
+                if pids := blocker.execute(waiting).scalars().all():
+                    break
+                await asyncio.sleep(0.05)
+            assert pids, "the batch never waited on the lock"
+            blocker.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pids[0]})
+            first = (await asyncio.gather(answer, return_exceptions=True))[0]
+        return first, await writer.write(message(later, later, "kept"))
+
+    try:
+        first, second = run(engine, scenario, wait_s=10, writers=1)
+        assert isinstance(first, Unsure) and first.outcome is None, first
+        assert second.new and kept(engine, later) == ["kept"]
+        assert kept(engine, lost) == []  # the server ended it before its commit; the waiter could not know that
+    finally:
+        engine.dispose()
