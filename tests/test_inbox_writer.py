@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -309,7 +310,7 @@ def test_a_connection_lost_while_a_batch_commits_itself_is_unsure_and_the_next_b
             waiting = text(
                 "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()"
             )
-            pids: list[int] = []
+            pids: Sequence[int] = ()
             for _ in range(100):
                 blocker.execute(text("SELECT pg_stat_clear_snapshot()"))  # else the transaction's first look
                 if pids := blocker.execute(waiting).scalars().all():
