@@ -36,7 +36,8 @@ class ReplayServer(ThreadedAiohttpServer):
         self.blocks: list[bytes] = []
         self.ports: list[int] = []
         self.hold = 0.0  # seconds the body stays open after the last block
-        self.bodies_ended = 0
+        self.started = 0  # requests so far: a request's number is the count before it
+        self.ended: list[int] = []  # the requests whose body has ended
 
     @property
     def url(self) -> str:
@@ -50,6 +51,7 @@ class ReplayServer(ThreadedAiohttpServer):
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         await request.read()
         peer = request.transport.get_extra_info("peername") if request.transport else None
+        mine, self.started = self.started, self.started + 1
         self.ports.append(peer[1] if peer else 0)
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await response.prepare(request)
@@ -59,7 +61,7 @@ class ReplayServer(ThreadedAiohttpServer):
         if self.hold:
             await self.wait_or_stop(self.hold)
         await response.write_eof()
-        self.bodies_ended += 1
+        self.ended.append(mine)
         return response
 
 
@@ -261,10 +263,11 @@ def test_a_body_kept_open_after_done_does_not_hold_the_answer(server):
     turn (no wait for the watchdog, nor for the body's end)."""
     server.blocks, server.hold = [fixture("vllm_tool_calls.sse")], 60.0
     try:
-        ended = server.bodies_ended
+        mine = server.started  # an earlier test's body may end meanwhile: only this request's is looked at
         answer = asyncio.run(product(server.url))[1]
         assert answer == EXPECTED["vllm_tool_calls.sse"]
-        assert server.bodies_ended == ended  # the answer came back while the body was still open
+        assert server.started == mine + 1
+        assert mine not in server.ended  # the answer came back while the body was still open
     finally:
         server.hold = 0.0
 
