@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import select
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any, Protocol, cast
@@ -209,7 +210,13 @@ class PgInbox:
             raise _translated(psycopg.OperationalError("no connection of the inbox's pool came free")) from None
         conn = None
         try:
-            conn = self._idle.pop() if self._idle else await _connect(self._conninfo, self._options)
+            while conn is None and self._idle:
+                conn = self._idle.pop()
+                if _ended_while_idle(conn):
+                    await _drop(conn)
+                    conn = None
+            if conn is None:
+                conn = await _connect(self._conninfo, self._options)
             yield conn
         except BaseException:
             # Whatever it was doing is given up (an error, a cancellation): closed rather than rolled back,
@@ -274,43 +281,68 @@ def _parameters(messages: list[dict[str, Any]], part: list[int], now: Any) -> di
 
 async def _keep(conn: Any, messages: list[dict[str, Any]], committing: Callable[[], bool]) -> list[Recorded] | None:
     """PgInbox.keep on one connection (autocommit): one statement, its own transaction, when the messages are of
-    distinct threads; else a transaction of one statement a round (rounds)."""
+    distinct threads; else a transaction of one statement a round (rounds). Whatever can fail on our side
+    (a message's parameters, reading the answer) is done before the point of no return, or, for the statement
+    that commits itself, is CommitUnknown after it."""
     import psycopg
 
     now = utcnow()
     parts = rounds(messages)
-    recorded: list[Recorded | None] = [None] * len(messages)
-
-    async def statement(part: list[int]) -> None:
-        cursor = await conn.execute(PG_RECORD, _parameters(messages, part, now))
-        for ord_, session_id, status, new in await cursor.fetchall():
-            recorded[part[ord_ - 1]] = Recorded(session_id, new=new, busy=new and _busy(status))
-
     if len(parts) == 1:
+        parameters = _parameters(messages, parts[0], now)
         if not committing():
             return None
         try:
-            await statement(parts[0])
+            cursor = await conn.execute(PG_RECORD, parameters)
+            rows = await cursor.fetchall()
         except psycopg.Error as exc:
             # The server's own refusal (a constraint, a timeout) ended the statement and its transaction; a
             # connection lost on the way leaves its commit unknown.
             if conn.closed:  # psycopg closes a connection it lost (`broken`)
                 raise CommitUnknown("the database failed while the record committed itself") from exc
             raise
-    else:
-        await conn.execute("BEGIN")
-        for part in parts:
-            await statement(part)
-        if not committing():
-            await conn.execute("ROLLBACK")
-            return None
         try:
-            await conn.execute("COMMIT")
-        except psycopg.Error as exc:
-            raise CommitUnknown("the database failed while committing") from exc
+            return _recorded(messages, [(parts[0], rows)])
+        except Exception as exc:  # committed, and its answer unreadable (a bug): said as unknown
+            raise CommitUnknown("the record committed itself and its answer could not be read") from exc
+    await conn.execute("BEGIN")
+    answers = []
+    for part in parts:
+        cursor = await conn.execute(PG_RECORD, _parameters(messages, part, now))
+        answers.append((part, await cursor.fetchall()))
+    recorded = _recorded(messages, answers)
+    if not committing():
+        await conn.execute("ROLLBACK")
+        return None
+    try:
+        await conn.execute("COMMIT")
+    except psycopg.Error as exc:
+        raise CommitUnknown("the database failed while committing") from exc
+    return recorded
+
+
+def _recorded(messages: list[dict[str, Any]], answers: list[tuple[list[int], list[Any]]]) -> list[Recorded]:
+    """Each message's Recorded from PG_RECORD's rows (ord, session, its status before, new) of each round."""
+    recorded: list[Recorded | None] = [None] * len(messages)
+    for part, rows in answers:
+        for ord_, session_id, status, new in rows:
+            recorded[part[ord_ - 1]] = Recorded(session_id, new=new, busy=new and _busy(status))
     if any(r is None for r in recorded):  # every message has its session: a statement that did not say is a bug
         raise RuntimeError("the inbox's statement left a message without its session")
     return cast(list[Recorded], recorded)
+
+
+def _ended_while_idle(conn: Any) -> bool:
+    """Whether the server said something to an idle connection of the pool: it only does when it ends it (a
+    restart, a failover, a terminated backend: its notice, or the connection's end, waits to be read). Such a
+    connection is not taken: a batch's statement, which commits itself, would fail on it with its outcome
+    unknown, where a new connection keeps it."""
+    if conn.closed:
+        return True
+    try:
+        return bool(select.select([conn.fileno()], [], [], 0)[0])
+    except (OSError, ValueError):
+        return True
 
 
 async def _connect(conninfo: str, options: dict[str, Any]) -> Any:
