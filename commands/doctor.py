@@ -22,6 +22,7 @@ import httpx
 
 from chatops.config import SLACK_DOCS, Config, ConfigError, load_config
 from chatops.secrets import describe_error, mask_url, scrub, secrets_of
+from mm_core.tools.fetch.http import parse_url
 
 if TYPE_CHECKING:
     from mm_core.config import AgentConfig
@@ -89,7 +90,14 @@ def check_model(config: Config) -> Check:
     key_env = model.apiKeyEnv
     headers = {"Authorization": f"Bearer {config.model_api_key}"} if config.model_api_key else {}
     try:
+        # A port out of range: the workers' client refuses it, and httpx would ask the port it wraps to (99999 is
+        # 34463), where anything may answer.
+        parse_url(f"{base}/models")
         response = httpx.get(f"{base}/models", headers=headers, timeout=TIMEOUT)
+    except ValueError as exc:
+        return Check(
+            "model", False, f"{url} is not a usable URL: {describe_error(exc)} — set MM_MODEL_URL or model.url"
+        )
     except httpx.TimeoutException:
         return Check("model", False, f"{url} did not answer within {TIMEOUT:g}s — is the model server up?")
     except httpx.InvalidURL as exc:  # not an HTTPError: a URL httpx cannot even parse

@@ -212,6 +212,14 @@ def test_unusable_model_url_is_a_fail_line_not_a_crash(tmp_path, healthy, monkey
     assert "never-printed" not in out
 
 
+@pytest.mark.postgres
+def test_a_model_port_out_of_range_is_refused_before_anything_is_asked(tmp_path, healthy, monkeypatch, capsys) -> None:
+    """httpx asks the port 99999 wraps to (34463), where another server may answer as a model: the workers'
+    client refuses such a URL, and so does doctor, before any request."""
+    code, lines, _ = run_doctor(healthy | {"MM_MODEL_URL": "http://127.0.0.1:99999/v1"}, monkeypatch, capsys, tmp_path)
+    assert code == 1 and "is not a usable URL" in lines["model"] and "out of range" in lines["model"], lines
+
+
 def test_postgres_at_head(tmp_path, healthy, fresh_pg_url, monkeypatch, capsys) -> None:
     db.migrate(fresh_pg_url)
     code, lines, _ = run_doctor(healthy | {"DATABASE_URL": fresh_pg_url}, monkeypatch, capsys, tmp_path)
