@@ -340,7 +340,10 @@ def _ended_while_idle(conn: Any) -> bool:
     if conn.closed:
         return True
     try:
-        return bool(select.select([conn.fileno()], [], [], 0)[0])
+        # poll, not select: a busy bot's sockets pass select's limit of 1,024 descriptors.
+        waiting = select.poll()
+        waiting.register(conn.fileno(), select.POLLIN)
+        return bool(waiting.poll(0))
     except (OSError, ValueError):
         return True
 
