@@ -94,13 +94,9 @@ def check_model(config: Config) -> Check:
         # 34463), where anything may answer.
         parse_url(f"{base}/models")
         response = httpx.get(f"{base}/models", headers=headers, timeout=TIMEOUT)
-    except ValueError as exc:
-        return Check(
-            "model", False, f"{url} is not a usable URL: {describe_error(exc)} — set MM_MODEL_URL or model.url"
-        )
     except httpx.TimeoutException:
         return Check("model", False, f"{url} did not answer within {TIMEOUT:g}s — is the model server up?")
-    except httpx.InvalidURL as exc:  # not an HTTPError: a URL httpx cannot even parse
+    except (ValueError, httpx.InvalidURL) as exc:  # not an HTTPError: a URL httpx cannot even parse
         return Check(
             "model", False, f"{url} is not a usable URL: {describe_error(exc)} — set MM_MODEL_URL or model.url"
         )
