@@ -23,10 +23,19 @@ from typing import Any
 
 import yaml
 from croniter import croniter
-from pydantic import Field, ValidationError, field_validator
+from pydantic import BeforeValidator, Field, ValidationError, field_validator
 
 from chatops.errors import ChatopsError
-from mm_core.config import AgentConfig, Duration, ModelConfig, Strict, YamlProblem, read_yaml, with_refs_from
+from mm_core.config import (
+    AgentConfig,
+    Duration,
+    ModelConfig,
+    Strict,
+    YamlProblem,
+    parse_duration,
+    read_yaml,
+    with_refs_from,
+)
 
 DEFAULT_CONFIG_FILE = "mm.yaml"
 DEFAULT_DATABASE_URL = "sqlite:///./var/mm.sqlite3"
@@ -76,6 +85,62 @@ class ConfigError(ChatopsError):
 # --- the service's keys -------------------------------------------------------------------------------------
 
 
+_TOKENS = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmM]?)\s*$")
+
+
+def parse_tokens(value: object) -> int:
+    """A number of tokens: `20000`, `20k`, `1.5M`."""
+    expected = "expected a number of tokens such as 20000, 20k or 1.5M"
+    if isinstance(value, bool):
+        raise ValueError(expected)
+    if isinstance(value, int):
+        number = value
+    elif isinstance(value, str) and (m := _TOKENS.match(value)):
+        number = int(float(m.group(1)) * {"": 1, "k": 1_000, "m": 1_000_000}[m.group(2).lower()])
+    else:
+        raise ValueError(f"{expected}, got {_describe(value, quote=True)}")
+    if number < 1:
+        raise ValueError(f"{expected} (at least 1), got {_describe(value, quote=True)}")
+    return number
+
+
+Tokens = typing.Annotated[int, BeforeValidator(parse_tokens)]
+
+
+def _zone_name(value: str) -> str:
+    try:
+        zoneinfo.ZoneInfo(value)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+        raise ValueError(f'unknown time zone "{value}" (expected an IANA name such as Europe/Paris)') from None
+    return value
+
+
+def _slack_ids(value: Any) -> Any:
+    """A list of Slack user (U…, W…) or user group (S…) ids."""
+    if not isinstance(value, list):
+        raise ValueError(f"expected a list of user or group ids, got {_describe(value)}")
+    for item in value:
+        if not isinstance(item, str) or not _APPROVER_ID.match(item):
+            raise ValueError(f"expected a list of user or group ids (U…, W… or S…), got {_describe(item, quote=True)}")
+    return value
+
+
+SlackIds = typing.Annotated[list[str], BeforeValidator(_slack_ids)]
+
+
+class BudgetsConfig(Strict):
+    """What a turn, a thread (a job's run) and a channel's day may spend. Each unset key sets no limit; a channel's
+    or a job's `budgets` key replaces the top-level one of the same name (chatops/budgets.py)."""
+
+    turnTokens: Tokens | None = None
+    threadTokens: Tokens | None = None
+    turnTime: Duration | None = None
+    channelDayTokens: Tokens | None = None
+    # Money, in the currency of `price` (every model a channel may use needs one).
+    threadCost: float | None = Field(default=None, gt=0)
+    channelDayCost: float | None = Field(default=None, gt=0)
+
+
 class InstructionsFile(Strict):
     file: str
 
@@ -94,6 +159,15 @@ class ChannelConfig(Strict):
     instructionFiles: list[str] = Field(default_factory=lambda: ["AGENTS.md"])
     # The `models` entry a thread of this channel runs with unless its mention says `model=NAME` (None: `model`).
     model: str | None = None
+    # The channel's own limits over the top-level `budgets`, key by key.
+    budgets: BudgetsConfig | None = None
+    # Where the channel's day starts and ends, for `budgets.channelDayTokens` and `channelDayCost`.
+    timezone: str = "UTC"
+
+    @field_validator("timezone")
+    @classmethod
+    def _zone(cls, value: str) -> str:
+        return _zone_name(value)
 
     @field_validator("instructions", mode="before")
     @classmethod
@@ -126,14 +200,7 @@ class ChannelConfig(Strict):
     @field_validator("approvers", mode="before")
     @classmethod
     def _approver_ids(cls, value: Any) -> Any:
-        if not isinstance(value, list):
-            raise ValueError(f"expected a list of user or group ids, got {_describe(value)}")
-        for item in value:
-            if not isinstance(item, str) or not _APPROVER_ID.match(item):
-                raise ValueError(
-                    f"expected a list of user or group ids (U…, W… or S…), got {_describe(item, quote=True)}"
-                )
-        return value
+        return _slack_ids(value)
 
     @field_validator("repos", mode="before")
     @classmethod
@@ -155,9 +222,20 @@ class ChannelConfig(Strict):
         return value
 
 
+def _never(value: Any) -> Any:
+    return None if value == "never" else value
+
+
 class ApprovalsConfig(Strict):
     requester_can_approve: bool = False
-    timeout: Duration = 1800.0
+    # A pending approval expires after this and the call is rejected; `never`: it waits until someone decides
+    # (the turn holds no worker while it waits).
+    timeout: typing.Annotated[Duration | None, BeforeValidator(_never)] = 1800.0
+    # A reminder in the thread naming the approvers, once, when a call has waited this long.
+    remindAfter: Duration | None = None
+    # When a call has waited this long, the `escalateTo` users and groups may approve it too, and are asked.
+    escalateAfter: Duration | None = None
+    escalateTo: SlackIds = Field(default_factory=list)
 
 
 def is_branch_name(name: str) -> bool:
@@ -213,6 +291,8 @@ class JobConfig(Strict):
     maxFailures: int = Field(default=3, ge=1, le=1000)
     # Push the run's changes to a branch: true for the defaults, or where and how (None: no push).
     push: JobPushConfig | None = None
+    # The run's own limits over the channel's and the top-level `budgets`, key by key (the run is its thread).
+    budgets: BudgetsConfig | None = None
 
     @field_validator("push", mode="before")
     @classmethod
@@ -248,11 +328,7 @@ class JobConfig(Strict):
     @field_validator("timezone")
     @classmethod
     def _zone(cls, value: str) -> str:
-        try:
-            zoneinfo.ZoneInfo(value)
-        except (zoneinfo.ZoneInfoNotFoundError, ValueError):
-            raise ValueError(f'unknown time zone "{value}" (expected an IANA name such as Europe/Paris)') from None
-        return value
+        return _zone_name(value)
 
     @field_validator("channel")
     @classmethod
@@ -308,8 +384,18 @@ class SchedulerConfig(Strict):
     missedGrace: Duration = 3600.0
 
 
+class RetentionConfig(Strict):
+    # A session idle longer than this many days loses its log, tool outputs, messages and workspace; the audit's
+    # summary of its calls stays (None: kept until removed by hand).
+    days: int | None = Field(default=None, ge=1)
+
+
 class ServiceConfig(Strict):
     channels: dict[str, ChannelConfig] = Field(default_factory=dict)
+    # Who may export the audit (`/mm audit`) and purge a thread (`/mm purge`): user or group ids.
+    admins: SlackIds = Field(default_factory=list)
+    budgets: BudgetsConfig = Field(default_factory=BudgetsConfig)
+    retention: RetentionConfig = Field(default_factory=RetentionConfig)
     # The models a thread may pick by name (`@mm model=NAME …`), or a channel by default (`channels.<id>.model`).
     models: dict[str, ModelConfig] = Field(default_factory=dict)
     approvals: ApprovalsConfig = Field(default_factory=ApprovalsConfig)
@@ -707,7 +793,53 @@ def _cross_checks(data: dict[str, Any], env: Mapping[str, str]) -> list[tuple[Lo
     key_env = _get(data, "model", "apiKeyEnv")
     if isinstance(key_env, str) and key_env and not _env(env, key_env):
         problems.append((("model", "apiKeyEnv"), f"the environment variable {key_env} is not set"))
+    return problems + _approval_times(data) + _priced(data, models)
+
+
+def _approval_times(data: dict[str, Any]) -> list[tuple[Loc, str]]:
+    """A reminder or an escalation after the call expired would never come; an escalation needs someone to go to."""
+    problems: list[tuple[Loc, str]] = []
+    approvals: dict[str, Any] = data["approvals"] if isinstance(data.get("approvals"), dict) else {}
+    times: dict[str, float | None] = {}
+    for key in ("timeout", "remindAfter", "escalateAfter"):
+        try:
+            times[key] = parse_duration(approvals[key]) if approvals.get(key) not in (None, "never") else None
+        except (KeyError, ValueError):  # unset, or wrong (the field's own check says so)
+            times[key] = None
+    timeout = times["timeout"] if "timeout" in approvals else ApprovalsConfig().timeout
+    for key in ("remindAfter", "escalateAfter"):
+        after = times[key]
+        if after is not None and timeout is not None and after >= timeout:
+            problems.append(
+                (("approvals", key), f"it must be shorter than approvals.timeout ({approvals.get('timeout', '30m')})")
+            )
+    if times["escalateAfter"] is not None and not approvals.get("escalateTo"):
+        problems.append((("approvals", "escalateTo"), "escalateAfter needs someone to escalate to: user or group ids"))
     return problems
+
+
+def _priced(data: dict[str, Any], models: dict[Any, Any]) -> list[tuple[Loc, str]]:
+    """A money budget counts the cost of every answer: each model a thread may use needs its price."""
+    places: list[tuple[Loc, Any]] = [(("budgets",), data.get("budgets"))]
+    places += [(("channels", c, "budgets"), _get(channel, "budgets")) for c, channel in _items(data.get("channels"))]
+    jobs = data.get("jobs")
+    places += [
+        (("jobs", i, "budgets"), _get(job, "budgets")) for i, job in enumerate(jobs if isinstance(jobs, list) else ())
+    ]
+    costly = [
+        loc
+        for loc, budgets in places
+        if isinstance(budgets, dict) and ({"threadCost", "channelDayCost"} & set(budgets))
+    ]
+    if not costly:
+        return []
+    unpriced = [("model",)] if _get(data, "model", "price") is None else []
+    unpriced += [("models", name) for name, model in models.items() if _get(model, "price") is None]
+    where = _render(costly[0], "").removesuffix(": ")
+    return [
+        ((*loc, "price"), f"{where} sets a money budget: every model needs its price, per million tokens")
+        for loc in unpriced
+    ]
 
 
 def _get(data: Any, *keys: str) -> Any:

@@ -100,6 +100,14 @@ class CallDecision(StrEnum):
     AUTO = "auto"  # it ran without asking (yolo, or a call that is never gated)
 
 
+class Vote(StrEnum):
+    """approval_decisions.vote: one person's click that counted on a call, or its expiry (nobody's)."""
+
+    APPROVE = "approve"
+    REJECT = "reject"
+    EXPIRE = "expire"
+
+
 class JobRunStatus(StrEnum):
     SCHEDULED = "scheduled"
     RUNNING = "running"
@@ -228,6 +236,9 @@ class Session(Base):
     event_seq: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+    # When retention (or `purge`) removed the thread's log, outputs, messages and workspace: the row stays, with
+    # the audit's summary of its calls (chatops/retention.py).
+    purged_at: Mapped[datetime | None]
 
 
 class InboxMessage(Base):
@@ -294,6 +305,10 @@ class ToolCall(Base):
     duration_ms: Mapped[int | None] = mapped_column(Integer)
     decision: Mapped[str | None] = mapped_column(String(16))
     decided_by: Mapped[str | None] = mapped_column(String(64))
+    # The approval policy's rule that decided how the call was treated (its label), None when none matched.
+    rule: Mapped[str | None] = mapped_column(String(200))
+    # Who asked for the turn the call belongs to (comma-separated user ids; None: a job's prompt).
+    requested_by: Mapped[str | None] = mapped_column(Text)
 
 
 class Approval(Base):
@@ -330,6 +345,54 @@ class Approval(Base):
     decided_at: Mapped[datetime | None]
     expires_at: Mapped[datetime | None]
     message_ts: Mapped[str | None] = mapped_column(String(32))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    # The approval policy's rule that asked (its label; None: the tool's own gating), what of the call matched it,
+    # how many distinct people must approve, and whom the rule accepts (None: the channel's approvers).
+    rule: Mapped[str | None] = mapped_column(String(200))
+    matched: Mapped[str | None] = mapped_column(Text)
+    needed: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
+    approvers: Mapped[list[str] | None] = mapped_column(JSON)
+    # When the thread was reminded (`approvals.remindAfter`) and the call escalated (`approvals.escalateAfter`):
+    # each happens once.
+    reminded_at: Mapped[datetime | None]
+    escalated_at: Mapped[datetime | None]
+
+
+class ApprovalDecision(Base):
+    """Each click that counted on a call, and its expiry: appended, never updated. A two-person rule's call is
+    approved when it holds `needed` approvals by distinct people; the approvals row's state is the outcome."""
+
+    __tablename__ = "approval_decisions"
+    __table_args__ = (
+        # One person counts once on a call.
+        UniqueConstraint("call_id", "user_id"),
+        CheckConstraint(_one_of("vote", Vote), name="vote"),
+    )
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    call_id: Mapped[str] = mapped_column(ForeignKey("approvals.call_id", ondelete="CASCADE"), index=True)
+    session_id: Mapped[str] = mapped_column(ForeignKey("sessions.id", ondelete="CASCADE"))
+    user_id: Mapped[str | None] = mapped_column(String(32))  # None: the expiry
+    vote: Mapped[str] = mapped_column(String(16))
+    approve_all: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    rule: Mapped[str | None] = mapped_column(String(200))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class ModelUsage(Base):
+    """The tokens of each model answer, with its cost when the model has a price: what budgets count. Written
+    with the answer's log entry (a projection of it), kept when retention purges the log."""
+
+    __tablename__ = "model_usage"
+    __table_args__ = (Index(None, "channel_id", "created_at"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    session_id: Mapped[str] = mapped_column(ForeignKey("sessions.id", ondelete="CASCADE"), index=True)
+    channel_id: Mapped[str | None] = mapped_column(String(32))
+    model: Mapped[str | None] = mapped_column(String(200))
+    prompt_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    completion_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    cost: Mapped[float | None] = mapped_column(Float)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 

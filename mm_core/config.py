@@ -41,6 +41,13 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
 
 
+class ModelPrice(Strict):
+    """What the model's provider charges, per million tokens, in the team's currency: what money budgets count."""
+
+    input: float = Field(ge=0)
+    output: float = Field(ge=0)
+
+
 class ModelConfig(Strict):
     url: str = "http://localhost:12434/engines/v1"
     name: str = "ai/gemma3"
@@ -50,6 +57,8 @@ class ModelConfig(Strict):
     # The model takes images (OpenAI-style `image_url` content parts): an image a person shares in a thread then
     # reaches it as one, besides being a file in the workspace. Off, it is only a file.
     vision: bool = False
+    # The price per million tokens (None: unpriced): the service's money budgets count the cost of each answer.
+    price: ModelPrice | None = None
 
 
 class LspServer(Strict):

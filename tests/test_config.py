@@ -56,7 +56,8 @@ def test_unknown_key_with_suggestion(tmp_path: Path) -> None:
 
 def test_unknown_key_without_a_close_match_lists_the_valid_ones(tmp_path: Path) -> None:
     assert _problems(tmp_path, "approvals: {zzz: 1}\n") == [
-        "1: approvals.zzz: unknown key (expected one of: requester_can_approve, timeout)"
+        "1: approvals.zzz: unknown key (expected one of: requester_can_approve, timeout, remindAfter, escalateAfter, "
+        "escalateTo)"
     ]
 
 
@@ -372,3 +373,54 @@ def test_the_tool_calls_of_one_answer_are_bounded_for_the_worker(tmp_path: Path)
     assert _problems(tmp_path, "worker: {maxToolCallsPerAnswer: 2.5}\n") == [
         "1: worker.maxToolCallsPerAnswer: expected an integer, got a number"
     ]
+
+
+def test_governance_keys_are_read(tmp_path: Path) -> None:
+    path = _write(
+        tmp_path,
+        """
+        model: {name: m, price: {input: 0.15, output: 0.6}}
+        admins: [U0ADMIN, S0SECURITY]
+        budgets: {turnTokens: 20k, threadTokens: 1.5M, turnTime: 10m, channelDayCost: 5}
+        retention: {days: 30}
+        approvals: {timeout: never, remindAfter: 10m, escalateAfter: 1h, escalateTo: [S0LEADS]}
+        channels:
+          C0123ABCD: {timezone: Europe/Paris, budgets: {channelDayTokens: 2000000}}
+        """,
+    )
+    service = load_config(path, {}).service
+    assert service.admins == ["U0ADMIN", "S0SECURITY"]
+    assert (service.budgets.turnTokens, service.budgets.threadTokens) == (20_000, 1_500_000)
+    assert (service.budgets.turnTime, service.budgets.channelDayCost) == (600.0, 5.0)
+    assert service.retention.days == 30
+    assert service.approvals.timeout is None  # never: a call waits until someone decides
+    assert (service.approvals.remindAfter, service.approvals.escalateAfter) == (600.0, 3600.0)
+    channel = service.channel("C0123ABCD")
+    assert channel.timezone == "Europe/Paris" and channel.budgets and channel.budgets.channelDayTokens == 2_000_000
+
+
+def test_bad_governance_keys_are_each_named(tmp_path: Path) -> None:
+    path = _write(
+        tmp_path,
+        """
+        admins: [alice]
+        budgets: {turnTokens: lots, threadCost: 3}
+        approvals: {timeout: 5m, remindAfter: 10m, escalateAfter: 1m}
+        channels:
+          C0123ABCD: {timezone: Mars/Olympus}
+        """,
+    )
+    with pytest.raises(ConfigError) as caught:
+        load_config(path, {})
+    problems = str(caught.value).splitlines()
+    assert any('admins: expected a list of user or group ids (U…, W… or S…), got "alice"' in p for p in problems)
+    assert any(
+        'budgets.turnTokens: expected a number of tokens such as 20000, 20k or 1.5M, got "lots"' in p for p in problems
+    )
+    assert any("approvals.remindAfter: it must be shorter than approvals.timeout (5m)" in p for p in problems)
+    assert any("approvals.escalateTo: escalateAfter needs someone to escalate to" in p for p in problems)
+    assert any('channels.C0123ABCD.timezone: unknown time zone "Mars/Olympus"' in p for p in problems)
+    assert any(
+        "model.price: budgets sets a money budget: every model needs its price, per million tokens" in p
+        for p in problems
+    )
