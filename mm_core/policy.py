@@ -18,8 +18,8 @@ judge() splits a call into items and decides each one on its own:
 
 An item is decided by the first rule whose tools fit and whose patterns match it; one no rule decides is
 DEFAULT (the tool's own gating). The call takes the strictest of its items' verdicts: DENY, then ASK (more
-approvers first), then DEFAULT, then ALLOW. So joining commands never weakens a rule, and ALLOW needs every item
-allowed.
+approvers first; then the rule listed first), then DEFAULT, then ALLOW. So joining commands never weakens a rule,
+and ALLOW needs every item allowed.
 
 Patterns: commands are fnmatch globs on the whole text (`git push*` matches `git push -f`, and `git pushx` too:
 write `git push` and `git push *` to be exact); hosts are fnmatch globs, case-insensitive (`*.example.com` is not
@@ -27,11 +27,14 @@ write `git push` and `git push *` to be exact); hosts are fnmatch globs, case-in
 
 Fail closed. Text the shell computes when it runs (`$X`, `${X}`, `$(...)`, `$((...))`, an unquoted `*.py`, `{a,b}`
 or `~`) is unknown: an unknown part matches any text for a deny or an ask rule, and an item with one matches no
-allow rule (an allow must be proved). A command that cannot be parsed, or is too large to read (MAX_CHARS,
-MAX_COMMANDS, MAX_WORK), is one wholly unknown item; so are a path outside the workspace and a URL without a
-host. Out of reach, whatever the rules: what a program runs by itself (a script file, `make`, git aliases), a
-variable's value evaluated at run time (`(( $x ))`), and the hosts fetch_content is redirected to (its own guard
-refuses internal addresses). A command rule is a tripwire against the model, not a sandbox.
+allow rule (an allow must be proved). Such an item may stand for many texts, so rather than the first rule it
+takes the strictest of every deny and ask rule it could match (up to a rule without patterns, which decides every
+text). A command that cannot be parsed, or is too large to read (MAX_CHARS, MAX_COMMANDS, MAX_WORK), is one
+wholly unknown item; so are a path outside the workspace and a URL without a host. Out of reach, whatever the
+rules: the files a command writes (`echo x > .github/ci.yml` is judged on its commands, not as a path), what a
+program runs by itself (a script file, `make`, git aliases), a variable's value evaluated at run time
+(`(( $x ))`), and the hosts fetch_content is redirected to (its own guard refuses internal addresses). A command
+rule is a tripwire against the model, not a sandbox.
 """
 
 from __future__ import annotations
@@ -217,21 +220,24 @@ def judge(
 ) -> Verdict:
     """The verdict of `rules` on a call of `tool` with `args`. `workspace` resolves paths and their symlinks;
     `extra_paths` are further files the call writes, known to the caller from its plan (an lsp rename's)."""
-    best: tuple[tuple[int, int, int], Verdict] | None = None
-    for item in call_items(tool, args, workspace, extra_paths):
-        verdict = Verdict(Action.DEFAULT, 0, (), None, "")
-        strictness = (1, 0, 0)
-        for index, rule in enumerate(rules):
-            if (rule.tools is None or tool in rule.tools) and _matches(rule, item):
-                verdict = Verdict(rule.action, rule.approvals, tuple(rule.approvers), rule.label(index), item.text)
-                rank = {Action.ALLOW: 0, Action.ASK: 2, Action.DENY: 3}[rule.action]
-                # Among equals the rule listed first: its label is the one people read.
-                strictness = (rank, rule.approvals, -index)
-                break
-        if best is None or strictness > best[0]:
-            best = (strictness, verdict)
-    assert best is not None  # a call has at least one item
-    return best[1]
+    verdicts = [_decide(rules, tool, item) for item in call_items(tool, args, workspace, extra_paths)]
+    return max(verdicts, key=lambda decided: decided[0])[1]  # the first of the strictest
+
+
+def _decide(rules: Sequence[Rule], tool: str, item: Item) -> tuple[tuple[int, int, int], Verdict]:
+    """The item's verdict, with its strictness: DENY > ASK (more approvers, then the rule listed first) > DEFAULT
+    > ALLOW. A known item is decided by the first rule that matches; an item with unknown parts stands for every
+    text they may hold, and so takes the strictest of the rules any of those could meet, up to a rule without
+    patterns (it meets them all)."""
+    found = []
+    for index, rule in enumerate(rules):
+        if (rule.tools is None or tool in rule.tools) and _matches(rule, item):
+            rank = {Action.ALLOW: 0, Action.ASK: 2, Action.DENY: 3}[rule.action]
+            verdict = Verdict(rule.action, rule.approvals, tuple(rule.approvers), rule.label(index), item.text)
+            found.append(((rank, rule.approvals, -index), verdict))
+            if item.known or not (rule.commands or rule.paths or rule.hosts):
+                return max(found, key=lambda decided: decided[0])
+    return max([*found, ((1, 0, 0), Verdict(Action.DEFAULT, 0, (), None, ""))], key=lambda decided: decided[0])
 
 
 def call_items(
@@ -621,9 +627,11 @@ def _words(node: Node, src: bytes) -> list[Word]:
     words: list[list[Part]] = []
     end = -1
     for child in nodes:
-        # Nodes with nothing between them, or only a line continuation, are one word to the shell.
-        if words and re.fullmatch(rb"(\\\n)*", src[end : child.start_byte]):
-            words[-1] += _parts(child, src)
+        # Nodes with nothing between them are one word to the shell, and so are nodes with only escaped characters
+        # between them, which tree-sitter leaves out after a quote (`'a'\ b` is `a b`; `\<newline>` is nothing).
+        gap = _source(src, end, child.start_byte) if words else " "
+        if re.fullmatch(r"(\\.)*", gap, re.S):
+            words[-1] += [(c, c, False) for c in gap[1::2] if c != "\n"] + _parts(child, src)
         else:
             words.append(_parts(child, src))
         end = child.end_byte
