@@ -8,8 +8,9 @@ judge() splits a call into items and decides each one on its own:
 
 - bash: each simple command the shell would run, wherever it stands (lists, pipelines, `( )`, `{ }`, `if`,
   `for`, `case`, function bodies, `$( )`, backticks, `<( )`), plus the command a wrapper runs (`sudo`, `env`,
-  `timeout`, `xargs`, `find -exec`...), the text `bash -c`, `sh -c` and `eval` run, and a here-document fed to a
-  shell. An item's text is its words, unquoted, joined by single spaces: `FOO=1 g"i"t push >log` is `git push`;
+  `timeout`, `xargs`, `find -exec`...), the text `bash -c`, `sh -c`, `eval` and `trap` run, a here-document fed
+  to a shell, and an alias's name as an unknown command. An item's text is its words, unquoted, joined by single
+  spaces: `FOO=1 g"i"t push >log` is `git push`;
 - write_file, edit_file, read_file: the path; fetch_content: the URL's host, and the `output` file when given;
   lsp: the files a rename edits. Paths are relative to the workspace, `.` and `..` resolved; a path through a
   symlink is judged as the link's target too;
@@ -275,15 +276,15 @@ def _matches(rule: Rule, item: Item) -> bool:
         # Unknown paths are whole (a path outside the workspace): they match every deny and ask rule.
         return not item.known or _path_spec(tuple(patterns)).match_file(str(item.pieces[0]))
     fold = item.kind == "host"
-    return any(_glob(pattern.lower() if fold else pattern).matches(item.pieces) for pattern in patterns)
+    return any(compile_glob(pattern.lower() if fold else pattern).matches(item.pieces) for pattern in patterns)
 
 
 # ---- globs: fnmatch, with unknown parts -------------------------------------------------------------------
 
 
 @functools.lru_cache(maxsize=1024)
-def _glob(pattern: str) -> _Glob:
-    return _Glob(pattern)
+def compile_glob(pattern: str) -> Glob:
+    return Glob(pattern)
 
 
 @functools.lru_cache(maxsize=256)
@@ -291,7 +292,7 @@ def _path_spec(patterns: tuple[str, ...]) -> pathspec.PathSpec:
     return pathspec.PathSpec.from_lines("gitignore", patterns)
 
 
-class _Glob:
+class Glob:
     """An fnmatch pattern run as a bit-parallel automaton (shift-and): bit i of the state says "the first i
     tokens match the text so far". Its work is the pattern's length times the text's, whatever either holds
     (no backtracking blow-up), and it answers for a text with unknown parts: whether some text in their place
@@ -341,10 +342,14 @@ class _Glob:
                 state = full & ~((state & -state) - 1)
             else:
                 for char in piece:
-                    state = self._past_stars(((state & self.mask(char)) << 1) | (state & self.stars))
+                    state = self.step(state, char)
                     if not state:
                         return False
         return bool(state >> self.size & 1)
+
+    def step(self, state: int, char: str) -> int:
+        """The state after `char`: one step of the automaton, a few operations on integers of the pattern's size."""
+        return self._past_stars(((state & self.mask(char)) << 1) | (state & self.stars))
 
     def _past_stars(self, state: int) -> int:
         return state | ((state & self.stars) << 1)  # a star may match nothing; stars are never adjacent
@@ -501,6 +506,7 @@ _WRAPPERS = {
     "stdbuf": _Wrapper("ioe", "", _long("input output error")),
     "coproc": _Wrapper(),
     "busybox": _Wrapper(),
+    "builtin": _Wrapper(),
 }
 
 
@@ -525,6 +531,7 @@ class _Reader:
         self.items: list[Item] = []
         self.commands = 0
         self.work = 0
+        self.aliases: set[str] = set()  # names the command line defines as aliases, in the order it runs
 
     def script(self, text: str, depth: int) -> None:
         if depth > MAX_DEPTH:
@@ -554,16 +561,22 @@ class _Reader:
             self._add(words)
             name = _text(words[0])
             name = posixpath.basename(name) if name else None
+            args = words[2:] if len(words) > 1 and _text(words[1]) == "--" else words[1:]
+            if name is not None and (name in self.aliases or "" in self.aliases):
+                # An alias runs text of its own: a name it may stand for is an unknown command name.
+                self._add([((None, f"{name} (an alias)"),), *words[1:]])
             if name in _WRAPPERS:
                 todo += _unwrap(name, words[1:])
             elif name in _SHELLS:
                 self.shell(words, stdin, depth)
-            elif name == "eval":
-                args = words[2:] if len(words) > 1 and _text(words[1]) == "--" else words[1:]
-                texts = [_text(w) for w in args]
+            elif name == "eval" or (name == "trap" and args and _text(args[0]) not in ("-l", "-p")):
+                # eval runs its words joined; trap runs its first word when the signal comes.
+                texts = [_text(w) for w in (args if name == "eval" else args[:1])]
                 self._nested(None if None in texts else " ".join(map(str, texts)), words, depth)
             elif name == "find":
                 todo += _find_exec(words[1:])
+            elif name == "alias":  # "" when a definition is computed: any name may be one
+                self.aliases |= {(_text(w) or "=").partition("=")[0] for w in args if "=" in (_text(w) or "=")}
 
     def shell(self, words: list[Word], stdin: str | None, depth: int) -> None:
         """What `bash -c STR` runs, or a shell given no script file: its input, when it is in the command line."""
