@@ -64,7 +64,9 @@ class Renderer:
         elif isinstance(event, ToolCallFinished):
             for line in display.result_lines(event):
                 self.write(self.dim("   " + line) + "\n")
-            note = display.oneshot_note(event) if self.oneshot else None
+            if (denied := display.denied_line(event)) is not None:
+                self.write("   " + denied + "\n")
+            note = display.oneshot_note(event) if self.oneshot and event.denied_by is None else None
             if note:
                 print(f"mm-bot run: {note}", file=sys.stderr, flush=True)
         elif isinstance(event, (Error, CallsDropped)):
@@ -154,6 +156,8 @@ def main(argv: list[str] | None = None, out: TextIO = sys.stdout, read=input) ->
         api_key=config.model_api_key,
         emit=emit,
         oneshot=args.prompt is not None,
+        # The team's rules hold at the terminal too: a deny refuses, an allow runs; an ask asks the one person there.
+        policies=config.service.approvals.policies,
     )
     if args.prompt is not None:
         result = asyncio.run(agent.send(args.prompt))

@@ -17,7 +17,7 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +56,7 @@ from mm_core.log import (
 )
 from mm_core.loopdetect import STOP_AT, LoopDetector, stop_text
 from mm_core.model import ModelClient, ModelError, ModelHttp
+from mm_core.policy import Action, Rule, Verdict, judge
 from mm_core.state import SessionState, asking
 from mm_core.tools import build_tools
 from mm_core.tools.base import CANCELLED, Caller, Plan, SessionResources, SuspendTurn, Tool, ToolCancelled, ToolContext
@@ -89,6 +90,9 @@ COMPACT_PROMPT = (
     "(files changed, commands that mattered and their outcome) and what is left to do. Be complete but brief; "
     "this summary replaces the earlier messages."
 )
+
+
+NO_RULE = Verdict(Action.DEFAULT, 0, (), None, "")  # without policies every call is the tools' own gating's
 
 
 class TurnInProgress(CoreError):
@@ -128,11 +132,15 @@ class Agent:
         name: str | None = None,
         granted: frozenset[str | None] = frozenset(),
         instructions: str = "",
+        policies: Sequence[Rule] = (),
     ):
         self.config, self.store, self.session_id = config, store, session_id
         # Requesters whose calls run without asking besides those an approver granted in the conversation: the
         # front end's standing grant (a job's yolo covers the job's prompt, which nobody wrote: {None}).
         self.granted = granted
+        # The approval policy (mm_core.policy): which calls run, ask (whom, how many) or are refused, over the tools'
+        # own gating. Its asks hold whatever the yolo and the grants; its denials hold everywhere.
+        self.policies = tuple(policies)
         self.workspace = Path(workspace)
         self.emit, self.oneshot, self.depth, self.name = emit, oneshot, depth, name
         self.resources = resources or SessionResources()
@@ -332,20 +340,30 @@ class Agent:
                 await self._result(call, problem or "", CallStatus.ERROR)
                 continue
             decision = decisions.get(call.id)
+            verdict = self._judge(call, args)
+            if verdict.action == Action.DENY:  # whatever the yolo, and even if approved before the rule came
+                await self._result(call, tool.refusal(args), CallStatus.REJECTED, denied=verdict)
+                continue
             shown = None  # the digest of what the approver was shown, when the call must still show it to run
-            if tool.needs_approval(args) and (decision is not None or not yolo):
+            if _asks(verdict, tool, args) and (decision is not None or verdict.action == Action.ASK or not yolo):
                 if decision is None and not self.oneshot:
                     return await self._waiting(pending[i:], decisions)
                 if decision is None or not decision.approved:
-                    await self._result(call, tool.refusal(args), CallStatus.REJECTED)
+                    await self._result(call, tool.refusal(args), CallStatus.REJECTED, rule=verdict.rule)
                     continue
                 shown = decision.shown
             try:
-                await self._execute(call, tool, args, detector, shown)
+                await self._execute(call, tool, args, detector, shown, verdict.rule)
             except SuspendTurn as suspended:  # an asked agent waits for approvals of its own
                 await self._append(ToolSuspended(call.id, call.name))
                 return list(suspended.calls)
         return []
+
+    def _judge(self, call: ToolCallRequest, args: dict[str, Any]) -> Verdict:
+        """The approval policy's verdict on the call (DEFAULT, without policies: the tool's own gating decides)."""
+        if not self.policies:
+            return NO_RULE
+        return judge(self.policies, call.name, args, self.workspace)
 
     def _yolo(self, state: SessionState) -> bool:
         """Whether the turn's gated calls run without asking (mm_core.state.asking): `yolo on|off` said in the
@@ -374,6 +392,7 @@ class Agent:
                     oneshot=self.oneshot,
                     depth=self.depth + 1,
                     name=name,
+                    policies=self.policies,  # the team's rules hold for the agents it asks as for itself
                 ),
             )
         return ToolContext(
@@ -381,7 +400,13 @@ class Agent:
         )
 
     async def _execute(
-        self, call: ToolCallRequest, tool: Tool, args: dict, detector: LoopDetector, shown: str | None = None
+        self,
+        call: ToolCallRequest,
+        tool: Tool,
+        args: dict,
+        detector: LoopDetector,
+        shown: str | None = None,
+        rule: str | None = None,
     ) -> None:
         await self._append(ToolStarted(call.id, call.name, self.name))
         self.emit(ToolCallStarted(call.id, call.name, args, tool.emoji, tool.title(args), self.name))
@@ -389,13 +414,13 @@ class Agent:
         try:
             output = await self._carry_out(call, tool, args, shown)
         except _Changed:
-            await self._result(call, CHANGED, CallStatus.ERROR, began)
+            await self._result(call, CHANGED, CallStatus.ERROR, began, rule=rule)
             return
         except ToolCancelled as e:
-            await self._result(call, e.output, CallStatus.CANCELLED, began)
+            await self._result(call, e.output, CallStatus.CANCELLED, began, rule=rule)
             raise asyncio.CancelledError from None
         except asyncio.CancelledError:
-            await self._result(call, CANCELLED, CallStatus.CANCELLED, began)
+            await self._result(call, CANCELLED, CallStatus.CANCELLED, began, rule=rule)
             raise
         except SuspendTurn:
             raise
@@ -404,7 +429,7 @@ class Agent:
         run = detector.record(call.name, call.arguments, output) if status == CallStatus.OK else 0
         if run >= STOP_AT:  # the call's result is the error: _fail writes both, the error first
             raise _LoopStopped(stop_text(call.name))
-        await self._result(call, LoopDetector.annotate(output, run), status, began, tool.shown(args, output))
+        await self._result(call, LoopDetector.annotate(output, run), status, began, tool.shown(args, output), rule)
 
     async def _result(
         self,
@@ -413,12 +438,18 @@ class Agent:
         status: CallStatus,
         began: float | None = None,
         shown: str | None = None,
+        rule: str | None = None,
+        *,
+        denied: Verdict | None = None,
     ) -> None:
         ms = int((time.monotonic() - began) * 1000) if began is not None else 0
-        await self._append(ToolResult(call.id, call.name, output, status, ms, self.name))
+        rule = denied.rule if denied is not None else rule
+        asked = ",".join(sorted(r for r in self.state().requesters() if r)) or None
+        await self._append(ToolResult(call.id, call.name, output, status, ms, self.name, rule, asked))
         lines = output.splitlines()[: self.config.previewLines]
         preview = shown or ("\n".join(lines) if output.strip() else "(no output)")
-        self.emit(ToolCallFinished(call.id, call.name, output, preview, status, self.name))
+        by, matched = (denied.rule, denied.matched) if denied is not None else (None, "")
+        self.emit(ToolCallFinished(call.id, call.name, output, preview, status, self.name, by, matched))
 
     async def _carry_out(self, call: ToolCallRequest, tool: Tool, args: dict[str, Any], shown: str | None) -> str:
         """Run the call; an approved one only while it would still show what the approver was shown (`shown`, the
@@ -439,12 +470,30 @@ class Agent:
         for call in calls:
             tool = self.tools.get(call.name)
             args, problem = _parse(call, tool, list(self.tools))
-            if tool is None or problem or call.id in decisions or not tool.needs_approval(args):
+            if tool is None or problem or call.id in decisions:
+                continue
+            verdict = self._judge(call, args)
+            if verdict.action == Action.DENY or not _asks(verdict, tool, args):
                 continue
             preview = (await self._plan(call, tool, args)).preview
             shown = shown_digest(call.name, args, preview)
             title = tool.title(args)
-            waiting.append(PendingCall(call.id, call.name, args, tool.emoji, title, preview, self.name, shown))
+            waiting.append(
+                PendingCall(
+                    call.id,
+                    call.name,
+                    args,
+                    tool.emoji,
+                    title,
+                    preview,
+                    self.name,
+                    shown,
+                    verdict.rule,
+                    verdict.matched,
+                    max(1, verdict.approvals),
+                    verdict.approvers or None,
+                )
+            )
         return waiting
 
     async def _plan(self, call: ToolCallRequest, tool: Tool, args: dict[str, Any]) -> Plan:
@@ -496,6 +545,12 @@ class Agent:
         """Give every call without a result one, so the log stays a valid conversation."""
         for call in state.pending():
             await self._result(call, text, status)
+
+
+def _asks(verdict: Verdict, tool: Tool, args: dict[str, Any]) -> bool:
+    """Whether the call needs a person: a rule says ask, or no rule matched and the tool's own gating asks (an
+    `allow` rule lets a call the tool would gate run)."""
+    return verdict.action == Action.ASK or (verdict.action == Action.DEFAULT and tool.needs_approval(args))
 
 
 def _parse(call: ToolCallRequest, tool: Tool | None, names: list[str]) -> tuple[dict[str, Any], str | None]:

@@ -344,6 +344,17 @@ def prompt(call: PendingCall) -> Prompt:
     return prompt_of(call.call_id, call.title, whole_text(call), call.icon, call.agent)
 
 
+DENIED = "⛔ Refused by the approval policy's rule “{rule}”{matched}: it is never run, whoever asks."
+
+
+def denied_line(event: ToolCallFinished) -> str | None:
+    """What to tell the people in the thread when an approval policy rule refused a call; None otherwise."""
+    if event.denied_by is None:
+        return None
+    matched = f" (it matched `{visible(event.matched)[0]}`)" if event.matched else ""
+    return DENIED.format(rule=event.denied_by, matched=matched)
+
+
 def oneshot_note(event: ToolCallFinished) -> str | None:
     """What to tell the person when one-shot mode rejected a call (nobody was there to ask)."""
     return ONESHOT_REJECTED.format(tool=event.tool) if event.status == CallStatus.REJECTED else None

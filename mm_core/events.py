@@ -48,6 +48,9 @@ class ToolCallFinished:
     preview: str
     status: CallStatus = CallStatus.OK
     agent: str | None = None
+    # A call an approval policy rule refused (`deny`): the rule, and what of the call matched it.
+    denied_by: str | None = None
+    matched: str = ""
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,12 @@ class PendingCall:
     # The digest of what the person is shown (mm_core.log.shown_digest): the Decision hands it back, and the call
     # runs only if it would still show exactly that.
     shown: str = ""
+    # The approval policy's verdict (mm_core.policy): the rule that asks (None: the tool's own gating), what of the
+    # call matched it, how many distinct people must approve, and whom it accepts (None: the front end's approvers).
+    rule: str | None = None
+    matched: str = ""
+    needed: int = 1
+    approvers: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)

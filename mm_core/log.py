@@ -86,6 +86,10 @@ class ToolResult:
     status: CallStatus = CallStatus.OK
     duration_ms: int = 0
     agent: str | None = None
+    # The approval policy's rule that decided how the call was treated (None: none matched), and who asked for
+    # the turn it belongs to (comma-separated; None: nobody, a job's prompt): what the audit says of the call.
+    rule: str | None = None
+    requested_by: str | None = None
     kind: str = "tool_result"
 
 
@@ -208,6 +212,10 @@ def to_dict(entry: Entry) -> dict[str, Any]:
     data = asdict(entry)
     if isinstance(entry, UserMessage) and not entry.images:
         del data["images"]  # a message without images is stored as before them, readable by an older worker
+    if isinstance(entry, ToolResult):
+        for key in ("rule", "requested_by"):  # likewise a result without them, as before the audit kept them
+            if data[key] is None:
+                del data[key]
     return data
 
 
