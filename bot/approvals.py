@@ -18,7 +18,6 @@ the worker resumes it from the approvals table, wherever it runs, even if the wo
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -26,14 +25,14 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine
 
-from bot.authorize import Approvers
+from bot.authorize import Approvers, counted_already, quoted
 from bot.steps import NoSteps, Steps, courtesy
 from chatops.buttons import Action, BadButton, ButtonValue
 from chatops.inbox import request_stop
 from chatops.queries import writers
 from chatops.schema import ApprovalState, SessionKind
-from chatops.sessions import Snapshot, decide, snapshot, waits_for_people
-from chatops.store import ApprovalRow, get_approval
+from chatops.sessions import Decided, Snapshot, decide, snapshot, waits_for_people
+from chatops.store import ApprovalRow, covered_by_approve_all, get_approval
 from slackio.approval_message import NO_APPROVERS, approvable, approval_blocks, layout, requesters, when
 from slackio.metrics import waited
 from slackio.mrkdwn import Mrkdwn
@@ -54,6 +53,10 @@ ALL_APPROVED = Mrkdwn(
 NOT_SHOWN = (
     "This call's full {what} could not be shown {where}, so it cannot be approved there: nothing was changed. "
     "Reject it, or ask for it again."
+)
+NOT_ALL = (
+    "This call is asked for by the rule {rule}, which “Approve all” does not cover: approve it on its own. "
+    "Nothing was changed."
 )
 NOTHING_TO_STOP = "Nothing is running in this thread."
 PUSH_UNAVAILABLE = "Pushing is not available here."
@@ -137,36 +140,44 @@ class ClickHandler:
                 # The button is not offered there (approval_message): a click that says otherwise changes nothing.
                 where = "in App Home" if click.channel is None else "in this thread"
                 return NOT_SHOWN.format(what=layout(row).what, where=where)
-            check = self.approvers.may_approve if approve else self.approvers.may_reject
-            refusal = await check(slack.client, channel, click.user, row.requested_by)
+            if everything and not covered_by_approve_all(row):
+                return NOT_ALL.format(rule=quoted(row.rule or "?"))
+            if approve:
+                refusal = await self.approvers.may_approve(slack.client, channel, click.user, row.requested_by, row=row)
+            else:
+                refusal = await self.approvers.may_reject(slack.client, channel, click.user, row.requested_by, row)
             if refusal is not None:
                 return refusal
             clicked = row
 
             def decided_now(conn: Connection) -> str:
                 in_home = click.channel is None
-                return json.dumps(
-                    decide(
-                        conn,
-                        clicked.call_id,
-                        approve,
-                        click.user,
-                        everything=everything,
-                        readable=lambda row: approvable(row, in_home=in_home),
-                    )
-                )
+                return decide(
+                    conn,
+                    clicked.call_id,
+                    approve,
+                    click.user,
+                    everything=everything,
+                    readable=lambda row: approvable(row, in_home=in_home),
+                ).to_json()
 
-            decided: list[str] = json.loads(await steps.take(DECIDED_STEP, decided_now))
-            for call_id in decided:
+            outcome = Decided.from_json(await steps.take(DECIDED_STEP, decided_now))
+            for call_id in outcome.calls:
                 if (won := await asyncio.to_thread(get_approval, self.engine, call_id)) is not None:
                     waited(won, "approved" if approve else "rejected")
         else:  # an earlier attempt decided: what it left (the messages, the line, the hand-off) is done now
-            decided = json.loads(steps.done(DECIDED_STEP) or "[]")
-        if not decided:
-            row = await asyncio.to_thread(get_approval, self.engine, row.call_id)
-            return _already(row) if row is not None else NOT_FOUND
-        # A job's run: an "Approve all" there covers the run's prompt, which nobody wrote.
+            outcome = Decided.from_json(steps.done(DECIDED_STEP) or "[]")
         job_run = session.kind == SessionKind.JOB
+        if outcome.voted:  # counted towards a call that needs more people: it waits for them, as its message says
+            await self._show(slack, channel, row.call_id, job_run)
+            return None
+        decided = list(outcome.calls)
+        if not decided:
+            found = await asyncio.to_thread(get_approval, self.engine, row.call_id)
+            if found is not None and found.state == ApprovalState.PENDING and click.user in found.approved_by:
+                return counted_already(found)
+            return _already(found) if found is not None else NOT_FOUND
+        # A job's run: an "Approve all" there covers the run's prompt, which nobody wrote.
         for call_id in decided:
             await self._show(slack, channel, call_id, job_run)
         if everything:

@@ -7,7 +7,12 @@ only a claim, checked against the database by the caller (bot.approvals). The ru
   id under `channels.<id>.approvers` (else `channels.default`). The person whose message started the turn
   may approve its calls only with `approvals.requester_can_approve: true`, approver or not: that is how an
   operator makes a channel self-service. Without it, a second person always looks at a call.
-- **Reject**: the approvers, and the person who asked: anyone may withdraw their own request.
+- **A call an approval policy rule asks for** (`approvals.policies`): the rule's `approvers` when it names
+  some, else the channel's; once the call is escalated (`approvals.escalateAfter`), the `escalateTo` ids too.
+  Nobody who asked for it may approve it, whatever `requester_can_approve` says (that key makes the tool's own
+  gating self-service, not a rule), and a person counts once towards the people it needs.
+- **Reject**: the approvers (the rule's and the channel's), and the person who asked: anyone may withdraw
+  their own request.
 - **Stop**: the approvers, and whoever wrote to the session.
 
 User groups are resolved through `usergroups.users.list` and kept for GROUP_TTL seconds, so that a burst of
@@ -19,10 +24,12 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
+from chatops.approvers import accepted
 from chatops.config import ServiceConfig
+from chatops.store import ApprovalRow
 from slackio.mrkdwn import Mrkdwn
 
 log = logging.getLogger("mm.bot.authorize")
@@ -39,6 +46,12 @@ OWN_REQUEST = (
     "(`approvals.requester_can_approve` is off). Nothing was changed."
 )
 GROUP_UNKNOWN = " (the user group {group} could not be checked: {error})"
+NOT_FOR_RULE = Mrkdwn("Only the approvers the rule {rule} accepts may approve this call ({who}). Nothing was changed.")
+OWN_UNDER_RULE = "You asked for this call, and the rule {rule} needs its approval from {who}. Nothing was changed."
+COUNTED_ALREADY = (
+    "You have already approved this call: it needs {missing} from someone else (not whoever asked for it). "
+    "Nothing was changed."
+)
 
 
 class Approvers:
@@ -48,9 +61,17 @@ class Approvers:
         self._service, self.ttl = service, ttl
         self._groups: dict[str, tuple[float, frozenset[str]]] = {}
 
-    async def is_approver(self, client: Any, channel: str, user: str) -> tuple[bool, str]:
-        """Whether `user` is one of the channel's approvers; and, when a group could not be checked, why."""
-        approvers = self._service().channel(channel).approvers
+    def accepted(self, channel: str, row: ApprovalRow | None = None) -> list[str]:
+        """Who may approve `row` (None: anything else an approver may do in `channel`): the ids the row names (its
+        rule's approvers, widened by an escalation: chatops/nudges.py), else the channel's."""
+        return accepted(self._service(), channel, row)
+
+    async def is_approver(
+        self, client: Any, channel: str, user: str, accepted: Sequence[str] | None = None
+    ) -> tuple[bool, str]:
+        """Whether `user` is one of `accepted` (None: the channel's approvers), by id or user group; and, when a
+        group could not be checked, why."""
+        approvers = self.accepted(channel) if accepted is None else accepted
         if user in approvers:
             return True, ""
         problems = ""
@@ -64,34 +85,49 @@ class Approvers:
         return False, problems
 
     async def may_approve(
-        self, client: Any, channel: str, user: str, requested_by: str | None, what: str = "approve calls"
+        self,
+        client: Any,
+        channel: str,
+        user: str,
+        requested_by: str | None,
+        what: str = "approve calls",
+        row: ApprovalRow | None = None,
     ) -> str | None:
-        """None when `user` may approve a call of `channel` asked by `requested_by` (or do `what` else an
-        approver may); else the sentence why not."""
+        """None when `user` may approve `row`, a call of `channel` asked by `requested_by` (or, without a row, do
+        `what` else an approver may); else the sentence why not."""
         own = _asked(user, requested_by)
+        ruled = row is not None and row.rule is not None
+        if own and ruled:
+            assert row is not None
+            who = "someone else" if row.needed <= 1 else f"{row.needed} other people"
+            return OWN_UNDER_RULE.format(rule=quoted(row.rule or ""), who=who)
         if own and self._service().approvals.requester_can_approve:
             return None
-        approver, problems = await self.is_approver(client, channel, user)
+        if row is not None and user in row.approved_by:
+            return counted_already(row)
+        accepted = self.accepted(channel, row)
+        approver, problems = await self.is_approver(client, channel, user, accepted)
         if approver:
             return OWN_REQUEST if own else None
-        return self.refusal(channel, what, problems)
+        if ruled and row is not None and row.approvers is not None:
+            return NOT_FOR_RULE.format(rule=quoted(row.rule or ""), who=_named(accepted)) + problems
+        return self.refusal(channel, what, problems, accepted)
 
-    async def may_reject(self, client: Any, channel: str, user: str, requested_by: str | None) -> str | None:
+    async def may_reject(
+        self, client: Any, channel: str, user: str, requested_by: str | None, row: ApprovalRow | None = None
+    ) -> str | None:
         if _asked(user, requested_by):
             return None
-        approver, problems = await self.is_approver(client, channel, user)
-        return None if approver else self.refusal(channel, "reject calls", problems)
+        accepted = self.accepted(channel, row)
+        accepted += [a for a in self.accepted(channel) if a not in accepted]  # a rule's approvers, and the channel's
+        approver, problems = await self.is_approver(client, channel, user, accepted)
+        return None if approver else self.refusal(channel, "reject calls", problems, accepted)
 
-    def refusal(self, channel: str, what: str, problems: str = "") -> str:
-        approvers = self._service().channel(channel).approvers
+    def refusal(self, channel: str, what: str, problems: str = "", accepted: Sequence[str] | None = None) -> str:
+        approvers = self.accepted(channel) if accepted is None else accepted
         if not approvers:
             return NO_APPROVERS.format(what=what, channel=channel)
-        # A user group is named by its id, not mentioned: `<!subteam^…>` would notify the whole group.
-        who = Mrkdwn(", ").join(
-            Mrkdwn("the user group `{id}`").format(id=a) if a.startswith("S") else Mrkdwn("<@{id}>").format(id=a)
-            for a in approvers
-        )
-        return NOT_AN_APPROVER.format(what=what, who=who) + problems
+        return NOT_AN_APPROVER.format(what=what, who=_named(approvers)) + problems
 
     async def _members(self, client: Any, group: str) -> frozenset[str]:
         now = time.monotonic()
@@ -107,6 +143,27 @@ class Approvers:
         members = frozenset(u for u in response.get("users") or [] if isinstance(u, str))
         self._groups[group] = (now + self.ttl, members)
         return members
+
+
+def _named(ids: Sequence[str]) -> Mrkdwn:
+    # A user group is named by its id, not mentioned: `<!subteam^…>` would notify the whole group.
+    return Mrkdwn(", ").join(
+        Mrkdwn("the user group `{id}`").format(id=a) if a.startswith("S") else Mrkdwn("<@{id}>").format(id=a)
+        for a in ids
+    )
+
+
+def counted_already(row: ApprovalRow) -> str:
+    return COUNTED_ALREADY.format(missing=_people(row.missing))
+
+
+def _people(count: int) -> str:
+    return "one more approval" if count == 1 else f"{count} more approvals"
+
+
+def quoted(rule: str) -> str:
+    """A rule's label as people read it in a sentence."""
+    return f"“{rule}”"
 
 
 def _asked(user: str, requested_by: str | None) -> bool:

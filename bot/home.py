@@ -74,7 +74,12 @@ class Home:
         for pending in waiting:
             if shown == APPROVALS:
                 break
-            if await self.approvers.may_approve(client, pending.channel_id, user, pending.row.requested_by) is None:
+            if (
+                await self.approvers.may_approve(
+                    client, pending.channel_id, user, pending.row.requested_by, row=pending.row
+                )
+                is None
+            ):
                 blocks += await self._approval(client, pending)
                 shown += 1
         if not shown:
@@ -101,7 +106,9 @@ class Home:
             if link
             else _where(None, "In {channel}", pending.channel_id)
         )
-        return [_context(where), *blocks]
+        # Oldest first (pending_approvals): the age says why this one is on top.
+        since = Mrkdwn(" · waiting since ") + when(pending.row.created_at) if pending.row.created_at else Mrkdwn()
+        return [_context(where + since), *blocks]
 
     async def _link(self, client: Any, channel: str | None, ts: str | None) -> str | None:
         if not channel or not ts:

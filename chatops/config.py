@@ -36,6 +36,7 @@ from mm_core.config import (
     read_yaml,
     with_refs_from,
 )
+from mm_core.policy import Rule
 
 DEFAULT_CONFIG_FILE = "mm.yaml"
 DEFAULT_DATABASE_URL = "sqlite:///./var/mm.sqlite3"
@@ -236,6 +237,8 @@ class ApprovalsConfig(Strict):
     # When a call has waited this long, the `escalateTo` users and groups may approve it too, and are asked.
     escalateAfter: Duration | None = None
     escalateTo: SlackIds = Field(default_factory=list)
+    # Which calls run, ask (how many people, which) or are refused, by rule: mm_core/policy.py, docs/governance.md.
+    policies: list[Rule] = Field(default_factory=list)
 
 
 def is_branch_name(name: str) -> bool:

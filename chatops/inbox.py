@@ -33,6 +33,7 @@ from chatops.schema import (
     new_id,
     utcnow,
 )
+from chatops.store import record_expiry
 
 
 @dataclass(frozen=True)
@@ -263,14 +264,16 @@ def renew_held(
 def expire_pending(engine: Engine, session_id: str) -> list[str]:
     """The session's turn ended without a decision (a stop): its pending approvals go, so that nothing waits
     on them and a late click finds them decided. The call ids it expired (their messages lose their buttons)."""
+    now = utcnow()
     with engine.begin() as conn:
         rows = conn.execute(
             update(Approval)
             .where(Approval.session_id == session_id, Approval.state == ApprovalState.PENDING)
-            .values(state=ApprovalState.EXPIRED, decided_at=utcnow())
-            .returning(Approval.call_id)
-        )
-        return list(rows.scalars())
+            .values(state=ApprovalState.EXPIRED, decided_at=now)
+            .returning(Approval.call_id, Approval.session_id, Approval.rule)
+        ).all()
+        record_expiry(conn, rows, now)
+        return [row.call_id for row in rows]
 
 
 def release_expired_leases(engine: Engine, now: datetime | None = None) -> int:

@@ -12,7 +12,7 @@ from typing import Any
 from sqlalchemy import Engine, func, or_, select
 
 from chatops.schema import Approval, ApprovalState, InboxMessage, Session, SessionEvent, utcnow
-from chatops.store import APPROVAL_COLUMNS, ApprovalRow, approval_from
+from chatops.store import APPROVAL_COLUMNS, ApprovalRow, approval_from, get_approval
 from mm_core.log import AssistantMessage, from_dict
 
 
@@ -107,7 +107,10 @@ def pending_approvals(engine: Engine, limit: int = 50, session_id: str | None = 
     for row in rows:
         values = row._asdict()
         channel, thread = values.pop("s_channel"), values.pop("s_thread")
-        out.append(PendingApproval(approval_from(values), channel or "", thread))
+        approval = approval_from(values)
+        if approval.needed > 1:  # who approved it so far: App Home shows them, and does not ask them again
+            approval = get_approval(engine, approval.call_id) or approval
+        out.append(PendingApproval(approval, channel or "", thread))
     return out
 
 

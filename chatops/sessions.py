@@ -19,6 +19,7 @@ and chatops.inbox (a worker's renewals, housekeeping's release of the expired); 
 from __future__ import annotations
 
 import itertools
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
@@ -33,9 +34,12 @@ from chatops.store import (
     APPROVAL_COLUMNS,
     INBOX_PER_TURN,
     ApprovalRow,
+    Counted,
     approval_from,
     approvals_of,
+    covered_by_approve_all,
     decide_approval,
+    get_approval,
 )
 from mm_core.log import Decision, from_dict
 from mm_core.state import SessionState
@@ -313,6 +317,25 @@ def waits_for_people(bind: Engine | Connection, session_id: str) -> bool:
 # --- deciding an approval ---------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Decided:
+    """What a click did: the calls it decided (they left pending), or its approval counted towards a call that
+    needs more people (`voted`); neither when another decision came first or this person counted already."""
+
+    calls: tuple[str, ...] = ()
+    voted: bool = False
+
+    def to_json(self) -> str:
+        return json.dumps({"calls": list(self.calls), "voted": self.voted})
+
+    @classmethod
+    def from_json(cls, text: str) -> Decided:
+        data = json.loads(text)
+        if isinstance(data, list):  # the step as a bot before policies recorded it: the calls alone
+            return cls(tuple(data))
+        return cls(tuple(data["calls"]), bool(data["voted"]))
+
+
 def decide(
     bind: Engine | Connection,
     call_id: str,
@@ -321,31 +344,38 @@ def decide(
     *,
     everything: bool = False,
     readable: Callable[[ApprovalRow], bool] = lambda row: True,
-) -> list[str]:
-    """A person's decision on a call, by compare-and-set, in one transaction (the caller's, given a connection):
-    the calls it decided, none when another decision came first. `everything` (Approve all): the other waiting
-    calls of the same requesters are approved too, those `readable` where the click came from; the others wait
-    for a decision of their own. Their later calls run without asking: the worker hands the decision to the log,
-    where mm_core.state derives whom it covers."""
+) -> Decided:
+    """A person's decision on a call, in one transaction (the caller's, given a connection): counted by
+    decide_approval (compare-and-set; a call that needs several people is approved by the last of them).
+    `everything` (Approve all): the other waiting calls of the same requesters are approved too, those `readable`
+    where the click came from and covered_by_approve_all; the others wait for a decision of their own. Their
+    later calls run without asking: the worker hands the decision to the log, where mm_core.state derives whom
+    it covers (and the loop never lets it cover a call a rule asks for)."""
     with transaction(bind) as conn:
-        if not decide_approval(conn, call_id, approve, by, approve_all=everything):
-            return []
+        clicked = get_approval(conn, call_id)
+        if clicked is None:
+            return Decided()
+        # An "Approve all" of a call a rule asks for is that call's approval only: it grants nobody anything.
+        everything = everything and covered_by_approve_all(clicked)
+        counted = decide_approval(conn, call_id, approve, by, approve_all=everything)
+        if counted is Counted.NOTHING:
+            return Decided()
+        if counted is Counted.VOTED:
+            return Decided(voted=True)
         if not (approve and everything):
-            return [call_id]
-        rows = approvals_of(conn, _session_of_call(conn, call_id))
-        clicked = next(row for row in rows if row.call_id == call_id)
-        return [
-            call_id,
-            *(
-                row.call_id
-                for row in rows
-                if row.state == ApprovalState.PENDING
-                and row.requested_by == clicked.requested_by
-                and readable(row)
-                and decide_approval(conn, row.call_id, True, by)
-            ),
-        ]
-
-
-def _session_of_call(conn: Connection, call_id: str) -> str:
-    return conn.execute(select(Approval.session_id).where(Approval.call_id == call_id)).scalar_one()
+            return Decided((call_id,))
+        rows = approvals_of(conn, clicked.session_id)
+        return Decided(
+            (
+                call_id,
+                *(
+                    row.call_id
+                    for row in rows
+                    if row.state == ApprovalState.PENDING
+                    and row.requested_by == clicked.requested_by
+                    and covered_by_approve_all(row)
+                    and readable(row)
+                    and decide_approval(conn, row.call_id, True, by)
+                ),
+            )
+        )

@@ -16,6 +16,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from enum import StrEnum
 from typing import Any
 
 from sqlalchemy import Connection, Engine, FromClause, bindparam, delete, func, insert, or_, select, update
@@ -26,6 +27,7 @@ from chatops.db import reading, transaction
 from chatops.errors import ChatopsError
 from chatops.schema import (
     Approval,
+    ApprovalDecision,
     ApprovalState,
     Base,
     CallDecision,
@@ -38,6 +40,7 @@ from chatops.schema import (
     SessionStatus,
     SlackEvent,
     ToolCall,
+    Vote,
     db_clock,
     utcnow,
 )
@@ -265,6 +268,8 @@ _CALL_VALUES = (
     "duration_ms",
     "decision",
     "decided_by",
+    "rule",
+    "requested_by",
 )
 _CALL_KEYS = tuple(f"p_{name}" for name in ("session_id", "call_id", *_CALL_VALUES, "auto"))
 
@@ -328,6 +333,8 @@ def _project(conn: Connection, session_id: str, entry: Entry, now: datetime) -> 
                 status=entry.status,
                 finished_at=now,
                 duration_ms=entry.duration_ms,
+                rule=entry.rule,
+                requested_by=entry.requested_by,
             )
             conn.execute(_UPSERT_CALL[conn.dialect.name], values)
         case Decision(call_id=call_id, approved=approved, by=by):
@@ -534,15 +541,41 @@ class ApprovalRow:
     created_at: datetime | None = None
     shown: str | None = None  # the digest of what the person is shown (mm_core.log.shown_digest)
     text_file: str | None = None  # the uploaded file holding the whole text, when the message cannot
+    # The approval policy's rule that asked (None: the tool's own gating), what of the call matched it, how many
+    # distinct people must approve, and whom the rule accepts (None: the channel's approvers).
+    rule: str | None = None
+    matched: str | None = None
+    needed: int = 1
+    approvers: tuple[str, ...] | None = None
+    reminded_at: datetime | None = None
+    escalated_at: datetime | None = None
+    # Who approved so far, in order (approval_decisions): read only for a call that needs more than one person.
+    approved_by: tuple[str, ...] = ()
+
+    @property
+    def missing(self) -> int:
+        """How many more distinct people must approve the call."""
+        return max(0, self.needed - len(self.approved_by))
 
 
-APPROVAL_COLUMNS = [getattr(Approval, f) for f in ApprovalRow.__dataclass_fields__]
+def covered_by_approve_all(row: ApprovalRow) -> bool:
+    """Whether "Approve all" may approve the call: only a call the tool's own gating asks for. A call a policy
+    rule asks for (one approver from a named group, or several people) is decided on its own, every time: an
+    approval of a lighter call never crosses a stricter rule."""
+    return row.rule is None and row.needed <= 1
+
+
+APPROVAL_COLUMNS = [getattr(Approval, f) for f in ApprovalRow.__dataclass_fields__ if f != "approved_by"]
 # What a person is shown of a call is kept exactly: a NUL or a lone surrogate (which PostgreSQL text cannot hold,
 # and _fit would make U+FFFD) is stored as U+FFFD and its four hex digits, and so is U+FFFD itself, so that the
 # text read back is the text as it was: mm_core.display shows the NUL as `\u0000`, with its warning.
 _SHOWN_TEXTS = ("title", "arguments", "preview")
 _UNKEPT = re.compile("[\x00\ud800-\udfff\ufffd]")
 _KEPT = re.compile("\ufffd([0-9a-f]{4})")
+
+
+# A decision a person made carries their Slack user id; one nobody made (NO_APPROVERS) carries a sentence.
+_APPROVER = re.compile(r"^[UW][A-Z0-9]{2,31}$")
 
 
 def _keep(text: str | None) -> str | None:
@@ -553,10 +586,34 @@ def _kept(text: str | None) -> str | None:
     return _KEPT.sub(lambda m: chr(int(m.group(1), 16)), text) if text is not None else None
 
 
-def approval_from(values: dict[str, Any]) -> ApprovalRow:
-    """An ApprovalRow from a result row's APPROVAL_COLUMNS (`row._asdict()`)."""
+def approval_from(values: dict[str, Any], approved_by: Sequence[str] = ()) -> ApprovalRow:
+    """An ApprovalRow from a result row's APPROVAL_COLUMNS (`row._asdict()`), and who approved it so far."""
     texts = {name: _kept(values[name]) for name in _SHOWN_TEXTS}
-    return ApprovalRow(**{**values, **texts, "state": ApprovalState(values["state"])})
+    approvers = values["approvers"]
+    return ApprovalRow(
+        **{
+            **values,
+            **texts,
+            "state": ApprovalState(values["state"]),
+            "approvers": tuple(approvers) if approvers is not None else None,
+            "approved_by": tuple(approved_by),
+        }
+    )
+
+
+def _with_votes(conn: Connection, rows: Sequence[Any]) -> list[ApprovalRow]:
+    """ApprovalRows of result rows, with who approved each call that needs several people (one query for them)."""
+    several = [row.call_id for row in rows if row.needed > 1]
+    by: dict[str, list[str]] = {}
+    if several:
+        votes = conn.execute(
+            select(ApprovalDecision.call_id, ApprovalDecision.user_id)
+            .where(ApprovalDecision.call_id.in_(several), ApprovalDecision.vote == Vote.APPROVE)
+            .order_by(ApprovalDecision.id)
+        )
+        for call_id, user in votes:
+            by.setdefault(call_id, []).append(user or "")
+    return [approval_from(row._asdict(), by.get(row.call_id, ())) for row in rows]
 
 
 def request_approval(
@@ -572,9 +629,13 @@ def request_approval(
     shown: str | None = None,
     timeout_s: float | None = None,
     now: datetime | None = None,
+    rule: str | None = None,
+    matched: str | None = None,
+    needed: int = 1,
+    approvers: Sequence[str] | None = None,
 ) -> ApprovalRow:
     """Record a pending approval; asking again for the same call (a resumed turn) returns the existing row, as it
-    was first shown."""
+    was first shown. `rule`, `matched`, `needed`, `approvers`: the approval policy's verdict on the call."""
     now = now or utcnow()
     try:
         with engine.begin() as conn:
@@ -590,6 +651,10 @@ def request_approval(
                     state=ApprovalState.PENDING,
                     expires_at=now + timedelta(seconds=timeout_s) if timeout_s is not None else None,
                     created_at=now,
+                    **_fit(Approval.__table__, rule=rule),
+                    matched=_keep(matched),
+                    needed=needed,
+                    approvers=list(approvers) if approvers is not None else None,
                 )
             )
     except IntegrityError:
@@ -604,8 +669,9 @@ def request_approval(
 
 def get_approval(bind: Engine | Connection, call_id: str) -> ApprovalRow | None:
     with reading(bind) as conn:
-        row = conn.execute(select(*APPROVAL_COLUMNS).where(Approval.call_id == call_id)).first()
-    return approval_from(row._asdict()) if row else None
+        rows = conn.execute(select(*APPROVAL_COLUMNS).where(Approval.call_id == call_id)).all()
+        found = _with_votes(conn, rows)
+    return found[0] if found else None
 
 
 def approvals_of(bind: Engine | Connection, session_id: str) -> list[ApprovalRow]:
@@ -614,7 +680,7 @@ def approvals_of(bind: Engine | Connection, session_id: str) -> list[ApprovalRow
         rows = conn.execute(
             select(*APPROVAL_COLUMNS).where(Approval.session_id == session_id).order_by(Approval.created_at)
         ).all()
-    return [approval_from(row._asdict()) for row in rows]
+        return _with_votes(conn, rows)
 
 
 def set_yolo(engine: Engine, session_id: str, on: bool | None) -> None:
@@ -668,6 +734,18 @@ def set_approval_message(engine: Engine, call_id: str, message_ts: str) -> None:
         conn.execute(update(Approval).where(Approval.call_id == call_id).values(message_ts=message_ts))
 
 
+class Counted(StrEnum):
+    """What one person's click did to a call (decide_approval)."""
+
+    DECIDED = "decided"  # the call left pending: rejected, or approved by as many people as it needs
+    VOTED = "voted"  # an approval was counted, and the call waits for more people
+    NOTHING = "nothing"  # the call was not pending any more (decided, expired), or this person counted already
+
+    def __bool__(self) -> bool:
+        """Whether the click counted."""
+        return self is not Counted.NOTHING
+
+
 def decide_approval(
     bind: Engine | Connection,
     call_id: str,
@@ -676,19 +754,52 @@ def decide_approval(
     now: datetime | None = None,
     *,
     approve_all: bool = False,
-) -> bool:
-    """Approve or reject; True only for the one decision that won (pending and not yet expired). `approve_all`:
-    the approval also covers every further call of the same requesters (the worker records it in the log with
-    the decision, where mm_core.state derives whom it covers). Given a connection, in its transaction."""
+) -> Counted:
+    """Count one person's decision on a pending, unexpired call, and move the call out of pending when it is
+    decided: a rejection at once, an approval once `needed` distinct people approved. Each counted click is an
+    appended approval_decisions row, never changed. The row is locked first (an UPDATE, which PostgreSQL and
+    SQLite both make wait for a concurrent one), so two approvers clicking at once are counted one after the
+    other, never both as "the first of two". `approve_all`: the approval also covers every further call of the
+    same requesters (mm_core.state derives whom). Given a connection, in its transaction."""
     now = now or utcnow()
+    user = by if _APPROVER.match(by) else None  # NO_APPROVERS and other decisions nobody made have no user
     with transaction(bind) as conn:
-        result = conn.execute(
+        locked = conn.execute(
             update(Approval)
             .where(
                 Approval.call_id == call_id,
                 Approval.state == ApprovalState.PENDING,
                 or_(Approval.expires_at.is_(None), Approval.expires_at > now),
             )
+            .values(needed=Approval.needed)
+            .returning(Approval.session_id, Approval.needed, Approval.rule)
+        ).first()
+        if locked is None:
+            return Counted.NOTHING
+        votes = conn.execute(
+            select(ApprovalDecision.user_id).where(
+                ApprovalDecision.call_id == call_id, ApprovalDecision.vote == Vote.APPROVE
+            )
+        ).scalars()
+        approvers = set(votes)
+        if user is not None and user in approvers:
+            return Counted.NOTHING
+        conn.execute(
+            insert(ApprovalDecision).values(
+                call_id=call_id,
+                session_id=locked.session_id,
+                user_id=user,
+                vote=Vote.APPROVE if approved else Vote.REJECT,
+                approve_all=approved and approve_all,
+                rule=locked.rule,
+                created_at=now,
+            )
+        )
+        if approved and len(approvers) + 1 < locked.needed:
+            return Counted.VOTED
+        conn.execute(
+            update(Approval)
+            .where(Approval.call_id == call_id)
             .values(
                 state=ApprovalState.APPROVED if approved else ApprovalState.REJECTED,
                 decided_by=by,
@@ -696,7 +807,25 @@ def decide_approval(
                 approve_all=approved and approve_all,
             )
         )
-        return result.rowcount == 1
+        return Counted.DECIDED
+
+
+def record_expiry(conn: Connection, rows: Sequence[Any], now: datetime) -> None:
+    """The expiry of each call in `rows` (call_id, session_id, rule), appended as nobody's decision."""
+    if rows:
+        conn.execute(
+            insert(ApprovalDecision),
+            [
+                {
+                    "call_id": r.call_id,
+                    "session_id": r.session_id,
+                    "vote": Vote.EXPIRE,
+                    "rule": r.rule,
+                    "created_at": now,
+                }
+                for r in rows
+            ],
+        )
 
 
 def expire_approvals(engine: Engine, now: datetime | None = None) -> list[ApprovalRow]:
@@ -709,4 +838,5 @@ def expire_approvals(engine: Engine, now: datetime | None = None) -> list[Approv
             .values(state=ApprovalState.EXPIRED, decided_at=now)
             .returning(*APPROVAL_COLUMNS)
         ).all()
-    return [approval_from(row._asdict()) for row in rows]
+        record_expiry(conn, rows, now)
+        return _with_votes(conn, rows)

@@ -29,7 +29,7 @@ from typing import Any
 from chatops.buttons import Action, ButtonValue, element
 from chatops.schema import ApprovalState
 from chatops.secrets import scrub
-from chatops.store import ApprovalRow
+from chatops.store import ApprovalRow, covered_by_approve_all
 from mm_core import display
 from slackio.blocks import code_sections, context_block
 from slackio.mrkdwn import Mrkdwn, mrkdwn_of
@@ -203,6 +203,8 @@ def approval_blocks(
             note = ONLY_IN_THREAD if in_home and row.text_file is not None else UNSHARED
             blocks.append(context_block(note.format(what=shown.what)))
         actions = (Action.APPROVE, Action.REJECT, Action.APPROVE_ALL) if reachable else (Action.REJECT,)
+        if not covered_by_approve_all(row):  # a rule's call is approved on its own (chatops.store)
+            actions = tuple(a for a in actions if a != Action.APPROVE_ALL)
         value = ButtonValue(row.session_id, row.call_id)
         blocks.append(
             {
@@ -269,7 +271,10 @@ def _state_line(row: ApprovalRow, channel: str, job_run: bool) -> Mrkdwn:
     if row.state == ApprovalState.PENDING:
         asked = Mrkdwn(" · asked by ") + requesters(row.requested_by) if row.requested_by else Mrkdwn()
         expires = Mrkdwn(" · expires ") + when(row.expires_at) if row.expires_at else Mrkdwn()
-        return Mrkdwn(WAITING) + asked + expires
+        return Mrkdwn(WAITING) + asked + expires + _rule_line(row)
+    if row.state == ApprovalState.APPROVED and len(row.approved_by) > 1:
+        by = Mrkdwn(" and ").join(mention(p) for p in row.approved_by)
+        return Mrkdwn("✅ Approved by {by}{at}").format(by=by, at=at) + _rule_line(row)
     if row.decided_by == NO_APPROVERS:
         return Mrkdwn.of(NOBODY_MAY_APPROVE.format(channel=channel))
     by = mention(row.decided_by or "")
@@ -280,6 +285,33 @@ def _state_line(row: ApprovalRow, channel: str, job_run: bool) -> Mrkdwn:
     if row.state == ApprovalState.REJECTED:
         return Mrkdwn("❌ Rejected by {by}{at}").format(by=by, at=at)
     return Mrkdwn("⌛ Not decided: it expired, or the turn was stopped{at}").format(at=at)
+
+
+def _rule_line(row: ApprovalRow) -> Mrkdwn:
+    """Which approval policy rule asked for the call and what of it matched; how many people it needs, who
+    approved so far, whom it accepts and when it was escalated. Nothing for a call the tool's own gating asked
+    for and nobody escalated."""
+    parts: list[Mrkdwn] = []
+    if row.rule is not None:
+        rule = Mrkdwn("Rule “{rule}”").format(rule=row.rule)
+        if row.matched:
+            rule += Mrkdwn(" (matched `{matched}`)").format(matched=display.visible(row.matched)[0][:200])
+        parts.append(rule)
+    if row.needed > 1:
+        parts.append(Mrkdwn("needs {n} different approvers, not who asked").format(n=row.needed))
+        if row.approved_by and row.state == ApprovalState.PENDING:
+            so_far = Mrkdwn(", ").join(mention(p) for p in row.approved_by)
+            parts.append(Mrkdwn("{k} of {n} so far: {who}").format(k=len(row.approved_by), n=row.needed, who=so_far))
+    if row.approvers is not None and row.state == ApprovalState.PENDING:
+        parts.append(Mrkdwn("may decide: ") + _ids(row.approvers))
+    if row.escalated_at is not None and row.state == ApprovalState.PENDING:
+        parts.append(Mrkdwn("escalated ") + when(row.escalated_at))
+    return Mrkdwn("\n📜 ") + Mrkdwn(" · ").join(parts) if parts else Mrkdwn()
+
+
+def _ids(ids: Sequence[str]) -> Mrkdwn:
+    # A user group is named by its id in a message that stays: `<!subteam^…>` would notify it at every edit.
+    return Mrkdwn(", ").join(Mrkdwn("`{id}`").format(id=i) if i.startswith("S") else mention(i) for i in ids)
 
 
 def _fallback_state(row: ApprovalRow) -> str:

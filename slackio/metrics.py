@@ -53,6 +53,19 @@ APPROVAL_WAIT = Histogram(
     ["decision"],
     buckets=(5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200, 14400, 43200),
 )
+APPROVAL_DECISIONS = Counter(
+    "mm_approval_decisions_total",
+    "Decisions on tool calls, by the approval policy rule that asked or refused ('none': the tool's own gating) "
+    "and the decision: approved, rejected, expired, or denied (a deny rule refused it, nobody was asked)",
+    ["rule", "decision"],
+)
+PENDING_APPROVALS = Gauge(
+    "mm_approvals_pending",
+    "Calls waiting for a decision, by how long they have waited (set by housekeeping)",
+    ["age"],
+)
+# The ages mm_approvals_pending counts by: up to each bound, in seconds, and beyond the last.
+PENDING_AGES = (("under_5m", 300.0), ("5m_to_30m", 1800.0), ("30m_to_2h", 7200.0), ("over_2h", None))
 SLACK_ERRORS = Counter(
     "mm_slack_api_errors_total",
     "Slack Web API answers that were errors (ok: false, HTTP 5xx, a dropped connection), each attempt, by method "
@@ -105,6 +118,8 @@ class StepClock:
                 traces.interval("mm.tool_call", began, now, attributes)
         elif isinstance(event, TurnFinished):
             TURNS.labels(str(event.outcome)).inc()
+        if isinstance(event, ToolCallFinished) and event.denied_by is not None:
+            APPROVAL_DECISIONS.labels(rule_label(event.denied_by), "denied").inc()
 
 
 def _agent(name: str | None) -> dict[str, str]:
@@ -121,8 +136,20 @@ def _label(value: str) -> str:
     return value if _LABEL.fullmatch(value) else "other"
 
 
+def rule_label(rule: str | None) -> str:
+    """A rule's label as a metric's: the config names it (a bounded set), cut short; 'none' for no rule."""
+    return (rule or "none")[:60]
+
+
+def pending_ages(ages: dict[str, int]) -> None:
+    """How many calls wait, by age (chatops.nudges.pending_by_age): every age set, those with none to 0."""
+    for name, _ in PENDING_AGES:
+        PENDING_APPROVALS.labels(name).set(ages.get(name, 0))
+
+
 def waited(approval: Any, decision: str) -> None:
-    """An approval decided (or expired) now: how long it waited (an ApprovalRow)."""
+    """An approval decided (or expired) now: how long it waited (an ApprovalRow), and by which rule."""
+    APPROVAL_DECISIONS.labels(rule_label(getattr(approval, "rule", None)), decision).inc()
     if approval.created_at is not None:
         APPROVAL_WAIT.labels(decision).observe(max(0.0, (utcnow() - approval.created_at).total_seconds()))
 

@@ -57,7 +57,7 @@ def test_unknown_key_with_suggestion(tmp_path: Path) -> None:
 def test_unknown_key_without_a_close_match_lists_the_valid_ones(tmp_path: Path) -> None:
     assert _problems(tmp_path, "approvals: {zzz: 1}\n") == [
         "1: approvals.zzz: unknown key (expected one of: requester_can_approve, timeout, remindAfter, escalateAfter, "
-        "escalateTo)"
+        "escalateTo, policies)"
     ]
 
 

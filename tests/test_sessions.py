@@ -9,6 +9,7 @@ import itertools
 import json
 import uuid
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -258,6 +259,8 @@ def write(engine: Engine, snap: Snapshot) -> str:
                     approve_all=a.approve_all,
                     shown=a.shown,
                     created_at=NOW,
+                    rule=a.rule,
+                    needed=a.needed,
                 )
             )
         for w in snap.inbox:
@@ -358,10 +361,32 @@ def test_approve_all_decides_the_requesters_other_readable_calls_in_one_go(lite:
     decided = sessions.decide(
         lite, calls[0], True, "U0BOB", everything=True, readable=lambda row: row.call_id != unreadable
     )
-    assert decided == calls[:2]
-    assert sessions.decide(lite, calls[0], False, "U0CAROL") == []  # decided already: a later click changes nothing
+    assert decided == sessions.Decided(tuple(calls[:2]))
+    # decided already: a later click changes nothing
+    assert sessions.decide(lite, calls[0], False, "U0CAROL") == sessions.Decided()
     assert sessions.waits_for_people(lite, session_id)  # the unreadable one waits for its own decision
-    assert sessions.decide(lite, unreadable, False, "U0BOB") == [unreadable]
+    assert sessions.decide(lite, unreadable, False, "U0BOB") == sessions.Decided((unreadable,))
     assert not sessions.waits_for_people(lite, session_id)
     step = next_step(read(lite, session_id))
     assert isinstance(step, Resume) and [d.approved for d in step.decisions] == [True, True, False]
+
+
+def test_approve_all_never_crosses_a_rule(lite: Engine) -> None:
+    """A call a policy rule asks for is decided on its own: an "Approve all" of a lighter call leaves it waiting,
+    and one clicked on it approves it alone and grants nobody anything (the log's Decision has no `all`)."""
+    ruled = replace(approval(CALLS[1], ApprovalState.PENDING), rule="CI files")
+    snap = Snapshot(
+        "s",
+        SessionKind.THREAD,
+        SessionStatus.AWAITING_APPROVAL,
+        approvals=(approval(CALLS[0], ApprovalState.PENDING), ruled, approval(CALLS[2], ApprovalState.PENDING)),
+        turn=Turn(True, frozenset(CALLS)),
+    )
+    session_id = write(lite, snap)
+    calls = [f"{session_id}-{c}" for c in CALLS]
+    assert sessions.decide(lite, calls[0], True, "U0BOB", everything=True).calls == (calls[0], calls[2])
+    assert sessions.waits_for_people(lite, session_id)
+    assert sessions.decide(lite, calls[1], True, "U0BOB", everything=True).calls == (calls[1],)
+    step = next_step(read(lite, session_id))
+    assert isinstance(step, Resume)
+    assert [(d.approved, d.all) for d in step.decisions] == [(True, True), (True, False), (True, False)]

@@ -15,6 +15,7 @@ from sqlalchemy import Engine, select, text
 
 from chatops import db, store
 from chatops.schema import (
+    ApprovalDecision,
     ApprovalState,
     Error,
     Session,
@@ -232,7 +233,9 @@ def test_approval_first_decision_wins(engine: Engine, session_id: str) -> None:
     # Asking again (a resumed turn) keeps the one row.
     assert store.request_approval(engine, call_id=call_id, session_id=session_id, tool="bash") == row
 
-    outcomes = _concurrently(6, lambda i: store.decide_approval(engine, call_id, i % 2 == 0, f"U0{i}"))
+    outcomes = [
+        bool(o) for o in _concurrently(6, lambda i: store.decide_approval(engine, call_id, i % 2 == 0, f"U0{i}"))
+    ]
     assert outcomes.count(True) == 1 and outcomes.count(False) == 5
     winner = outcomes.index(True)
     decided = store.get_approval(engine, call_id)
@@ -243,6 +246,54 @@ def test_approval_first_decision_wins(engine: Engine, session_id: str) -> None:
     store.set_approval_message(engine, call_id, "1700000000.000200")
     shown = store.get_approval(engine, call_id)
     assert shown is not None and shown.message_ts == "1700000000.000200"
+
+
+def _votes(engine: Engine, call_id: str) -> list[tuple[str | None, str]]:
+    with engine.connect() as conn:
+        rows = conn.execute(
+            select(ApprovalDecision.user_id, ApprovalDecision.vote)
+            .where(ApprovalDecision.call_id == call_id)
+            .order_by(ApprovalDecision.id)
+        )
+        return [(user, vote) for user, vote in rows]
+
+
+def test_a_two_person_call_is_approved_by_the_second_distinct_approver_whoever_clicks_at_once(
+    engine: Engine, session_id: str
+) -> None:
+    """Six approvers click Approve on a call that needs two, all at once: one is counted first, one more
+    approves it, the other four change nothing. Every counted click is its own appended row."""
+    call_id = f"call-{uuid.uuid4()}"
+    store.request_approval(
+        engine, call_id=call_id, session_id=session_id, tool="bash", rule="push", needed=2, requested_by="U0ALICE"
+    )
+    outcomes = _concurrently(6, lambda i: store.decide_approval(engine, call_id, True, f"U0{i}"))
+    assert sorted(outcomes) == sorted([store.Counted.VOTED, store.Counted.DECIDED] + [store.Counted.NOTHING] * 4)
+    row = store.get_approval(engine, call_id)
+    assert row is not None and row.state == ApprovalState.APPROVED and len(row.approved_by) == 2
+    assert row.decided_by == row.approved_by[1] and row.approved_by[0] != row.approved_by[1]
+    assert [vote for _, vote in _votes(engine, call_id)] == ["approve", "approve"]
+    assert all(user in row.approved_by for user, _ in _votes(engine, call_id))
+
+
+def test_the_same_approver_twice_counts_once_and_a_rejection_ends_a_two_person_call(
+    engine: Engine, session_id: str
+) -> None:
+    twice, rejected = f"call-{uuid.uuid4()}", f"call-{uuid.uuid4()}"
+    for call_id in (twice, rejected):
+        store.request_approval(engine, call_id=call_id, session_id=session_id, tool="bash", rule="push", needed=2)
+    assert store.decide_approval(engine, twice, True, "U0BOB") is store.Counted.VOTED
+    assert store.decide_approval(engine, twice, True, "U0BOB") is store.Counted.NOTHING
+    row = store.get_approval(engine, twice)
+    assert row is not None and row.state == ApprovalState.PENDING and row.approved_by == ("U0BOB",) and row.missing == 1
+    assert store.decide_approval(engine, twice, True, "U0CAROL") is store.Counted.DECIDED
+    assert _votes(engine, twice) == [("U0BOB", "approve"), ("U0CAROL", "approve")]
+
+    assert store.decide_approval(engine, rejected, True, "U0BOB") is store.Counted.VOTED
+    assert store.decide_approval(engine, rejected, False, "U0DAVE") is store.Counted.DECIDED
+    row = store.get_approval(engine, rejected)
+    assert row is not None and (row.state, row.decided_by) == (ApprovalState.REJECTED, "U0DAVE")
+    assert _votes(engine, rejected) == [("U0BOB", "approve"), ("U0DAVE", "reject")]
 
 
 def test_what_an_approval_shows_survives_storage_exactly_nul_included(engine: Engine, session_id: str) -> None:
@@ -282,6 +333,7 @@ def test_approvals_expire_once_and_cannot_be_decided_late(engine: Engine, sessio
     assert expired[0].state == "expired"
     assert [a.call_id for a in store.expire_approvals(engine, now=t1) if a.session_id == session_id] == []
     assert store.decide_approval(engine, later, False, "U02BOB", now=t1)
+    assert _votes(engine, soon) == [(None, "expire")]  # the expiry is appended as nobody's decision, once
 
 
 def test_call_id_of_another_session_is_refused(engine: Engine, session_id: str) -> None:

@@ -41,6 +41,7 @@ def policy(request: dict[str, Any]) -> Reply:
 
     - `run: <command>` in the user's message → a bash call with that command, then an answer quoting its output;
     - `read: <path>` → a read_file call, then the same;
+    - `write: <path>` → a write_file call writing "written by the model" there, then the same;
     - anything else → "answer: <the message>".
     """
     messages = request["messages"]
@@ -52,6 +53,8 @@ def policy(request: dict[str, Any]) -> Reply:
         return Reply(tool_calls=[ToolCall("bash", {"command": m.group(1).strip()})])
     if m := re.search(r"read: (\S+)", text):
         return Reply(tool_calls=[ToolCall("read_file", {"path": m.group(1)})])
+    if m := re.search(r"write: (\S+)", text):
+        return Reply(tool_calls=[ToolCall("write_file", {"path": m.group(1), "content": "written by the model\n"})])
     return Reply(text=f"answer: {text.strip()[-200:]}")
 
 

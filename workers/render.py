@@ -540,6 +540,8 @@ class ThreadRenderer:
         filed = clipped or (longer and event.tool not in COPIES)
         if clipped or longer:
             code.append(context_block(_cut_note(event, len(output) - len(shown) if longer else 0, filed, tool.unfiled)))
+        if (denied := display.denied_line(event)) is not None:
+            code.append(context_block(denied))
         return blocks + code, line, filed
 
     # -- permission prompts -------------------------------------------------------------------------------

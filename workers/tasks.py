@@ -108,12 +108,16 @@ def push_thread(session_id: str, branch: str | None, user: str) -> None:
 
 @task(HOUSEKEEPING_QUEUE)
 def housekeeping() -> None:
-    """Re-enqueue sessions with work nobody does, release expired leases, expire approvals, sweep workspaces."""
+    """Re-enqueue sessions with work nobody does, release expired leases, expire approvals, remind and escalate
+    the approvals that wait, sweep workspaces."""
     from workers.jobs import undelivered_runs
+    from workers.nudges import nudge_waiting
     from workers.turns import housekeep, process
 
     for session_id in housekeep():
         enqueue_session(session_id)
+    proc = process()
+    nudge_waiting(proc.engine, proc.config, proc.secrets)
     for run_id in undelivered_runs(process().engine, utcnow()):
         enqueue_job_run(run_id)
 

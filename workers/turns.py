@@ -290,6 +290,7 @@ class SessionTurns:
             model_http=self.proc.model_http,
             emit=emit,
             granted=granted,
+            policies=self.config.service.approvals.policies,
             instructions=await self._instructions(workspace),
         )
         async with agent:
@@ -471,10 +472,13 @@ class SessionTurns:
         message = state.entries[start] if start is not None else None
         # Everyone whose message started the turn asked for its calls (none of them may approve them alone).
         author = getattr(message, "author", None) or self.row.requester
-        channel = service.channel(self.row.channel_id or "")
-        nobody = not channel.approvers and not service.approvals.requester_can_approve
+        channel_id = self.row.channel_id or ""
         rows = []
         for call in event.calls:
+            # Whom the call accepts: its rule's approvers, else the channel's; a rule's call is never the requester's
+            # to approve (bot/authorize.py), so then requester_can_approve does not count.
+            accepts = list(call.approvers) if call.approvers is not None else service.channel(channel_id).approvers
+            nobody = not accepts and (call.rule is not None or not service.approvals.requester_can_approve)
             prefix = f"{call.agent} · " if call.agent else ""
             # Unescaped and whole: the message shows the title's head and the whole text, escaped (display).
             row = request_approval(
@@ -488,6 +492,10 @@ class SessionTurns:
                 requested_by=author,
                 shown=call.shown,
                 timeout_s=timeout,
+                rule=call.rule,
+                matched=call.matched or None,
+                needed=call.needed,
+                approvers=call.approvers,
             )
             if nobody and decide(engine, call.call_id, False, NO_APPROVERS):
                 row = get_approval(engine, call.call_id) or row
