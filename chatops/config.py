@@ -796,7 +796,7 @@ def _cross_checks(data: dict[str, Any], env: Mapping[str, str]) -> list[tuple[Lo
     key_env = _get(data, "model", "apiKeyEnv")
     if isinstance(key_env, str) and key_env and not _env(env, key_env):
         problems.append((("model", "apiKeyEnv"), f"the environment variable {key_env} is not set"))
-    return problems + _approval_times(data) + _priced(data, models)
+    return problems + _approval_times(data) + _priced(data, models) + _enough_people(data)
 
 
 def _approval_times(data: dict[str, Any]) -> list[tuple[Loc, str]]:
@@ -818,6 +818,33 @@ def _approval_times(data: dict[str, Any]) -> list[tuple[Loc, str]]:
             )
     if times["escalateAfter"] is not None and not approvals.get("escalateTo"):
         problems.append((("approvals", "escalateTo"), "escalateAfter needs someone to escalate to: user or group ids"))
+    return problems
+
+
+def _enough_people(data: dict[str, Any]) -> list[tuple[Loc, str]]:
+    """A rule asking N people that accepts fewer than N named users (and no group) could never be approved: its
+    calls would wait for nobody. Where it takes the channels' approvers, each channel is checked."""
+    approvals = data.get("approvals")
+    rules = _get(approvals, "policies") if isinstance(approvals, dict) else None
+    channels = [(c, _get(ch, "approvers")) for c, ch in _items(data.get("channels"))]
+    problems: list[tuple[Loc, str]] = []
+    for i, rule in enumerate(rules if isinstance(rules, list) else ()):
+        ask = _get(rule, "ask")
+        if isinstance(ask, bool) or not isinstance(ask, int) or ask < 2:
+            continue
+        named = _get(rule, "approvers")
+        where = [("its approvers", named)] if named else [(f"channel {c}'s approvers", ids) for c, ids in channels]
+        for whose, ids in where:
+            count = len(set(ids)) if isinstance(ids, list) else 0
+            if isinstance(ids, list) and not any(str(a).startswith("S") for a in ids) and count < ask:
+                people = "1 person" if count == 1 else f"{count} people"
+                problems.append(
+                    (
+                        ("approvals", "policies", i, "ask"),
+                        f"it asks {ask} different people, but {whose} are {people} and no group: "
+                        "its calls could never be approved",
+                    )
+                )
     return problems
 
 

@@ -424,3 +424,30 @@ def test_bad_governance_keys_are_each_named(tmp_path: Path) -> None:
         "model.price: budgets sets a money budget: every model needs its price, per million tokens" in p
         for p in problems
     )
+
+
+def test_approval_policies_are_read_and_a_rule_nobody_could_satisfy_is_refused(tmp_path: Path) -> None:
+    path = _write(
+        tmp_path,
+        """
+        channels:
+          default: {approvers: [U0BOB, S0LEADS]}
+          C0123ABCD: {approvers: [U0BOB]}
+        approvals:
+          policies:
+            - {name: push, tool: bash, commands: ["git push*"], ask: 2}
+            - {tool: bash, commands: ["rm -rf /"], deny: true}
+            - {paths: [".github/**"], ask: 3, approvers: [U0BOB, U0CAROL]}
+            - {tool: bash, commands: [ls], allow: true, ask: true}
+        """,
+    )
+    with pytest.raises(ConfigError) as caught:
+        load_config(path, {})
+    problems = str(caught.value)
+    assert (
+        "approvals.policies[0].ask: it asks 2 different people, but channel C0123ABCD's approvers are 1 person and "
+        "no group: its calls could never be approved" in problems
+    )
+    assert "approvals.policies[2].ask: it asks 3 different people, but its approvers are 2 people" in problems
+    assert "approvals.policies[3]: expected exactly one of allow, ask or deny, got allow and ask" in problems
+    assert "policies[1]" not in problems
