@@ -187,7 +187,7 @@ def test_a_reminder_and_an_escalation_come_once_each_at_their_times(governed) ->
 
 
 JOB = f'jobs: [{{name: wipe, schedule: "0 3 29 2 *", channel: {CHANNEL}, yolo: true, prompt: "run: rm -rf /*"}}]'
-YOLO = config("{yolo: true, approvers: [U0BOB]}", "approvals:", "  timeout: never", POLICIES, JOB)
+YOLO = config("{yolo: true, approvers: [U0BOB, U0CAROL]}", "approvals:", "  timeout: never", POLICIES, JOB)
 
 
 @pytest.fixture
