@@ -340,7 +340,7 @@ class Agent:
                 await self._result(call, problem or "", CallStatus.ERROR)
                 continue
             decision = decisions.get(call.id)
-            verdict = self._judge(call, args)
+            verdict = await self._judge(call, tool, args)
             if verdict.action == Action.DENY:  # whatever the yolo, and even if approved before the rule came
                 await self._result(call, tool.refusal(args), CallStatus.REJECTED, denied=verdict)
                 continue
@@ -359,11 +359,16 @@ class Agent:
                 return list(suspended.calls)
         return []
 
-    def _judge(self, call: ToolCallRequest, args: dict[str, Any]) -> Verdict:
-        """The approval policy's verdict on the call (DEFAULT, without policies: the tool's own gating decides)."""
+    async def _judge(self, call: ToolCallRequest, tool: Tool, args: dict[str, Any]) -> Verdict:
+        """The approval policy's verdict on the call (DEFAULT, without policies: the tool's own gating decides). A
+        call whose arguments do not name every file it writes (an lsp rename) is worked out first, and judged by
+        the files its plan writes too."""
         if not self.policies:
             return NO_RULE
-        return judge(self.policies, call.name, args, self.workspace)
+        extra: tuple[str, ...] = ()
+        if tool.name == "lsp" and tool.needs_approval(args) and any(rule.paths for rule in self.policies):
+            extra = (await self._plan(call, tool, args)).paths
+        return judge(self.policies, call.name, args, self.workspace, extra)
 
     def _yolo(self, state: SessionState) -> bool:
         """Whether the turn's gated calls run without asking (mm_core.state.asking): `yolo on|off` said in the
@@ -472,7 +477,7 @@ class Agent:
             args, problem = _parse(call, tool, list(self.tools))
             if tool is None or problem or call.id in decisions:
                 continue
-            verdict = self._judge(call, args)
+            verdict = await self._judge(call, tool, args)
             if verdict.action == Action.DENY or not _asks(verdict, tool, args):
                 continue
             preview = (await self._plan(call, tool, args)).preview

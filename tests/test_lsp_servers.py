@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 
 from mm_core.config import AgentConfig
-from mm_core.tools.base import ToolContext
+from mm_core.policy import Action, Rule, judge
+from mm_core.tools.base import Plan, ToolContext
 from mm_core.tools.lsp import LspTool, find_servers
 from mm_testkit.fixtures_kit import needs_bwrap_when_root
 
@@ -48,6 +49,9 @@ class Project:
 
     def preview(self, **args: Any) -> str:
         return self.runner.run(self.tool.preview(args, self.ctx))
+
+    def plan(self, **args: Any) -> Plan:
+        return self.runner.run(self.tool.plan(args, self.ctx))
 
 
 def project(tmp_path_factory: pytest.TempPathFactory, servers: dict[str, Any]) -> Iterator[Project]:
@@ -228,6 +232,19 @@ def test_rename_across_two_files(pylsp):
         "renamed to make_greeting: 2 edit(s) in 2 file(s)"
     )
     assert (greetings.read_text(), app.read_text()) == before
+
+
+def test_a_rename_is_judged_by_every_file_it_would_write(pylsp):
+    """The rename is asked on greetings.py, and also edits app.py: a path rule on app.py judges it through the
+    plan's files (the loop passes them to mm_core.policy.judge), not only through the file it names."""
+    args = {"action": "rename", "path": "greetings.py", "symbol": "make_greeting", "new_name": "build_greeting"}
+    plan = pylsp.plan(**args)
+    assert sorted(plan.paths) == ["app.py", "greetings.py"]
+    rules = [Rule(name="entry point", paths=["app.py"], ask=2)]
+    assert judge(rules, "lsp", args, pylsp.root).action == Action.DEFAULT
+    verdict = judge(rules, "lsp", args, pylsp.root, plan.paths)
+    assert (verdict.action, verdict.approvals, verdict.rule) == (Action.ASK, 2, "entry point")
+    assert verdict.matched == "app.py"
 
 
 def test_rename_moves_past_an_occurrence_the_server_proposes_nothing_for(pylsp):

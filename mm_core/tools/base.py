@@ -139,6 +139,9 @@ class Plan:
 
     preview: str
     carry_out: Callable[[], Awaitable[str]] | None = None
+    # The files carrying it out writes, when its arguments do not name them all (an lsp rename's): the approval
+    # policy's path rules judge them too (mm_core/policy.py).
+    paths: tuple[str, ...] = ()
 
 
 @dataclass

@@ -318,7 +318,13 @@ class LspTool(PlannedTool):
                 pass  # written: a server that is gone reads the files anew when it starts again
             return truncate(renaming.report, self.config.maxOutput)
 
-        return Plan(renaming.preview, carry_out)
+        written = tuple(_relative(path, ctx.workspace) for path in renaming.texts)
+        return Plan(renaming.preview, carry_out, written)
+
+
+def _relative(path: Path, workspace: Path) -> str:
+    """A written file as the workspace names it (the rename's texts are keyed by absolute paths inside it)."""
+    return path.relative_to(workspace).as_posix() if path.is_relative_to(workspace) else str(path)
 
 
 @dataclass(frozen=True)
