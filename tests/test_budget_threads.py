@@ -1,4 +1,4 @@
-"""Budgets end to end on real parts: a `celery worker`, PostgreSQL, a Redis of the
+"""Budgets end to end on real parts: the real bot (`mm-bot serve`), a `celery worker`, PostgreSQL, a Redis of the
 test's own, the Slack emulator and the scripted model, each of whose answers costs 500 tokens."""
 
 from __future__ import annotations
@@ -11,11 +11,13 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
+from chatops.inbox import session_of
 from chatops.schema import Error as ErrorRow
 from chatops.schema import ModelUsage, SessionEvent
 from playground.model_server import Reply
+from playground.signed import SlackEventSender
 from test_job_runs import finished, run_now
-from threads_support import CHANNEL, OwnRedis, Stack, config, policy, stack
+from threads_support import CHANNEL, SECRET, OwnRedis, Stack, config, policy, stack
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.process]
 
@@ -78,6 +80,71 @@ def test_a_thread_budget_ends_the_turn_with_its_line_and_the_recap_shows_the_use
     assert threads.thread_text(first.thread_ts).count(line) == 2
     assert len(threads.model.requests) == 1
     assert outcomes(threads, first.session_id) == ["budget", "budget"]
+
+
+@pytest.mark.parametrize("threads", ["budgets: {threadTokens: 50k}"], indirect=True)
+def test_a_requester_lowers_the_thread_s_budget_and_only_an_approver_raises_it_above_the_channel_s(
+    threads: Stack,
+) -> None:
+    base = threads.start_bot()
+    with SlackEventSender(base, SECRET, response_url=threads.slack.response_url) as sender:
+
+        def mention(text: str, user: str = ALICE, thread_ts: str | None = None) -> str:
+            ts = sender.new_ts()
+            response = sender.app_mention(f"<@U0BOT> {text}", channel=CHANNEL, user=user, ts=ts, thread_ts=thread_ts)
+            assert response.status_code == 200
+            return ts
+
+        def privately(user: str, count: int) -> str:
+            threads.wait(
+                lambda: len([m for m in threads.slack.ephemerals if m.get("to_user") == user]) >= count,
+                message=f"{user}'s answer {count}",
+            )
+            return [m.get("text") or "" for m in threads.slack.ephemerals if m.get("to_user") == user][count - 1]
+
+        root = mention("hello")
+        session = threads.wait(lambda: session_of(threads.engine, CHANNEL, root), message="the session")
+        threads.wait(idle(threads, session, 1), message="the first turn")
+
+        mention("budget 1k", thread_ts=root)  # Alice wrote in the thread: she may lower it
+        set_line = f"💰 <@{ALICE}> set this thread's budget to 1k tokens (500 used so far)."
+        threads.wait(lambda: set_line in threads.thread_text(root), message="the budget lowered, said in the thread")
+        mention("budget 60k", thread_ts=root)  # above the channel's: only an approver
+        assert privately(ALICE, 1) == (
+            f"Only this channel's approvers may raise this thread's budget above 50k tokens (<@{APPROVER}>). "
+            "Nothing was changed."
+        )
+        mention("budget lots", thread_ts=root)
+        assert privately(ALICE, 2) == (
+            'I can\'t set that budget: expected a number of tokens such as 20000, 20k or 1.5M, got "lots". '
+            "Nothing was changed."
+        )
+        mention("budget 0", thread_ts=root)
+        assert "(at least 1), got" in privately(ALICE, 3)
+        mention("budget 10", user=EVE, thread_ts=root)  # Eve never wrote here
+        assert privately(EVE, 1) == (
+            "Only the people in this conversation and the channel's approvers may set its budget. Nothing was changed."
+        )
+
+        mention("second question", thread_ts=root)  # 500 of 1k used: the call is made, and uses the rest
+        threads.wait(idle(threads, session, 2), message="the second turn")
+        mention("third question", thread_ts=root)
+        threads.wait(idle(threads, session, 3), message="the third turn, refused")
+        assert "⛔ This thread's budget of 1k tokens is used (1k)." in threads.thread_text(root)
+        assert outcomes(threads, session) == ["answered", "answered", "budget"]
+
+        mention("budget 60k", user=APPROVER, thread_ts=root)
+        threads.wait(lambda: f"<@{APPROVER}> set this thread's budget to 60k" in threads.thread_text(root))
+        mention("fourth question", thread_ts=root)
+        threads.wait(idle(threads, session, 4), message="the fourth turn")
+        assert "answer: fourth question" in threads.thread_text(root)
+        assert "💰 this thread: 1.5k / 60k tokens" in threads.thread_text(root)
+
+        mention("budget", thread_ts=root)
+        shown = privately(ALICE, 4)
+        assert shown.startswith("💰 This thread's budgets:\n• this thread: 1.5k / 60k tokens\n")
+        assert f"set here by <@{APPROVER}> (the channel's is 50k)" in shown
+        assert outcomes(threads, session)[-1] == "answered"
 
 
 JOBS = f"""jobs:

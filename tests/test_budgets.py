@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import Engine, insert, select
 
+from bot.commands import Command, parse
 from chatops import budgets, store
 from chatops.budgets import Gate, Limits, OwnBudget, Use, configured, day_of, limits_of, stop, tokens, use_of
 from chatops.config import BudgetsConfig, JobConfig, ServiceConfig, parse_tokens
@@ -232,3 +233,16 @@ def test_the_gate_reads_the_use_before_each_call_and_the_thread_s_own_budget_fro
     assert gate.stopped is not None and gate.stopped.budget == "thread_tokens"
     gate.spent = lambda: Usage(450, 60)
     assert gate.recap() == "💰 this thread: 510 / 500 tokens"
+
+
+@pytest.mark.parametrize(
+    "text, command",
+    [
+        ("budget", Command("budget")),
+        ("budget 20k", Command("budget", ("20k",))),
+        ("  BUDGET -5 ", Command("budget", ("-5",))),  # a command, refused for its number (bot.budgets)
+        ("budget for the launch: what do we need?", None),  # a request to the agent
+    ],
+)
+def test_budget_is_a_command_only_as_the_whole_message(text: str, command: Command | None) -> None:
+    assert parse(text) == command
