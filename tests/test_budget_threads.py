@@ -14,9 +14,11 @@ from sqlalchemy import select
 from chatops.inbox import session_of
 from chatops.schema import Error as ErrorRow
 from chatops.schema import ModelUsage, SessionEvent
+from mmbot_helpers import free_port
 from playground.model_server import Reply
 from playground.signed import SlackEventSender
 from test_job_runs import finished, run_now
+from test_operations import sample, scrape
 from threads_support import CHANNEL, SECRET, OwnRedis, Stack, config, policy, stack
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.process]
@@ -34,6 +36,8 @@ def threads(tmp_path: Path, fresh_pg_url: str, own_redis: OwnRedis, request: pyt
     text = config("{yolo: true, approvers: [U0BOB]}", request.param)
     with stack(tmp_path, fresh_pg_url, own_redis.url, config=text) as s:
         s.model.always(costly)
+        # Picked once the stack's own servers listen (test_operations.py says why).
+        s.extra_env |= {"MM_METRICS_PORT": str(free_port())}
         for user, name in ((APPROVER, "bob"), (ALICE, "alice"), (EVE, "eve")):
             s.slack.add_user(user, name)
         s.start_worker()
@@ -73,6 +77,9 @@ def test_a_thread_budget_ends_the_turn_with_its_line_and_the_recap_shows_the_use
         errors = conn.execute(select(ErrorRow.where, ErrorRow.message).where(ErrorRow.session_id == first.session_id))
         assert [tuple(e) for e in errors] == [("budget", line)]
     assert [tuple(u) for u in usage] == [(CHANNEL, "test-model", 400, 100)]
+    metrics = scrape(int(threads.extra_env["MM_METRICS_PORT"]))
+    assert sample(metrics, "mm_budget_stops_total", budget="thread_tokens") == 1
+    assert sample(metrics, "mm_turns_finished_total", outcome="budget") == 1
 
     # The thread's next turn is ended before it calls the model at all.
     threads.post("and again?", thread_ts=first.thread_ts)
