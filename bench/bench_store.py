@@ -1,8 +1,9 @@
 """Figures for the database store (not a test): DbStore.append, fenced by a lease token, on PostgreSQL.
 
-N appends of a turn's entry kinds in rotation (user message, assistant message with a call, decision, start,
-result, error, end), one session, one thread; prints appends/s, this process's CPU per append (SQLAlchemy and
-psycopg, not the server's) and the statements per append.
+N appends of a turn's entry kinds in rotation (user message, assistant message with a call and its tokens, decision,
+start, result, error, end), one session, one thread, the store metered as a worker's is (the answer's usage is a
+row of model_usage: chatops/budgets.py); prints appends/s, this process's CPU per append (SQLAlchemy and psycopg,
+not the server's) and the statements per append.
 
 Run: .venv/bin/python bench/bench_store.py [appends, default 3000] [database URL, default a scratch PostgreSQL
 database on 127.0.0.1 that is dropped afterwards]
@@ -20,6 +21,7 @@ from typing import Any
 from sqlalchemy import Engine, create_engine, event, text
 
 from chatops import db, store
+from mm_core.config import ModelPrice
 from mm_core.log import (
     AssistantMessage,
     CallStatus,
@@ -45,7 +47,12 @@ def entries(n: int) -> list[Entry]:
         call = f"call-{i}"
         out += [
             UserMessage(f"message {i}", author="U01ALICE"),
-            AssistantMessage("Looking.", tool_calls=(ToolCallRequest(call, "bash", '{"command": "make"}'),)),
+            AssistantMessage(
+                "Looking.",
+                (ToolCallRequest(call, "bash", '{"command": "make"}'),),
+                prompt_tokens=1200,
+                completion_tokens=80,
+            ),
             Decision(call, approved=True, by="U02BOB"),
             ToolStarted(call, "bash"),
             ToolResult(call, "bash", "ok\n" * 20, status=CallStatus.OK, duration_ms=42),
@@ -59,7 +66,7 @@ def entries(n: int) -> list[Entry]:
 def run(engine: Engine, n: int) -> None:
     session_id = store.ensure_session(engine, channel_id="CBENCH", thread_ts=f"{uuid.uuid4().int % 10**10}.1")
     token = store.acquire_lease(engine, session_id, "bench", ttl_s=3600)
-    log = store.DbStore(engine, lease_token=token)
+    log = store.DbStore(engine, token, store.Metered("CBENCH", "big", ModelPrice(input=0.15, output=0.6)))
     work = entries(WARMUP + n)
     for entry in work[:WARMUP]:  # connections opened, statements compiled and cached
         asyncio.run(log.append(session_id, entry))

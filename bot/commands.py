@@ -8,7 +8,8 @@ is talk. In channels, `/mm <command>` works on the person's latest session there
 Commands that change the conversation (`new`, `compact`, `ask`, and the log record of `yolo`) are inbox rows:
 the worker carries them out in order with the messages (chatops.schema.InboxCommand). The others act at once:
 `stop` asks the running turn to stop, `status` and `help` answer, `repo` sets the thread's repository before
-its first turn, `yolo` sets the session's own setting.
+its first turn, `yolo` sets the session's own setting, `budget` shows the thread's budgets or sets its own
+(bot.budgets).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from sqlalchemy import Engine
 
 from bot.approvals import MAY_NOT_STOP, PUSH_UNAVAILABLE, ClickHandler, may_stop
 from bot.authorize import Approvers
+from bot.budgets import BudgetCommand
 from bot.jobs import JobCommands, is_job_command
 from bot.steps import NoSteps, Steps, courtesy
 from chatops.config import Config, is_branch_name
@@ -56,7 +58,8 @@ HELP = """Say these in a thread, after mentioning me (in a direct message, witho
 `new` (a fresh conversation; the workspace stays), `compact` (summarise the earlier conversation), \
 `stop` (stop the running turn), `status` (this session's state), `ask AGENT PROMPT` (ask one of the \
 configured agents: {agents}), `yolo on` / `yolo off` (approvers: run calls without asking, or ask again), \
-`repo URL [BRANCH]` (before the first turn: the repository this thread works on), `push [BRANCH]` \
+`repo URL [BRANCH]` (before the first turn: the repository this thread works on), `budget [TOKENS]` (this \
+thread's budgets, or its token budget: anyone in it may lower it, an approver raise it), `push [BRANCH]` \
 (approvers: the workspace's changes to a branch of the repository), `help`. A request may start with \
 `model=NAME` (one of: {models}), and in a new thread `repo=URL` and `branch=NAME`. In a channel, \
 `/mm COMMAND` does the same for your latest session there, and `/mm PROMPT` starts a new thread. \
@@ -102,6 +105,7 @@ _YOLO = re.compile(r"^yolo\s+(on|off)$", re.IGNORECASE)
 _ASK = re.compile(r"^ask(?:\s+(\S+)(?:\s+(.+))?)?$", re.IGNORECASE | re.DOTALL)
 _REPO = re.compile(r"^repo(?:\s+(\S+)(?:\s+(\S+))?)?$", re.IGNORECASE)
 _PUSH = re.compile(r"^push(?:\s+(\S+))?$", re.IGNORECASE)
+_BUDGET = re.compile(r"^budget(?:\s+(\S+))?$", re.IGNORECASE)
 
 
 _OPTION = re.compile(rf"^({'|'.join(OPTIONS)})=(\S+)(?:\s+|$)", re.IGNORECASE)
@@ -109,7 +113,7 @@ _OPTION = re.compile(rf"^({'|'.join(OPTIONS)})=(\S+)(?:\s+|$)", re.IGNORECASE)
 
 @dataclass(frozen=True)
 class Command:
-    name: str  # new, compact, stop, status, help, yolo, ask, repo, push; options (args: `key=value`…, prompt)
+    name: str  # new, compact, stop, status, help, yolo, ask, repo, push, budget; options (args: `key=value`…, prompt)
     args: tuple[str, ...] = ()
 
 
@@ -134,6 +138,8 @@ def parse(text: str) -> Command | None:
         return Command("repo", tuple(g for g in m.groups() if g))
     if m := _PUSH.match(text):
         return Command("push", tuple(g for g in m.groups() if g))
+    if m := _BUDGET.match(text):
+        return Command("budget", tuple(g for g in m.groups() if g))
     return None
 
 
@@ -245,6 +251,11 @@ class Commands:
             return Outcome(private=await asyncio.to_thread(self.status, session))
         if name == "push":
             return await self._push(slack, command, where, session)
+        if name == "budget":
+            said, private = await BudgetCommand(self.engine, lambda: self.config, self.approvers).answer(
+                slack.client, where.channel, session, where.user, command.args[0] if command.args else None
+            )
+            return Outcome(public=said, private=private)
         if name == "yolo":
             refusal = await self.approvers.may_approve(slack.client, where.channel, where.user, None, "switch yolo")
             if refusal:

@@ -34,6 +34,7 @@ from chatops.schema import (
     Error,
     InboxCommand,
     InboxMessage,
+    ModelUsage,
     Session,
     SessionEvent,
     SessionKind,
@@ -45,6 +46,7 @@ from chatops.schema import (
     utcnow,
 )
 from mm_core.agent import ask_entries
+from mm_core.config import ModelPrice
 from mm_core.log import (
     AssistantMessage,
     Decision,
@@ -81,22 +83,34 @@ def log_of(engine: Engine, session_id: str) -> list[Entry]:
         return [from_dict(payload) for (payload,) in rows]
 
 
+@dataclass(frozen=True)
+class Metered:
+    """What the store records with each model answer's tokens (model_usage, what budgets count): the session's
+    channel, the model's name as people pick it and its price per million tokens (None: unpriced, no cost)."""
+
+    channel_id: str | None = None
+    model: str | None = None
+    price: ModelPrice | None = None
+
+
 class DbStore:
     """mm_core's Store over the database; with a lease token, appends stop (Fenced) once the lease is lost.
+    `metered`: what each answer's usage is recorded with (the worker sets the turn's model on it).
 
     Its log's reads and appends are coroutines, as mm_core's Store asks; each turn has an event loop of its own
     (workers/turns.py), so their synchronous bodies hold only that turn."""
 
-    def __init__(self, engine: Engine, lease_token: int | None = None):
+    def __init__(self, engine: Engine, lease_token: int | None = None, metered: Metered | None = None):
         self.engine = engine
         self.lease_token = lease_token
+        self.metered = metered or Metered()
 
     async def load(self, session_id: str) -> list[Entry]:
         return log_of(self.engine, session_id)
 
     async def append(self, session_id: str, entry: Entry) -> None:
         with self.engine.begin() as conn:
-            _insert_entry(conn, session_id, self._next_seq(conn, session_id), entry)
+            _insert_entry(conn, session_id, self._next_seq(conn, session_id), entry, self.metered)
 
     def untaken_files(self, session_id: str, people: bool = True) -> list[tuple[int, str, list[Any]]]:
         """The files of the messages the next turn would take (row id, message ts, files as the bot kept them):
@@ -222,8 +236,8 @@ def _within(rows: Sequence[Any], limit: int) -> list[Any]:
 
 # The append's statements, built once: executing them finds their compiled form in SQLAlchemy's cache without
 # building a construct and its cache key on every call (the append is the service's hottest path).
-_sessions, _events, _calls, _errors = (
-    Base.metadata.tables[t.__tablename__] for t in (Session, SessionEvent, ToolCall, Error)
+_sessions, _events, _calls, _errors, _usage = (
+    Base.metadata.tables[t.__tablename__] for t in (Session, SessionEvent, ToolCall, Error, ModelUsage)
 )
 
 
@@ -239,6 +253,9 @@ _NEXT_SEQ = (
     .returning(_sessions.c.event_seq, _sessions.c.lease_token)
 )
 _INSERT_EVENT = insert(_events).values(_params(_events, "session_id", "seq", "kind", "payload", "created_at"))
+_INSERT_USAGE = insert(_usage).values(
+    _params(_usage, "session_id", "channel_id", "model", "prompt_tokens", "completion_tokens", "cost", "created_at")
+)
 _INSERT_ERROR = insert(_errors).values(_params(_errors, "session_id", "where", "message", "created_at"))
 _UNTAKEN = (
     select(
@@ -295,7 +312,7 @@ def _call_upsert(insert_of: Any) -> Any:
 _UPSERT_CALL = {"postgresql": _call_upsert(postgresql.insert), "sqlite": _call_upsert(sqlite.insert)}
 
 
-def _insert_entry(conn: Connection, session_id: str, seq: int, entry: Entry) -> None:
+def _insert_entry(conn: Connection, session_id: str, seq: int, entry: Entry, metered: Metered | None = None) -> None:
     now = utcnow()
     conn.execute(
         _INSERT_EVENT,
@@ -307,12 +324,14 @@ def _insert_entry(conn: Connection, session_id: str, seq: int, entry: Entry) -> 
             "p_created_at": now,
         },
     )
-    _project(conn, session_id, entry, now)
+    _project(conn, session_id, entry, now, metered or Metered())
 
 
-def _project(conn: Connection, session_id: str, entry: Entry, now: datetime) -> None:
+def _project(conn: Connection, session_id: str, entry: Entry, now: datetime, metered: Metered) -> None:
     match entry:
         case AssistantMessage(tool_calls=calls, agent=agent):
+            if entry.prompt_tokens or entry.completion_tokens:  # an asked agent's answers too (Nested, below)
+                conn.execute(_INSERT_USAGE, _usage_row(session_id, entry, metered, now))
             if calls:  # several: one executemany (one round trip on psycopg's pipeline)
                 rows = [
                     _call(session_id, call.id, tool=call.name, arguments=call.arguments, agent=agent) for call in calls
@@ -355,7 +374,7 @@ def _project(conn: Connection, session_id: str, entry: Entry, now: datetime) -> 
             )
         case Nested(entry=inner):
             # An asked agent's calls are the session's calls too: listed, with who approved them.
-            _project(conn, session_id, from_dict(inner), now)
+            _project(conn, session_id, from_dict(inner), now, metered)
         case _:
             pass
 
@@ -374,6 +393,22 @@ def _fit(table: FromClause, **values: Any) -> dict[str, Any]:
             value = _UNSTORABLE.sub("\ufffd", value)[: getattr(table.c[key].type, "length", None)]
         fitted[key] = value
     return fitted
+
+
+def _usage_row(session_id: str, answer: AssistantMessage, metered: Metered, now: datetime) -> dict[str, Any]:
+    """The model_usage row of an answer. An asked agent's answers are counted with the session's model and price:
+    the log does not say which model an asked agent ran (its own config file does)."""
+    prompt, completion, price = answer.prompt_tokens, answer.completion_tokens, metered.price
+    cost = (price.input * prompt + price.output * completion) / 1e6 if price is not None else None
+    return {
+        "p_session_id": session_id,
+        "p_channel_id": metered.channel_id,
+        "p_model": _fit(_usage, model=metered.model)["model"],
+        "p_prompt_tokens": prompt,
+        "p_completion_tokens": completion,
+        "p_cost": cost,
+        "p_created_at": now,
+    }
 
 
 def _call(session_id: str, call_id: str, **values: Any) -> dict[str, Any]:
@@ -699,6 +734,12 @@ def set_repo(engine: Engine, session_id: str, repo: str, branch: str | None) -> 
 def set_model(engine: Engine, session_id: str, model: str) -> None:
     """The thread's own model (`model=NAME` in a mention): a `models` entry's name, over the channel's."""
     _merge_agent_config(engine, session_id, {"model": model})
+
+
+def set_budget(engine: Engine, session_id: str, tokens: int, by: str, approver: bool) -> None:
+    """The thread's own token budget (`budget N`), over the config's, with who set it and whether as an approver
+    (chatops.budgets reads it)."""
+    _merge_agent_config(engine, session_id, {"budget": {"tokens": tokens, "by": by, "approver": approver}})
 
 
 def thread_model(engine: Engine, session_id: str) -> str | None:

@@ -17,7 +17,7 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,7 @@ from mm_core.events import (
     ToolCallFinished,
     ToolCallStarted,
     TurnFinished,
+    Usage,
     ignore,
 )
 from mm_core.log import (
@@ -93,6 +94,18 @@ COMPACT_PROMPT = (
 
 
 NO_RULE = Verdict(Action.DEFAULT, 0, (), None, "")  # without policies every call is the tools' own gating's
+# A front end's budget (Agent's `budget`): asked before each model call, by the agent and every agent it asks, with
+# what the turn has spent so far (its asked agents' answers included); None lets the call go, a text ends the turn
+# there (Outcome.BUDGET), and is its error and the line front ends show.
+Budget = Callable[[Usage], "str | None"]
+
+
+class _Spent:
+    """What a turn has spent on the model, kept as it goes: one for the turn, shared with the agents it asks, whose
+    answers reach the session's log (ScopedStore) but not the caller's state."""
+
+    def __init__(self) -> None:
+        self.usage = Usage()
 
 
 class TurnInProgress(CoreError):
@@ -133,6 +146,7 @@ class Agent:
         granted: frozenset[str | None] = frozenset(),
         instructions: str = "",
         policies: Sequence[Rule] = (),
+        budget: Budget | None = None,
     ):
         self.config, self.store, self.session_id = config, store, session_id
         # Requesters whose calls run without asking besides those an approver granted in the conversation: the
@@ -153,6 +167,9 @@ class Agent:
         base = config.systemPrompt or DEFAULT_SYSTEM_PROMPT
         self.system_prompt = f"{base}\n\n{instructions}" if instructions else base
         self._state = SessionState()
+        self.budget = budget
+        self._spent = _Spent()
+        self._asked = False  # an asked agent: the turn's spending is its caller's, not read from its own log
 
     # -- the log ----------------------------------------------------------------------------------
     async def load(self) -> SessionState:
@@ -250,7 +267,14 @@ class Agent:
         return f"compacted {keep_from} earlier entries into a summary of {len(completion.text)} characters"
 
     # -- the loop ---------------------------------------------------------------------------------
+    def spent(self) -> Usage:
+        """What the turn in progress (or the one that just ended) has spent on the model: its answers' tokens, those
+        of the agents it asked included, as its budget counts them."""
+        return self._spent.usage
+
     async def _run(self) -> TurnFinished:
+        if not self._asked:  # from the log: a resumed turn counts what it spent before
+            self._spent.usage = self.state().spent()
         try:
             while True:
                 state = self.state()
@@ -275,6 +299,8 @@ class Agent:
                         f"final answer — ask again to continue, or raise maxTurns]",
                         Outcome.MAX_TURNS,
                     )
+                if self.budget is not None and (stop := self.budget(self._spent.usage)) is not None:
+                    return await self._fail(stop, Outcome.BUDGET, "budget")
                 specs = [t.schema() for t in self.tools.values()]
                 messages = state.messages(self.system_prompt, self.config.model.vision)
                 answer = await self.model.complete(messages, specs, self.emit, self.name)
@@ -293,6 +319,7 @@ class Agent:
                 )
                 # The call's timing, for the worker's measure of a step outside the model.
                 usage = answer.usage
+                self._spent.usage = self._spent.usage + usage
                 self.emit(
                     ModelCalled(
                         answer.started, answer.finished, usage.prompt_tokens, usage.completion_tokens, self.name
@@ -385,24 +412,32 @@ class Agent:
                 self.oneshot,
                 self.config.model.url,
                 self.model.api_key,
-                lambda name, config, api_key, emit: Agent(
-                    config.with_tool_call_cap(self.config.maxToolCallsPerAnswer),  # no deeper agent raises it
-                    ScopedStore(self.store, self.session_id),
-                    call.id,
-                    self.workspace,
-                    api_key=api_key,
-                    model_http=self.model.http,  # an asked agent talks over the caller's connections
-                    emit=emit,
-                    resources=self.resources,
-                    oneshot=self.oneshot,
-                    depth=self.depth + 1,
-                    name=name,
-                    policies=self.policies,  # the team's rules hold for the agents it asks as for itself
+                lambda name, config, api_key, emit: self._asking(
+                    Agent(
+                        config.with_tool_call_cap(self.config.maxToolCallsPerAnswer),  # no deeper agent raises it
+                        ScopedStore(self.store, self.session_id),
+                        call.id,
+                        self.workspace,
+                        api_key=api_key,
+                        model_http=self.model.http,  # an asked agent talks over the caller's connections
+                        emit=emit,
+                        resources=self.resources,
+                        oneshot=self.oneshot,
+                        depth=self.depth + 1,
+                        name=name,
+                        budget=self.budget,  # an asked agent spends its caller's budget
+                        policies=self.policies,  # the team's rules hold for the agents it asks as for itself
+                    )
                 ),
             )
         return ToolContext(
             self.workspace, self.config, call.id, self.resources, self.emit, self.depth, self.name, caller
         )
+
+    def _asking(self, asked: Agent) -> Agent:
+        """An agent this one asks: its answers count in this turn's spending."""
+        asked._spent, asked._asked = self._spent, True
+        return asked
 
     async def _execute(
         self,
@@ -517,10 +552,10 @@ class Agent:
         self.emit(finished)
         return finished
 
-    async def _fail(self, message: str, outcome: Outcome) -> TurnFinished:
+    async def _fail(self, message: str, outcome: Outcome, where: str = "generation") -> TurnFinished:
         # The error is the decision that ends the turn, so it is written first: a crash after it still ends it.
-        await self._append(ErrorRecord(message, "generation"))
-        self.emit(Error(message, "generation", self.name))
+        await self._append(ErrorRecord(message, where))
+        self.emit(Error(message, where, self.name))
         return await self._close_failed(outcome)
 
     async def _close_failed(self, outcome: Outcome) -> TurnFinished:

@@ -40,6 +40,8 @@ class Outcome(StrEnum):
     CANCELLED = "cancelled"
     FAILED = "failed"
     MAX_TURNS = "max_turns"
+    # A budget the front end set was reached (Agent's `budget`): the turn ended before its next model call.
+    BUDGET = "budget"
     IDLE = "idle"  # there was no turn to continue (a stale resume, a stop of an idle session)
 
 
@@ -109,6 +111,17 @@ class Nested:
     scope: str
     entry: dict[str, Any]
     kind: str = "nested"
+
+
+def asked_answer(entry: Nested) -> tuple[int, int] | None:
+    """The prompt and completion tokens of an asked agent's model answer that a Nested entry carries, at any depth
+    (an asked agent's asked agent is one scope inside another); None when it carries another kind of entry."""
+    data = entry.entry
+    while data.get("kind") == "nested":
+        data = data.get("entry") or {}
+    if data.get("kind") != "assistant":
+        return None
+    return int(data.get("prompt_tokens") or 0), int(data.get("completion_tokens") or 0)
 
 
 @dataclass(frozen=True)

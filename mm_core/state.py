@@ -39,6 +39,7 @@ from mm_core.log import (
     TurnEnded,
     UserMessage,
     YoloSet,
+    asked_answer,
     from_dict,
 )
 from mm_core.loopdetect import LoopDetector
@@ -86,6 +87,7 @@ class SessionState:
         self._requesters: set[str | None] = set()  # the authors of the turn's user messages
         self._results_by_tool: dict[str, int] = {}  # the recap's counters, before they are named
         self._usage = Usage()
+        self._asked_usage = Usage()  # the answers of the agents the turn asked (ask_agent), at any depth
 
     def append(self, entry: Entry) -> None:
         """The log's next entry. Each answer below is updated in O(1), but the messages of a tool result's
@@ -134,6 +136,8 @@ class SessionState:
                 self._failure = entry.message
         elif isinstance(entry, Nested):
             self._nested.setdefault(entry.scope, []).append(entry.entry)
+            if in_turn and (tokens := asked_answer(entry)) is not None:
+                self._asked_usage = self._asked_usage + Usage(tokens[0], tokens[1])
         if self._transcript is not None:
             if isinstance(entry, Compaction):
                 self._transcript = None  # what the model sees changes as a whole: built again when asked
@@ -229,6 +233,11 @@ class SessionState:
     def usage(self) -> Usage:
         """The tokens of the turn's model calls."""
         return self._usage
+
+    def spent(self) -> Usage:
+        """What the turn has spent on the model: its own answers' tokens (usage) and those of the agents it asked, at
+        any depth: what a budget counts."""
+        return self._usage + self._asked_usage
 
     def loop_detector(self) -> LoopDetector:
         """The detector as it stood after the last call (`compact` does not reset it): a copy, for the caller

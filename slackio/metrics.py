@@ -37,9 +37,15 @@ TURNS_STARTED = Counter("mm_turns_started_total", "Turns started: a message, a r
 TURNS_RUNNING = Gauge("mm_turns_running", "Turns this worker process runs now (what it holds, however busy the queue)")
 TURNS = Counter(
     "mm_turns_finished_total",
-    "Turns by how they ended: answered, suspended (waiting for a decision), max_turns, cancelled, failed; "
+    "Turns by how they ended: answered, suspended (waiting for a decision), max_turns, budget, cancelled, failed; "
     "crashed when the worker's own code failed",
     ["outcome"],
+)
+BUDGET_STOPS = Counter(
+    "mm_budget_stops_total",
+    "Turns a budget ended (chatops/budgets.py), by budget: turn_tokens, thread_tokens, turn_time, channel_day_tokens, "
+    "thread_cost, channel_day_cost",
+    ["budget"],
 )
 TOOL_SECONDS = Histogram(
     "mm_tool_call_seconds",

@@ -69,6 +69,7 @@ REASONS = {
     Outcome.CANCELLED: "it was stopped",
     Outcome.FAILED: "the turn failed (its error is in the thread)",
     Outcome.MAX_TURNS: "it reached maxTurns without a final answer",
+    Outcome.BUDGET: "it reached a budget (its thread says which)",
 }
 EXPIRED = "a call waited for a decision until it expired"
 DIFF_LINES = 20  # of `git diff --stat` in the summary

@@ -21,7 +21,7 @@ never slow the turn. One consumer task drains the queue in order and writes the 
   file the message offers no Approve); the bot updates it once someone decides.
 - Error, and CallsDropped (an answer's calls beyond the cap): its line as a plain message (a notice longer than
   a message, a job's summary too, goes on in the next, cut as an answer is). TurnFinished: the recap line
-  (counters and tokens).
+  (counters and tokens), with the worker's `recap_note` under it (the use against the budgets).
 
 Order: messages are created in the order of the events (a message is only created once everything before it
 exists); only edits of existing messages are deferred. Rate: every message, and the status, is written at most
@@ -169,6 +169,7 @@ class ThreadRenderer:
         session_id: str | None = None,
         on_approval_posted: Callable[[str, str], None] | None = None,
         on_approval_file: Callable[[str, str], None] | None = None,
+        recap_note: Callable[[], str | None] | None = None,
     ) -> None:
         self.client, self.channel, self.thread_ts = client, channel, thread_ts
         self.preview_lines = preview_lines
@@ -180,6 +181,7 @@ class ThreadRenderer:
         self.on_error = on_error
         self.session_id, self.on_approval_posted = session_id, on_approval_posted
         self.on_approval_file = on_approval_file
+        self.recap_note = recap_note  # a line under the recap (the turn's use against its budgets), asked at its end
         # Slack streams to one person: in a DM that is clear, in a channel the recipient must be named.
         self._can_stream = channel.startswith("D") or bool(recipient_user and recipient_team)
         self._holdback = max([MIN_HOLDBACK, *(len(s) for s in self.secrets)])
@@ -589,8 +591,9 @@ class ThreadRenderer:
         self._answer = None
         self._status.want = ""
         recap = display.recap(event)
+        note = self.recap_note() if recap and self.recap_note is not None else None
         if recap:
-            text = self._mrkdwn(recap)
+            text = self._mrkdwn(f"{recap}\n{note}" if note else recap)
             await self._post_blocks([context_block(text)], text)
 
     # -- the status ---------------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ from typing import Any
 import aiohttp
 from sqlalchemy import Engine, select
 
-from chatops import db
+from chatops import budgets, db
 from chatops.buttons import Action, ButtonValue, element
 from chatops.config import Config, load_config
 from chatops.inbox import (
@@ -46,6 +46,7 @@ from chatops.sessions import Command, Idle, Resume, Stop, Wait, decide, next_ste
 from chatops.store import (
     ApprovalRow,
     DbStore,
+    Metered,
     TakenCommand,
     acquire_lease,
     expire_approvals,
@@ -89,6 +90,10 @@ STOPPED = "⏹ Stopped."
 PUSH_OFFER = "📦 {files} changed file(s) in this thread's workspace: an approver can push them to a branch."
 NEW_CONVERSATION = "🆕 New conversation: I forget what was said before here. The workspace stays as it is."
 TIME_LIMIT = "⏱ The turn ran for longer than {limit} and was stopped."
+TIME_BUDGET = (
+    "⏱ This turn's budget of {limit} (`budgets.turnTime`) is used: the turn was stopped. Ask again to go on, or "
+    "raise `budgets.turnTime` in the config."
+)
 EXPIRED = "⌛ Nobody decided on `{title}` in time: it was not run."
 CRASHED = object()  # _run's answer when the turn crashed: ended, and not to be looped on
 WORKER_FAILED = "⚠️ The worker failed while running this turn ({reason}); the error is recorded."
@@ -180,10 +185,10 @@ class SessionTurns:
     def __init__(self, proc: Process, session_id: str, token: int):
         self.proc, self.session_id, self.token = proc, session_id, token
         self.config = proc.config
-        self.store = DbStore(proc.engine, lease_token=token)
         row = snapshot(proc.engine, session_id)
         if row is None:
             raise LookupError(f"session {session_id} is gone")
+        self.store = DbStore(proc.engine, lease_token=token, metered=Metered(row.channel_id))
         self.row = row  # the session as this lease found it: what next_step decides from
         self.asked: tuple[ApprovalRow, ...] = ()  # the approvals this turn asked for
         self.setting: tuple[AgentConfig, frozenset[str | None]] | None = None  # resolved once a turn (_setting)
@@ -193,6 +198,7 @@ class SessionTurns:
         self.failure: str | None = None
         self.running: RunningJob | None = None
         self.workspace: Path | None = None
+        self.gate: budgets.Gate | None = None  # the turn's budgets (chatops.budgets), once it runs
 
     async def next(self) -> bool:
         """Run what the session needs now; False when there is nothing more (idle, or waiting for a person)."""
@@ -215,8 +221,9 @@ class SessionTurns:
             session_id=session_id,
             on_approval_posted=lambda call_id, ts: set_approval_message(engine, call_id, ts),
             on_approval_file=lambda call_id, file_id: set_approval_file(engine, call_id, file_id),
+            recap_note=self._recap_note,
         )
-        self.finished = self.failure = self.setting = None
+        self.finished = self.failure = self.setting = self.gate = None
         # The run a job's session carries, decided once a turn: its yolo, its time limit, what the turn takes.
         self.running = self._running_job() if self.row.kind == SessionKind.JOB else None
         try:
@@ -281,6 +288,7 @@ class SessionTurns:
         if isinstance(step, Idle):
             return self._idle()  # a job's run whose turn ended before: its summary shows what the workspace holds
         config, granted = self._setting()
+        gate = self.gate = self._gate(config)
         agent = Agent(
             config,
             self.store,
@@ -292,7 +300,9 @@ class SessionTurns:
             granted=granted,
             policies=self.config.service.approvals.policies,
             instructions=await self._instructions(workspace),
+            budget=gate if gate.limits.counted() else None,
         )
+        gate.spent = agent.spent
         async with agent:
             try:
                 if isinstance(step, Resume):
@@ -322,6 +332,9 @@ class SessionTurns:
                 metrics.TURNS_STARTED.inc()
                 with metrics.TURNS_RUNNING.track_inprogress():
                     finished = await self._run(agent, run, renderer)
+                if isinstance(finished, TurnFinished) and finished.outcome == Outcome.BUDGET and gate.stopped:
+                    metrics.BUDGET_STOPS.labels(gate.stopped.budget).inc()
+                    self.failure = gate.stopped.said  # a job's run fails with it
             finally:
                 await agent.resources.aclose()
         if finished is CRASHED:
@@ -334,6 +347,25 @@ class SessionTurns:
             return not any(row.state == ApprovalState.PENDING for row in self.asked)
         self.ending = SessionStatus.IDLE
         return True
+
+    def _gate(self, config: AgentConfig) -> budgets.Gate:
+        """The turn's budgets (chatops.budgets), and what the store records its answers' usage with: the channel,
+        the model as people pick it (the `models` entry, else the model's name) and its price."""
+        channel = self.row.channel_id or ""
+        self.store.metered = Metered(self.row.channel_id, self._model_name() or config.model.name, config.model.price)
+        job = self.running.job if self.running is not None else None
+        limits = budgets.limits_of(self.proc.engine, self.config.service, self.session_id, channel, job)
+        return budgets.Gate(self.proc.engine, self.session_id, channel, limits)
+
+    def _recap_note(self) -> str | None:
+        """The line under the turn's recap: its use against its budgets."""
+        try:
+            return self.gate.recap() if self.gate is not None else None
+        except Exception as e:  # noqa: BLE001 - the recap is shown without it; the turn is over
+            record_error(
+                self.proc.engine, "budget", f"reading the use against the budgets: {e}", session_id=self.session_id
+            )
+            return None
 
     def _idle(self) -> bool:
         """Nothing to run: the session is idle (a job's run whose turn ended before, its end never recorded,
@@ -354,6 +386,11 @@ class SessionTurns:
             # The run's limit, not each turn's: what it worked before waiting for a decision counts.
             limit = job.job.timeLimit
             left = max(0.0, time_left(self.proc.engine, job, self.session_id, utcnow()))
+        # A turnTime budget lowers the limit (like it, counted from the turn's start or resume).
+        budget = self.gate.limits.configured.turnTime if self.gate is not None else None
+        by_budget = budget is not None and budget < left
+        if budget is not None and by_budget:
+            limit = left = budget
         task = asyncio.current_task()
         assert task is not None
         keeper = self.proc.keeper
@@ -365,8 +402,10 @@ class SessionTurns:
         except TimeoutError:
             if not deadline.expired():
                 raise
-            message = TIME_LIMIT.format(limit=duration(limit))
-            self.failure = f"it ran for longer than its time limit ({duration(limit)})"
+            message = (TIME_BUDGET if by_budget else TIME_LIMIT).format(limit=duration(limit))
+            self.failure = f"it ran for longer than its time {'budget' if by_budget else 'limit'} ({duration(limit)})"
+            if by_budget:
+                metrics.BUDGET_STOPS.labels("turn_time").inc()
             record_error(self.proc.engine, "turn", message, session_id=self.session_id)
             await renderer.notice(message)
             return None
