@@ -186,6 +186,34 @@ def sweep(
     return removed
 
 
+def workspace_ids(root: Path) -> list[str]:
+    """The sessions that have a workspace under the root (the worker's own directories left out)."""
+    root = Path(root)
+    if not _is_dir(root):
+        return []
+    return sorted(p.name for p in root.iterdir() if _SESSION_ID.fullmatch(p.name) and _is_dir(p))
+
+
+def last_used(root: Path, session_id: str) -> float | None:
+    """When the session's workspace was last used (its metadata's mtime: each turn's prepare touches it), 0.0 when
+    that is not known; None when it has no workspace."""
+    if not _is_dir(workspace_path(root, session_id)):
+        return None
+    return _mtime(Path(root) / META / f"{session_id}.json")
+
+
+def remove_workspace(root: Path, session_id: str) -> bool:
+    """Remove the session's workspace and its metadata, as the sweep does (moved out of sight, then emptied by
+    descriptor, following no link); False when it had none."""
+    root, path = Path(root), workspace_path(root, session_id)
+    removed = False
+    if _is_dir(path):
+        (root / STAGING).mkdir(mode=0o700, exist_ok=True)
+        removed = _discard(root, path)
+    (root / META / f"{session_id}.json").unlink(missing_ok=True)
+    return removed
+
+
 def hand_over(path: Path) -> None:
     """Give `path` and everything under it to the sandbox's user when the worker is root (a no-op otherwise).
 
