@@ -9,6 +9,7 @@ only a claim, checked against the database by the caller (bot.approvals). The ru
   operator makes a channel self-service. Without it, a second person always looks at a call.
 - **Reject**: the approvers, and the person who asked: anyone may withdraw their own request.
 - **Stop**: the approvers, and whoever wrote to the session.
+- **Audit and purge** (`/mm audit`, `/mm purge`): the config's `admins` (user or group ids), whatever the channel.
 
 User groups are resolved through `usergroups.users.list` and kept for GROUP_TTL seconds, so that a burst of
 clicks costs one call per group and a person removed from a group loses the right within a minute. When
@@ -39,6 +40,11 @@ OWN_REQUEST = (
     "(`approvals.requester_can_approve` is off). Nothing was changed."
 )
 GROUP_UNKNOWN = " (the user group {group} could not be checked: {error})"
+NOT_AN_ADMIN = Mrkdwn("Only the bot's admins may {what} ({who}). Nothing was changed.")
+NO_ADMINS = (
+    "Nobody may {what}: whoever runs the bot lists admins (user or group ids) under `admins` in its config file. "
+    "Nothing was changed."
+)
 
 
 class Approvers:
@@ -50,11 +56,25 @@ class Approvers:
 
     async def is_approver(self, client: Any, channel: str, user: str) -> tuple[bool, str]:
         """Whether `user` is one of the channel's approvers; and, when a group could not be checked, why."""
-        approvers = self._service().channel(channel).approvers
-        if user in approvers:
+        return await self._listed(client, self._service().channel(channel).approvers, user)
+
+    async def is_admin(self, client: Any, user: str) -> tuple[bool, str]:
+        """Whether `user` is one of the config's `admins`; and, when a group could not be checked, why."""
+        return await self._listed(client, self._service().admins, user)
+
+    def admin_refusal(self, what: str, problems: str = "") -> str:
+        admins = self._service().admins
+        if not admins:
+            return NO_ADMINS.format(what=what)
+        return NOT_AN_ADMIN.format(what=what, who=_named(admins)) + problems
+
+    async def _listed(self, client: Any, ids: list[str], user: str) -> tuple[bool, str]:
+        """Whether `user` is in `ids`, by user id or as a member of a user group there; and, when a group could not
+        be checked, why."""
+        if user in ids:
             return True, ""
         problems = ""
-        for group in (a for a in approvers if a.startswith("S")):
+        for group in (a for a in ids if a.startswith("S")):
             try:
                 if user in await self._members(client, group):
                     return True, ""
@@ -86,12 +106,7 @@ class Approvers:
         approvers = self._service().channel(channel).approvers
         if not approvers:
             return NO_APPROVERS.format(what=what, channel=channel)
-        # A user group is named by its id, not mentioned: `<!subteam^…>` would notify the whole group.
-        who = Mrkdwn(", ").join(
-            Mrkdwn("the user group `{id}`").format(id=a) if a.startswith("S") else Mrkdwn("<@{id}>").format(id=a)
-            for a in approvers
-        )
-        return NOT_AN_APPROVER.format(what=what, who=who) + problems
+        return NOT_AN_APPROVER.format(what=what, who=_named(approvers)) + problems
 
     async def _members(self, client: Any, group: str) -> frozenset[str]:
         now = time.monotonic()
@@ -107,6 +122,14 @@ class Approvers:
         members = frozenset(u for u in response.get("users") or [] if isinstance(u, str))
         self._groups[group] = (now + self.ttl, members)
         return members
+
+
+def _named(ids: list[str]) -> Mrkdwn:
+    # A user group is named by its id, not mentioned: `<!subteam^…>` would notify the whole group.
+    return Mrkdwn(", ").join(
+        Mrkdwn("the user group `{id}`").format(id=a) if a.startswith("S") else Mrkdwn("<@{id}>").format(id=a)
+        for a in ids
+    )
 
 
 def _asked(user: str, requested_by: str | None) -> bool:
