@@ -108,7 +108,8 @@ def push_thread(session_id: str, branch: str | None, user: str) -> None:
 
 @task(HOUSEKEEPING_QUEUE)
 def housekeeping() -> None:
-    """Re-enqueue sessions with work nobody does, release expired leases, expire approvals, sweep workspaces."""
+    """Re-enqueue sessions with work nobody does, release expired leases, expire approvals, purge what retention
+    says, sweep workspaces."""
     from workers.jobs import undelivered_runs
     from workers.turns import housekeep, process
 
