@@ -56,6 +56,7 @@ AUDIT_USAGE = (
     "(7d, 24h); 30 days when not given."
 )
 AUDIT_SENT = "📋 The audit of {calls} tool call(s) since {since} is in your direct messages with me (`{name}`)."
+AUDIT_NONE = "No tool call was asked since {since}: there is nothing to export."
 AUDIT_CUT = (
     " It stops after those ({size} MB, what I upload at most); `mm-bot audit --since {since}` on a server gives "
     "the rest."
@@ -118,14 +119,17 @@ class AdminCommands:
             base = await _workspace_address(slack)
             content, written = await asyncio.to_thread(self._export, since, fmt, base)
             name = f"mm-audit-{now:%Y%m%dT%H%MZ}.{fmt}"
-            title = f"mm audit: {written.calls} tool call(s) since {when(since)}"
-            channel = await slack.open_dm(user)
-            await slack.upload(channel, None, content, name, title)
+            if written.calls:  # an empty file would say nothing the answer does not
+                title = f"mm audit: {written.calls} tool call(s) since {when(since)}"
+                channel = await slack.open_dm(user)
+                await slack.upload(channel, None, content, name, title)
             done = json.dumps(
                 {"calls": written.calls, "complete": written.complete, "name": name, "since": when(since)}
             )
             await steps.keep(EXPORTED, done)
         held = json.loads(done)  # a replay says what the file it uploaded holds
+        if not held["calls"]:
+            return AUDIT_NONE.format(since=held["since"])
         said = AUDIT_SENT.format(calls=f"{held['calls']:,}", since=held["since"], name=held["name"])
         if not held["complete"]:
             said += AUDIT_CUT.format(size=MAX_CHARS // 1_000_000, since=held["since"])

@@ -147,6 +147,9 @@ def test_a_member_of_an_admins_group_gets_csv_by_default_and_a_bad_time_is_said(
     said = bot.slash("audit yesterday", IN_GROUP)
     assert said.startswith("since: expected a date or time") and said.endswith("Nothing was exported.")
     assert not uploaded(bot.slack)
+    said = bot.slash("audit 2099-01-01", IN_GROUP)
+    assert said == "No tool call was asked since 2099-01-01T00:00:00Z: there is nothing to export."
+    assert not uploaded(bot.slack)
     bot.slash("audit 3650d", IN_GROUP)
     [(_, file, content)] = uploaded(bot.slack)
     assert file["name"].endswith(".csv")
