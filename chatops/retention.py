@@ -19,7 +19,7 @@ rule, who decided, when), every decision row; and model usage (tokens and cost, 
 and what failed, for the operators) and job runs (their summaries are the jobs' history).
 
 The workspace's files belong to the workers (the bot may not even mount the volume): a worker removes the
-workspace of a purged session that nobody used since the purge (workers/retention.py). Data flows one way.
+workspace of a purged session that has not started afresh (workers/retention.py). Data flows one way.
 
 Only a quiet session is purged: idle, no live lease, no stop asked, no approval pending, no message waiting for
 a turn; checked with the session's row locked, so that no turn starts halfway through. Purging is idempotent: a
@@ -198,19 +198,21 @@ def purge_idle(
     return done
 
 
-def purged_since(engine: Engine, session_ids: Sequence[str]) -> dict[str, datetime]:
-    """Of these sessions, those purged and quiet, with when: the workers remove their workspaces (unless used
-    after that time)."""
+def still_purged(engine: Engine, session_ids: Sequence[str]) -> list[str]:
+    """Of these sessions, those purged that have not started afresh (their log is still empty) and are quiet: a
+    workspace of theirs holds the purged thread's files, and the workers remove it. The log says it, not a clock:
+    a purger's and a worker's clocks need not agree."""
     if not session_ids:
-        return {}
+        return []
     now = utcnow()
     with engine.connect() as conn:
-        rows = conn.execute(
-            select(Session.id, Session.purged_at).where(
-                Session.id.in_(session_ids), Session.purged_at.is_not(None), *_quiet(now)
-            )
-        ).all()
-    return {row.id: row.purged_at for row in rows}
+        return list(
+            conn.execute(
+                select(Session.id).where(
+                    Session.id.in_(session_ids), Session.purged_at.is_not(None), Session.event_seq == 0, *_quiet(now)
+                )
+            ).scalars()
+        )
 
 
 def _pending() -> Any:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-import os
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -67,14 +66,12 @@ def session_row(engine: Engine, session_id: str):
         return conn.execute(select(Session.__table__).where(Session.id == session_id)).one()
 
 
-def make_workspace(root: Path, session_id: str, last_used: float) -> Path:
+def make_workspace(root: Path, session_id: str) -> Path:
     path = workspace_path(root, session_id)
     (path / "src").mkdir(parents=True)
-    (path / "src" / "notes.txt").write_text("what the purged thread wrote")
+    (path / "src" / "notes.txt").write_text("what the thread wrote")
     (root / META).mkdir(exist_ok=True)
-    meta = root / META / f"{session_id}.json"
-    meta.write_text(json.dumps({"repo": None}))
-    os.utime(meta, (last_used, last_used))
+    (root / META / f"{session_id}.json").write_text(json.dumps({"repo": None}))
     return path
 
 
@@ -194,22 +191,23 @@ def test_the_secrets_the_purger_knows_leave_what_is_kept(engine: Engine) -> None
     assert json.loads(arguments or "") == {"command": "echo *** > .env"} and matched == "***"
 
 
-def test_the_workspace_of_a_purged_thread_goes_and_one_made_after_the_purge_stays(
+def test_the_workspace_of_a_purged_thread_goes_and_one_that_started_afresh_keeps_its_own(
     engine: Engine, tmp_path: Path
 ) -> None:
     root = tmp_path / "workspaces"
     old, _ = two_person_call(engine, new_channel())
     restarted, _ = two_person_call(engine, new_channel())
     kept, _ = two_person_call(engine, new_channel())
-    for session_id in (old, restarted):
+    busy, _ = two_person_call(engine, new_channel())
+    for session_id in (old, restarted, busy):
         assert purge_session(engine, session_id, by=None, why="test", now=LATER) is not None
-    stale = make_workspace(root, old, LATER.timestamp() - 3600)  # last used before its purge
-    fresh = make_workspace(root, restarted, LATER.timestamp() + 60)  # a new conversation's, made after it
-    unpurged = make_workspace(root, kept, LATER.timestamp() - 3600)
+    add_log(engine, restarted, 2)  # a message came, and its first turn is in the log: the workspace is its own
+    add_message(engine, busy, taken=False)  # a message waits: its turn removes the old files itself
+    stale, fresh, unpurged, waiting = (make_workspace(root, s) for s in (old, restarted, kept, busy))
 
     assert remove_purged_workspaces(engine, root) == [old]
     assert not stale.exists() and not (root / META / f"{old}.json").exists()
-    assert fresh.exists() and unpurged.exists()
+    assert fresh.exists() and unpurged.exists() and waiting.exists()
     assert remove_purged_workspaces(engine, root) == []  # again: nothing more
 
 
@@ -218,7 +216,7 @@ def test_housekeeping_purges_only_when_retention_days_are_set(engine: Engine, tm
     now = idle_since + timedelta(days=DAYS, hours=1)
     session_id, _ = two_person_call(engine, new_channel(), updated_at=idle_since)
     root = tmp_path / "workspaces"
-    workspace = make_workspace(root, session_id, idle_since.timestamp())
+    workspace = make_workspace(root, session_id)
     env = {"DATABASE_URL": str(engine.url), "MM_WORKSPACES": str(root)}
     off = tmp_path / "off.yaml"
     off.write_text("retention: {}\n")

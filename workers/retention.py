@@ -3,10 +3,10 @@
 
 The workspace is the workers' (only they mount the volume), so whoever purges the database — retention here,
 `/mm purge` in the bot, `mm-bot purge` on an operator's shell — leaves the files to the next round: it lists
-the workspaces under the root, asks the database which of those sessions are purged and quiet, and removes each
-one nobody used since its purge. A purged thread that got a message meanwhile has a fresh workspace, made after
-the purge, and keeps it; its turn removes an older one first (`clear_purged_workspace`), should it come before
-this round.
+the workspaces under the root, asks the database which of those sessions are purged, quiet and not started
+afresh (their log is still empty), and removes their workspaces. A purged thread that gets a message removes
+the old workspace itself before its first turn prepares a new one (workers/turns.py), should it come before
+this round; once that turn is in its log, its workspace is its new conversation's and no round touches it.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from pathlib import Path
 from sqlalchemy import Engine
 
 from chatops.config import Config
-from chatops.retention import purge_idle, purged_since
-from workers.workspaces import last_used, remove_workspace, workspace_ids
+from chatops.retention import purge_idle, still_purged
+from workers.workspaces import remove_workspace, workspace_ids
 
 log = logging.getLogger("mm.worker.retention")
 
@@ -41,20 +41,11 @@ def housekeep_retention(
 
 
 def remove_purged_workspaces(engine: Engine, root: Path) -> list[str]:
-    """Remove the workspace of each quiet purged session that nobody used since its purge."""
+    """Remove the workspace of each quiet purged session that has not started afresh."""
     ids = workspace_ids(root)
     removed = []
     for start in range(0, len(ids), CHUNK):
-        for session_id, purged_at in purged_since(engine, ids[start : start + CHUNK]).items():
-            if clear_purged_workspace(root, session_id, purged_at):
+        for session_id in still_purged(engine, ids[start : start + CHUNK]):
+            if remove_workspace(root, session_id):
                 removed.append(session_id)
     return removed
-
-
-def clear_purged_workspace(root: Path, session_id: str, purged_at: datetime) -> bool:
-    """Remove the session's workspace if it was last used before `purged_at`: the purged thread's files. One made
-    after the purge belongs to the thread's new conversation."""
-    used = last_used(root, session_id)
-    if used is None or used > purged_at.timestamp():
-        return False
-    return remove_workspace(root, session_id)

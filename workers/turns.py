@@ -79,9 +79,9 @@ from workers.jobs import NO_END, RunningJob, close_stale_runs, finish_run, job_o
 from workers.leases import Cancelled, LeaseKeeper
 from workers.push import changed_files, credentials
 from workers.render import ThreadRenderer
-from workers.retention import clear_purged_workspace, housekeep_retention
+from workers.retention import housekeep_retention
 from workers.uploads import not_received, receive
-from workers.workspaces import WorkspaceError, prepare, public_url, start_commit, sweep
+from workers.workspaces import WorkspaceError, prepare, public_url, remove_workspace, start_commit, sweep
 
 log = logging.getLogger("mm.worker")
 
@@ -410,11 +410,10 @@ class SessionTurns:
         repo, branch = self.row.repo or channel.repo, self.row.branch or channel.branch
         # A private repository on a host the config names is cloned with the worker's token (workers/push.py).
         token = credentials(self.config, repo) if repo else None
-        if self.row.purged_at is not None:
-            # The purged thread's files, should no housekeeping round have removed them yet (workers/retention.py).
-            await asyncio.to_thread(
-                clear_purged_workspace, self.config.workspaces_root, self.session_id, self.row.purged_at
-            )
+        if self.row.purged_at is not None and not self.row.has_log:
+            # The first turn since the purge: a workspace there is the purged thread's, should no housekeeping round
+            # have removed it yet (workers/retention.py).
+            await asyncio.to_thread(remove_workspace, self.config.workspaces_root, self.session_id)
         ws = await asyncio.to_thread(
             prepare, self.config.workspaces_root, self.session_id, repo, branch, credentials=token
         )

@@ -194,14 +194,6 @@ def workspace_ids(root: Path) -> list[str]:
     return sorted(p.name for p in root.iterdir() if _SESSION_ID.fullmatch(p.name) and _is_dir(p))
 
 
-def last_used(root: Path, session_id: str) -> float | None:
-    """When the session's workspace was last used (its metadata's mtime: each turn's prepare touches it), 0.0 when
-    that is not known; None when it has no workspace."""
-    if not _is_dir(workspace_path(root, session_id)):
-        return None
-    return _mtime(Path(root) / META / f"{session_id}.json")
-
-
 def remove_workspace(root: Path, session_id: str) -> bool:
     """Remove the session's workspace and its metadata, as the sweep does (moved out of sight, then emptied by
     descriptor, following no link); False when it had none."""
