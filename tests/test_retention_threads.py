@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from chatops.inbox import record_message
 from chatops.retention import PurgeOutcome, purge_session
-from threads_support import OwnRedis, Stack, stack
+from chatops.schema import InboxCommand
+from threads_support import CHANNEL, OwnRedis, Stack, stack
 
 pytestmark = pytest.mark.process  # its tests start processes (mm_testkit/process_guard.py)
 
@@ -57,3 +59,20 @@ def test_a_purged_thread_that_gets_a_message_starts_afresh(
         assert user == "what is in notes.txt?"  # neither the purged conversation nor the thread's earlier messages
         assert threads.workspace(session_id).is_dir() and not notes.exists()
         assert not threads.slack.calls_to("conversations.replies")
+
+        # `new`, then a message: a fresh conversation again, still without the thread's earlier (purged) messages.
+        new = threads.slack.add_message(CHANNEL, "<@U0BOT> new", "U0ALICE", thread_ts=root)["ts"]
+        record_message(
+            threads.engine,
+            channel_id=CHANNEL,
+            thread_ts=root,
+            message_ts=new,
+            user_id="U0ALICE",
+            text="",
+            command=InboxCommand.NEW,
+        )
+        threads.post("and now?", thread_ts=root)
+        threads.wait(lambda: threads.turns_ended(session_id) == 2, message="the turn after `new`")
+        [user] = [m["content"] for m in threads.model.messages() if m["role"] == "user"]
+        assert user == "and now?" and not threads.slack.calls_to("conversations.replies")
+        assert threads.thread_text(root).count("history was purged") == 1

@@ -651,12 +651,14 @@ class SessionTurns:
 
     async def _preface(self, client: Any, renderer: ThreadRenderer) -> str:
         """What goes before a new conversation's first messages: the thread's earlier messages, for context; none
-        after a purge (they are what was purged), which the thread is told."""
+        in a thread that was purged (they hold what was purged; what came after is in the log), whose first turn
+        since says so."""
         row = self.row
         if not (row.turn and row.turn.fresh):
             return ""
-        if row.purged_at is not None and not row.has_log:
-            await renderer.notice(PURGED.format(when=f"{row.purged_at:%Y-%m-%d %H:%M} UTC"))
+        if row.purged_at is not None:
+            if not row.has_log:
+                await renderer.notice(PURGED.format(when=f"{row.purged_at:%Y-%m-%d %H:%M} UTC"))
             return ""
         return await self._thread_context(client)
 
