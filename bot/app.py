@@ -31,6 +31,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 from sqlalchemy.exc import DataError
 
 from bot import handlers, shapes
+from bot.admin import AdminCommands
 from bot.approvals import ClickHandler
 from bot.authorize import Approvers
 from bot.before_ack import WAIT_S
@@ -244,7 +245,8 @@ def register(
     clicks = ClickHandler(engine, approvers, secrets, hand_off.enqueue, handlers.enqueue_thread_push)
     jobs = JobCommands(engine, config_file, approvers, handlers.enqueue_run)
     home = Home(engine, approvers, secrets, jobs)
-    commands = Commands(engine, config_file, approvers, hand_off.enqueue, secrets, jobs, clicks)
+    admin = AdminCommands(engine, approvers, secrets)
+    commands = Commands(engine, config_file, approvers, hand_off.enqueue, secrets, jobs, clicks, admin)
     requests = Requests(
         engine,
         commands,

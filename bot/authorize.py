@@ -14,6 +14,7 @@ only a claim, checked against the database by the caller (bot.approvals). The ru
 - **Reject**: the approvers (the rule's and the channel's), and the person who asked: anyone may withdraw
   their own request.
 - **Stop**: the approvers, and whoever wrote to the session.
+- **Audit and purge** (`/mm audit`, `/mm purge`): the config's `admins` (user or group ids), whatever the channel.
 
 User groups are resolved through `usergroups.users.list` and kept for GROUP_TTL seconds, so that a burst of
 clicks costs one call per group and a person removed from a group loses the right within a minute. When
@@ -52,6 +53,11 @@ COUNTED_ALREADY = (
     "You have already approved this call: it needs {missing} from someone else (not whoever asked for it). "
     "Nothing was changed."
 )
+NOT_AN_ADMIN = Mrkdwn("Only the bot's admins may {what} ({who}). Nothing was changed.")
+NO_ADMINS = (
+    "Nobody may {what}: whoever runs the bot lists admins (user or group ids) under `admins` in its config file. "
+    "Nothing was changed."
+)
 
 
 class Approvers:
@@ -71,11 +77,25 @@ class Approvers:
     ) -> tuple[bool, str]:
         """Whether `user` is one of `accepted` (None: the channel's approvers), by id or user group; and, when a
         group could not be checked, why."""
-        approvers = self.accepted(channel) if accepted is None else accepted
-        if user in approvers:
+        return await self._listed(client, self.accepted(channel) if accepted is None else accepted, user)
+
+    async def is_admin(self, client: Any, user: str) -> tuple[bool, str]:
+        """Whether `user` is one of the config's `admins`; and, when a group could not be checked, why."""
+        return await self._listed(client, self._service().admins, user)
+
+    def admin_refusal(self, what: str, problems: str = "") -> str:
+        admins = self._service().admins
+        if not admins:
+            return NO_ADMINS.format(what=what)
+        return NOT_AN_ADMIN.format(what=what, who=_named(admins)) + problems
+
+    async def _listed(self, client: Any, ids: Sequence[str], user: str) -> tuple[bool, str]:
+        """Whether `user` is in `ids`, by user id or as a member of a user group there; and, when a group could not
+        be checked, why."""
+        if user in ids:
             return True, ""
         problems = ""
-        for group in (a for a in approvers if a.startswith("S")):
+        for group in (a for a in ids if a.startswith("S")):
             try:
                 if user in await self._members(client, group):
                     return True, ""

@@ -25,6 +25,7 @@ from typing import Any
 
 from sqlalchemy import Engine
 
+from bot.admin import AdminCommands, is_admin_command
 from bot.approvals import MAY_NOT_STOP, PUSH_UNAVAILABLE, ClickHandler, may_stop
 from bot.authorize import Approvers
 from bot.budgets import BudgetCommand
@@ -63,7 +64,8 @@ thread's budgets, or its token budget: anyone in it may lower it, an approver ra
 (approvers: the workspace's changes to a branch of the repository), `help`. A request may start with \
 `model=NAME` (one of: {models}), and in a new thread `repo=URL` and `branch=NAME`. In a channel, \
 `/mm COMMAND` does the same for your latest session there, and `/mm PROMPT` starts a new thread. \
-`/mm jobs` lists the scheduled jobs; `/mm job run|pause|resume NAME` (approvers) steers one."""
+`/mm jobs` lists the scheduled jobs; `/mm job run|pause|resume NAME` (approvers) steers one. \
+`/mm audit [SINCE]` and `/mm purge LINK` are for the bot's admins."""
 NO_SESSION = "There is no session here yet: mention me with a request to start one."
 STOP_ASKED = Mrkdwn("⏹ <@{user}> asked me to stop.")
 NOTHING_RUNS = "Nothing is running here."
@@ -196,9 +198,10 @@ class Commands:
         secrets: Callable[[], Sequence[str]],
         jobs: JobCommands | None = None,
         clicks: ClickHandler | None = None,
+        admin: AdminCommands | None = None,
     ) -> None:
         self.engine, self.config_file, self.approvers, self.enqueue = engine, config_file, approvers, enqueue
-        self.secrets, self.jobs, self.clicks = secrets, jobs, clicks
+        self.secrets, self.jobs, self.clicks, self.admin = secrets, jobs, clicks, admin
 
     @property
     def config(self) -> Config:
@@ -498,6 +501,8 @@ class Commands:
             if public is not None:
                 await announce(slack, steps, public[0], None, public[1])
             return Outcome(private=private)
+        if self.admin is not None and is_admin_command(text):
+            return Outcome(private=await self.admin.answer(slack, text, user, steps))
         command = parse(text)
         if not text.strip() or (command is not None and command.name == "help"):
             return Outcome(private=HELP.format(agents=self.agents(), models=self.config.service.model_names()))

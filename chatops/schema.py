@@ -214,7 +214,8 @@ class Session(Base):
     workspace: Mapped[str | None] = mapped_column(Text)
     agent_name: Mapped[str | None] = mapped_column(String(100))
     # The thread's own agent settings: {"model": a `models` name (`model=`), "instructions": what the latest turn
-    # was told (chatops.store.set_model, set_instructions_used)}.
+    # was told (chatops.store.set_model, set_instructions_used)}; and "purged": when, by whom and why its content
+    # was purged (chatops/retention.py).
     agent_config: Mapped[dict[str, Any] | None]
     status: Mapped[str] = mapped_column(String(24), default=SessionStatus.IDLE)
     # None: the channel's (or the config's) yolo; `yolo on|off` sets it (an approver's switch for everyone).

@@ -8,6 +8,7 @@ in DATABASE_URL or a token echoed by a failing library never reaches a terminal,
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
@@ -79,6 +80,13 @@ def scrub(text: str, secrets: list[str]) -> str:
     for secret in secrets:
         text = text.replace(secret, MASK)
     return text
+
+
+def with_json_forms(secrets: Iterable[str]) -> list[str]:
+    """The secrets, and each as it reads inside a JSON string (a tool call's arguments are JSON text, where a `"` or
+    a `\\` of a secret is escaped), longest first: what `scrub` takes for a JSON text."""
+    known = [s for s in secrets if s]
+    return sorted({*known, *(json.dumps(s)[1:-1] for s in known)}, key=len, reverse=True)
 
 
 def describe_error(exc: BaseException) -> str:

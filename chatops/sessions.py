@@ -91,6 +91,7 @@ class Snapshot:
     lease_owner: str | None = None
     lease_expires_at: datetime | None = None
     updated_at: datetime | None = None
+    purged_at: datetime | None = None  # when its history was purged (chatops/retention.py)
     approvals: tuple[ApprovalRow, ...] = ()
     inbox: tuple[Waiting, ...] = ()  # the first INBOX_PER_TURN untaken rows, in order
     turn: Turn | None = field(default=None)  # None: read without the log
@@ -165,6 +166,7 @@ def snapshot(bind: Engine | Connection, session_id: str, *, log: bool = True) ->
         lease_owner=s.lease_owner,
         lease_expires_at=s.lease_expires_at,
         updated_at=s.updated_at,
+        purged_at=s.purged_at,
         approvals=tuple(approval_from(row._asdict()) for row in approvals),
         inbox=tuple(Waiting(r.id, r.command, r.user_id is not None, bool(r.files)) for r in inbox),
         turn=turn,

@@ -1,4 +1,5 @@
-"""`mm-bot`: the one command of the service (serve, worker, beat, migrate, dev, playground, run, doctor, init).
+"""`mm-bot`: the one command of the service (serve, worker, beat, migrate, dev, playground, run, doctor, init, audit,
+purge).
 
 A bad configuration is printed as the config module words it (`file:line: key: expected …`), without a
 traceback, and exits 2.
@@ -186,6 +187,18 @@ def _init(args: argparse.Namespace) -> int:
     return 0
 
 
+def _audit(args: argparse.Namespace) -> int:
+    from commands.audit import audit
+
+    return audit(args)
+
+
+def _purge(args: argparse.Namespace) -> int:
+    from commands.audit import purge
+
+    return purge(args)
+
+
 def _export_config_path(path: str | None) -> None:
     # Celery and the terminal front end read the config themselves, through MM_CONFIG.
     if path is not None:
@@ -250,6 +263,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("passthrough", nargs=argparse.REMAINDER)
     command("doctor", _doctor, "check the config, database, broker, model endpoint and Slack auth")
+    p = command("audit", _audit, "export every tool call: who asked, the rule, each decision, the outcome")
+    when = "an ISO date or time (UTC unless it says), or an age such as 7d or 24h"
+    p.add_argument("--since", metavar="WHEN", help=f"calls asked from then on: {when}")
+    p.add_argument("--until", metavar="WHEN", help="calls asked before then (the same forms)")
+    p.add_argument("--channel", metavar="ID", help="calls of one channel (C…)")
+    p.add_argument("--user", metavar="ID", help="calls one person asked for or decided on (U…)")
+    p.add_argument("--format", choices=("jsonl", "csv"), default="jsonl", help="jsonl (default) or csv")
+    p.add_argument("--output", metavar="FILE", help="write there (a new file) instead of to stdout")
+    p.add_argument(
+        "--workspace-url",
+        metavar="URL",
+        help="the workspace's address (https://acme.slack.com): links to each thread; without it, channel and ts",
+    )
+    p = command("purge", _purge, "remove one thread's log, messages, tool outputs and workspace; keep its audit")
+    p.add_argument("--thread", required=True, metavar="LINK", help="the link to the thread (Slack's Copy link)")
     p = command("init", _init, "write a commented example config")
     p.add_argument("--path", default="mm.yaml", help="where to write it (default ./mm.yaml)")
     p.add_argument("--force", action="store_true", help="overwrite an existing file")
@@ -295,6 +323,7 @@ WORDED_ERRORS = (
     ("chatops.db", "DatabaseUnavailable"),
     ("bot.server", "CannotListen"),
     ("commands.playground", "Refused"),
+    ("commands.audit", "Refused"),
 )
 
 

@@ -23,10 +23,11 @@ call) is `msg_too_long`; a message's text over 40,000 characters (4,000 for chat
 `msg_too_long`; chat.update refuses a message that is still streaming (`streaming_state_conflict`). The bot
 posts only in channels the emulator knows (`channel_not_found` otherwise): `add_channel` seeds one, and a
 person's message or event (`add_message`, `push_*`, `response_url(user, channel)`) makes its channel.
-chat.startStream outside a DM requires `recipient_user_id` and `recipient_team_id`, as Slack does
-(`strict_streaming=False` lifts it, for a test that says why). A call of a method the emulator does not know
-answers `unknown_method` and is remembered (`SlackEmulator.take_unknown_methods()`): the test kit fails the
-test that made it.
+conversations.open makes a person's DM with the bot (`user_not_found` for a person it does not know), where
+the bot may then post and upload. chat.startStream outside a DM requires `recipient_user_id` and
+`recipient_team_id`, as Slack does (`strict_streaming=False` lifts it, for a test that says why). A call of a
+method the emulator does not know answers `unknown_method` and is remembered
+(`SlackEmulator.take_unknown_methods()`): the test kit fails the test that made it.
 
 Socket Mode, on Slack's wire protocol: `apps.connections.open` (app-level token only) answers a
 `ws://…/socket?ticket=…` URL on this server; on connect the socket says `hello`; the test then pushes envelopes
@@ -195,6 +196,7 @@ class SlackEmulator(ThreadedAiohttpServer):
             "conversations.replies": self._replies,
             "conversations.history": self._history,
             "conversations.info": self._conversation_info,
+            "conversations.open": self._conversations_open,
             "users.info": self._user_info,
             "usergroups.users.list": self._usergroup_users,
             "assistant.threads.setStatus": self._set_status,
@@ -229,6 +231,7 @@ class SlackEmulator(ThreadedAiohttpServer):
             self.users: dict[str, dict[str, Any]] = {}
             self.channels: dict[str, dict[str, Any]] = {}
             self.usergroups: dict[str, dict[str, Any]] = {}
+            self._opened: dict[frozenset[str], str] = {}  # conversations.open: the people → their DM's id
             self._messages: dict[str, list[dict[str, Any]]] = {}
             self.ephemerals: list[dict[str, Any]] = []
             self.statuses: dict[tuple[str, str], list[str]] = {}
@@ -1056,6 +1059,46 @@ class SlackEmulator(ThreadedAiohttpServer):
         if channel not in self.channels:
             raise SlackError("channel_not_found")
         return {"channel": self.channels[channel]}
+
+    def _conversations_open(self, params: Params) -> dict[str, Any]:
+        """A direct message between the bot and one person (D…), or a group DM with several (G…), made on the first
+        call and the same one after (then `no_op` and `already_open`, as Slack says); the person must exist and be
+        active. `channel` resumes a DM or group DM by its id. The id alone comes back, the whole conversation with
+        `return_im`."""
+        whole = str(params.get("return_im") or "").lower() in ("1", "true")
+        if params.get("channel") and not params.get("users"):
+            found = self.channels.get(params["channel"])
+            if found is None:
+                raise SlackError("channel_not_found")
+            if not (found.get("is_im") or found.get("is_mpim")):
+                raise SlackError("method_not_supported_for_channel_type")
+            return {"no_op": True, "already_open": True, "channel": found if whole else {"id": found["id"]}}
+        if not params.get("users"):
+            raise SlackError("users_list_not_supplied")
+        people = [u.strip() for u in str(params["users"]).split(",") if u.strip()]
+        if len(people) > 8:
+            raise SlackError("too_many_users")
+        for person in people:
+            if person not in self.users:
+                raise SlackError("user_not_found")
+            if self.users[person].get("deleted"):
+                raise SlackError("user_disabled")
+        key = frozenset(people)
+        known = self._opened.get(key)
+        if known is not None:
+            found = self.channels[known]
+            return {"no_op": True, "already_open": True, "channel": found if whole else {"id": known}}
+        one = len(key) == 1
+        channel_id = f"{'D' if one else 'G'}{next(self._ids):010d}"
+        channel = self.add_channel(channel_id, people[0] if one else "mpdm-" + "--".join(people), is_private=True)
+        channel |= {"is_group": False, "is_member": True}
+        if one:
+            channel["user"] = people[0]
+        else:
+            channel["is_mpim"] = True
+        self.channels[channel_id] = channel
+        self._opened[key] = channel_id
+        return {"channel": channel if whole else {"id": channel_id}}
 
     def _user_info(self, params: Params) -> dict[str, Any]:
         [user] = self._require(params, "user")

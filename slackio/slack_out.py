@@ -128,6 +128,12 @@ class SlackOut:
     async def publish_home(self, user: str, view: dict[str, Any]) -> dict[str, Any]:
         return await self.call("views.publish", user_id=user, view=view)
 
+    async def open_dm(self, user: str) -> str:
+        """The id of the bot's direct message with `user` (conversations.open), opened if it was not: where what is
+        for that person alone goes (an admin's audit export)."""
+        answer = await self.call("conversations.open", users=user)
+        return str(answer["channel"]["id"])
+
     async def upload(self, channel: str, thread_ts: str | None, content: str | bytes, filename: str, title: str) -> Any:
         """A file in the thread (files.getUploadURLExternal, the upload, files.completeUploadExternal); `content`
         text, or bytes (a workspace's file the agent attaches), scrubbed alike."""

@@ -185,3 +185,29 @@ def test_an_unknown_method_is_remembered_for_the_kit_to_fail_the_test(client: We
     assert refusal(client.api_call, api_method="chat.teleport")["error"] == "unknown_method"
     assert SlackEmulator.take_unknown_methods() == ["files.upload", "chat.teleport"]
     assert SlackEmulator.take_unknown_methods() == []
+
+
+def test_a_dm_is_opened_once_for_a_person_it_knows_and_takes_an_upload(client: WebClient, slack: SlackEmulator) -> None:
+    opened: Any = client.conversations_open(users="U0ALICE").data
+    dm = opened["channel"]["id"]
+    assert dm.startswith("D") and "already_open" not in opened
+    again: Any = client.conversations_open(users="U0ALICE", return_im=True).data
+    assert again["channel"]["id"] == dm and again["already_open"] and again["channel"]["user"] == "U0ALICE"
+    resumed: Any = client.conversations_open(channel=dm).data
+    assert resumed["channel"]["id"] == dm
+    client.files_upload_v2(channel=dm, content="a,b\n1,2\n", filename="audit.csv", title="audit")
+    [message] = slack.messages(dm)
+    [file] = message["files"]
+    assert file["name"] == "audit.csv" and slack.uploads[file["id"]] == b"a,b\n1,2\n"
+
+
+def test_a_dm_is_refused_as_slack_refuses_it(client: WebClient, slack: SlackEmulator) -> None:
+    slack.add_user("U0GONE", "gone")
+    slack.users["U0GONE"]["deleted"] = True
+    assert refusal(client.conversations_open, users="U0NOBODY")["error"] == "user_not_found"
+    assert refusal(client.conversations_open, users="U0GONE")["error"] == "user_disabled"
+    assert refusal(client.api_call, api_method="conversations.open")["error"] == "users_list_not_supplied"
+    assert refusal(client.conversations_open, users=",".join(["U0ALICE"] * 9))["error"] == "too_many_users"
+    assert refusal(client.conversations_open, channel="D0NOWHERE")["error"] == "channel_not_found"
+    assert refusal(client.conversations_open, channel=CHANNEL)["error"] == "method_not_supported_for_channel_type"
+    assert not [c for c in slack.channels if c.startswith("D")]  # nothing was opened

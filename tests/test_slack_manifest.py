@@ -58,6 +58,8 @@ METHOD_SCOPES: dict[str, frozenset[str]] = {
     "views.publish": frozenset(),
     "files.getUploadURLExternal": frozenset({"files:write"}),
     "files.completeUploadExternal": frozenset({"files:write"}),
+    # The DM an admin's audit export is uploaded into (bot.admin); im:write is the scope of a 1:1 DM.
+    "conversations.open": frozenset({"im:write"}),
 }
 # Not a method: the download of a file a person shared (its `url_private_download`, with the bot token) needs
 # files:read; needed when the source reads that field (workers.uploads).
@@ -111,6 +113,7 @@ PLACEHOLDERS = {
     "PROMPT": "look at the last commit",
     "URL": "https://example.com/o/r.git",
     "NAME": "nightly",
+    "LINK": "https://acme.slack.com/archives/C0123ABCD/p1700000000123456",
 }
 
 
@@ -389,6 +392,7 @@ def test_the_buttons_need_interactivity_and_reach_their_listener(app: AsyncApp, 
 def test_the_slash_command_reaches_its_listener_and_its_hint_lists_real_commands(
     app: AsyncApp, manifest: dict[str, Any]
 ) -> None:
+    from bot.admin import is_admin_command
     from bot.commands import SLASH_COMMAND, parse
     from bot.jobs import is_job_command
 
@@ -402,14 +406,20 @@ def test_the_slash_command_reaches_its_listener_and_its_hint_lists_real_commands
     for alternative in hint["commands"].split(" | "):
         for words in _spelled_out(alternative):
             parsed = parse(words)
-            known = (parsed is not None and parsed.name == words.split()[0]) or is_job_command(words)
+            known = (
+                (parsed is not None and parsed.name == words.split()[0])
+                or is_job_command(words)
+                or is_admin_command(words)
+            )
             assert known, f"{words!r} is not a command"
     assert parse("look at the last commit") is None  # "or a prompt"
 
 
 def _spelled_out(alternative: str) -> list[str]:
-    """`yolo on|off` → `yolo on`, `yolo off`; `repo URL [BRANCH]` → `repo https://… main`."""
-    words = [PLACEHOLDERS.get(word, word) for word in alternative.replace("[BRANCH]", "main").split()]
+    """`yolo on|off` → `yolo on`, `yolo off`; `repo URL [BRANCH]` → `repo https://… main`; `audit [SINCE]` →
+    `audit 7d`."""
+    spelled = alternative.replace("[BRANCH]", "main").replace("[SINCE]", "7d")
+    words = [PLACEHOLDERS.get(word, word) for word in spelled.split()]
     return [" ".join(choice) for choice in itertools.product(*(word.split("|") for word in words))]
 
 

@@ -109,7 +109,7 @@ def push_thread(session_id: str, branch: str | None, user: str) -> None:
 @task(HOUSEKEEPING_QUEUE)
 def housekeeping() -> None:
     """Re-enqueue sessions with work nobody does, release expired leases, expire approvals, remind and escalate
-    the approvals that wait, sweep workspaces."""
+    the approvals that wait, purge what retention says, sweep workspaces."""
     from workers.jobs import undelivered_runs
     from workers.nudges import nudge_waiting
     from workers.turns import housekeep, process

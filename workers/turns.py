@@ -80,8 +80,9 @@ from workers.jobs import NO_END, RunningJob, close_stale_runs, finish_run, job_o
 from workers.leases import Cancelled, LeaseKeeper
 from workers.push import changed_files, credentials
 from workers.render import ThreadRenderer
+from workers.retention import housekeep_retention
 from workers.uploads import not_received, receive
-from workers.workspaces import WorkspaceError, prepare, public_url, start_commit, sweep
+from workers.workspaces import WorkspaceError, prepare, public_url, remove_workspace, start_commit, sweep
 
 log = logging.getLogger("mm.worker")
 
@@ -99,6 +100,10 @@ CRASHED = object()  # _run's answer when the turn crashed: ended, and not to be 
 WORKER_FAILED = "⚠️ The worker failed while running this turn ({reason}); the error is recorded."
 MODEL_GONE = "The model `{name}` this thread runs with is no longer configured: nothing was run."
 THREAD_CONTEXT = "Earlier messages in this Slack thread, for context:\n{lines}\n\nThe request:\n"
+PURGED = (
+    "🧹 This thread's history was purged on {when}: I start afresh, without its earlier messages, tool outputs or "
+    "workspace."
+)
 CONTEXT_MESSAGES = 50
 CONTEXT_CHARS = 8000
 
@@ -319,7 +324,7 @@ class SessionTurns:
                         self.ending = SessionStatus.IDLE
                         return True  # the inbox may hold more
                 else:
-                    preface = await self._thread_context(client) if self.row.turn and self.row.turn.fresh else ""
+                    preface = await self._preface(client, renderer)
                     notes, images = await self._receive_files(workspace, renderer, config.model.vision)
                     taken = self.store.take_inbox(
                         session_id, preface, people=self.running is None, notes=notes, images=images
@@ -445,6 +450,10 @@ class SessionTurns:
         repo, branch = self.row.repo or channel.repo, self.row.branch or channel.branch
         # A private repository on a host the config names is cloned with the worker's token (workers/push.py).
         token = credentials(self.config, repo) if repo else None
+        if self.row.purged_at is not None and not self.row.has_log:
+            # The first turn since the purge: a workspace there is the purged thread's, should no housekeeping round
+            # have removed it yet (workers/retention.py).
+            await asyncio.to_thread(remove_workspace, self.config.workspaces_root, self.session_id)
         ws = await asyncio.to_thread(
             prepare, self.config.workspaces_root, self.session_id, repo, branch, credentials=token
         )
@@ -687,6 +696,19 @@ class SessionTurns:
 
         return job_of_session(self.proc.engine, self.config, self.session_id, reread)
 
+    async def _preface(self, client: Any, renderer: ThreadRenderer) -> str:
+        """What goes before a new conversation's first messages: the thread's earlier messages, for context; none
+        in a thread that was purged (they hold what was purged; what came after is in the log), whose first turn
+        since says so."""
+        row = self.row
+        if not (row.turn and row.turn.fresh):
+            return ""
+        if row.purged_at is not None:
+            if not row.has_log:
+                await renderer.notice(PURGED.format(when=f"{row.purged_at:%Y-%m-%d %H:%M} UTC"))
+            return ""
+        return await self._thread_context(client)
+
     async def _thread_context(self, client: Any) -> str:
         """A session started by a mention inside an existing thread: what was said before, for the model."""
         row = self.row
@@ -725,8 +747,8 @@ _forgot = [-FORGET_EVERY_S]  # when this process last forgot old skipped and mis
 
 
 def housekeep() -> list[str]:
-    """Find the work the broker lost, and the approvals nobody answered (the sessions to enqueue again); make
-    the workspaces fit the disk."""
+    """Find the work the broker lost, and the approvals nobody answered (the sessions to enqueue again); purge
+    what retention says and remove purged threads' workspaces; make the workspaces fit the disk."""
     proc = process()
     engine, config = proc.engine, proc.config
     release_expired_leases(engine)
@@ -744,6 +766,10 @@ def housekeep() -> list[str]:
     expired = {row.session_id for row in gone}
     stranded = set(sessions_with_work(engine, quiet_s=config.service.worker.housekeepingSeconds))
     ws = config.service.workspaces
+    try:
+        housekeep_retention(engine, config, proc.secrets)
+    except OSError as e:
+        record_error(engine, "housekeeping", f"removing purged workspaces: {describe_error(e)}")
     try:
         sweep(
             config.workspaces_root,

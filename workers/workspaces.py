@@ -186,6 +186,26 @@ def sweep(
     return removed
 
 
+def workspace_ids(root: Path) -> list[str]:
+    """The sessions that have a workspace under the root (the worker's own directories left out)."""
+    root = Path(root)
+    if not _is_dir(root):
+        return []
+    return sorted(p.name for p in root.iterdir() if _SESSION_ID.fullmatch(p.name) and _is_dir(p))
+
+
+def remove_workspace(root: Path, session_id: str) -> bool:
+    """Remove the session's workspace and its metadata, as the sweep does (moved out of sight, then emptied by
+    descriptor, following no link); False when it had none."""
+    root, path = Path(root), workspace_path(root, session_id)
+    removed = False
+    if _is_dir(path):
+        (root / STAGING).mkdir(mode=0o700, exist_ok=True)
+        removed = _discard(root, path)
+    (root / META / f"{session_id}.json").unlink(missing_ok=True)
+    return removed
+
+
 def hand_over(path: Path) -> None:
     """Give `path` and everything under it to the sandbox's user when the worker is root (a no-op otherwise).
 
