@@ -451,3 +451,13 @@ def test_approval_policies_are_read_and_a_rule_nobody_could_satisfy_is_refused(t
     assert "approvals.policies[2].ask: it asks 3 different people, but its approvers are 2 people" in problems
     assert "approvals.policies[3]: expected exactly one of allow, ask or deny, got allow and ask" in problems
     assert "policies[1]" not in problems
+
+
+def test_the_governance_page_s_worked_example_loads(tmp_path: Path) -> None:
+    """docs/governance.md's example is a team's whole config: it must stay one the service takes."""
+    page = (Path(__file__).parent.parent / "docs" / "governance.md").read_text(encoding="utf-8")
+    example = page.split("```yaml\n", 1)[1].split("```", 1)[0]
+    service = load_config(_write(tmp_path, example), {}).service
+    names = [rule.name for rule in service.approvals.policies]
+    assert names == ["root wipe", "two-person push", "CI files", "looking around"]
+    assert service.approvals.timeout is None and service.approvals.escalateTo == ["S0ONCALL"]
