@@ -16,6 +16,7 @@ from sqlalchemy import insert, select
 from chatops.config import load_config
 from chatops.schema import Approval, ApprovalDecision, JobRun, JobTrigger, ToolCall
 from mm_testkit.redis_server import OwnRedis
+from mmbot_helpers import clean_env, mm_bot
 from playground.signed import SlackEventSender
 from threads_support import CHANNEL, SECRET, Stack, approval_messages, buttons, click, config, stack, waiting_message
 from workers.nudges import nudge_waiting
@@ -134,6 +135,15 @@ def test_a_git_push_in_a_list_runs_only_after_two_distinct_approvers(governed) -
         (BOB, "approve", "two-person push"),
         (DAVE, "approve", "two-person push"),
     ]
+
+    # The audit, as an operator exports it, of the call the real flow recorded: who asked, the rule, both
+    # approvers and when, the outcome.
+    exported = mm_bot("audit", "--format", "jsonl", env=clean_env(DATABASE_URL=threads.database_url), cwd=threads.tmp)
+    assert exported.returncode == 0, exported.stderr
+    [record] = [json.loads(line) for line in exported.stdout.splitlines()]
+    assert (record["requested_by"], record["rule"], record["needed"]) == ([ALICE], "two-person push", 2)
+    assert [(d["by"], d["vote"]) for d in record["decisions"]] == [(BOB, "approve"), (DAVE, "approve")]
+    assert all(d["at"].endswith("Z") for d in record["decisions"]) and record["outcome"] == "ok"
 
 
 def test_an_edit_of_a_ci_file_asks_twice_while_a_source_file_is_written_without_asking(governed) -> None:
