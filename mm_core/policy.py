@@ -44,6 +44,7 @@ import contextlib
 import fnmatch
 import functools
 import ipaddress
+import itertools
 import os
 import posixpath
 import re
@@ -81,6 +82,8 @@ MAX_DEPTH = 8  # `bash -c` inside `bash -c`...
 MAX_WORK = 4 * MAX_CHARS
 
 _APPROVER = re.compile(r"^[UWS][A-Z0-9]{2,}$")
+# What an item says when the parser's reading of a command cannot be trusted (see _Misread).
+MISREAD = "the command could not be parsed (the parser misreads it)"
 
 
 class Action(StrEnum):
@@ -428,6 +431,12 @@ _BASH = Language(tree_sitter_bash.language())
 _SIMPLE = frozenset({"command", "declaration_command", "unset_command"})
 _KEYWORDS = frozenset({"export", "declare", "local", "readonly", "typeset", "unset"})
 _SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh", "mksh", "ash"})
+# The nodes that make a word (alone or joined with their neighbours).
+_WORDS = frozenset(
+    {"word", "number", "string", "raw_string", "ansi_c_string", "translated_string", "concatenation"}
+    | {"simple_expansion", "expansion", "command_substitution", "process_substitution", "arithmetic_expansion"}
+    | {"brace_expression"}
+)
 _ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 # Unquoted, the shell expands these: a glob (`*`, `?`, `[...]`), braces with a comma or a range.
 _EXPANDS = re.compile(r"[*?]|\[.*\]|\{.*(,|\.\.).*\}", re.S)
@@ -481,6 +490,8 @@ def _long(names: str) -> frozenset[str]:
     return frozenset(names.split())
 
 
+# The commands that run the command after their options. An option not listed here is read both ways (with an
+# argument and without), each reading's command an item: the tables make the common case exact, not safe.
 _WRAPPERS = {
     "sudo": _Wrapper(
         "CDghpRrTtUu",
@@ -490,7 +501,7 @@ _WRAPPERS = {
         assignments=True,
     ),
     "doas": _Wrapper("Cu", "Lns"),
-    "env": _Wrapper("uC", "i0v", _long("unset chdir"), _long("ignore-environment null debug"), 0, True, "S"),
+    "env": _Wrapper("uC", "i0v", _long("unset chdir"), _long("ignore-environment null debug"), 0, True, opaque="S"),
     "nice": _Wrapper("n", "0123456789", _long("adjustment")),
     "nohup": _Wrapper(),
     "timeout": _Wrapper("sk", "v", _long("signal kill-after"), _long("foreground preserve-status verbose"), 1),
@@ -510,8 +521,14 @@ _WRAPPERS = {
 }
 
 
-class _TooMuch(Exception):
+class _TooMuch(CoreError):
     """A command past the bounds: read as one unknown item."""
+
+
+class _Misread(CoreError):
+    """tree-sitter's reading of a script is not the shell's: two of its lines run together (_check_lines, _split),
+    blanks inside one word (a concatenation whose pieces are apart). The script is then one unknown item: a command
+    hidden in another's words would escape its rule."""
 
 
 def simple_commands(command: str) -> list[Item]:
@@ -545,16 +562,23 @@ class _Reader:
         if root.has_error or "\x00" in text:
             self.items.append(_unknown("command", f"the command could not be parsed: {_clip(text)}"))
             return
+        start = len(self.items)
         stack = [root]
-        while stack:  # no recursion: the tree may be as deep as the text is long
-            node = stack.pop()
-            if node.type in _SIMPLE:
-                self.command(node, src, depth)
-            stack.extend(reversed(node.children))
+        try:
+            while stack:  # no recursion: the tree may be as deep as the text is long
+                node = stack.pop()
+                if node.type == "concatenation" and any(a.end_byte != b.start_byte for a, b in _pairs(node)):
+                    raise _Misread  # blanks inside one word (`x=1 \`\` ls`): its reading is not the shell's
+                if node.type in _SIMPLE or (node.type == "redirected_statement" and _owner(node) is None):
+                    words, parts = _nodes(node)
+                    _check_lines(parts, src)
+                    self.command(node, _words(words, src), src, depth)
+                stack.extend(reversed(node.children))
+        except _Misread:
+            self.items[start:] = [_unknown("command", f"{MISREAD}: {_clip(text)}")]
 
-    def command(self, node: Node, src: bytes, depth: int) -> None:
+    def command(self, node: Node, words: list[Word], src: bytes, depth: int) -> None:
         stdin = _stdin(node, src)
-        words = _words(node, src)
         todo = [words] if words else []
         while todo:  # the command, then what it runs (a wrapper's command, find's -exec)
             words = todo.pop()
@@ -616,7 +640,10 @@ class _Reader:
             raise _TooMuch(f"it runs more than {MAX_COMMANDS:,} simple commands")
         pieces: list[str | None] = []
         for i, word in enumerate(words):
-            for value in [" "] * bool(i) + [value for value, _ in word]:
+            # A word wholly computed may expand to no word at all (`$(true) git push` runs `git push`): the blanks
+            # beside it are its own to give or not (it matches any text, blanks too).
+            blank = i and not _vanishes(word) and not _vanishes(words[i - 1])
+            for value in [" "] * blank + [value for value, _ in word]:
                 if value is not None and pieces and pieces[-1] is not None:
                     pieces[-1] += value
                 elif value != "":
@@ -631,31 +658,111 @@ class _Reader:
             raise _TooMuch(f"reading it takes more than {MAX_WORK:,} characters")
 
 
-def _words(node: Node, src: bytes) -> list[Word]:
-    """A simple command's words, without its variable assignments and redirections."""
+def _nodes(node: Node) -> tuple[list[Node], list[Node]]:
+    """A simple command's word nodes, and all its parts (its words, assignments and redirections' targets), each
+    in order. tree-sitter files some words under a redirection: `git >/dev/null push` is `git push` to the shell,
+    but to the grammar `push` is a second target of `>` (and `cat <<EOF x` makes x part of the here-document)."""
     if node.type == "command":
-        nodes = [c for i, c in enumerate(node.children) if node.field_name_for_child(i) in ("name", "argument")]
+        words = [c for i, c in enumerate(node.children) if node.field_name_for_child(i) in ("name", "argument")]
+        parts = [c for c in node.children if c.type == "variable_assignment"]
+    elif node.type == "redirected_statement":  # no command of its own: the words in its redirections are one
+        words, parts = [], []
     else:  # export, declare, local, readonly, typeset, unset: the keyword, then its arguments
-        nodes = [c for c in node.children if c.type not in ("comment", "file_redirect", "herestring_redirect")]
+        words = [c for c in node.children if c.type != "comment" and not c.type.endswith("_redirect")]
+        parts = []
+    redirects = _redirects(node)
+    while redirects:
+        redirect = redirects.pop()
+        target = redirect.type != "heredoc_redirect"  # the first word is the target, but for a here-document's
+        for child in redirect.children:
+            if child.type.endswith("_redirect"):
+                redirects.append(child)
+            elif child.type == "heredoc_start" or (child.type in _WORDS and target):
+                parts.append(child)
+                target = False
+            elif child.type in _WORDS:
+                words.append(child)
+    words.sort(key=lambda n: n.start_byte)
+    return words, sorted(words + parts, key=lambda n: n.start_byte)
+
+
+def _owner(statement: Node) -> Node | None:
+    """The simple command a redirected statement's redirections belong to, as _redirects() finds them: the last
+    one of the `!`, pipeline or list it redirects. None when there is none (`! x= <f rm`: to tree-sitter an
+    assignment, with `rm` filed under `<`)."""
+    node = statement
+    while node.type in ("redirected_statement", "list", "pipeline", "negated_command"):
+        below = node.child_by_field_name("body") if node.type == "redirected_statement" else None
+        node = below or (node.named_children[-1] if node.named_children else node)
+        if node.type in _SIMPLE:
+            return node
+        if not node.named_children:
+            break
+    return None
+
+
+def _redirects(node: Node) -> list[Node]:
+    """The redirections of a simple command: its own, and those the grammar gives the statement it ends (`a || b
+    >f` is `a || (b >f)` to the shell, a redirected list to tree-sitter), as `!`, a pipeline or a list ends with it."""
+    redirects = [c for c in node.children if c.type.endswith("_redirect")]
+    while (parent := node.parent) is not None:
+        if parent.type == "redirected_statement" and parent.child_by_field_name("body") == node:
+            redirects += [c for c in parent.children if c.type.endswith("_redirect")]
+        elif parent.type not in ("list", "pipeline", "negated_command") or parent.named_children[-1] != node:
+            break
+        node = parent
+    return redirects
+
+
+def _check_lines(parts: list[Node], src: bytes) -> None:
+    """Raises _Misread when tree-sitter read two lines as one simple command, which the shell never does: a newline
+    between its parts (not a line continuation, not inside a quoted target) ends a command. The grammar does it
+    (`''|''|''`, a newline, then `''&&''`: the last `''` of the first line takes the first of the second as its
+    argument), and a command hidden among another's arguments would escape its rule: such a reading is not
+    trusted. (A newline inside a word's unquoted text is caught by _split.)"""
+    gaps = (_source(src, a.end_byte, b.start_byte) for a, b in _pairs(parts))
+    if any(re.search(r"(?<!\\)\n", gap) for gap in gaps):
+        raise _Misread
+
+
+def _words(nodes: list[Node], src: bytes) -> list[Word]:
+    """The words the nodes make: without the command's variable assignments and redirections."""
     words: list[list[Part]] = []
     end = -1
     for child in nodes:
         # Nodes with nothing between them are one word to the shell, and so are nodes with only escaped characters
         # between them, which tree-sitter leaves out after a quote (`'a'\ b` is `a b`; `\<newline>` is nothing).
         gap = _source(src, end, child.start_byte) if words else " "
+        pieces = _split(_parts(child, src))
         if re.fullmatch(r"(\\.)*", gap, re.S):
-            words[-1] += [(c, c, False) for c in gap[1::2] if c != "\n"] + _parts(child, src)
-        else:
-            words.append(_parts(child, src))
+            words[-1] += [(c, c, False) for c in gap[1::2] if c != "\n"] + pieces[0]
+            pieces = pieces[1:]
+        words += pieces
         end = child.end_byte
     return [_word(parts) for parts in words]
+
+
+def _split(parts: list[Part]) -> list[list[Part]]:
+    """The parts of one node, cut where it holds an unquoted blank: tree-sitter makes one word of `{ {`. An unquoted
+    newline there is two lines run together (`rm`, a newline, `\\git x` is one command to the grammar): _Misread."""
+    words: list[list[Part]] = [[]]
+    for value, shown, bare in parts:
+        if not (bare and value is not None and re.search(r"\s", value)):
+            words[-1].append((value, shown, bare))
+            continue
+        if "\n" in value:
+            raise _Misread
+        for i, piece in enumerate(re.split(r"\s+", value)):
+            words += [[]] if i else []
+            words[-1] += [(piece, piece, True)] if piece else []
+    return [w for w in words if w] or [[]]
 
 
 def _parts(node: Node, src: bytes) -> list[Part]:
     text = _source(src, node.start_byte, node.end_byte)
     kind = node.type
+    parts: list[Part] = []
     if kind in ("word", "number", "variable_name") or kind in _KEYWORDS:
-        parts: list[Part] = []
         # A backslash quotes the next character; before a newline it continues the line.
         for i, piece in enumerate(re.split(r"(\\.)", text, flags=re.S)):
             if i % 2 == 0 and piece:
@@ -709,12 +816,8 @@ def _word(parts: Sequence[Part]) -> Word:
 def _stdin(node: Node, src: bytes) -> str | None:
     """The text a command reads on its standard input when the command line holds it (a here-document, or a
     here-string with nothing computed); None when it comes from elsewhere (a pipe, a file, the tool)."""
-    redirects = [c for c in node.children if c.type == "herestring_redirect"]
-    parent = node.parent
-    if parent is not None and parent.type == "redirected_statement" and parent.child_by_field_name("body") == node:
-        redirects += [c for c in parent.children if c.type.endswith("_redirect")]
     text = None
-    for redirect in redirects:
+    for redirect in sorted(_redirects(node), key=lambda r: r.start_byte):
         if redirect.type == "heredoc_redirect":
             body = next((c for c in redirect.children if c.type == "heredoc_body"), None)
             text = _source(src, body.start_byte, body.end_byte) if body is not None else ""
@@ -788,6 +891,15 @@ def _find_exec(args: list[Word]) -> list[list[Word]]:
         else:
             current.append(_hole(word) if text is None or "{}" in text else word)
     return [c for c in [*found, current or []] if c]
+
+
+def _pairs(nodes: Node | list[Node]) -> itertools.pairwise[tuple[Node, Node]]:
+    """Each node with the next: of a list, or a node's children."""
+    return itertools.pairwise(nodes if isinstance(nodes, list) else nodes.children)
+
+
+def _vanishes(word: Word) -> bool:
+    return len(word) == 1 and word[0][0] is None
 
 
 def _text(word: Word) -> str | None:
