@@ -1,5 +1,6 @@
-"""The approval policy matcher (mm_core/policy.py): how a call is split into items, which rule decides each,
-and that the call takes the strictest verdict, so that no way of writing a command weakens a rule.
+"""The approval policy matcher (mm_core/policy.py, reading bash with mm_core/shell.py): how a call is split into
+items, which rule decides each, and that the call takes the strictest verdict, so that no way of writing a command
+weakens a rule.
 
 Pure: nothing here starts a process, except the comparison with real bash (marked, for `make test`)."""
 
@@ -21,7 +22,8 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from mm_core import policy
-from mm_core.policy import MAX_CHARS, MAX_COMMANDS, MAX_DEPTH, MISREAD, Action, Rule, Verdict, judge, simple_commands
+from mm_core.policy import Action, Rule, Verdict, judge, simple_commands
+from mm_core.shell import MAX_CHARS, MAX_COMMANDS, MAX_DEPTH, MISREAD
 from mm_testkit.fixtures_kit import needs_system
 
 PUSH_DENIED = [Rule(commands=["git push*"], deny=True)]
