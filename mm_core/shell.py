@@ -120,7 +120,7 @@ def _long(names: str) -> frozenset[str]:
 
 
 # The commands that run the command after their options. An option not listed here is read both ways (with an
-# argument and without), each reading's command an item: the tables make the common case exact, not safe.
+# argument and without), each reading's command one more: the tables make the common case exact, not safe.
 _WRAPPERS = {
     "sudo": _Wrapper(
         "CDghpRrTtUu",
@@ -151,12 +151,12 @@ _WRAPPERS = {
 
 
 class _TooMuch(CoreError):
-    """A command past the bounds: read as one unknown item."""
+    """A command line past the bounds: read as one unknown command."""
 
 
 class _Misread(CoreError):
     """tree-sitter's reading of a script is not the shell's: two of its lines run together (_check_lines, _split),
-    blanks inside one word (a concatenation whose pieces are apart). The script is then one unknown item: a command
+    blanks inside one word (a concatenation whose pieces are apart). The script is then one unknown command: a command
     hidden in another's words would escape its rule."""
 
 
@@ -171,7 +171,7 @@ def read(command: str) -> list[SimpleCommand]:
 
 
 class _Reader:
-    """Reads a command line, and the scripts it runs, into items within the bounds."""
+    """Reads a command line, and the scripts it runs, into simple commands within the bounds."""
 
     def __init__(self) -> None:
         self.items: list[SimpleCommand] = []
@@ -485,7 +485,7 @@ def _unwrap(name: str, args: list[Word]) -> list[list[Word]]:
     found = []
     for start in sorted(starts):
         if start < 0:
-            found.append([_hole(((None, f"what {name} runs"),))])
+            found.append([((None, f"what {name} runs"),)])
         else:
             found.append(_xargs(args[:start], args[start:]) if name == "xargs" else args[start:])
     return found
