@@ -156,8 +156,9 @@ class _TooMuch(CoreError):
 
 class _Misread(CoreError):
     """tree-sitter's reading of a script is not the shell's: two of its lines run together (_check_lines, _split),
-    blanks inside one word (a concatenation whose pieces are apart). The script is then one unknown command: a command
-    hidden in another's words would escape its rule."""
+    blanks inside one word (a concatenation whose pieces are apart), commands after a here-document inside `$( )`
+    (which bash itself reads otherwise). The script is then one unknown command: a command hidden in another's
+    words would escape its rule."""
 
 
 def read(command: str) -> list[SimpleCommand]:
@@ -192,17 +193,25 @@ class _Reader:
             self.items.append(_unknown(f"the command could not be parsed: {_clip(text)}"))
             return
         start = len(self.items)
-        stack = [root]
+        stack: list[tuple[Node, Node | None]] = [(root, None)]  # a node, and the substitution it is in
         try:
             while stack:  # no recursion: the tree may be as deep as the text is long
-                node = stack.pop()
+                node, substitution = stack.pop()
                 if node.type == "concatenation" and any(a.end_byte != b.start_byte for a, b in _pairs(node)):
                     raise _Misread  # blanks inside one word (`x=1 \`\` ls`): its reading is not the shell's
+                # bash reads a substitution's text again, and after a here-document in it, `a ; b` runs as `a b`
+                # (bash 5.2): only a here-document that ends its substitution is read as tree-sitter reads it.
+                if node.type == "heredoc_redirect" and substitution is not None:
+                    after = _source(src, node.end_byte, substitution.end_byte).strip()
+                    if after not in (")", "`"):
+                        raise _Misread
                 if node.type in _SIMPLE or (node.type == "redirected_statement" and _owner(node) is None):
                     words, parts = _nodes(node)
                     _check_lines(parts, src)
                     self.command(node, _words(words, src), src, depth)
-                stack.extend(reversed(node.children))
+                if node.type in ("command_substitution", "process_substitution"):
+                    substitution = node
+                stack.extend((child, substitution) for child in reversed(node.children))
         except _Misread:
             self.items[start:] = [_unknown(f"{MISREAD}: {_clip(text)}")]
 

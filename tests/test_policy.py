@@ -139,12 +139,28 @@ def test_a_word_that_expands_to_nothing_leaves_the_others_together() -> None:
     assert bash([Rule(commands=["rm"], deny=True)], "echo x | xargs rm").action is Action.DENY  # no input: `rm`
 
 
-@pytest.mark.parametrize("command", ["rm\n\\git push", "x=1 `` git push", "git ` ` push", "''|''|''\n''&&''"])
+@pytest.mark.parametrize(
+    "command",
+    [
+        "rm\n\\git push",
+        "x=1 `` git push",
+        "git ` ` push",
+        "''|''|''\n''&&''",
+        "x=$(cat <<E\nE\ngit ; push)",  # bash 5.2 runs `git push` there
+    ],
+)
 def test_a_reading_of_the_grammar_that_is_not_the_shells_is_unknown(command: str) -> None:
-    """tree-sitter-bash runs some lines together or glues words across blanks; such a reading fails closed."""
+    """tree-sitter-bash runs some lines together or glues words across blanks, and bash reads the text of a
+    substitution again, joining commands after a here-document in it: such a reading fails closed."""
     [item] = simple_commands(command)
     assert item.pieces == (None,) and item.text.startswith(MISREAD)
     assert bash([Rule(commands=["never"], deny=True)], command).action is Action.DENY
+
+
+def test_a_message_from_a_here_document_in_a_substitution_is_read_precisely() -> None:
+    command = "git commit -m \"$(cat <<'EOF'\nfix: the thing\n\ngit push\nEOF\n)\""
+    assert words(command) == [("git", "commit", "-m", None), ("cat",)]
+    assert bash(PUSH_DENIED, command).action is Action.DEFAULT
 
 
 def test_a_quoted_space_stays_in_its_word() -> None:
