@@ -1,5 +1,6 @@
-"""The approval policy matcher (mm_core/policy.py): how a call is split into items, which rule decides each,
-and that the call takes the strictest verdict, so that no way of writing a command weakens a rule.
+"""The approval policy matcher (mm_core/policy.py, reading bash with mm_core/shell.py): how a call is split into
+items, which rule decides each, and that the call takes the strictest verdict, so that no way of writing a command
+weakens a rule.
 
 Pure: nothing here starts a process, except the comparison with real bash (marked, for `make test`)."""
 
@@ -21,7 +22,8 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from mm_core import policy
-from mm_core.policy import MAX_CHARS, MAX_COMMANDS, MAX_DEPTH, Action, Rule, Verdict, judge, simple_commands
+from mm_core.policy import Action, Rule, Verdict, judge, simple_commands
+from mm_core.shell import MAX_CHARS, MAX_COMMANDS, MAX_DEPTH, MISREAD
 from mm_testkit.fixtures_kit import needs_system
 
 PUSH_DENIED = [Rule(commands=["git push*"], deny=True)]
@@ -109,6 +111,56 @@ def test_the_glob_matches_the_whole_text_so_a_prefix_needs_its_star() -> None:
 def test_quotes_escapes_assignments_and_redirections_are_read_as_the_shell_does(command: str) -> None:
     assert ("git", "push") in words(command)
     assert bash(PUSH_DENIED, command).action is Action.DENY
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        "git >/dev/null push",
+        "git 2>&1 push origin",
+        "2>&1 git 2>&1 push",
+        "a || 2>&1 git 2>&1 push",
+        "! git 2>&1 push",
+        "! x= <f git push",
+        "cat <<EOF | true\nx\nEOF\ngit <<EOF push\nbody\nEOF",
+    ],
+)
+def test_words_the_grammar_files_under_a_redirection_are_the_commands_own(command: str) -> None:
+    """tree-sitter-bash makes `push` in `git >/dev/null push` a second target of `>`; to bash it is an argument."""
+    assert bash(PUSH_DENIED, command).action is Action.DENY
+
+
+def test_a_word_that_expands_to_nothing_leaves_the_others_together() -> None:
+    exact = [Rule(commands=["git push"], deny=True)]
+    assert bash(exact, "$(true) git push").action is Action.DENY
+    assert bash(exact, "git $EMPTY push").action is Action.DENY
+    assert bash(exact, "git push $(true)").action is Action.DENY
+    assert bash(exact, 'git push "$(true)"').action is Action.DEFAULT  # quoted, it stays: `git push ''`
+    assert bash([Rule(commands=["rm"], deny=True)], "echo x | xargs rm").action is Action.DENY  # no input: `rm`
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        "rm\n\\git push",
+        "x=1 `` git push",
+        "git ` ` push",
+        "''|''|''\n''&&''",
+        "x=$(cat <<E\nE\ngit ; push)",  # bash 5.2 runs `git push` there
+    ],
+)
+def test_a_reading_of_the_grammar_that_is_not_the_shells_is_unknown(command: str) -> None:
+    """tree-sitter-bash runs some lines together or glues words across blanks, and bash reads the text of a
+    substitution again, joining commands after a here-document in it: such a reading fails closed."""
+    [item] = simple_commands(command)
+    assert item.pieces == (None,) and item.text.startswith(MISREAD)
+    assert bash([Rule(commands=["never"], deny=True)], command).action is Action.DENY
+
+
+def test_a_message_from_a_here_document_in_a_substitution_is_read_precisely() -> None:
+    command = "git commit -m \"$(cat <<'EOF'\nfix: the thing\n\ngit push\nEOF\n)\""
+    assert words(command) == [("git", "commit", "-m", None), ("cat",)]
+    assert bash(PUSH_DENIED, command).action is Action.DEFAULT
 
 
 def test_a_quoted_space_stays_in_its_word() -> None:
@@ -639,7 +691,12 @@ def exactly(text: str) -> str:
 @given(script())
 def test_the_simple_commands_found_are_exactly_those_written(case: tuple[str, list[tuple[str | None, ...]]]) -> None:
     text, expected = case
-    assert Counter(words(text)) == Counter(expected)
+    found = simple_commands(text)
+    if [item.text.partition(":")[0] for item in found] == [MISREAD]:
+        # tree-sitter-bash reads some lines as one command (a bug of the grammar): the matcher fails closed.
+        assert bash(PUSH_DENIED, text).action is Action.DENY
+        return
+    assert Counter(item.words for item in found) == Counter(expected)
     for command in expected:
         line = " ".join(map(str, command))
         if None not in command and line.isprintable():  # a pattern is printable: a `bash -c` string may not be
@@ -672,7 +729,7 @@ def test_every_command_bash_runs_is_one_the_matcher_found(case: tuple[str, list[
             check=False,
         )
         ran |= {tuple(call.split("\1")[:-1]) for call in done.stdout.decode().split("\0")[:-1]}
-    assert ran <= found, text
+    assert ran <= found or (None,) in found, text  # (None,): a command line read as unknown, failing closed
 
 
 RULE_PATTERNS = ["git*", "git push*", "ls*", "*", "rm *", "make", "* -f", "a.b *"]
