@@ -94,6 +94,9 @@ COMPACT_PROMPT = (
 
 
 NO_RULE = Verdict(Action.DEFAULT, 0, (), None, "")  # without policies every call is the tools' own gating's
+# A file a call writes that could not be worked out: a path outside every workspace, which the policy reads as
+# unknown (it meets every deny and ask path rule, and no allow rule).
+UNKNOWN_PATH = "/"
 # A front end's budget (Agent's `budget`): asked before each model call, by the agent and every agent it asks, with
 # what the turn has spent so far (its asked agents' answers included); None lets the call go, a text ends the turn
 # there (Outcome.BUDGET), and is its error and the line front ends show.
@@ -371,6 +374,9 @@ class Agent:
             if verdict.action == Action.DENY:  # whatever the yolo, and even if approved before the rule came
                 await self._result(call, tool.refusal(args), CallStatus.REJECTED, denied=verdict)
                 continue
+            if decision is not None and not decision.approved:  # a rejection stands, whatever a rule says since
+                await self._result(call, tool.refusal(args), CallStatus.REJECTED, rule=verdict.rule)
+                continue
             shown = None  # the digest of what the approver was shown, when the call must still show it to run
             if _asks(verdict, tool, args) and (decision is not None or verdict.action == Action.ASK or not yolo):
                 if decision is None and not self.oneshot:
@@ -380,7 +386,7 @@ class Agent:
                     continue
                 shown = decision.shown
             try:
-                await self._execute(call, tool, args, detector, shown, verdict.rule)
+                await self._execute(call, tool, args, detector, shown, verdict)
             except SuspendTurn as suspended:  # an asked agent waits for approvals of its own
                 await self._append(ToolSuspended(call.id, call.name))
                 return list(suspended.calls)
@@ -394,7 +400,10 @@ class Agent:
             return NO_RULE
         extra: tuple[str, ...] = ()
         if tool.name == "lsp" and tool.needs_approval(args) and any(rule.paths for rule in self.policies):
-            extra = (await self._plan(call, tool, args)).paths
+            try:
+                extra = (await tool.plan(args, self._plan_context(call))).paths
+            except Exception:  # noqa: BLE001 - the files it would write are unknown: judged as any path could be
+                extra = (UNKNOWN_PATH,)
         return judge(self.policies, call.name, args, self.workspace, extra)
 
     def _yolo(self, state: SessionState) -> bool:
@@ -446,13 +455,13 @@ class Agent:
         args: dict,
         detector: LoopDetector,
         shown: str | None = None,
-        rule: str | None = None,
+        verdict: Verdict = NO_RULE,
     ) -> None:
         await self._append(ToolStarted(call.id, call.name, self.name))
         self.emit(ToolCallStarted(call.id, call.name, args, tool.emoji, tool.title(args), self.name))
-        began, status = time.monotonic(), CallStatus.OK
+        began, status, rule = time.monotonic(), CallStatus.OK, verdict.rule
         try:
-            output = await self._carry_out(call, tool, args, shown)
+            output = await self._carry_out(call, tool, args, shown, verdict)
         except _Changed:
             await self._result(call, CHANGED, CallStatus.ERROR, began, rule=rule)
             return
@@ -491,7 +500,9 @@ class Agent:
         by, matched = (denied.rule, denied.matched) if denied is not None else (None, "")
         self.emit(ToolCallFinished(call.id, call.name, output, preview, status, self.name, by, matched))
 
-    async def _carry_out(self, call: ToolCallRequest, tool: Tool, args: dict[str, Any], shown: str | None) -> str:
+    async def _carry_out(
+        self, call: ToolCallRequest, tool: Tool, args: dict[str, Any], shown: str | None, verdict: Verdict
+    ) -> str:
         """Run the call; an approved one only while it would still show what the approver was shown (`shown`, the
         digest). That check is the last step before the change: after ToolStarted is appended (a database commit),
         and the plan checked is the plan carried out when the tool has one (write_file, edit_file, lsp rename
@@ -501,7 +512,7 @@ class Agent:
         if shown is None:
             return await tool.run(args, ctx)
         plan = await self._plan(call, tool, args)
-        if shown_digest(call.name, args, plan.preview) != shown:
+        if shown_digest(call.name, args, plan.preview, _asked(verdict)) != shown:
             raise _Changed
         return await (plan.carry_out() if plan.carry_out is not None else tool.run(args, ctx))
 
@@ -516,7 +527,7 @@ class Agent:
             if verdict.action == Action.DENY or not _asks(verdict, tool, args):
                 continue
             preview = (await self._plan(call, tool, args)).preview
-            shown = shown_digest(call.name, args, preview)
+            shown = shown_digest(call.name, args, preview, _asked(verdict))
             title = tool.title(args)
             waiting.append(
                 PendingCall(
@@ -536,12 +547,14 @@ class Agent:
             )
         return waiting
 
+    def _plan_context(self, call: ToolCallRequest) -> ToolContext:
+        return ToolContext(self.workspace, self.config, call.id, self.resources, self.emit, self.depth, self.name)
+
     async def _plan(self, call: ToolCallRequest, tool: Tool, args: dict[str, Any]) -> Plan:
         """What a person judges the call by, computed now without writing anything, and how to carry out just that
         (Tool.plan)."""
-        ctx = ToolContext(self.workspace, self.config, call.id, self.resources, self.emit, self.depth, self.name)
         try:
-            return await tool.plan(args, ctx)
+            return await tool.plan(args, self._plan_context(call))
         except Exception as e:  # noqa: BLE001 - a person still decides, with what we could show
             return Plan(f"{tool.title(args)}\n(preview failed: {e})")
 
@@ -585,6 +598,13 @@ class Agent:
         """Give every call without a result one, so the log stays a valid conversation."""
         for call in state.pending():
             await self._result(call, text, status)
+
+
+def _asked(verdict: Verdict) -> list[Any] | None:
+    """What a rule asks of a call, bound into its approval's digest (shown_digest); None when no rule asks."""
+    if verdict.action != Action.ASK:
+        return None
+    return [verdict.rule, verdict.approvals, sorted(verdict.approvers)]
 
 
 def _asks(verdict: Verdict, tool: Tool, args: dict[str, Any]) -> bool:

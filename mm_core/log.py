@@ -12,7 +12,7 @@ import hashlib
 import json
 import os
 import threading
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, Protocol
@@ -143,11 +143,14 @@ class Decision:
     kind: str = "approval"
 
 
-def shown_digest(tool: str, arguments: dict[str, Any], preview: str) -> str:
+def shown_digest(tool: str, arguments: dict[str, Any], preview: str, asked: list[Any] | None = None) -> str:
     """The fingerprint of a gated call as a person is shown it: its tool, the arguments it runs with (as parsed:
     what the tool gets) and its preview (the command, the diff it would make now). Two calls that would show or
-    do anything different have different digests."""
-    shown = json.dumps([tool, arguments, preview], sort_keys=True, ensure_ascii=True, separators=(",", ":"))
+    do anything different have different digests. `asked`: what an approval policy rule asked of it (the rule,
+    how many people, whom), so that an approval given under one rule approves nothing once another decides the
+    call (a config reloaded while it waited); a call no rule asked for digests as before rules existed."""
+    fields: list[Any] = [tool, arguments, preview] + ([asked] if asked is not None else [])
+    shown = json.dumps(fields, sort_keys=True, ensure_ascii=True, separators=(",", ":"))
     return hashlib.sha256(shown.encode("ascii")).hexdigest()
 
 
@@ -219,6 +222,7 @@ _KINDS: dict[str, type] = {
     "yolo": YoloSet,
     "reset": Reset,
 }
+_CALL_FIELDS = {f.name for f in fields(ToolCallRequest)}
 
 
 def to_dict(entry: Entry) -> dict[str, Any]:
@@ -226,24 +230,39 @@ def to_dict(entry: Entry) -> dict[str, Any]:
     if isinstance(entry, UserMessage) and not entry.images:
         del data["images"]  # a message without images is stored as before them, readable by an older worker
     if isinstance(entry, ToolResult):
-        for key in ("rule", "requested_by"):  # likewise a result without them, as before the audit kept them
+        # Likewise a result without them is stored as before them. A reader older than this version takes no field
+        # it does not know: workers and bots of the release before it must not read sessions this one ran (see
+        # docs/operations.md); from this version on, from_dict leaves such fields out.
+        for key in ("rule", "requested_by"):
             if data[key] is None:
                 del data[key]
     return data
 
 
 def from_dict(data: dict[str, Any]) -> Entry:
-    data = dict(data)
+    """An entry as stored. A field this version does not know (a later worker's, during a rolling upgrade or after
+    a rollback) is left out, and an outcome it does not know reads as `failed`: the conversation stays readable,
+    and a turn that ended stays ended."""
     cls = _KINDS[data["kind"]]
+    known = {f.name for f in fields(cls)}
+    data = {key: value for key, value in data.items() if key in known}
     if cls is AssistantMessage:
-        data["tool_calls"] = tuple(ToolCallRequest(**c) for c in data.get("tool_calls", ()))
+        calls = ({k: v for k, v in c.items() if k in _CALL_FIELDS} for c in data.get("tool_calls", ()))
+        data["tool_calls"] = tuple(ToolCallRequest(**c) for c in calls)
     elif cls is ToolResult:
-        data["status"] = CallStatus(data.get("status", CallStatus.OK))
+        data["status"] = _known(CallStatus, data.get("status", CallStatus.OK), CallStatus.ERROR)
     elif cls is TurnEnded:
-        data["outcome"] = Outcome(data["outcome"])
+        data["outcome"] = _known(Outcome, data["outcome"], Outcome.FAILED)
     elif cls is UserMessage:
         data["images"] = tuple(data.get("images", ()))
     return cls(**data)
+
+
+def _known(enum: Any, value: Any, otherwise: Any) -> Any:
+    try:
+        return enum(value)
+    except ValueError:
+        return otherwise
 
 
 class Fenced(CoreError):

@@ -100,3 +100,49 @@ def test_without_policies_nothing_changes_and_a_result_says_who_asked(model_serv
     [result] = results(store)
     assert (result.output, result.rule, result.requested_by) == ("plain\n", None, "U0ALICE")
     assert isinstance(store.entries("s1")[0], UserMessage)
+
+
+def test_a_decision_made_under_another_policy_does_not_carry_over_a_reload(model_server, tmp_path: Path) -> None:
+    """The config is read again while calls wait: a rejection stands though an allow rule came since, and an
+    approval given under the tools' own gating runs nothing once a two-person rule decides the call (its digest
+    binds what was asked of it)."""
+    model_server.script(bash("echo RAN > marker"))
+    store = MemoryStore()
+    events: list = []
+    agent = make_agent(agent_config(model_server.url, yolo=False), store, tmp_path, events=events)
+    assert asyncio.run(agent.send("mark it", author="U0ALICE")).outcome == "suspended"
+    [asked] = [e for e in events if isinstance(e, PermissionRequested)]
+    reloaded = make_agent(
+        agent_config(model_server.url, yolo=False),
+        store,
+        tmp_path,
+        policies=[Rule(tool="bash", commands=["echo *"], allow=True)],
+    )
+    model_server.script(Reply(text="ok"))
+    asyncio.run(reloaded.resume([Decision(asked.calls[0].call_id, False, "U0BOB", shown=asked.calls[0].shown)]))
+    assert not (tmp_path / "marker").exists() and results(store)[-1].status == CallStatus.REJECTED
+
+    model_server.script(bash("git push origin main"))
+    events.clear()
+    assert asyncio.run(agent.send("push", author="U0ALICE")).outcome == "suspended"
+    [asked] = [e for e in events if isinstance(e, PermissionRequested)]
+    stricter = make_agent(agent_config(model_server.url, yolo=False), store, tmp_path, policies=RULES)
+    model_server.script(Reply(text="ok"))
+    asyncio.run(stricter.resume([Decision(asked.calls[0].call_id, True, "U0BOB", shown=asked.calls[0].shown)]))
+    assert results(store)[-1].output.startswith("[error: not run — what this call would do changed after it was")
+
+
+def test_an_entry_from_a_later_version_is_read_without_what_this_one_does_not_know() -> None:
+    """A rolling upgrade or a rollback: a worker reads a log a later one wrote. Unknown fields are left out, an
+    unknown outcome reads as failed (the turn stays ended), an unknown call status as an error."""
+    from mm_core.log import AssistantMessage, Outcome, TurnEnded, from_dict
+
+    result = from_dict(
+        {"kind": "tool_result", "call_id": "c1", "tool": "bash", "output": "x", "status": "paused", "later": 1}
+    )
+    assert result == ToolResult("c1", "bash", "x", CallStatus.ERROR)
+    assert from_dict({"kind": "turn_ended", "outcome": "someday", "why": "later"}) == TurnEnded(Outcome.FAILED)
+    answer = from_dict(
+        {"kind": "assistant", "text": "", "tool_calls": [{"id": "c1", "name": "bash", "arguments": "{}", "x": 2}]}
+    )
+    assert isinstance(answer, AssistantMessage) and answer.tool_calls[0].name == "bash"
