@@ -365,8 +365,8 @@ class ApprovalDecision(Base):
 
     __tablename__ = "approval_decisions"
     __table_args__ = (
-        # One person counts once on a call.
-        UniqueConstraint("call_id", "user_id"),
+        # One person's approval counts once on a call (they may still reject it after approving).
+        UniqueConstraint("call_id", "user_id", "vote"),
         CheckConstraint(_one_of("vote", Vote), name="vote"),
     )
 

@@ -594,10 +594,11 @@ class ApprovalRow:
 
 
 def covered_by_approve_all(row: ApprovalRow) -> bool:
-    """Whether "Approve all" may approve the call: only a call the tool's own gating asks for. A call a policy
-    rule asks for (one approver from a named group, or several people) is decided on its own, every time: an
-    approval of a lighter call never crosses a stricter rule."""
-    return row.rule is None and row.needed <= 1
+    """Whether "Approve all" may approve the call: only a call the tool's own gating asks for of the channel's
+    approvers. A call a policy rule asks for (one approver from a named group, or several people) is decided on
+    its own, every time: an approval of a lighter call never crosses a stricter rule. Nor does an escalated call
+    (its `approvers` widened): an `escalateTo` person may decide that call, not grant its requester the thread."""
+    return row.rule is None and row.needed <= 1 and row.approvers is None
 
 
 APPROVAL_COLUMNS = [getattr(Approval, f) for f in ApprovalRow.__dataclass_fields__ if f != "approved_by"]
@@ -823,7 +824,9 @@ def decide_approval(
             )
         ).scalars()
         approvers = set(votes)
-        if user is not None and user in approvers:
+        # A person's approval counts once; one who approved may still reject (and so end the call). A decision
+        # nobody made (no user id) never counts towards several people.
+        if approved and (user in approvers if user is not None else locked.needed > 1):
             return Counted.NOTHING
         conn.execute(
             insert(ApprovalDecision).values(

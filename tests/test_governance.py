@@ -191,6 +191,9 @@ def test_a_reminder_and_an_escalation_come_once_each_at_their_times(governed) ->
     escalated = next(x for x in threads.thread_text(posted.thread_ts).splitlines() if x.startswith("⏫"))
     assert escalated.startswith("⏫ No decision after 20 min, so <@U0ERIN> may now decide this call too")
     assert "escalated" in shown(threads, message) and "`S0ONCALL`" in shown(threads, message)
+    # Erin may decide this call, not grant its requester the thread: no Approve all on an escalated call.
+    current = threads.slack.message(CHANNEL, message["ts"])
+    assert current is not None and list(buttons(current)) == ["approve", "reject"]
     click(sender, message, "approve", ERIN, posted.thread_ts)
     threads.wait(idle(threads, posted.session_id), message="the turn Erin approved")
     assert tool_outputs(threads) == ["waiting-for-someone\n"]

@@ -7,6 +7,7 @@ import json
 import threading
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import timedelta
 from typing import TypeVar
 
@@ -294,6 +295,30 @@ def test_the_same_approver_twice_counts_once_and_a_rejection_ends_a_two_person_c
     row = store.get_approval(engine, rejected)
     assert row is not None and (row.state, row.decided_by) == (ApprovalState.REJECTED, "U0DAVE")
     assert _votes(engine, rejected) == [("U0BOB", "approve"), ("U0DAVE", "reject")]
+
+
+def test_an_approver_may_take_their_approval_back_and_nobody_s_decision_never_counts_for_two(
+    engine: Engine, session_id: str
+) -> None:
+    withdrawn, odd = f"call-{uuid.uuid4()}", f"call-{uuid.uuid4()}"
+    for call_id in (withdrawn, odd):
+        store.request_approval(engine, call_id=call_id, session_id=session_id, tool="bash", rule="push", needed=2)
+    assert store.decide_approval(engine, withdrawn, True, "U0BOB") is store.Counted.VOTED
+    assert store.decide_approval(engine, withdrawn, False, "U0BOB") is store.Counted.DECIDED
+    assert _votes(engine, withdrawn) == [("U0BOB", "approve"), ("U0BOB", "reject")]
+    # A decision that names no Slack user (a sentence, a malformed id) is never one of the people a call needs.
+    assert store.decide_approval(engine, odd, True, "u-odd") is store.Counted.NOTHING
+    assert store.decide_approval(engine, odd, True, "u-odd") is store.Counted.NOTHING
+    row = store.get_approval(engine, odd)
+    assert row is not None and row.state == ApprovalState.PENDING and _votes(engine, odd) == []
+
+
+def test_approve_all_covers_only_a_call_the_tools_own_gating_asked_of_the_channel() -> None:
+    plain = store.ApprovalRow("c", "s", "bash", None, None, None, "U0A", ApprovalState.PENDING, None, None, None, None)
+    assert store.covered_by_approve_all(plain)
+    assert not store.covered_by_approve_all(replace(plain, rule="push"))
+    assert not store.covered_by_approve_all(replace(plain, needed=2))
+    assert not store.covered_by_approve_all(replace(plain, approvers=("U0BOB", "S0ONCALL")))  # escalated
 
 
 def test_what_an_approval_shows_survives_storage_exactly_nul_included(engine: Engine, session_id: str) -> None:

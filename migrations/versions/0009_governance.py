@@ -56,7 +56,7 @@ def upgrade() -> None:
             name=op.f("fk_approval_decisions_session_id_sessions"),
             ondelete="CASCADE",
         ),
-        sa.UniqueConstraint("call_id", "user_id", name=op.f("uq_approval_decisions_call_id_user_id")),
+        sa.UniqueConstraint("call_id", "user_id", "vote", name=op.f("uq_approval_decisions_call_id_user_id_vote")),
         sa.CheckConstraint("vote IN ('approve', 'reject', 'expire')", name=op.f("ck_approval_decisions_vote")),
     )
     op.create_index(op.f("ix_approval_decisions_call_id"), "approval_decisions", ["call_id"])
