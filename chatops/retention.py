@@ -190,9 +190,13 @@ def purge_idle(
     now = now or utcnow()
     done = []
     for session_id in idle_sessions(engine, days, now, limit):
-        purged = purge_session(
-            engine, session_id, by=None, why=f"retention: idle for more than {days} days", secrets=secrets, now=now
-        )
+        try:
+            purged = purge_session(
+                engine, session_id, by=None, why=f"retention: idle for more than {days} days", secrets=secrets, now=now
+            )
+        except Exception:  # one session that cannot be purged must not hold up the others, round after round
+            log.exception("retention: session %s could not be purged", session_id)
+            continue
         if purged is not None and purged.outcome == PurgeOutcome.PURGED:
             done.append(purged)
     return done

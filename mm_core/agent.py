@@ -262,6 +262,9 @@ class Agent:
         users = [i for i, e in enumerate(state.entries) if isinstance(e, UserMessage)]
         if len(users) < 2:
             return "nothing to compact yet"
+        # A budget used up holds for a summary too: it is a model call of its own, sending the whole history.
+        if self.budget is not None and (stop := self.budget(Usage())) is not None:
+            return stop
         keep_from = users[-1]
         messages = SessionState(state.entries[:keep_from]).messages(self.system_prompt, self.config.model.vision)
         messages.append({"role": "user", "content": COMPACT_PROMPT})

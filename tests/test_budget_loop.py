@@ -126,3 +126,16 @@ def test_a_turn_s_spending_counts_its_asked_agents_at_any_depth() -> None:
     state = SessionState(log)
     assert state.usage() == Usage(10, 1)  # the recap's: the turn's own answers, as before
     assert state.spent() == Usage(17, 3)
+
+
+def test_a_budget_used_up_holds_for_compact_too(model_server, tmp_path: Path):
+    """`compact` sends the whole history to the model: once a budget is used up, it is refused with the line,
+    and no model call is made."""
+    store = MemoryStore()
+    for entry in (UserMessage("one"), AssistantMessage("a"), TurnEnded(Outcome.ANSWERED), UserMessage("two")):
+        asyncio.run(store.append("s1", entry))
+    asyncio.run(store.append("s1", AssistantMessage("b")))
+    asyncio.run(store.append("s1", TurnEnded(Outcome.ANSWERED)))
+    agent = make_agent(agent_config(model_server.url), store, tmp_path, budget=lambda spent: "⛔ used up")
+    assert asyncio.run(agent.compact()) == "⛔ used up"
+    assert model_server.requests == [] and not any(e.kind == "compaction" for e in store.entries("s1"))

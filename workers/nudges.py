@@ -14,7 +14,9 @@ Each is at most once: a worker that stops between the mark and the post loses th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from collections.abc import AsyncIterator
 from datetime import datetime
 
 import aiohttp
@@ -57,21 +59,33 @@ async def _nudge(engine: Engine, config: Config, secrets: tuple[str, ...], now: 
     try:
         if approvals.remindAfter is not None:
             for waiting in due_reminders(engine, approvals.remindAfter, now):
-                who = await _named(slack, accepted(service, waiting.channel, waiting.row), waiting)
-                text = REMINDER.format(who=who, age=duration(approvals.remindAfter), line=line_of(waiting.row))
-                posted += await _post(slack, waiting, text)
+                async with _each(waiting):
+                    who = await _named(slack, accepted(service, waiting.channel, waiting.row), waiting)
+                    text = REMINDER.format(who=who, age=duration(approvals.remindAfter), line=line_of(waiting.row))
+                    posted += await _post(slack, waiting, text)
         if approvals.escalateAfter is not None and approvals.escalateTo:
             to = approvals.escalateTo
             for waiting in due_escalations(
                 engine, approvals.escalateAfter, now, to, lambda row, channel: accepted(service, channel, row)
             ):
-                await _show(slack, waiting, secrets)
-                who = await _named(slack, to, waiting)
-                text = ESCALATED.format(who=who, age=duration(approvals.escalateAfter), line=line_of(waiting.row))
-                posted += await _post(slack, waiting, text)
+                async with _each(waiting):
+                    await _show(slack, waiting, secrets)
+                    who = await _named(slack, to, waiting)
+                    text = ESCALATED.format(who=who, age=duration(approvals.escalateAfter), line=line_of(waiting.row))
+                    posted += await _post(slack, waiting, text)
     finally:
         await client.session.close()
     return posted
+
+
+@contextlib.asynccontextmanager
+async def _each(waiting: Waiting) -> AsyncIterator[None]:
+    """One call's reminder or escalation: a failure is logged and the others still go (each is already marked
+    done: a courtesy lost, never one said twice)."""
+    try:
+        yield
+    except Exception:
+        log.exception("could not remind or escalate %s", waiting.row.call_id)
 
 
 async def _named(slack: SlackOut, ids: list[str], waiting: Waiting) -> Mrkdwn:

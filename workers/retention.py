@@ -46,6 +46,8 @@ def remove_purged_workspaces(engine: Engine, root: Path) -> list[str]:
     removed = []
     for start in range(0, len(ids), CHUNK):
         for session_id in still_purged(engine, ids[start : start + CHUNK]):
-            if remove_workspace(root, session_id):
+            # Asked again right before: a message since the batch's query may have started the thread afresh, and
+            # its turn's new workspace is not the purged one's.
+            if still_purged(engine, [session_id]) and remove_workspace(root, session_id):
                 removed.append(session_id)
     return removed

@@ -110,6 +110,8 @@ def push_thread(session_id: str, branch: str | None, user: str) -> None:
 def housekeeping() -> None:
     """Re-enqueue sessions with work nobody does, release expired leases, expire approvals, remind and escalate
     the approvals that wait, purge what retention says, sweep workspaces."""
+    from chatops.secrets import describe_error
+    from chatops.store import record_error
     from workers.jobs import undelivered_runs
     from workers.nudges import nudge_waiting
     from workers.turns import housekeep, process
@@ -117,9 +119,13 @@ def housekeeping() -> None:
     for session_id in housekeep():
         enqueue_session(session_id)
     proc = process()
-    nudge_waiting(proc.engine, proc.config, proc.secrets)
-    for run_id in undelivered_runs(process().engine, utcnow()):
+    for run_id in undelivered_runs(proc.engine, utcnow()):
         enqueue_job_run(run_id)
+    try:
+        nudge_waiting(proc.engine, proc.config, proc.secrets)
+    except Exception as e:
+        log.exception("housekeeping: reminding and escalating the waiting approvals failed")
+        record_error(proc.engine, "housekeeping", f"reminders and escalations: {describe_error(e)}")
 
 
 def stop_session(engine: Engine, session_id: str) -> bool:

@@ -768,8 +768,9 @@ def housekeep() -> list[str]:
     ws = config.service.workspaces
     try:
         housekeep_retention(engine, config, proc.secrets)
-    except OSError as e:
-        record_error(engine, "housekeeping", f"removing purged workspaces: {describe_error(e)}")
+    except Exception as e:
+        log.exception("housekeeping: retention failed")
+        record_error(engine, "housekeeping", f"retention: {describe_error(e)}")
     try:
         sweep(
             config.workspaces_root,
