@@ -17,9 +17,8 @@ from chatops.schema import ModelUsage, SessionEvent
 from mmbot_helpers import free_port
 from playground.model_server import Reply
 from playground.signed import SlackEventSender
-from test_job_runs import finished, run_now
 from test_operations import sample, scrape
-from threads_support import CHANNEL, SECRET, OwnRedis, Stack, config, policy, stack
+from threads_support import CHANNEL, SECRET, OwnRedis, Stack, config, finished, policy, run_now, stack
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.process]
 

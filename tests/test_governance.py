@@ -6,19 +6,31 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import insert, select
+from sqlalchemy import select
 
 from chatops.config import load_config
-from chatops.schema import Approval, ApprovalDecision, JobRun, JobTrigger, ToolCall
+from chatops.schema import Approval, ApprovalDecision, ToolCall
 from mm_testkit.redis_server import OwnRedis
 from mmbot_helpers import clean_env, mm_bot
 from playground.signed import SlackEventSender
-from threads_support import CHANNEL, SECRET, Stack, approval_messages, buttons, click, config, stack, waiting_message
+from threads_support import (
+    CHANNEL,
+    SECRET,
+    Stack,
+    approval_messages,
+    buttons,
+    click,
+    config,
+    finished,
+    run_now,
+    stack,
+    waiting_message,
+)
 from workers.nudges import nudge_waiting
 
 pytestmark = pytest.mark.process  # its tests start processes (mm_testkit/process_guard.py)
@@ -74,29 +86,6 @@ def tool_outputs(threads: Stack) -> list[str]:
 
 def idle(threads: Stack, session_id: str, turns: int = 1) -> Callable[[], bool]:
     return lambda: threads.turns_ended(session_id) >= turns and threads.status(session_id) == "idle"
-
-
-def run_now(threads: Stack, job: str) -> int:
-    """What `/mm job run` does: a run recorded, then handed to a worker."""
-    from kombu.connection import Connection
-
-    from workers.celery_app import app
-    from workers.tasks import run_job
-
-    with threads.engine.begin() as conn:
-        run_id = conn.execute(
-            insert(JobRun)
-            .values(job_name=job, scheduled_for=datetime.now(UTC), trigger=JobTrigger.MANUAL, requested_by=ALICE)
-            .returning(JobRun.id)
-        ).scalar_one()
-    with Connection(threads.broker_url) as conn:
-        app.send_task(run_job.name, args=[run_id], queue="turns", connection=conn)
-    return run_id
-
-
-def _run_finished(threads: Stack, run_id: int) -> bool:
-    with threads.engine.connect() as conn:
-        return conn.execute(select(JobRun.finished_at).where(JobRun.id == run_id)).scalar_one() is not None
 
 
 def refused(threads: Stack, user: str, words: str) -> str:
@@ -219,8 +208,7 @@ def test_a_deny_rule_holds_in_a_yolo_channel_and_a_job_and_a_rule_s_ask_holds_wi
         assert conn.execute(select(ToolCall.rule, ToolCall.status)).one() == ("root wipe", "rejected")
 
     # A job whose yolo is on: the rule refuses its call too.
-    run = run_now(threads, "wipe")
-    threads.wait(lambda: _run_finished(threads, run), message="the job's run")
+    finished(threads, run_now(threads, "wipe"))
     with threads.engine.connect() as conn:
         calls = conn.execute(select(ToolCall.rule, ToolCall.status, ToolCall.session_id)).all()
     assert [(c.rule, c.status) for c in calls] == [("root wipe", "rejected")] * 2

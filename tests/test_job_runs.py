@@ -19,7 +19,6 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 import pytest
-from kombu.connection import Connection
 from sqlalchemy import insert, select
 
 from chatops.inbox import record_message
@@ -41,7 +40,20 @@ from mm_testkit.redis_server import OwnRedis
 from mmbot_helpers import MM_BOT
 from playground.model_server import Reply
 from playground.signed import SlackEventSender
-from threads_support import CHANNEL, SECRET, Stack, approval_messages, click, config, policy, repositories, stack
+from threads_support import (
+    CHANNEL,
+    SECRET,
+    Stack,
+    approval_messages,
+    click,
+    config,
+    finished,
+    policy,
+    repositories,
+    run_now,
+    run_row,
+    stack,
+)
 from workers.jobs import NO_END
 
 pytestmark = pytest.mark.process  # its tests start processes (mm_testkit/process_guard.py)
@@ -68,31 +80,6 @@ def jobs(tmp_path: Path, fresh_pg_url: str, own_redis: OwnRedis) -> Iterator[Sta
         s.model.always(policy)
         s.start_worker()
         yield s
-
-
-def run_now(s: Stack, job: str) -> int:
-    """What `/mm job run` does: a run recorded, then handed to a worker."""
-    with s.engine.begin() as conn:
-        run_id = conn.execute(
-            insert(JobRun)
-            .values(job_name=job, scheduled_for=datetime.now(UTC), trigger=JobTrigger.MANUAL, requested_by="U0ALICE")
-            .returning(JobRun.id)
-        ).scalar_one()
-    from workers.celery_app import app
-    from workers.tasks import run_job
-
-    with Connection(s.broker_url) as conn:
-        app.send_task(run_job.name, args=[run_id], queue="turns", connection=conn)
-    return run_id
-
-
-def run_row(s: Stack, run_id: int) -> Any:
-    with s.engine.connect() as conn:
-        return conn.execute(select(JobRun.__table__).where(JobRun.id == run_id)).one()
-
-
-def finished(s: Stack, run_id: int) -> Any:
-    return s.wait(lambda: (r := run_row(s, run_id)).finished_at is not None and r, message=f"run {run_id} finished")
 
 
 def test_a_run_posts_its_thread_works_and_summarises_what_changed(jobs: Stack) -> None:

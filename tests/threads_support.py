@@ -18,14 +18,15 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine, insert, select
 
 from chatops import db
 from chatops.inbox import Recorded, record_message
-from chatops.schema import Session, SessionEvent
+from chatops.schema import JobRun, JobTrigger, Session, SessionEvent
 from mm_testkit.redis_server import OwnRedis as OwnRedis  # moved there (bench/ uses it); re-exported
 from mmbot_helpers import MM_BOT, clean_env, free_port, stop, wait_healthy
 from playground.model_server import ModelServer, Reply, ToolCall
@@ -283,6 +284,33 @@ def repositories(tmp: Path) -> tuple[Path, Path]:
     bare = tmp / "origin.git"
     subprocess.run(["git", "clone", "-q", "--bare", str(origin), str(bare)], check=True)
     return origin, bare
+
+
+def run_now(s: Stack, job: str) -> int:
+    """What `/mm job run` does: a run recorded, then handed to a worker."""
+    from kombu.connection import Connection
+
+    from workers.celery_app import app
+    from workers.tasks import run_job
+
+    with s.engine.begin() as conn:
+        run_id = conn.execute(
+            insert(JobRun)
+            .values(job_name=job, scheduled_for=datetime.now(UTC), trigger=JobTrigger.MANUAL, requested_by="U0ALICE")
+            .returning(JobRun.id)
+        ).scalar_one()
+    with Connection(s.broker_url) as conn:
+        app.send_task(run_job.name, args=[run_id], queue="turns", connection=conn)
+    return run_id
+
+
+def run_row(s: Stack, run_id: int) -> Any:
+    with s.engine.connect() as conn:
+        return conn.execute(select(JobRun.__table__).where(JobRun.id == run_id)).one()
+
+
+def finished(s: Stack, run_id: int) -> Any:
+    return s.wait(lambda: (r := run_row(s, run_id)).finished_at is not None and r, message=f"run {run_id} finished")
 
 
 # --- approvals in a thread --------------------------------------------------------------------------------
