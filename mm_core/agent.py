@@ -407,7 +407,9 @@ class Agent:
                 extra = (await tool.plan(args, self._plan_context(call))).paths
             except Exception:  # noqa: BLE001 - the files it would write are unknown: judged as any path could be
                 extra = (UNKNOWN_PATH,)
-        return judge(self.policies, call.name, args, self.workspace, extra)
+        # Off the event loop: reading a hostile command line of 100,000 characters takes a second or more, and the
+        # loop carries the worker's other turns.
+        return await asyncio.to_thread(judge, self.policies, call.name, args, self.workspace, extra)
 
     def _yolo(self, state: SessionState) -> bool:
         """Whether the turn's gated calls run without asking (mm_core.state.asking): `yolo on|off` said in the

@@ -150,6 +150,12 @@ _WRAPPERS = {
 }
 
 
+# A node's parent, and whether the node is its parent's last named child, by the node's id, within one parsed
+# script: tree-sitter's own `parent` and `next_named_sibling` walk down from the root each time, and a list of
+# thousands of commands nests as deep, which made a long `a && b && …` quadratic.
+Parents = dict[int, tuple[Node, bool]]
+
+
 class _TooMuch(CoreError):
     """A command line past the bounds: read as one unknown command."""
 
@@ -194,6 +200,7 @@ class _Reader:
             return
         start = len(self.items)
         stack: list[tuple[Node, Node | None]] = [(root, None)]  # a node, and the substitution it is in
+        parents: Parents = {}  # filled as the walk meets each node
         try:
             while stack:  # no recursion: the tree may be as deep as the text is long
                 node, substitution = stack.pop()
@@ -206,17 +213,21 @@ class _Reader:
                     if after not in (")", "`"):
                         raise _Misread
                 if node.type in _SIMPLE or (node.type == "redirected_statement" and _owner(node) is None):
-                    words, parts = _nodes(node)
+                    words, parts = _nodes(node, parents)
                     _check_lines(parts, src)
-                    self.command(node, _words(words, src), src, depth)
+                    self.command(node, _words(words, src), src, depth, parents)
                 if node.type in ("command_substitution", "process_substitution"):
                     substitution = node
-                stack.extend((child, substitution) for child in reversed(node.children))
+                children = node.children
+                last = next((c.id for c in reversed(children) if c.is_named), None)
+                for child in reversed(children):
+                    parents[child.id] = (node, child.id == last)
+                    stack.append((child, substitution))
         except _Misread:
             self.items[start:] = [_unknown(f"{MISREAD}: {_clip(text)}")]
 
-    def command(self, node: Node, words: list[Word], src: bytes, depth: int) -> None:
-        stdin = _stdin(node, src)
+    def command(self, node: Node, words: list[Word], src: bytes, depth: int, parents: Parents) -> None:
+        stdin = _stdin(node, src, parents)
         todo = [words] if words else []
         while todo:  # the command, then what it runs (a wrapper's command, find's -exec)
             words = todo.pop()
@@ -296,7 +307,7 @@ class _Reader:
             raise _TooMuch(f"reading it takes more than {MAX_WORK:,} characters")
 
 
-def _nodes(node: Node) -> tuple[list[Node], list[Node]]:
+def _nodes(node: Node, parents: Parents) -> tuple[list[Node], list[Node]]:
     """A simple command's word nodes, and all its parts (its words, assignments and redirections' targets), each
     in order. tree-sitter files some words under a redirection: `git >/dev/null push` is `git push` to the shell,
     but to the grammar `push` is a second target of `>` (and `cat <<EOF x` makes x part of the here-document)."""
@@ -308,7 +319,7 @@ def _nodes(node: Node) -> tuple[list[Node], list[Node]]:
     else:  # export, declare, local, readonly, typeset, unset: the keyword, then its arguments
         words = [c for c in node.children if c.type != "comment" and not c.type.endswith("_redirect")]
         parts = []
-    redirects = _redirects(node)
+    redirects = _redirects(node, parents)
     while redirects:
         redirect = redirects.pop()
         target = redirect.type != "heredoc_redirect"  # the first word is the target, but for a here-document's
@@ -331,22 +342,24 @@ def _owner(statement: Node) -> Node | None:
     node = statement
     while node.type in ("redirected_statement", "list", "pipeline", "negated_command"):
         below = node.child_by_field_name("body") if node.type == "redirected_statement" else None
-        node = below or (node.named_children[-1] if node.named_children else node)
+        count = node.named_child_count
+        node = below or (node.named_child(count - 1) if count else None) or node
         if node.type in _SIMPLE:
             return node
-        if not node.named_children:
+        if not node.named_child_count:
             break
     return None
 
 
-def _redirects(node: Node) -> list[Node]:
+def _redirects(node: Node, parents: Parents) -> list[Node]:
     """The redirections of a simple command: its own, and those the grammar gives the statement it ends (`a || b
     >f` is `a || (b >f)` to the shell, a redirected list to tree-sitter), as `!`, a pipeline or a list ends with it."""
     redirects = [c for c in node.children if c.type.endswith("_redirect")]
-    while (parent := node.parent) is not None:
+    while (up := parents.get(node.id)) is not None:
+        parent, last = up
         if parent.type == "redirected_statement" and parent.child_by_field_name("body") == node:
             redirects += [c for c in parent.children if c.type.endswith("_redirect")]
-        elif parent.type not in ("list", "pipeline", "negated_command") or parent.named_children[-1] != node:
+        elif parent.type not in ("list", "pipeline", "negated_command") or not last:
             break
         node = parent
     return redirects
@@ -451,11 +464,11 @@ def _word(parts: Sequence[Part]) -> Word:
     return tuple(word) or (("", ""),)
 
 
-def _stdin(node: Node, src: bytes) -> str | None:
+def _stdin(node: Node, src: bytes, parents: Parents) -> str | None:
     """The text a command reads on its standard input when the command line holds it (a here-document, or a
     here-string with nothing computed); None when it comes from elsewhere (a pipe, a file, the tool)."""
     text = None
-    for redirect in sorted(_redirects(node), key=lambda r: r.start_byte):
+    for redirect in sorted(_redirects(node, parents), key=lambda r: r.start_byte):
         if redirect.type == "heredoc_redirect":
             body = next((c for c in redirect.children if c.type == "heredoc_body"), None)
             text = _source(src, body.start_byte, body.end_byte) if body is not None else ""
