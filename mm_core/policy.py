@@ -392,7 +392,10 @@ def _host(url: object) -> Item:
         host = None
     host = (host or "").rstrip(".")
     try:
-        host = ipaddress.ip_address(host).compressed
+        address = ipaddress.ip_address(host)
+        # An IPv4 address written as IPv6 (`[::ffff:1.2.3.4]`) reaches that IPv4 host: judged as it.
+        mapped = address.ipv4_mapped if isinstance(address, ipaddress.IPv6Address) else None
+        host = (mapped or address).compressed
     except ValueError:
         if re.fullmatch(r"[0-9a-fx.]+", host):
             # The resolver reads 2852039166, 0xa9.0xfe.0xa9.0xfe or 169.254.43518 as 169.254.169.254.
@@ -402,6 +405,7 @@ def _host(url: object) -> Item:
             host = idna.encode(host).decode("ascii") if not host.isascii() else host
         except UnicodeError:  # idna's errors among them
             host = ""
+        host = host.rstrip(".")  # IDNA makes dots of `。` and its kin: `evil.com。` is `evil.com.`, that is evil.com
     if not re.fullmatch(r"[a-z0-9._:-]+", host):
         return _unknown("host", str(url))
     return Item("host", host, (host,))

@@ -50,6 +50,85 @@ class SimpleCommand:
     words: tuple[str | None, ...]  # None: a word the shell computes
 
 
+REDEFINED = "the command line changes what command names mean (PATH, BASH_CMDS, BASH_ALIASES, hash, enable)"
+# Text that makes a later command name run another program than the one it names: every command of such a line
+# is unknown. PATH is matched only where it is assigned (`echo $PATH` is fine).
+_REDEFINES = re.compile(
+    r"\bBASH_(?:CMDS|ALIASES)\b|\bPOSIXLY_CORRECT\b|\bhash\s+-p\b|\benable\b"
+    r"|\bPATH\+?=|\b(?:export|declare|typeset|local|readonly|read|mapfile|readarray)\b[^\n;|&]*\bPATH\b"
+    r"|-v\s*PATH\b"
+)
+# Commands that run another command or a script in a way this reading does not follow, whatever their options.
+_OPAQUE = frozenset(
+    {
+        "setsid",
+        "chroot",
+        "su",
+        "runuser",
+        "ssh",
+        "watch",
+        "unshare",
+        "nsenter",
+        "chpst",
+        "ionice",
+        "taskset",
+        "chrt",
+        "strace",
+        "ltrace",
+        "valgrind",
+        "firejail",
+        "systemd-run",
+        "parallel",
+        "script",
+        "expect",
+        "tclsh",
+        "perl",
+        "python",
+        "python3",
+        "ruby",
+        "node",
+        "php",
+        "awk",
+        "gawk",
+        "mawk",
+        "lua",
+    }
+)
+# Commands that run a command given to one of their options.
+_RUNS_OPTION = {"flock": ("-c", "--command"), "mapfile": ("-C",), "readarray": ("-C",)}
+
+
+def _own_input(word: Word) -> bool:
+    """A file argument that is the command line's own input, or a substitution: what it holds is not known here."""
+    text = _text(word)
+    return text is None or re.match(r"/dev/(stdin|fd/\d+)$|/proc/self/fd/\d+$|/dev/tcp/", text) is not None
+
+
+def _reads_own_input(name: str, args: list[Word]) -> bool:
+    """`source`/`.` or a shell given a script file that is the command line's own input or a substitution (a
+    shell with `-c` runs its string, which shell() reads; its later words are its arguments)."""
+    for word in args:
+        text = _text(word)
+        if name in _SHELLS and text is not None and text.startswith("-") and text not in ("-", "--"):
+            if "c" in text and not text.startswith("--"):
+                return False
+            continue
+        return _own_input(word)
+    return False
+
+
+def _openers(text: str) -> int:
+    """How many command and process substitutions `text` would open if none of it were quoted."""
+    arithmetic = text.count("$((")
+    return text.count("$(") - arithmetic + text.count("<(") + text.count(">(") + (text.count("`") + 1) // 2
+
+
+def _quoted_heredoc(node: Node, src: bytes) -> bool:
+    """A here-document whose delimiter is quoted: its body is data, never expanded."""
+    start = next((c for c in node.children if c.type == "heredoc_start"), None)
+    return start is not None and any(q in _source(src, start.start_byte, start.end_byte) for q in "'\"\\")
+
+
 def _unknown(text: str) -> SimpleCommand:
     """A command known only when it runs."""
     return SimpleCommand(text, (None,), (None,))
@@ -111,7 +190,9 @@ class _Wrapper:
 
     def hides(self, option: str) -> bool:
         if option.startswith("--"):
-            return bool(self.opaque) and option.startswith("--split-string")
+            # GNU takes any unambiguous abbreviation of a long option: `--sp`, `--split-str=…` are --split-string.
+            name = option[2:].partition("=")[0]
+            return bool(self.opaque) and len(name) >= 2 and "split-string".startswith(name)
         return any(letter in self.opaque for letter in option[1:])
 
 
@@ -199,6 +280,13 @@ class _Reader:
             self.items.append(_unknown(f"the command could not be parsed: {_clip(text)}"))
             return
         start = len(self.items)
+        if _REDEFINES.search(text):
+            self.items.append(_unknown(f"{REDEFINED}: {_clip(text)}"))
+            return
+        # Openers of command and process substitutions in the text, less those the walk finds as nodes or as data
+        # (single quotes, comments, here-documents with a quoted delimiter): tree-sitter leaves some as plain text
+        # (`${x#$(git push)}`, backticks in `${y:-…}` or in a here-document), and bash runs them.
+        unread = _openers(text)
         stack: list[tuple[Node, Node | None]] = [(root, None)]  # a node, and the substitution it is in
         parents: Parents = {}  # filled as the walk meets each node
         try:
@@ -218,11 +306,18 @@ class _Reader:
                     self.command(node, _words(words, src), src, depth, parents)
                 if node.type in ("command_substitution", "process_substitution"):
                     substitution = node
+                    unread -= 1
+                elif node.type in ("raw_string", "comment", "ansi_c_string"):
+                    unread -= _openers(_source(src, node.start_byte, node.end_byte))
+                elif node.type == "heredoc_redirect" and _quoted_heredoc(node, src):
+                    unread -= sum(_openers(_source(src, c.start_byte, c.end_byte)) for c in node.children)
                 children = node.children
                 last = next((c.id for c in reversed(children) if c.is_named), None)
                 for child in reversed(children):
                     parents[child.id] = (node, child.id == last)
                     stack.append((child, substitution))
+            if unread > 0:
+                raise _Misread
         except _Misread:
             self.items[start:] = [_unknown(f"{MISREAD}: {_clip(text)}")]
 
@@ -238,6 +333,17 @@ class _Reader:
             if name is not None and (name in self.aliases or "" in self.aliases):
                 # An alias runs text of its own: a name it may stand for is an unknown command name.
                 self._add([((None, f"{name} (an alias)"),), *words[1:]])
+            if name != _text(words[0]) and name is not None:
+                # `/usr/bin/git push` is `git push` to a rule: judged by the program's name too.
+                self._add([((name, name),), *words[1:]])
+            if name in _OPAQUE or (name in _RUNS_OPTION and any(_text(w) in _RUNS_OPTION[name] for w in args)):
+                # It runs a command or a script this reading cannot see (`setsid git push`, `flock -c 'git push'`,
+                # `mapfile -C 'git push'`): an unknown command, which meets every deny and ask rule.
+                self._add([((None, f"what {name} runs"),)])
+            elif (name in ("source", ".") or name in _SHELLS) and _reads_own_input(name, args):
+                # `source /dev/stdin <<<…`, `. <(echo …)`, `bash /dev/stdin`: it runs the line's own text, or a
+                # substitution's, which this reading does not follow.
+                self._add([((None, f"what {name} reads"),)])
             if name in _WRAPPERS:
                 todo += _unwrap(name, words[1:])
             elif name in _SHELLS:

@@ -777,3 +777,58 @@ def test_an_unknown_part_matches_whenever_some_text_in_its_place_would(
     filled = "".join(piece if piece is not None else fillings[i] for i, piece in enumerate(pieces))
     if fnmatch.fnmatchcase(filled, pattern):
         assert policy.compile_glob(pattern).matches(pieces)
+
+
+REVIEWED = [
+    Rule(tool="bash", commands=["rm -rf /", "rm -rf /*"], deny=True),
+    Rule(tool="bash", commands=["git push*"], ask=2),
+    Rule(tool="bash", commands=["ls*", "echo *"], allow=True),
+]
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        "ls <<EOF\n`git push`\nEOF",  # a backtick in an unquoted here-document: plain text to the grammar
+        "x=a; v=${x#$(git push)}; ls",  # a substitution inside an expansion's pattern
+        "v=${y:-`git push`} ls",
+        "echo ${x:-`git push`}",
+        "BASH_CMDS[ls]=/usr/bin/git; ls push",  # a name made to run another program
+        "POSIXLY_CORRECT=1\nBASH_ALIASES[ls]='git push'\nls",
+        "PATH=/tmp/evil:$PATH ls",
+        "bash /dev/stdin <<<'git push'",  # a shell, or source, reading the line's own text as a file
+        "source /dev/stdin <<<'git push'",
+        ". <(echo git push)",
+        "bash <<EOF\necho `git push`\nEOF",
+        "mapfile -C 'git push' -c 1 <<<x",  # builtins and programs that run a string or another command
+        "flock -c 'git push' /tmp/lock",
+        "setsid git push",
+        "env --split-str='git push'",  # GNU's abbreviation of --split-string
+        "/usr/bin/git push",  # a program named by its path
+    ],
+)
+def test_a_command_the_second_review_found_run_unasked_now_asks_or_is_refused(command: str) -> None:
+    """Each line runs `git push` (checked in bash by the independent review, with git a function printing its
+    arguments), and each was allowed or left to the tools' own gating: a rule must now decide it."""
+    assert bash(REVIEWED, command).action in (Action.ASK, Action.DENY)
+
+
+@pytest.mark.parametrize(
+    "command, action",
+    [
+        ("ls -la", Action.ALLOW),
+        ("echo hello", Action.ALLOW),
+        ("echo 'a $(b)'", Action.ALLOW),  # in single quotes: text, not a substitution
+        ("ls # `x`", Action.ALLOW),  # in a comment
+        ("echo $PATH", Action.DEFAULT),  # PATH read, not changed
+        ("git commit -m \"$(cat <<'EOF'\nfix: the `thing`\nEOF\n)\"", Action.DEFAULT),  # a quoted here-document
+    ],
+)
+def test_the_guards_leave_plain_commands_as_they_were(command: str, action: Action) -> None:
+    assert bash(REVIEWED, command).action is action
+
+
+def test_a_host_written_another_way_is_judged_as_the_host_it_reaches() -> None:
+    rules = [Rule(hosts=["evil.com", "1.2.3.4"], deny=True)]
+    for url in ("https://evil.com。/x", "https://EVIL.com./x", "https://[::ffff:1.2.3.4]/x"):
+        assert judge(rules, "fetch_content", {"url": url}).action is Action.DENY, url
