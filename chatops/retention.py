@@ -29,6 +29,7 @@ starts afresh (workers/turns.py says so in the thread).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -50,7 +51,8 @@ from chatops.schema import (
     ToolCall,
     utcnow,
 )
-from chatops.secrets import scrub, with_json_forms
+from chatops.secrets import describe_error, scrub, with_json_forms
+from chatops.store import record_error
 
 log = logging.getLogger("mm.retention")
 
@@ -194,8 +196,10 @@ def purge_idle(
             purged = purge_session(
                 engine, session_id, by=None, why=f"retention: idle for more than {days} days", secrets=secrets, now=now
             )
-        except Exception:  # one session that cannot be purged must not hold up the others, round after round
+        except Exception as e:  # one session that cannot be purged must not hold up the others, round after round
             log.exception("retention: session %s could not be purged", session_id)
+            with contextlib.suppress(Exception):  # the database itself may be what failed
+                record_error(engine, "retention", f"could not purge: {describe_error(e)}", session_id=session_id)
             continue
         if purged is not None and purged.outcome == PurgeOutcome.PURGED:
             done.append(purged)

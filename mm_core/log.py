@@ -245,7 +245,13 @@ def from_dict(data: dict[str, Any]) -> Entry:
     and a turn that ended stays ended."""
     cls = _KINDS[data["kind"]]
     known = {f.name for f in fields(cls)}
+    unknown = set(data) - known
     data = {key: value for key, value in data.items() if key in known}
+    if unknown and cls is Decision:
+        # A later version's decision may say something that narrows it: read without it, it approves nothing.
+        data.update(approved=False, all=False)
+    elif unknown and cls is YoloSet:
+        data["on"] = False  # likewise a later version's switch lifts no asking
     if cls is AssistantMessage:
         calls = ({k: v for k, v in c.items() if k in _CALL_FIELDS} for c in data.get("tool_calls", ()))
         data["tool_calls"] = tuple(ToolCallRequest(**c) for c in calls)

@@ -135,7 +135,7 @@ def test_a_decision_made_under_another_policy_does_not_carry_over_a_reload(model
 def test_an_entry_from_a_later_version_is_read_without_what_this_one_does_not_know() -> None:
     """A rolling upgrade or a rollback: a worker reads a log a later one wrote. Unknown fields are left out, an
     unknown outcome reads as failed (the turn stays ended), an unknown call status as an error."""
-    from mm_core.log import AssistantMessage, Outcome, TurnEnded, from_dict
+    from mm_core.log import AssistantMessage, Outcome, TurnEnded, YoloSet, from_dict
 
     result = from_dict(
         {"kind": "tool_result", "call_id": "c1", "tool": "bash", "output": "x", "status": "paused", "later": 1}
@@ -146,3 +146,7 @@ def test_an_entry_from_a_later_version_is_read_without_what_this_one_does_not_kn
         {"kind": "assistant", "text": "", "tool_calls": [{"id": "c1", "name": "bash", "arguments": "{}", "x": 2}]}
     )
     assert isinstance(answer, AssistantMessage) and answer.tool_calls[0].name == "bash"
+    # A later version's decision or switch may carry what narrows it: without it, it grants nothing.
+    later = from_dict({"kind": "approval", "call_id": "c1", "approved": True, "all": True, "only_for": "U0X"})
+    assert later == Decision("c1", False, None, all=False)
+    assert from_dict({"kind": "yolo", "on": True, "by": "U0BOB", "until": "x"}) == YoloSet(False, "U0BOB")
