@@ -185,7 +185,10 @@ def test_a_job_run_whose_bot_died_after_recording_the_run_records_one(threads: S
 def carrying_out_waits(conn: Any) -> bool:
     """Whether the bot's carrying out waits on the lock this connection holds: a write of the request's progress
     or of its end (not the background renewal of its claim, which waits there too). pg_stat_activity is the
-    server's: only this test's database counts, as other tests run beside it (`make test`'s workers)."""
+    server's: only this test's database counts, as other tests run beside it (`make test`'s workers). The
+    server keeps what a transaction first read of it for the rest of that transaction, and `conn` holds the lock in
+    one: its snapshot is cleared at each look, or a first look before the write came would be its answer for good."""
+    conn.execute(text("SELECT pg_stat_clear_snapshot()"))
     return bool(
         conn.execute(
             text(
