@@ -53,10 +53,12 @@ class SimpleCommand:
 REDEFINED = "the command line changes what command names mean (PATH, BASH_CMDS, BASH_ALIASES, hash, enable)"
 # Text that makes a later command name run another program than the one it names: every command of such a line
 # is unknown. PATH is matched only where it is assigned (`echo $PATH` is fine).
+# The builtins are matched where a command starts, so that a commit message saying "enable" or "read" is not one.
+_AT_COMMAND = r"(?:^|[;&|\n(){}]|\b(?:then|do|else)\b)\s*"
 _REDEFINES = re.compile(
-    r"\bBASH_(?:CMDS|ALIASES)\b|\bPOSIXLY_CORRECT\b|\bhash\s+-p\b|\benable\b"
-    r"|\bPATH\+?=|\b(?:export|declare|typeset|local|readonly|read|mapfile|readarray)\b[^\n;|&]*\bPATH\b"
-    r"|-v\s*PATH\b"
+    r"\bBASH_(?:CMDS|ALIASES)\b|\bPOSIXLY_CORRECT\b|(?:^|[\s;&|(){}])PATH\+?=|-v\s*PATH\b"
+    rf"|{_AT_COMMAND}(?:enable\b|hash\s+-p\b)"
+    rf"|{_AT_COMMAND}(?:export|declare|typeset|local|readonly|read|mapfile|readarray)\b[^\n;|&]*\bPATH\b"
 )
 # Commands that run another command or a script in a way this reading does not follow, whatever their options.
 _OPAQUE = frozenset(
@@ -118,9 +120,11 @@ def _reads_own_input(name: str, args: list[Word]) -> bool:
 
 
 def _openers(text: str) -> int:
-    """How many command and process substitutions `text` would open if none of it were quoted."""
-    arithmetic = text.count("$((")
-    return text.count("$(") - arithmetic + text.count("<(") + text.count(">(") + (text.count("`") + 1) // 2
+    """How many command and process substitutions `text` would open if none of it were quoted (a backslash before
+    `$(` or a backtick makes it text, as in a commit message's `"the \\`x\\` bug"`)."""
+    dollars = text.count("$(") - text.count("$((") - text.count("\\$(")
+    backticks = text.count("`") - text.count("\\`")
+    return dollars + text.count("<(") + text.count(">(") + (backticks + 1) // 2
 
 
 def _quoted_heredoc(node: Node, src: bytes) -> bool:

@@ -832,3 +832,19 @@ def test_a_host_written_another_way_is_judged_as_the_host_it_reaches() -> None:
     rules = [Rule(hosts=["evil.com", "1.2.3.4"], deny=True)]
     for url in ("https://evil.com。/x", "https://EVIL.com./x", "https://[::ffff:1.2.3.4]/x"):
         assert judge(rules, "fetch_content", {"url": url}).action is Action.DENY, url
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        "git commit -m 'enable dark mode and read the PATH docs'",
+        'git commit -m "fix the \\`x\\` bug"',
+        'echo "costs \\$(none)"',
+    ],
+)
+def test_words_in_a_message_are_not_taken_for_the_guards(command: str) -> None:
+    """The guards look for builtins where a command starts and for substitutions the grammar could miss: a commit
+    message that says "enable" or "read", or shows escaped backticks, is still read as written."""
+    expected = Action.DEFAULT if command.startswith("git") else Action.ALLOW
+    assert bash(REVIEWED, command).action is expected
+    assert bash(REVIEWED, f"hash -p ./git ls; {command}").action is Action.DENY  # where a command starts: taken
