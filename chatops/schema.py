@@ -122,6 +122,15 @@ class JobTrigger(StrEnum):
     MANUAL = "manual"  # `/mm job run`
 
 
+class PullRequestState(StrEnum):
+    """pull_requests.state: what mm last knew of the pull request its push asked for."""
+
+    PENDING = "pending"  # its branch is pushed and the pull request not opened yet (being opened, or retried)
+    OPEN = "open"
+    CLOSED = "closed"
+    MERGED = "merged"
+
+
 # SQLite only auto-increments an INTEGER PRIMARY KEY; PostgreSQL gets the 64 bits.
 BigId = BigInteger().with_variant(Integer(), "sqlite")
 
@@ -531,3 +540,49 @@ class SchedulerLease(Base):
     name: Mapped[str] = mapped_column(String(64), primary_key=True)
     owner: Mapped[str] = mapped_column(String(200))
     expires_at: Mapped[datetime]
+
+
+class PullRequestRecord(Base):
+    """A pull request mm opened, or is about to open, for a thread or a job: what its branch was pushed with and
+    what the forge is to be told (`needs_sync`), so that a worker killed between the push and the forge's answer
+    leaves nothing a later one cannot finish (workers/pull_requests.py). One open at a time per `owner`."""
+
+    __tablename__ = "pull_requests"
+    __table_args__ = (
+        CheckConstraint(_one_of("state", PullRequestState), name="state"),
+        Index(
+            "uq_pull_requests_one_open",
+            "owner",
+            unique=True,
+            postgresql_where=text("state IN ('pending', 'open')"),
+            sqlite_where=text("state IN ('pending', 'open')"),
+        ),
+        Index(None, "session_id"),
+    )
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    # What keeps one pull request: `thread:<session id>` or `job:<job name>`.
+    owner: Mapped[str] = mapped_column(String(200))
+    # The thread told about it: the thread's own, or a job's latest run.
+    session_id: Mapped[str | None] = mapped_column(ForeignKey("sessions.id", ondelete="SET NULL"))
+    host: Mapped[str] = mapped_column(String(255))
+    repo: Mapped[str] = mapped_column(String(500))  # the path on the forge: owner/name, or GitLab's group/…/name
+    branch: Mapped[str] = mapped_column(String(255))
+    base: Mapped[str] = mapped_column(String(255))
+    number: Mapped[int | None] = mapped_column(Integer)
+    url: Mapped[str | None] = mapped_column(Text)
+    state: Mapped[str] = mapped_column(String(16), default=PullRequestState.PENDING)
+    draft: Mapped[bool] = mapped_column(Boolean, default=False)
+    title: Mapped[str] = mapped_column(Text)
+    body: Mapped[str] = mapped_column(Text)
+    head_sha: Mapped[str] = mapped_column(String(64))  # the commit mm pushed last: the lease of its next push
+    requested_by: Mapped[str | None] = mapped_column(String(32))
+    # The forge has not been told the row's title, body or head yet: a sync is due.
+    needs_sync: Mapped[bool] = mapped_column(Boolean, default=True)
+    error: Mapped[str | None] = mapped_column(Text)  # the forge's last refusal, as the thread was told
+    retry_at: Mapped[datetime | None]  # a rate limit's reset: the sync waits until then
+    # The checks on head_sha are followed until then; checks_said: the head whose checks' end the thread was told.
+    follow_until: Mapped[datetime | None]
+    checks_said: Mapped[str | None] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)

@@ -15,9 +15,9 @@ from chatops.schema import Base, InboxMessage, Session, SessionEvent
 TABLES = {
     *("sessions", "session_events", "inbox", "tool_calls", "approvals", "errors", "slack_events"),
     *("job_runs", "job_states", "scheduler_leases", "slack_requests", "assistant_contexts"),
-    *("approval_decisions", "model_usage"),
+    *("approval_decisions", "model_usage", "pull_requests"),
 }
-HEAD = "0009"
+HEAD = "0010"
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -148,7 +148,7 @@ def test_check_constraints_agree_with_the_models(sqlite_url: str) -> None:
     assert _database_checks(sqlite_url) == _model_checks(Base.metadata)
     # the states of sessions, calls, approvals, job runs (+ trigger), the kinds and states of Slack requests, and
     # the votes of approval decisions
-    assert len(_model_checks(Base.metadata)) == 9
+    assert len(_model_checks(Base.metadata)) == 10
 
     drifted = MetaData(naming_convention=Base.metadata.naming_convention)
     for table in Base.metadata.sorted_tables:
