@@ -242,7 +242,14 @@ def register(
     approvers = Approvers(lambda: config_file.current().service)
     # The secrets of the config as it stands (those a reload brings too), asked at each use.
     secrets = LiveSecrets(config_file.current)
-    clicks = ClickHandler(engine, approvers, secrets, hand_off.enqueue, handlers.enqueue_thread_push)
+    clicks = ClickHandler(
+        engine,
+        approvers,
+        secrets,
+        hand_off.enqueue,
+        handlers.enqueue_thread_push,
+        handlers.enqueue_thread_pull_request_status,
+    )
     jobs = JobCommands(engine, config_file, approvers, handlers.enqueue_run)
     home = Home(engine, approvers, secrets, jobs)
     admin = AdminCommands(engine, approvers, secrets)

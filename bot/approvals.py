@@ -107,9 +107,10 @@ class ClickHandler:
         secrets: Callable[[], Sequence[str]],
         enqueue: Any,
         enqueue_push: Any = None,
+        enqueue_status: Any = None,
     ) -> None:
         self.engine, self.approvers, self.secrets, self.enqueue = engine, approvers, secrets, enqueue
-        self.enqueue_push = enqueue_push
+        self.enqueue_push, self.enqueue_status = enqueue_push, enqueue_status
 
     async def handle(self, slack: SlackOut, click: Click, steps: Steps | None = None) -> str | None:
         """Carry out a click; the sentence for the clicker when it changed nothing (None when it did). `steps`:
@@ -123,8 +124,9 @@ class ClickHandler:
             return NOT_OURS
         if click.action == Action.STOP:
             return await self._stop(slack, click, session, steps)
-        if click.action == Action.PUSH:
-            return await self.push(slack, session.id, session.channel_id or "", click.user, None)
+        if click.action in (Action.PUSH, Action.PULL_REQUEST):
+            pull_request = click.action == Action.PULL_REQUEST
+            return await self.push(slack, session.id, session.channel_id or "", click.user, None, pull_request)
         row = await asyncio.to_thread(get_approval, self.engine, click.value.call_id or "")
         if row is None or row.session_id != session.id:
             return NOT_OURS
@@ -201,17 +203,35 @@ class ClickHandler:
         async with courtesy(f"show the decision on {call_id}"):
             await slack.update(channel, row.message_ts, text, blocks=blocks)
 
-    async def push(self, slack: SlackOut, session_id: str, channel: str, user: str, branch: str | None) -> str | None:
-        """Push the thread's changes (the button, and `push [branch]`): for the channel's approvers, and, as for
-        an approval, not one of the thread's own writers unless the config allows it."""
+    async def push(
+        self,
+        slack: SlackOut,
+        session_id: str,
+        channel: str,
+        user: str,
+        branch: str | None,
+        pull_request: bool = False,
+        title: str | None = None,
+    ) -> str | None:
+        """Push the thread's changes (the buttons, `push [branch]` and `pr [title]`), and open their pull request
+        when asked: for the channel's approvers, and, as for an approval, not one of the thread's own writers
+        unless the config allows it."""
         authors = ",".join(sorted(await asyncio.to_thread(writers, self.engine, session_id)))
-        what = "push a thread's changes"
+        what = "open a thread's pull request" if pull_request else "push a thread's changes"
         refusal = await self.approvers.may_approve(slack.client, channel, user, authors or None, what)
         if refusal is not None:
             return refusal
         if self.enqueue_push is None:
             return PUSH_UNAVAILABLE
-        await self.enqueue_push(session_id, branch, user)
+        await self.enqueue_push(session_id, branch, user, pull_request, title)
+        return None
+
+    async def show_pull_request(self, session_id: str) -> str | None:
+        """`pr` in a thread that has one: its status, from a worker (the forge's tokens are the workers'); anyone
+        in the channel may look."""
+        if self.enqueue_status is None:
+            return PUSH_UNAVAILABLE
+        await self.enqueue_status(session_id)
         return None
 
     async def _stop(self, slack: SlackOut, click: Click, session: Snapshot, steps: Steps) -> str | None:

@@ -31,6 +31,7 @@ from bot.authorize import Approvers
 from bot.budgets import BudgetCommand
 from bot.jobs import JobCommands, is_job_command
 from bot.steps import NoSteps, Steps, courtesy
+from chatops import pull_requests
 from chatops.config import Config, is_branch_name
 from chatops.inbox import Recorded, has_message, has_messages, record_message, request_stop, session_of
 from chatops.queries import (
@@ -61,7 +62,8 @@ HELP = """Say these in a thread, after mentioning me (in a direct message, witho
 configured agents: {agents}), `yolo on` / `yolo off` (approvers: run calls without asking, or ask again), \
 `repo URL [BRANCH]` (before the first turn: the repository this thread works on), `budget [TOKENS]` (this \
 thread's budgets, or its token budget: anyone in it may lower it, an approver raise it), `push [BRANCH]` \
-(approvers: the workspace's changes to a branch of the repository), `help`. A request may start with \
+(approvers: the workspace's changes to a branch of the repository), `pr [TITLE]` (approvers: open or update \
+the thread's pull request; once it has one, anyone: its state, review and checks), `help`. A request may start with \
 `model=NAME` (one of: {models}), and in a new thread `repo=URL` and `branch=NAME`. In a channel, \
 `/mm COMMAND` does the same for your latest session there, and `/mm PROMPT` starts a new thread. \
 `/mm jobs` lists the scheduled jobs; `/mm job run|pause|resume NAME` (approvers) steers one. \
@@ -90,6 +92,7 @@ ASK_USAGE = "Say `ask AGENT PROMPT`, for example `ask reviewer look at the last 
 QUEUED_COMMAND = "`{command}` is queued: I do it after the current turn."
 STARTED = Mrkdwn("<@{user}> asked: {prompt}")
 STARTED_FOR_REPO = Mrkdwn("<@{user}> started a thread for a repository.")
+MAX_TITLE = 200  # of a pull request's title given with `pr TITLE`
 PUSH_BRANCH = "`{branch}` is not a branch name I can push to (letters, digits, `._/-`)."
 SLASH_NEW = "Say `/mm PROMPT` to start a new thread, or `@mm new` in a thread to start its conversation again."
 
@@ -107,6 +110,7 @@ _YOLO = re.compile(r"^yolo\s+(on|off)$", re.IGNORECASE)
 _ASK = re.compile(r"^ask(?:\s+(\S+)(?:\s+(.+))?)?$", re.IGNORECASE | re.DOTALL)
 _REPO = re.compile(r"^repo(?:\s+(\S+)(?:\s+(\S+))?)?$", re.IGNORECASE)
 _PUSH = re.compile(r"^push(?:\s+(\S+))?$", re.IGNORECASE)
+_PULL_REQUEST = re.compile(r"^pr(?:\s+(.+))?$", re.IGNORECASE | re.DOTALL)
 _BUDGET = re.compile(r"^budget(?:\s+(\S+))?$", re.IGNORECASE)
 
 
@@ -115,7 +119,9 @@ _OPTION = re.compile(rf"^({'|'.join(OPTIONS)})=(\S+)(?:\s+|$)", re.IGNORECASE)
 
 @dataclass(frozen=True)
 class Command:
-    name: str  # new, compact, stop, status, help, yolo, ask, repo, push, budget; options (args: `key=value`…, prompt)
+    name: (
+        str  # new, compact, stop, status, help, yolo, ask, repo, push, pr, budget; options (args: `key=value`…, prompt)
+    )
     args: tuple[str, ...] = ()
 
 
@@ -140,6 +146,8 @@ def parse(text: str) -> Command | None:
         return Command("repo", tuple(g for g in m.groups() if g))
     if m := _PUSH.match(text):
         return Command("push", tuple(g for g in m.groups() if g))
+    if m := _PULL_REQUEST.match(text):
+        return Command("pr", tuple(g.strip() for g in m.groups() if g and g.strip()))
     if m := _BUDGET.match(text):
         return Command("budget", tuple(g for g in m.groups() if g))
     return None
@@ -254,6 +262,8 @@ class Commands:
             return Outcome(private=await asyncio.to_thread(self.status, session))
         if name == "push":
             return await self._push(slack, command, where, session)
+        if name == "pr":
+            return await self._pull_request(slack, command, where, session)
         if name == "budget":
             said, private = await BudgetCommand(self.engine, lambda: self.config, self.approvers).answer(
                 slack.client, where.channel, session, where.user, command.args[0] if command.args else None
@@ -276,6 +286,18 @@ class Commands:
         if self.clicks is None:
             return Outcome(private=PUSH_UNAVAILABLE)
         refusal = await self.clicks.push(slack, session, where.channel, where.user, branch)
+        return Outcome(private=refusal) if refusal else Outcome()
+
+    async def _pull_request(self, slack: SlackOut, command: Command, where: Where, session: str) -> Outcome:
+        """`pr`: the status of the thread's pull request when it has one, else (and `pr TITLE` always) push and open
+        or update it, as an approver's push."""
+        title = " ".join(command.args[0].split())[:MAX_TITLE] if command.args else None
+        if self.clicks is None:
+            return Outcome(private=PUSH_UNAVAILABLE)
+        if title is None and await asyncio.to_thread(pull_requests.of_session, self.engine, session) is not None:
+            refusal = await self.clicks.show_pull_request(session)
+        else:
+            refusal = await self.clicks.push(slack, session, where.channel, where.user, None, True, title)
         return Outcome(private=refusal) if refusal else Outcome()
 
     def _ask_refusal(self, command: Command) -> str | None:
@@ -449,6 +471,12 @@ class Commands:
         if waiting:
             titles = Mrkdwn(", ").join(mrkdwn_of(line_of(p.row), self.secrets()) for p in waiting)
             lines.append(Mrkdwn("*Waiting for a decision:* {titles}").format(titles=titles[:1000]))
+        if (pull := pull_requests.of_session(self.engine, session_id)) is not None:
+            # As last recorded: `pr` asks the forge for its review and checks.
+            shown = Mrkdwn("<{url}|{label}>").format(url=pull.url, label=pull.label) if pull.url else pull.label
+            lines.append(
+                Mrkdwn("*Pull request:* {pull} ({state}; `pr` shows its checks)").format(pull=shown, state=pull.state)
+            )
         return Mrkdwn("\n").join(lines)
 
     def _model(self, session_id: str, channel_model: str | None) -> str:

@@ -53,7 +53,7 @@ from chatops.schema import RequestKind
 from chatops.store import record_slack_event
 from slackio.mrkdwn import Mrkdwn
 from slackio.slack_out import SlackOut, outgoing
-from workers.tasks import enqueue_job_run, enqueue_push
+from workers.tasks import enqueue_job_run, enqueue_pull_request_status, enqueue_push
 
 log = logging.getLogger("mm.bot")
 # Where register() puts the process's engine, App Home and requests in bolt's context, for the listeners.
@@ -210,9 +210,18 @@ async def on_button(
     return click
 
 
-async def enqueue_thread_push(session_id: str, branch: str | None, user: str) -> None:
-    """Hand a thread's push to the workers (its workspace is on a worker's disk)."""
-    await asyncio.get_running_loop().run_in_executor(_enqueuer, enqueue_push, session_id, branch, user)
+async def enqueue_thread_push(
+    session_id: str, branch: str | None, user: str, pull_request: bool = False, title: str | None = None
+) -> None:
+    """Hand a thread's push (and pull request) to the workers (its workspace is on a worker's disk)."""
+    await asyncio.get_running_loop().run_in_executor(
+        _enqueuer, enqueue_push, session_id, branch, user, pull_request, title
+    )
+
+
+async def enqueue_thread_pull_request_status(session_id: str) -> None:
+    """Hand `@mm pr`'s look at the forge to the workers (they alone hold the forges' tokens)."""
+    await asyncio.get_running_loop().run_in_executor(_enqueuer, enqueue_pull_request_status, session_id)
 
 
 async def enqueue_run(run_id: int) -> None:

@@ -27,6 +27,7 @@ class Action(StrEnum):
     APPROVE_ALL = "approve_all"
     STOP = "stop"
     PUSH = "push"  # the thread's changes to a branch (workers/thread_push.py)
+    PULL_REQUEST = "pull_request"  # the same, and the branch's pull request opened or updated
 
 
 LABELS = {
@@ -35,6 +36,7 @@ LABELS = {
     Action.APPROVE_ALL: "Approve all in this thread",
     Action.STOP: "Stop",
     Action.PUSH: "Push branch",
+    Action.PULL_REQUEST: "Open pull request",
 }
 STYLES = {Action.APPROVE: "primary", Action.REJECT: "danger", Action.STOP: "danger"}
 # What bolt's action listener matches: every button of ours, and nothing else.
@@ -47,7 +49,8 @@ class BadButton(ChatopsError, ValueError):
 
 @dataclass(frozen=True)
 class ButtonValue:
-    """What a click names: the session, and the tool call it decides (None for Stop and Push branch)."""
+    """What a click names: the session, and the tool call it decides (None for Stop, Push branch, Open pull
+    request)."""
 
     session_id: str
     call_id: str | None = None
@@ -78,12 +81,12 @@ def _is_id(value: object) -> bool:
     return isinstance(value, str) and bool(_ID.fullmatch(value))
 
 
-def element(action: Action, value: ButtonValue) -> dict[str, Any]:
-    """The Block Kit button for `action`, carrying `value`."""
+def element(action: Action, value: ButtonValue, label: str | None = None) -> dict[str, Any]:
+    """The Block Kit button for `action`, carrying `value`; `label` in place of the action's own."""
     button: dict[str, Any] = {
         "type": "button",
         "action_id": action.value,
-        "text": {"type": "plain_text", "text": LABELS[action]},
+        "text": {"type": "plain_text", "text": label or LABELS[action]},
         "value": value.encode(),
     }
     if action in STYLES:

@@ -412,9 +412,15 @@ def _private_home():
 NO_HOME = Path("/nonexistent")
 
 
+# What a worker's git inherits besides PATH: an operator's own certificate authority for an internal forge
+# (git reads no system setting here: GIT_CONFIG_NOSYSTEM).
+INHERITED = ("GIT_SSL_CAINFO",)
+
+
 def _base_env(home: Path) -> dict[str, str]:
-    """The whole environment of a worker's git: nothing inherited but PATH."""
+    """The whole environment of a worker's git: nothing inherited but PATH (and INHERITED, when set)."""
     return {
+        **{name: os.environ[name] for name in INHERITED if os.environ.get(name)},
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "HOME": str(home),
         "XDG_CONFIG_HOME": str(home),
@@ -811,12 +817,33 @@ def push(
     *refspecs: str,
     credentials: Credentials | None = None,
     timeout: float = DEFAULT_TIMEOUT,
+    lease: tuple[str, str] | None = None,
 ) -> GitResult:
     """Push `refspecs` from `repository` (the worker's own) to `url` as the worker names it; no hooks run,
-    credentials only in the environment."""
+    credentials only in the environment. `lease` (ref, commit; "" for none): the push may replace that ref only
+    while the remote still has it at that commit (git's --force-with-lease), so nobody's later push is lost."""
+    options = [f"--force-with-lease={lease[0]}:{lease[1]}"] if lease is not None else []
     return run_git(
-        repository, "push", "--no-verify", "--", str(url), *refspecs, credentials=credentials, timeout=timeout
+        repository,
+        "push",
+        "--no-verify",
+        *options,
+        "--",
+        str(url),
+        *refspecs,
+        credentials=credentials,
+        timeout=timeout,
     )
+
+
+def remote_head(url: str | Path, branch: str, credentials: Credentials | None = None) -> str:
+    """The commit `branch` of `url` is at ("" when it has no such branch), as `ls-remote` tells."""
+    listed = run_git(None, "ls-remote", "--", str(url), f"refs/heads/{branch}", credentials=credentials)
+    for line in listed.stdout.splitlines():
+        commit, _, ref = line.partition("\t")
+        if ref == f"refs/heads/{branch}" and _COMMIT.fullmatch(commit):
+            return commit
+    return ""
 
 
 __all__ = [
@@ -833,6 +860,7 @@ __all__ = [
     "log",
     "masked",
     "push",
+    "remote_head",
     "run_git",
     "sanitize",
     "status",

@@ -51,6 +51,7 @@ from slackio import blocks
 from slackio.mrkdwn import Mrkdwn, code_block
 from slackio.slack_out import SlackOut
 from workers import git
+from workers.job_pull_request import push_job_pull_request
 from workers.push import BranchRefused, NothingToPush, agent_of, credentials, diff_stat, push_workspace
 from workers.workspaces import cloned_branch, start_commit
 
@@ -272,7 +273,10 @@ async def finish_run(
     pushed_branch = None
     if job.push is not None and reason is None and workspace is not None:
         cloned = cloned_branch(config.workspaces_root, session_id)
-        pushed_branch, said, reason = await _push(config, found, workspace, agent, start, cloned)
+        answer = finished.answer if finished is not None else ""
+        pushed_branch, said, reason = await _push(
+            engine, config, secrets, found, session_id, workspace, agent, start, cloned, answer or ""
+        )
         lines.append(said)
         if reason is not None:  # the outcome line changes: the run failed after all
             failed = FAILED.format(job=job.name, duration=duration, reason=reason)
@@ -341,15 +345,28 @@ def close_stale_runs(engine: Engine, now: datetime, quiet_s: float = STALE_S) ->
 
 
 async def _push(
-    config: Config, run: RunningJob, workspace: Path, agent: AgentConfig, start: str | None, cloned: str | None
+    engine: Engine,
+    config: Config,
+    secrets: list[str],
+    run: RunningJob,
+    session_id: str,
+    workspace: Path,
+    agent: AgentConfig,
+    start: str | None,
+    cloned: str | None,
+    answer: str,
 ) -> tuple[str | None, str, str | None]:
-    """Push the run's changes as the job says: the branch pushed (or None), the summary's line, and the reason
-    the run failed when the push did."""
+    """Push the run's changes as the job says (to a branch of the run's own, or to its pull request's): the
+    branch pushed (or None), the summary's line, and the reason the run failed when the push did."""
     job = run.job
     assert job.push is not None
     remote = job.push.remote or job.repo or config.service.channel(job.channel).repo
     if not remote:
         return None, NO_REMOTE, NO_REMOTE
+    if job.push.pr:
+        return await push_job_pull_request(
+            engine, config, secrets, run, session_id, workspace, agent, remote, start, cloned, answer
+        )
     local = run.scheduled_for.astimezone(ZoneInfo(job.timezone))  # the date the team sees in the job's zone
     branch = job.push.branch.format(job=job.name, date=f"{local:%Y-%m-%d}", run=run.run_id)
     message = f"{job.name}: run {run.run_id} of {local:%Y-%m-%d %H:%M} {job.timezone}\n\n{prompt_of(job)[:2000]}"

@@ -103,6 +103,13 @@ def credentials(config: Config, remote: str) -> git.Credentials | None:
     return git.Credentials(config.git_username or "x-access-token", config.git_token, host=host)
 
 
+def has_forge(config: Config, remote: str) -> bool:
+    """Whether pull requests can be opened for `remote`: an https URL whose host is a forge the config names or
+    one known without it (its token may still be missing: opening one then says which to set)."""
+    url = _normal(remote)
+    return url is not None and config.service.forge(urlsplit(url).netloc) is not None
+
+
 def token_scope(config: Config) -> tuple[set[str], tuple[str, ...]]:
     """The HTTPS repositories the token is for: those the config names (channels' and jobs' repositories, push
     remotes), and every repository under an owner a channel's `repos` pattern spells out (`https://host/owner/…`;
@@ -197,11 +204,14 @@ def push_workspace(
     base: str | None = None,
     start: str | None = None,
     cloned: str | None = None,
+    lease: str | None = None,
 ) -> Pushed:
     """Commit everything the workspace changed onto `branch` (after the model's own commits, if it made any) and
     push it to `remote`; raises BranchRefused (the repository's own branch, `base` among them), NothingToPush,
     or git.GitError with git's own (masked) words. `agent`: the session's agent config, whose sandbox the
-    workspace's git runs in. `start` and `cloned`: the commit and the branch the workspace was cloned at."""
+    workspace's git runs in. `start` and `cloned`: the commit and the branch the workspace was cloned at.
+    `lease`: the commit `branch` must still be at on the remote ("" for no branch), which the push then replaces
+    (a job's pull request branch, rebuilt by each run from its base); None: a fast-forward only."""
     check_branch(branch, base, cloned)
     if not os.path.lexists(workspace / ".git"):
         raise NothingToPush  # no repository: nothing it could have changed
@@ -212,5 +222,9 @@ def push_workspace(
     commit = git.commit_all(workspace, agent, branch, message, AUTHOR)
     with private_repository(workspace) as repository:
         git.copy_objects(workspace, agent, repository, commit, start)
-        git.push(repository, remote, f"{commit}:refs/heads/{branch}", credentials=credentials)
+        ref = f"refs/heads/{branch}"
+        if lease is None:
+            git.push(repository, remote, f"{commit}:{ref}", credentials=credentials)
+        else:
+            git.push(repository, remote, f"+{commit}:{ref}", credentials=credentials, lease=(ref, lease))
     return Pushed(branch, commit, public_url(remote), changed)

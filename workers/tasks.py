@@ -99,17 +99,38 @@ def run_job(run_id: int) -> None:
 
 
 @task(TURNS_QUEUE)
-def push_thread(session_id: str, branch: str | None, user: str) -> None:
-    """Push a thread's changes to a branch, as an approver asked (the bot checked who)."""
+def push_thread(
+    session_id: str, branch: str | None, user: str, pull_request: bool = False, title: str | None = None
+) -> None:
+    """Push a thread's changes to a branch, and open its pull request when asked, as an approver asked (the bot
+    checked who)."""
     from workers.thread_push import push_thread_work
 
-    push_thread_work(session_id, branch, user)
+    push_thread_work(session_id, branch, user, pull_request, title)
+
+
+@task(TURNS_QUEUE)
+def show_pull_request(session_id: str) -> None:
+    """Say in the thread how its pull request stands (`@mm pr`): read from the forge, which only a worker may ask."""
+    from workers.pull_request_tasks import show_pull_request_work
+
+    show_pull_request_work(session_id)
+
+
+@task(HOUSEKEEPING_QUEUE)
+def follow_pull_request(record_id: int) -> None:
+    """Finish a pull request's sync that was cut short or waits for a rate limit, and look at its checks."""
+    from workers.pull_request_tasks import follow_pull_request_work
+
+    follow_pull_request_work(record_id)
 
 
 @task(HOUSEKEEPING_QUEUE)
 def housekeeping() -> None:
     """Re-enqueue sessions with work nobody does, release expired leases, expire approvals, remind and escalate
-    the approvals that wait, purge what retention says, sweep workspaces."""
+    the approvals that wait, hand over the pull requests to sync or follow, purge what retention says, sweep
+    workspaces."""
+    from chatops.pull_requests import due as pull_requests_due
     from chatops.secrets import describe_error
     from chatops.store import record_error
     from workers.jobs import undelivered_runs
@@ -126,6 +147,12 @@ def housekeeping() -> None:
     except Exception as e:
         log.exception("housekeeping: reminding and escalating the waiting approvals failed")
         record_error(proc.engine, "housekeeping", f"reminders and escalations: {describe_error(e)}")
+    try:
+        for record_id in pull_requests_due(proc.engine):
+            follow_pull_request.send(record_id)
+    except Exception as e:
+        log.exception("housekeeping: handing over the pull requests to follow failed")
+        record_error(proc.engine, "housekeeping", f"pull requests: {describe_error(e)}")
 
 
 def stop_session(engine: Engine, session_id: str) -> bool:
@@ -147,6 +174,13 @@ def enqueue_job_run(run_id: int) -> None:
     run_job.send(run_id)
 
 
-def enqueue_push(session_id: str, branch: str | None, user: str) -> None:
-    """Hand a thread's push to a worker: the workspace lives on a worker's disk."""
-    push_thread.send(session_id, branch, user)
+def enqueue_push(
+    session_id: str, branch: str | None, user: str, pull_request: bool = False, title: str | None = None
+) -> None:
+    """Hand a thread's push (and pull request) to a worker: the workspace lives on a worker's disk."""
+    push_thread.send(session_id, branch, user, pull_request, title)
+
+
+def enqueue_pull_request_status(session_id: str) -> None:
+    """Hand `@mm pr`'s look at the forge to a worker: only workers hold the forges' tokens."""
+    show_pull_request.send(session_id)

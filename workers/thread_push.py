@@ -1,9 +1,11 @@
-"""A thread's changes pushed to a branch, when an approver asks (the "Push branch" button, or `push [branch]`).
+"""A thread's changes pushed to a branch, when an approver asks (the "Push branch" button, or `push [branch]`),
+and its pull request opened (the "Open pull request" button, or `pr [title]`) or updated.
 
 The bot checks who asks and hands the work over (task `mm.push_thread`): the workspace lives on a worker's
 disk. The push takes the session's lease, so it never runs beside a turn that is still changing the files;
 it goes to the thread's repository (or the channel's), never to a remote of the workspace's config
-(workers/push.py says how).
+(workers/push.py says how). Once the thread has a pull request, every push goes to its branch and refreshes it
+(workers/pull_requests.py): a thread keeps one.
 """
 
 from __future__ import annotations
@@ -13,14 +15,18 @@ import logging
 
 from sqlalchemy import select
 
-from chatops.schema import Session, SessionStatus
+from chatops import pull_requests as records
+from chatops.schema import PullRequestState, Session, SessionStatus
 from chatops.sessions import Snapshot, snapshot
 from chatops.store import acquire_lease, record_error, release_lease
 from slackio.mrkdwn import Mrkdwn
 from slackio.slack_client import failed_where, web_client
 from slackio.slack_out import SlackOut
 from workers import git
-from workers.push import BranchRefused, NothingToPush, agent_of, credentials, push_workspace
+from workers.forges import ForgeError, PullState, forge_for
+from workers.pull_request_body import thread_body, thread_title
+from workers.pull_requests import sync
+from workers.push import BranchRefused, NothingToPush, agent_of, credentials, diff_stat, push_workspace
 from workers.turns import Process, process
 from workers.workspaces import cloned_branch, public_url, start_commit, workspace_path
 
@@ -31,6 +37,7 @@ NOTHING = "There is nothing to push: this thread's workspace has no change."
 BUSY = "⏳ A turn is running in this thread: ask again to push once it has finished."
 NO_REPO = "There is nowhere to push: this thread works on no repository."
 FAILED = "The push of `{branch}` failed: {words}"  # git's words: posted as text, never as markup
+NOTHING_NEW = Mrkdwn("Nothing new to push: <{url}|{label}> has this thread's changes already.")
 OWNER = "push"
 LEASE_S = 120.0
 
@@ -39,37 +46,60 @@ def default_branch(thread_ts: str) -> str:
     return f"mm/thread-{thread_ts.replace('.', '-')}"
 
 
-def push_thread_work(session_id: str, branch: str | None, user: str) -> None:
-    """The push task's body (its log lines name the session: workers.tasks.task)."""
+def push_thread_work(
+    session_id: str, branch: str | None, user: str, pull_request: bool = False, title: str | None = None
+) -> None:
+    """The push task's body (its log lines name the session: workers.tasks.task). `pull_request`: open one for
+    the branch (with `title`, else the thread's); a thread that has one updates it whatever was asked."""
     proc = process()
     engine = proc.engine
     facts = snapshot(engine, session_id, log=False)
     if facts is None:
         return
-    branch = branch or default_branch(facts.thread_ts or session_id)
     token = acquire_lease(engine, session_id, OWNER, LEASE_S)
     if token is None or facts.status in (SessionStatus.RUNNING, SessionStatus.QUEUED):
         if token is not None:
             release_lease(engine, session_id, token)
-        said = BUSY
+        said: str = BUSY
     else:
         try:
-            said = _push(proc, facts, session_id, branch, user)
+            said = _push(proc, facts, session_id, branch, user, pull_request, title)
         finally:
             release_lease(engine, session_id, token)
     asyncio.run(_say(proc, facts, said, session_id))
 
 
-def _push(proc: Process, facts: Snapshot, session_id: str, branch: str, user: str) -> str:
-    config = proc.config
+def _push(
+    proc: Process,
+    facts: Snapshot,
+    session_id: str,
+    branch: str | None,
+    user: str,
+    pull_request: bool,
+    title: str | None,
+) -> str:
+    config, engine = proc.config, proc.engine
     remote = facts.repo or config.service.channel(facts.channel_id or "").repo
     if not remote:
         return NO_REPO
     workspace = workspace_path(config.workspaces_root, session_id)
     if not (workspace / ".git").exists():
         return NOTHING
-    message = f"mm: the changes of a Slack thread, pushed by {user}"
+    owner = records.thread_owner(session_id)
+    record = records.current(engine, owner)
     base = facts.branch or config.service.channel(facts.channel_id or "").branch
+    try:
+        if record is not None or pull_request:
+            forge, repo = forge_for(config, remote)
+            if record is not None and record.number is not None:
+                found = forge.get(repo, record.number)
+                if found.state != PullState.OPEN:  # closed or merged on the forge: a push starts afresh
+                    records.record_ended(engine, record.id, PullRequestState(found.state.value))
+                    record = None
+    except ForgeError as e:
+        return e.text
+    branch = record.branch if record is not None else branch or default_branch(facts.thread_ts or session_id)
+    message = f"mm: the changes of a Slack thread, pushed by {user}"
     try:
         start = start_commit(config.workspaces_root, session_id)
         cloned = cloned_branch(config.workspaces_root, session_id)
@@ -82,12 +112,38 @@ def _push(proc: Process, facts: Snapshot, session_id: str, branch: str, user: st
         return NOTHING
     except git.GitError as e:
         return FAILED.format(branch=branch, words=e.text)
-    return (
-        PUSHED.format(
-            user=user, branch=branch, remote=public_url(pushed.remote), commit=pushed.commit[:10], files=pushed.files
+    if record is not None and record.head_sha == pushed.commit and not record.needs_sync and record.url:
+        return NOTHING_NEW.format(url=record.url, label=record.label)
+    if record is None and not pull_request:
+        return (
+            PUSHED.format(
+                user=user,
+                branch=branch,
+                remote=public_url(pushed.remote),
+                commit=pushed.commit[:10],
+                files=pushed.files,
+            )
+            + pushed.said
         )
-        + pushed.said
+    changes = diff_stat(workspace, agent, start, 30)
+    body = asyncio.run(thread_body(engine, config, proc.secrets, session_id, facts, user, changes))
+    record_id = records.record_push(
+        engine,
+        records.Pushed(
+            owner=owner,
+            session_id=session_id,
+            host=repo.host,
+            repo=repo.path,
+            branch=branch,
+            base=base or cloned or "main",
+            head_sha=pushed.commit,
+            title=thread_title(engine, session_id, title),
+            body=body,
+            draft=config.service.pullRequest.draft,
+            requested_by=user,
+        ),
     )
+    return sync(engine, config, record_id, who=user).said or ""
 
 
 def _agent_name(proc: Process, session_id: str) -> str | None:

@@ -28,7 +28,7 @@ from typing import Any
 import aiohttp
 from sqlalchemy import Engine, select
 
-from chatops import budgets, db
+from chatops import budgets, db, pull_requests
 from chatops.buttons import Action, ButtonValue, element
 from chatops.config import Config, load_config
 from chatops.inbox import (
@@ -71,6 +71,7 @@ from mm_core.tools.ask_agent import load_agent_file
 from slackio import metrics
 from slackio.approval_message import NO_APPROVERS, ApprovalAsked
 from slackio.blocks import duration
+from slackio.mrkdwn import Mrkdwn
 from slackio.slack_client import TIMEOUT, failed_where, web_client
 from slackio.slack_out import SlackOut
 from workers.asking import thread_setting
@@ -78,7 +79,7 @@ from workers.attachments import attach
 from workers.attachments import hint as attach_hint
 from workers.jobs import NO_END, RunningJob, close_stale_runs, finish_run, job_of_session, time_left
 from workers.leases import Cancelled, LeaseKeeper
-from workers.push import changed_files, credentials
+from workers.push import changed_files, credentials, has_forge
 from workers.render import ThreadRenderer
 from workers.retention import housekeep_retention
 from workers.uploads import not_received, receive
@@ -89,6 +90,12 @@ log = logging.getLogger("mm.worker")
 RESUMED = "↻ The worker running this turn stopped; another one resumed it."
 STOPPED = "⏹ Stopped."
 PUSH_OFFER = "📦 {files} changed file(s) in this thread's workspace: an approver can push them to a branch."
+PULL_REQUEST_OFFER = (
+    "📦 {files} changed file(s) in this thread's workspace: an approver can push them to a branch or open a pull "
+    "request."
+)
+UPDATE_OFFER = Mrkdwn("📦 {files} changed file(s) in this thread's workspace: an approver can add them to <{url}|{label}>.")
+UPDATE_LABEL = "Update pull request"
 NEW_CONVERSATION = "🆕 New conversation: I forget what was said before here. The workspace stays as it is."
 TIME_LIMIT = "⏱ The turn ran for longer than {limit} and was stopped."
 TIME_BUDGET = (
@@ -590,11 +597,11 @@ class SessionTurns:
         changed = await asyncio.to_thread(changed_files, workspace, self._agent_config(), start)
         if not changed:
             return
-        text = PUSH_OFFER.format(files=changed)
+        text, actions = await asyncio.to_thread(self._push_offer, changed)
         value = ButtonValue(self.session_id)
         blocks = [
             {"type": "section", "text": {"type": "mrkdwn", "text": text}},
-            {"type": "actions", "block_id": "push", "elements": [element(Action.PUSH, value)]},
+            {"type": "actions", "block_id": "push", "elements": [element(a, value, label) for a, label in actions]},
         ]
         try:
             await slack.post(self.row.channel_id or "", text, thread_ts=self.row.thread_ts, blocks=blocks)
@@ -605,6 +612,20 @@ class SessionTurns:
                 f"chat.postMessage: {e}",
                 session_id=self.session_id,
             )
+
+    def _push_offer(self, changed: int) -> tuple[str, list[tuple[Action, str | None]]]:
+        """What the offer says and its buttons: a thread with a pull request updates it; where the repository's
+        forge is known, a pull request is offered beside the branch."""
+        pull = pull_requests.current(self.proc.engine, pull_requests.thread_owner(self.session_id))
+        if pull is not None:
+            return (
+                UPDATE_OFFER.format(files=changed, url=pull.url or "", label=pull.label),
+                [(Action.PULL_REQUEST, UPDATE_LABEL)],
+            )
+        remote = self.row.repo or self.config.service.channel(self.row.channel_id or "").repo or ""
+        if has_forge(self.config, remote):
+            return PULL_REQUEST_OFFER.format(files=changed), [(Action.PUSH, None), (Action.PULL_REQUEST, None)]
+        return PUSH_OFFER.format(files=changed), [(Action.PUSH, None)]
 
     async def _finish_job(self, renderer: ThreadRenderer, slack: SlackOut) -> None:
         """A job run's turn ended: its summary in the thread, and in the channel the job pausing itself."""

@@ -1,0 +1,342 @@
+"""Pull requests through the real processes: the bot, a worker (with beat: housekeeping follows the checks),
+PostgreSQL, Redis, the Slack emulator, the scripted model and the forge emulator over HTTPS (its git side
+served by git's own http-backend). Each forge kind is exercised once: GitHub from a thread, GitLab from a job,
+Gitea from `@mm pr`, a GitHub App for the refusals and the retry after a rate limit."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mm_testkit.redis_server import OwnRedis
+from playground.forge_server import ForgeServer, Kind
+from playground.model_server import Reply, ToolCall
+from playground.signed import SlackEventSender
+from threads_support import CHANNEL, SECRET, Stack, buttons, config, finished, policy, run_now, stack
+
+pytestmark = pytest.mark.process  # its tests start processes (mm_testkit/process_guard.py)
+
+BOB, ALICE = "U0BOB", "U0ALICE"
+TOKEN = "forge-secret-token-7f3a9c"  # what must never show in a thread, a log or the sandbox
+TOKEN_ENVS = {"github": "MM_GITHUB_TOKEN", "gitlab": "MM_GITLAB_TOKEN", "gitea": "MM_GITEA_TOKEN"}
+
+
+@dataclass
+class Forged:
+    s: Stack
+    sender: SlackEventSender
+    forge: ForgeServer
+    path: str
+    clone: str
+
+    def offer(self, root: str, count: int = 1) -> dict[str, Any]:
+        """The thread's `count`-th offer of its changes (the message with the push buttons)."""
+
+        def find() -> dict[str, Any] | None:
+            offers = [m for m in self.s.slack.messages(CHANNEL, root) if "changed file(s)" in m.get("text", "")]
+            return offers[count - 1] if len(offers) >= count else None
+
+        return self.s.wait(find, message=f"offer {count}")
+
+    def click(self, message: dict[str, Any], action: str, user: str, root: str) -> None:
+        value = buttons(message)[action]
+        answer = self.sender.block_action(
+            action, value, user=user, channel=CHANNEL, message_ts=message["ts"], thread_ts=root
+        )
+        assert answer.status_code == 200
+
+    def said(self, root: str, needle: str, timeout: float = 60) -> str:
+        return self.s.wait(
+            lambda: next((t for m in self.s.slack.messages(CHANNEL, root) if needle in (t := m.get("text", ""))), None),
+            timeout=timeout,
+            message=f"{needle!r} in the thread",
+        )
+
+    def all_text(self) -> str:
+        """Every thread, ephemeral and log line there is: where a token must not be."""
+        threads = [m.get("text", "") + str(m.get("blocks", "")) for m in self.s.slack.all_messages()]
+        ephemerals = [e.get("text", "") for e in self.s.slack.ephemerals]
+        logs = [self.s.log_of(n) for n in ("w1", "bot")]
+        return "\n".join([*threads, *ephemerals, *logs])
+
+
+def forge_config(forge: ForgeServer, *lines: str) -> list[str]:
+    return [
+        "forges:",
+        f"  '{forge.host}': {{kind: {forge.kind}}}",
+        "pullRequest: {labels: [mm], followChecksMinutes: 1}",
+        *lines,
+    ]
+
+
+@contextmanager
+def forged(
+    tmp: Path,
+    pg: str,
+    redis: str,
+    kind: Kind,
+    path: str,
+    *,
+    tokens: dict[str, list[str] | None] | None = None,
+    extra: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
+    channel: Callable[[str], str] | None = None,
+) -> Iterator[Forged]:
+    forge = ForgeServer(kind, tmp / "forge", tokens or {TOKEN: [path]}).start()
+    try:
+        clone = forge.add_repo(path)
+        settings = channel(clone) if channel else f"{{yolo: true, repo: '{clone}', approvers: [{BOB}]}}"
+        text = config(settings, *forge_config(forge, *extra))
+        more = forge.ca_env() | (env if env is not None else {TOKEN_ENVS[kind]: TOKEN})
+        with stack(tmp, pg, redis, config=text, extra_env=more) as s:
+            s.model.always(policy)
+            for user, name in ((BOB, "bob"), (ALICE, "alice")):
+                s.slack.add_user(user, name)
+            s.start_worker()
+            base = s.start_bot()
+            with SlackEventSender(base, SECRET, response_url=s.slack.response_url) as sender:
+                yield Forged(s, sender, forge, path, clone)
+        assert not forge.take_unsupported()
+    finally:
+        forge.stop()
+
+
+def test_a_thread_keeps_one_pull_request_opened_by_an_approver_and_follows_its_checks(
+    tmp_path: Path, fresh_pg_url: str, own_redis: OwnRedis
+) -> None:
+    with forged(tmp_path, fresh_pg_url, own_redis.url, "github", "acme/app") as f:
+        s, forge = f.s, f.forge
+        root = f.sender.new_ts()
+        f.sender.app_mention("<@U0BOT> write: notes.txt", channel=CHANNEL, user=ALICE, ts=root)
+        offer = f.offer(root)
+        assert "or open a pull request" in offer["text"]
+        assert set(buttons(offer)) == {"push", "pull_request"}
+
+        # Alice wrote in this thread: like an approval of her own request, her click is refused.
+        f.click(offer, "pull_request", ALICE, root)
+        refused = s.wait(lambda: [e for e in s.slack.ephemerals if e.get("to_user") == ALICE], message="refused")
+        assert "Only this channel's approvers may open a thread's pull request" in refused[0]["text"]
+        assert forge.pulls("acme/app") == []
+
+        f.click(offer, "pull_request", BOB, root)
+        opened = f.said(root, "opened <")
+        [pull] = forge.pulls("acme/app")
+        assert opened.startswith(
+            f"🔀 <@{BOB}> opened <{pull['url']}|pull request #{pull['number']}> into `main` (draft)"
+        )
+        branch = f"mm/thread-{root.replace('.', '-')}"
+        assert (pull["head"], pull["base"], pull["state"], pull["draft"]) == (branch, "main", "open", True)
+        assert pull["labels"] == ["mm"]
+        body = pull["body"]
+        assert "> write: notes.txt" in body  # what was asked
+        assert f"/archives/{CHANNEL}/p{root.replace('.', '')}" in body  # the thread's link
+        assert "Asked by alice (U0ALICE); approved by bob (U0BOB)." in body
+        assert "notes.txt (new)" in body  # the diff stat
+        assert body.rstrip().endswith("-->") and "<!-- mm:thread:" in body
+        first_head = pull["head_sha"]
+
+        # A second turn's changes go to the same pull request, offered as an update.
+        f.sender.app_mention("<@U0BOT> write: more.txt", channel=CHANNEL, user=ALICE, thread_ts=root)
+        second = f.offer(root, 2)
+        assert f"add them to <{pull['url']}|#{pull['number']}>" in second["text"]
+        assert set(buttons(second)) == {"pull_request"}
+        f.click(second, "pull_request", BOB, root)
+        f.said(root, "updated <")
+        [pull] = forge.pulls("acme/app")  # still one
+        assert pull["head_sha"] != first_head and "more.txt (new)" in pull["body"]
+
+        # Its checks: followed by housekeeping, one line when they have all finished.
+        forge.set_checks("acme/app", pull["head_sha"], [("test", "success"), ("lint", "failure")])
+        failed = f.said(root, "Checks failed")
+        assert failed == f"❌ Checks failed on <{pull['url']}|#{pull['number']}>: `lint`."
+        forge.set_review("acme/app", pull["number"], "carol", "approved")
+
+        # `@mm pr` with a pull request: its status, for anyone in the channel.
+        f.sender.app_mention("<@U0BOT> pr", channel=CHANNEL, user=ALICE, thread_ts=root)
+        status = f.said(root, "review: approved")
+        assert "open (draft)" in status and "checks: 1 passed, 1 failing (lint)" in status
+
+        # The model's sandbox has no token: `env` there shows none.
+        f.sender.app_mention("<@U0BOT> run: env", channel=CHANNEL, user=ALICE, thread_ts=root)
+        f.said(root, "PATH=")
+        assert TOKEN not in f.all_text()
+        # The forge saw it on every call: the worker's API calls and pushes used it.
+        assert {token for _m, _p, token in forge.requests} == {TOKEN}
+
+
+def test_a_job_keeps_one_pull_request_updated_left_alone_and_opened_anew(
+    tmp_path: Path, fresh_pg_url: str, own_redis: OwnRedis
+) -> None:
+    job = (
+        "jobs:\n  - {name: notes, schedule: '0 4 * * *', channel: "
+        + CHANNEL
+        + ", prompt: 'write: notes.txt', yolo: true, push: {pr: true}}"
+    )
+    with forged(tmp_path, fresh_pg_url, own_redis.url, "gitlab", "acme/team/app", extra=(job,)) as f:
+        s, forge = f.s, f.forge
+        first = finished(s, run_now(s, "notes"))
+        assert first.status == "succeeded", first.summary
+        [mr] = forge.pulls("acme/team/app")
+        assert (mr["head"], mr["base"], mr["state"]) == ("mm/notes", "main", "open")
+        assert f"<{mr['url']}|pull request !{mr['number']}>" in first.summary
+        assert "The scheduled job `notes`" in mr["body"] and "<!-- mm:job:notes -->" in mr["body"]
+
+        # A second run with other changes: the same merge request, its branch rebuilt from the base.
+        s.model.always(writes("notes.txt", "second run\n"))
+        second = finished(s, run_now(s, "notes"))
+        assert second.status == "succeeded", second.summary
+        [mr2] = forge.pulls("acme/team/app")
+        assert mr2["number"] == mr["number"] and mr2["head_sha"] != mr["head_sha"]
+        assert f"Updated <{mr['url']}|pull request !{mr['number']}>" in second.summary
+
+        # A run that changes nothing leaves it alone, and says so.
+        s.model.always(lambda _request: Reply(text="nothing to do"))
+        third = finished(s, run_now(s, "notes"))
+        assert third.status == "succeeded", third.summary
+        assert f"No changes in this run: <{mr['url']}|!{mr['number']}> was left as it is." in third.summary
+        [mr3] = forge.pulls("acme/team/app")
+        assert mr3["head_sha"] == mr2["head_sha"]
+
+        # Closed on the forge: the next run with changes opens a new one.
+        forge.close("acme/team/app", mr["number"])
+        s.model.always(writes("notes.txt", "fourth run\n"))
+        fourth = finished(s, run_now(s, "notes"))
+        assert fourth.status == "succeeded", fourth.summary
+        pulls = forge.pulls("acme/team/app")
+        assert [p["state"] for p in pulls] == ["closed", "open"]
+        assert f"pull request !{pulls[1]['number']}" in fourth.summary
+        assert TOKEN not in f.all_text()
+
+
+def writes(path: str, content: str) -> Callable[[dict[str, Any]], Reply]:
+    def answer(request: dict[str, Any]) -> Reply:
+        if request["messages"][-1]["role"] == "tool":
+            return Reply(text="written")
+        return Reply(tool_calls=[ToolCall("write_file", {"path": path, "content": content})])
+
+    return answer
+
+
+def test_pr_opens_with_its_title_then_shows_the_status_on_gitea(
+    tmp_path: Path, fresh_pg_url: str, own_redis: OwnRedis
+) -> None:
+    with forged(tmp_path, fresh_pg_url, own_redis.url, "gitea", "acme/app") as f:
+        s, forge = f.s, f.forge
+        root = f.sender.new_ts()
+        f.sender.app_mention("<@U0BOT> write: notes.txt", channel=CHANNEL, user=ALICE, ts=root)
+        f.offer(root)
+        f.sender.app_mention("<@U0BOT> pr Add the notes", channel=CHANNEL, user=BOB, thread_ts=root)
+        opened = f.said(root, "opened <")
+        [pull] = forge.pulls("acme/app")
+        assert pull["title"] == "WIP: Add the notes" and pull["draft"] is True  # Gitea's draft
+        assert (
+            f"opened <{pull['url']}|pull request #{pull['number']}> into `main` (draft): WIP: Add the notes" in opened
+        )
+        f.sender.app_mention("<@U0BOT> pr", channel=CHANNEL, user=ALICE, thread_ts=root)
+        assert "no checks" in f.said(root, "no review yet")
+        assert TOKEN not in f.all_text()
+
+
+def test_a_forge_without_a_token_names_the_variable_to_set(
+    tmp_path: Path, fresh_pg_url: str, own_redis: OwnRedis
+) -> None:
+    forge_path = "acme/app"
+    with forged(tmp_path, fresh_pg_url, own_redis.url, "github", forge_path, env={}) as f:
+        forge = f.forge
+        root = f.sender.new_ts()
+        f.sender.app_mention("<@U0BOT> write: notes.txt", channel=CHANNEL, user=ALICE, ts=root)
+        f.offer(root)
+        # No token and no App for this host: the thread says which variable to set.
+        f.sender.app_mention("<@U0BOT> pr", channel=CHANNEL, user=BOB, thread_ts=root)
+        said = f.said(root, "No token for")
+        assert "MM_GITHUB_TOKEN" in said and forge.pulls(forge_path) == []
+
+
+def test_a_rate_limited_pull_request_opens_after_the_reset_and_a_protected_base_is_refused(
+    tmp_path: Path, fresh_pg_url: str, own_redis: OwnRedis
+) -> None:
+    with forged(tmp_path, fresh_pg_url, own_redis.url, "github", "acme/app") as f:
+        s, forge = f.s, f.forge
+        root = f.sender.new_ts()
+        f.sender.app_mention("<@U0BOT> write: notes.txt", channel=CHANNEL, user=ALICE, ts=root)
+        f.offer(root)
+        forge.limit_rate(datetime.now(UTC) + timedelta(seconds=3))
+        f.sender.app_mention("<@U0BOT> pr", channel=CHANNEL, user=BOB, thread_ts=root)
+        later = f.said(root, "tried again after")
+        assert "rate limit" in later
+        opened = f.said(root, "opened <", timeout=90)  # housekeeping, after the reset
+        assert len(forge.pulls("acme/app")) == 1 and "pull request #" in opened
+
+        # A protected base: the forge's own words.
+        root2 = f.sender.new_ts()
+        forge.protect("acme/app", "main", "Pull requests into main are not allowed from bots.")
+        f.sender.app_mention("<@U0BOT> write: other.txt", channel=CHANNEL, user=ALICE, ts=root2)
+        f.offer(root2)
+        f.sender.app_mention("<@U0BOT> pr", channel=CHANNEL, user=BOB, thread_ts=root2)
+        refused = f.said(root2, "was not opened")
+        assert "Pull requests into main are not allowed from bots." in refused
+        assert len(forge.pulls("acme/app")) == 1
+
+
+def test_a_github_app_signs_in_and_a_host_without_a_forge_is_named(
+    tmp_path: Path, fresh_pg_url: str, own_redis: OwnRedis
+) -> None:
+    forge = ForgeServer("github", tmp_path / "forge-app", {}).start()
+    try:
+        app_id, pem = forge.new_app()
+        clone = forge.add_repo("acme/app")
+        lines = [
+            "forges:",
+            f"  '{forge.host}': {{kind: github, app: {{id: {app_id}, privateKeyEnv: MM_TEST_APP_KEY}}}}",
+        ]
+        text = config(f"{{yolo: true, repo: '{clone}', approvers: [{BOB}]}}", *lines)
+        with stack(
+            tmp_path, fresh_pg_url, own_redis.url, config=text, extra_env=forge.ca_env() | {"MM_TEST_APP_KEY": pem}
+        ) as s:
+            s.model.always(policy)
+            s.slack.add_user(BOB, "bob")
+            s.slack.add_user(ALICE, "alice")
+            s.start_worker()
+            base = s.start_bot()
+            with SlackEventSender(base, SECRET, response_url=s.slack.response_url) as sender:
+                f = Forged(s, sender, forge, "acme/app", clone)
+                root = sender.new_ts()
+                sender.app_mention("<@U0BOT> write: notes.txt", channel=CHANNEL, user=ALICE, ts=root)
+                f.click(f.offer(root), "pull_request", BOB, root)
+                f.said(root, "opened <")
+                [pull] = forge.pulls("acme/app")
+                assert pull["author"] != ""  # opened as the App's installation
+                tokens = {token for _m, _p, token in forge.requests if token}
+                assert tokens and all(t.startswith("ghs_") or t.count(".") == 2 for t in tokens)
+                assert pem.splitlines()[1] not in f.all_text()
+        assert not forge.take_unsupported()
+    finally:
+        forge.stop()
+
+
+def test_a_host_without_a_forge_names_the_key_to_set(tmp_path: Path, fresh_pg_url: str, own_redis: OwnRedis) -> None:
+    forge = ForgeServer("github", tmp_path / "forge", {TOKEN: None}).start()
+    try:
+        clone = forge.add_repo("acme/app")
+        text = config(f"{{yolo: true, repo: '{clone}', approvers: [{BOB}]}}")
+        env = forge.ca_env() | {"MM_GIT_TOKEN": TOKEN}
+        with stack(tmp_path, fresh_pg_url, own_redis.url, config=text, extra_env=env) as s:
+            s.model.always(policy)
+            s.start_worker()
+            base = s.start_bot()
+            with SlackEventSender(base, SECRET, response_url=s.slack.response_url) as sender:
+                f = Forged(s, sender, forge, "acme/app", clone)
+                root = sender.new_ts()
+                sender.app_mention("<@U0BOT> write: notes.txt", channel=CHANNEL, user=ALICE, ts=root)
+                offer = f.offer(root)
+                assert set(buttons(offer)) == {"push"}  # no forge known: a branch only
+                sender.app_mention("<@U0BOT> pr", channel=CHANNEL, user=BOB, thread_ts=root)
+                said = f.said(root, "No forge is configured")
+                assert f"forges.{forge.host}.kind" in said
+    finally:
+        forge.stop()

@@ -1,0 +1,56 @@
+"""The bodies of the pull request tasks: `@mm pr`'s status (mm.show_pull_request) and housekeeping's follow-up
+of each open pull request (mm.follow_pull_request): a sync that was cut short or waited for a rate limit, and
+one look at the checks. Each says at most a line in the pull request's thread."""
+
+from __future__ import annotations
+
+import asyncio
+
+from chatops import pull_requests as records
+from chatops.sessions import snapshot
+from chatops.store import record_error
+from slackio.slack_client import failed_where, web_client
+from slackio.slack_out import SlackOut
+from workers.pull_requests import follow, status_text, sync
+from workers.turns import Process, process
+
+
+def show_pull_request_work(session_id: str) -> None:
+    proc = process()
+    facts = snapshot(proc.engine, session_id, log=False)
+    if facts is None:
+        return
+    said = status_text(proc.engine, proc.config, session_id)
+    asyncio.run(_say(proc, session_id, facts.channel_id, facts.thread_ts, said))
+
+
+def follow_pull_request_work(record_id: int) -> None:
+    proc = process()
+    record = records.get(proc.engine, record_id)
+    if record is None or record.session_id is None:
+        return
+    lines = []
+    if record.needs_sync:
+        synced = sync(proc.engine, proc.config, record_id, who=record.requested_by if _is_thread(record) else None)
+        if synced.said:
+            lines.append(synced.said)
+    if checks := follow(proc.engine, proc.config, record_id):
+        lines.append(checks)
+    if not lines:
+        return
+    facts = snapshot(proc.engine, record.session_id, log=False)
+    if facts is not None:
+        for line in lines:
+            asyncio.run(_say(proc, record.session_id, facts.channel_id, facts.thread_ts, line))
+
+
+def _is_thread(record: records.PullRecord) -> bool:
+    return record.owner.startswith("thread:")
+
+
+async def _say(proc: Process, session_id: str, channel: str | None, thread_ts: str | None, text: str) -> None:
+    slack = SlackOut(web_client(proc.config), proc.secrets)
+    try:
+        await slack.post(channel or "", text, thread_ts=thread_ts)
+    except Exception as e:  # noqa: BLE001 - the pull request stands; the errors table keeps the message
+        record_error(proc.engine, failed_where(e, "chat.postMessage"), f"chat.postMessage: {e}", session_id=session_id)
