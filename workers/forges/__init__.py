@@ -255,6 +255,9 @@ def failed(kind: str, status: int, message: str, headers: Mapping[str, str], sec
         reset = reset_time(lowered)
         when = f"it resets at {reset:%Y-%m-%d %H:%M:%S} UTC" if reset else "it did not say when it resets"
         return RateLimited(f"{name}'s rate limit is used up ({when}): {said}", reset)
+    if status == 403 and "protected branch" in said.lower():
+        # A 403 about a protected branch refuses the change, not the token (Gitea's words for its branch rules).
+        return Refused(f"{name} refused it ({status}): {said}")
     if status in (401, 403):
         return NotAllowed(f"{name} refused the token ({status}): {said}")
     if status == 404:
@@ -276,19 +279,21 @@ def unexpected(kind: str, error: Exception) -> Unreachable:
 
 
 def reset_time(headers: Mapping[str, str]) -> datetime | None:
-    """When a rate limit resets, from `Retry-After` (seconds or a date), else `X-RateLimit-Reset` (GitHub) or
-    `RateLimit-Reset` (GitLab): epoch seconds. `headers`' names in lower case."""
-    now = datetime.now(UTC)
+    """When a rate limit resets: `X-RateLimit-Reset` (GitHub) or `RateLimit-Reset` (GitLab), epoch seconds, when
+    the limit is used up; else `Retry-After` (seconds or a date: GitHub's secondary limits, a proxy's 429); else
+    the reset of either. `headers`' names in lower case."""
+    epoch = next(
+        (int(v) for n in ("x-ratelimit-reset", "ratelimit-reset") if (v := headers.get(n, "")).isdigit()), None
+    )
+    reset = datetime.fromtimestamp(epoch, UTC) if epoch is not None else None
+    if reset and "0" in (headers.get("x-ratelimit-remaining"), headers.get("ratelimit-remaining")):
+        return reset
     after = headers.get("retry-after", "").strip()
     if after.isdigit():
-        return now + timedelta(seconds=int(after))
+        return datetime.now(UTC) + timedelta(seconds=int(after))
     if after:
         try:
             return parsedate_to_datetime(after).astimezone(UTC)
         except (TypeError, ValueError):
             pass
-    for name in ("x-ratelimit-reset", "ratelimit-reset"):
-        value = headers.get(name, "").strip()
-        if value.isdigit():
-            return datetime.fromtimestamp(int(value), UTC)
-    return None
+    return reset

@@ -164,18 +164,25 @@ class GitLabForge:
         return ids
 
     def _review(self, data: dict[str, Any], merge_request: Any) -> str | None:
-        if data.get("detailed_merge_status") == "requested_changes":
+        """Each reviewer's state (any change request wins, then an approval), then the approval rules: what they
+        still require. `detailed_merge_status` names one reason only (a draft's hides a change request)."""
+        with self._answers():
+            reviewers = merge_request.reviewer_details.list(get_all=True, **ONCE)
+        states = {str(r.attributes.get("state")) for r in reviewers}
+        if "requested_changes" in states or data.get("detailed_merge_status") == "requested_changes":
             return "changes requested"
         try:
             with self._answers():
                 approvals = merge_request.approvals.get(**ONCE).attributes
         except ForgeError as e:  # a GitLab without approvals (its free tier before 13.2) says nothing of them
-            log.info("no approvals of %s!%s: %s", data.get("references", {}).get("full"), data.get("iid"), e.text)
-            return None
+            log.info("no approvals of merge request %s on %s: %s", data.get("iid"), self.host, e.text)
+            approvals = {}
         # `approved` is true where no approval is required, too: an approval is someone's.
         if approvals.get("approvals_left"):
             return "review required"
-        return "approved" if approvals.get("approved_by") else None
+        if approvals.get("approved_by") or "approved" in states:
+            return "approved"
+        return "review required" if "unreviewed" in states else None
 
     @contextmanager
     def _answers(self) -> Iterator[None]:
