@@ -8,7 +8,7 @@ import datetime as dt
 import subprocess
 import textwrap
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -34,15 +34,16 @@ TOKEN_ENVS = {"github": "MM_GITHUB_TOKEN", "gitlab": "MM_GITLAB_TOKEN", "gitea":
 
 
 @pytest.fixture(params=KINDS)
-def forge(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ForgeServer]:
-    """A forge of each kind, trusted as a worker trusts an operator's CA; a call the emulator does not know
-    fails the test (the real forge would have done something the test cannot say)."""
-    with ForgeServer(request.param, tmp_path / "forge", tokens={TOKEN: None}) as server:
-        for name, value in server.ca_env().items():
-            monkeypatch.setenv(name, value)
-        server.add_repo(PATH)
-        yield server
-        assert server.unsupported == []
+def forge(
+    request: pytest.FixtureRequest, forge_server: Callable[..., ForgeServer], monkeypatch: pytest.MonkeyPatch
+) -> ForgeServer:
+    """A forge of each kind (mm_testkit/fixtures_forge.py: a call it does not emulate fails the test), trusted
+    as a worker trusts an operator's CA: through the environment."""
+    server = forge_server(request.param, tokens={TOKEN: None})
+    for name, value in server.ca_env().items():
+        monkeypatch.setenv(name, value)
+    server.add_repo(PATH)
+    return server
 
 
 def _config(tmp_path: Path, text: str, env: dict[str, str]) -> Config:
