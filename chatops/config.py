@@ -20,10 +20,11 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import yaml
 from croniter import croniter
-from pydantic import BeforeValidator, Field, ValidationError, field_validator
+from pydantic import BeforeValidator, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from chatops.errors import ChatopsError
 from mm_core.config import (
@@ -59,6 +60,10 @@ ENVIRONMENT = (
     "MM_CONFIG_OVERLAY",
     "MM_GIT_USERNAME",
     "MM_GIT_TOKEN",
+    # The forges' tokens by kind (`forges.<host>.tokenEnv` names another): read for every known forge.
+    "MM_GITHUB_TOKEN",
+    "MM_GITLAB_TOKEN",
+    "MM_GITEA_TOKEN",
 )
 # Where a person setting up the Slack app is sent by every message about a missing or refused secret.
 SLACK_DOCS = "docs/slack-app.md"
@@ -248,11 +253,22 @@ def is_branch_name(name: str) -> bool:
 
 
 class JobPushConfig(Strict):
+    # Open (then keep up to date) a pull request of the branch: the job keeps one branch, pushed again each run.
+    # Declared first: the branch's check below reads it.
+    pr: bool = False
     # Where the run's branch goes: a remote URL (credentials come from the environment, never from here), or
     # none for the job's own repository.
     remote: str | None = None
     # The branch's name; {job}, {date} (the run's scheduled day, YYYY-MM-DD) and {run} (its number) are filled in.
+    # Without `pr` each run pushes a branch of its own; with it the default is `mm/{job}`.
     branch: str = "mm/{job}/{date}-{run}"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_branch_for_a_pull_request(cls, value: Any) -> Any:
+        if isinstance(value, dict) and value.get("pr") is True and "branch" not in value:
+            return {**value, "branch": "mm/{job}"}
+        return value
 
     @field_validator("remote")
     @classmethod
@@ -263,11 +279,17 @@ class JobPushConfig(Strict):
 
     @field_validator("branch")
     @classmethod
-    def _branch(cls, value: str) -> str:
+    def _branch(cls, value: str, info: ValidationInfo) -> str:
         probe = value.replace("{job}", "job").replace("{date}", "2026-01-01").replace("{run}", "1")
         if not is_branch_name(probe):
             raise ValueError(f"expected a git branch name (with {{job}}, {{date}}, {{run}} if wanted), got {value!r}")
-        if "{run}" not in value:
+        if info.data.get("pr") is True:
+            # Its pull request follows the branch: a branch per run would open a pull request per run.
+            if "{run}" in value or "{date}" in value:
+                raise ValueError(
+                    f"a job with pr: true keeps one branch for its pull request: drop {{run}}/{{date}}, got {value!r}"
+                )
+        elif "{run}" not in value:
             # Each run's branch is new: a second push to one branch would be refused (no fast-forward).
             raise ValueError(f"expected {{run}} in the branch (each run pushes a branch of its own), got {value!r}")
         return value
@@ -393,6 +415,107 @@ class RetentionConfig(Strict):
     days: int | None = Field(default=None, ge=1)
 
 
+FORGE_KINDS = ("github", "gitlab", "gitea")
+# The forges known without a `forges` entry, by host.
+KNOWN_FORGES = {"github.com": "github", "gitlab.com": "gitlab", "codeberg.org": "gitea"}
+# Where a forge's token is by default (then MM_GIT_TOKEN, the token git pushes with), by kind.
+FORGE_TOKEN_ENVS = {"github": "MM_GITHUB_TOKEN", "gitlab": "MM_GITLAB_TOKEN", "gitea": "MM_GITEA_TOKEN"}
+# A host as a URL's netloc writes it: a DNS name or a bracketed IPv6 address, in lower case, with its port.
+_HOST = re.compile(
+    r"^(?:[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?(?:\.[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?)*|\[[0-9a-f:.]+\])(?::\d{1,5})?$"
+)
+
+
+def forge_host(netloc: str) -> str:
+    """The key a host has in `forges`: in lower case, without the default port (`github.com:443` is github.com)."""
+    return netloc.lower().removesuffix(":443")
+
+
+class GitHubAppConfig(Strict):
+    # The App's id (its settings page shows it) and, when known, its installation's (else it is looked up for
+    # each repository's owner). The private key comes from the environment or from a file, never from here.
+    id: int = Field(ge=1)
+    installationId: int | None = Field(default=None, ge=1)
+    privateKeyEnv: str | None = None
+    privateKeyFile: str | None = None
+
+    @model_validator(mode="after")
+    def _one_key(self) -> GitHubAppConfig:
+        if (self.privateKeyEnv is None) == (self.privateKeyFile is None):
+            raise ValueError("expected exactly one of privateKeyEnv and privateKeyFile (where the App's key is)")
+        return self
+
+
+class ForgeConfig(Strict):
+    """A forge the worker opens pull requests on, by host (`forges.<host>`)."""
+
+    kind: str
+    # The API's root (None: the kind's default for the host, api_url_for).
+    apiUrl: str | None = None
+    # The environment variable holding the token (None: MM_GITHUB_TOKEN, MM_GITLAB_TOKEN or MM_GITEA_TOKEN by
+    # kind, else MM_GIT_TOKEN).
+    tokenEnv: str | None = None
+    # Who git says it is over HTTPS with the token (None: the kind's default, username_for).
+    username: str | None = None
+    # GitHub only: sign in as a GitHub App's installation rather than with a token.
+    app: GitHubAppConfig | None = None
+
+    @field_validator("kind")
+    @classmethod
+    def _kind(cls, value: str) -> str:
+        if value not in FORGE_KINDS:
+            raise ValueError(f"expected github, gitlab or gitea, got {_describe(value, quote=True)}")
+        return value
+
+    @field_validator("apiUrl")
+    @classmethod
+    def _api_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        try:
+            parts = urlsplit(value)
+            ok = parts.scheme == "https" and bool(parts.hostname) and parts.username is None
+            ok = ok and not parts.query and not parts.fragment
+        except ValueError:
+            ok = False
+        if not ok:
+            raise ValueError(
+                f"expected an https URL without credentials such as https://git.example.com, got {value!r}"
+            )
+        return value.rstrip("/")
+
+    @model_validator(mode="after")
+    def _app_on_github(self) -> ForgeConfig:
+        if self.app is not None and self.kind != "github":
+            raise ValueError("`app` is a GitHub App's: only a forge of kind github signs in as one")
+        return self
+
+    def api_url_for(self, host: str) -> str:
+        """The API's root: `apiUrl`, else github.com's API, GitHub Enterprise's `/api/v3`, or the host itself."""
+        if self.apiUrl:
+            return self.apiUrl
+        if self.kind == "github":
+            return "https://api.github.com" if host == "github.com" else f"https://{host}/api/v3"
+        return f"https://{host}"
+
+    def username_for(self, git_username: str | None) -> str:
+        """Who git says it is with the token: `username`, else what each kind expects of a token (Gitea's: the
+        token's user, which MM_GIT_USERNAME names)."""
+        if self.username:
+            return self.username
+        return {"github": "x-access-token", "gitlab": "oauth2"}.get(self.kind) or git_username or "mm"
+
+
+class PullRequestConfig(Strict):
+    # How the worker opens a pull request (a job's `push.pr`, a thread's `@mm pr`).
+    draft: bool = True
+    labels: list[str] = Field(default_factory=list)
+    # Forge user names asked to review; one the forge does not know is left out (the pull request still opens).
+    reviewers: list[str] = Field(default_factory=list)
+    # How long the thread follows the pull request's checks after opening it, in minutes (0: not at all).
+    followChecksMinutes: int = Field(default=30, ge=0, le=24 * 60)
+
+
 class ServiceConfig(Strict):
     channels: dict[str, ChannelConfig] = Field(default_factory=dict)
     # Who may export the audit (`/mm audit`) and purge a thread (`/mm purge`): user or group ids.
@@ -407,6 +530,18 @@ class ServiceConfig(Strict):
     workspaces: WorkspacesConfig = Field(default_factory=WorkspacesConfig)
     worker: WorkerConfig = Field(default_factory=WorkerConfig)
     bot: BotConfig = Field(default_factory=BotConfig)
+    # The forges pull requests are opened on, by host (github.com, gitlab.com and codeberg.org are known).
+    forges: dict[str, ForgeConfig] = Field(default_factory=dict)
+    pullRequest: PullRequestConfig = Field(default_factory=PullRequestConfig)
+
+    def forge(self, host: str) -> ForgeConfig | None:
+        """The forge at `host` (a URL's netloc): its `forges` entry, else a known forge's defaults."""
+        return self.known_forges().get(forge_host(host))
+
+    def known_forges(self) -> dict[str, ForgeConfig]:
+        """Every forge by host: the known ones, and the config's entries over them."""
+        known = {host: ForgeConfig(kind=kind) for host, kind in KNOWN_FORGES.items()}
+        return known | {forge_host(host): forge for host, forge in self.forges.items()}
 
     def channel(self, channel_id: str) -> ChannelConfig:
         """The channel's own settings, or the default's, or none at all."""
@@ -445,6 +580,10 @@ class Config:
     git_token: str | None = None
     # The API keys of the `models` entries that name an `apiKeyEnv`, by entry name: from the environment only.
     model_api_keys: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    # The forges' tokens by host (ServiceConfig.known_forges whose variable is set; not those signing in as a
+    # GitHub App), and the Apps' private keys (PEM) by host: from the environment, or the file the config names.
+    forge_tokens: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    forge_app_keys: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     def missing_slack_secrets(self, socket_mode: bool) -> list[str]:
         """The environment variables `serve` needs and does not have (HTTP: signing secret; Socket: app token)."""
@@ -475,10 +614,11 @@ def load_config(path: str | os.PathLike[str] | None = None, environ: Mapping[str
         if explicit is not None:
             source = "MM_CONFIG" if path is None else "the config path"
             raise ConfigError([f"{file}: no such file ({source} names it; `mm-bot init` writes an example)"])
-        file_config = _validated(overlay or {}, None, env, _env(env, "MM_CONFIG_OVERLAY") or "", Path.cwd())
+        where = _env(env, "MM_CONFIG_OVERLAY") or ""
+        file_config, app_keys = _validated(overlay or {}, None, env, where, Path.cwd())
         source_path = None
     else:
-        file_config, source_path = _load_file(file, env, overlay), file
+        (file_config, app_keys), source_path = _load_file(file, env, overlay), file
 
     agent = AgentConfig.model_validate(file_config.model_dump(include=set(AgentConfig.model_fields)))
     if source_path is not None:
@@ -509,7 +649,23 @@ def load_config(path: str | os.PathLike[str] | None = None, environ: Mapping[str
             for name, model in service.models.items()
             if model.apiKeyEnv and (key := _env(env, model.apiKeyEnv))
         },
+        forge_tokens=_forge_tokens(service, env),
+        forge_app_keys=app_keys,
     )
+
+
+def _forge_tokens(service: ServiceConfig, env: Mapping[str, str]) -> dict[str, str]:
+    tokens = {}
+    for host, forge in service.known_forges().items():
+        if forge.app is not None:
+            continue  # its tokens are the App's installation's, made as they are needed
+        if forge.tokenEnv:
+            token = _env(env, forge.tokenEnv)
+        else:
+            token = _env(env, FORGE_TOKEN_ENVS[forge.kind]) or _env(env, "MM_GIT_TOKEN")
+        if token:
+            tokens[host] = token
+    return tokens
 
 
 def _env(env: Mapping[str, str], name: str) -> str | None:
@@ -548,11 +704,14 @@ def laid_over(base: dict[str, Any], overlay: Mapping[str, Any]) -> dict[str, Any
 
 def _validated(
     data: dict[str, Any], root: yaml.Node | None, env: Mapping[str, str], where: str, base: Path
-) -> FileConfig:
+) -> tuple[FileConfig, dict[str, str]]:
+    """The file's config, and the GitHub Apps' private keys it points at (by host: secrets, kept out of it)."""
     problems = [(_line(root, loc), _render(loc, msg)) for loc, msg in _duplicate_keys(root)]
     problems += [(_line(root, loc), _render(loc, msg)) for loc, msg in _cross_checks(data, env)]
     texts, read_problems = _instruction_texts(data, base)
     problems += [(_line(root, loc), _render(loc, msg)) for loc, msg in read_problems]
+    app_keys, key_problems = _app_keys(data, env, base)
+    problems += [(_line(root, loc), _render(loc, msg)) for loc, msg in key_problems]
     config: FileConfig | None = None
     try:
         config = FileConfig.model_validate(data, strict=True)
@@ -566,7 +725,7 @@ def _validated(
             k: c.model_copy(update={"instructions": texts[k]}) if k in texts else c for k, c in config.channels.items()
         }
         config = config.model_copy(update={"channels": channels})
-    return config
+    return config, app_keys
 
 
 def _instruction_texts(data: dict[str, Any], base: Path) -> tuple[dict[str, str], list[tuple[Loc, str]]]:
@@ -599,7 +758,47 @@ def _instruction_texts(data: dict[str, Any], base: Path) -> tuple[dict[str, str]
     return texts, problems
 
 
-def _load_file(file: Path, env: Mapping[str, str], overlay: dict[str, Any] | None = None) -> FileConfig:
+MAX_KEY_BYTES = 64_000  # a PEM private key is a few kilobytes
+
+
+def _app_keys(data: dict[str, Any], env: Mapping[str, str], base: Path) -> tuple[dict[str, str], list[tuple[Loc, str]]]:
+    """The GitHub Apps' private keys by host: from `privateKeyEnv` (unset: the forge says so when it is used, for
+    the bot's processes read this config without the worker's secrets), or read now from `privateKeyFile`."""
+    keys: dict[str, str] = {}
+    problems: list[tuple[Loc, str]] = []
+    for host, forge in _items(data.get("forges")):
+        app = _get(forge, "app")
+        if not isinstance(host, str) or not isinstance(app, dict):
+            continue  # a wrong shape is the validation's to say
+        loc: Loc = ("forges", host, "app")
+        name, file = app.get("privateKeyEnv"), app.get("privateKeyFile")
+        if isinstance(name, str) and isinstance(file, str):
+            continue  # both: the validation says to pick one
+        pem = _env(env, name) if isinstance(name, str) else None
+        if isinstance(file, str):
+            path = base / file
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a named pipe must not hold the load
+                with os.fdopen(fd, "rb") as f:
+                    if not stat.S_ISREG(os.fstat(fd).st_mode):
+                        problems.append(((*loc, "privateKeyFile"), f"{path} is not a regular file"))
+                        continue
+                    pem = f.read(MAX_KEY_BYTES).decode("utf-8")
+            except (OSError, UnicodeDecodeError) as e:
+                reason = e.strerror if isinstance(e, OSError) and e.strerror else "not UTF-8 text"
+                problems.append(((*loc, "privateKeyFile"), f"cannot read {path}: {reason}"))
+                continue
+            if "-----BEGIN" not in pem:
+                problems.append(((*loc, "privateKeyFile"), f"{path} holds no PEM private key (-----BEGIN …)"))
+                continue
+        if pem:
+            keys[forge_host(host)] = pem
+    return keys, problems
+
+
+def _load_file(
+    file: Path, env: Mapping[str, str], overlay: dict[str, Any] | None = None
+) -> tuple[FileConfig, dict[str, str]]:
     try:
         text = file.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
@@ -793,6 +992,15 @@ def _cross_checks(data: dict[str, Any], env: Mapping[str, str]) -> list[tuple[Lo
         if isinstance(model, str) and model not in models:
             known = ", ".join(str(k) for k in models) or "none is configured"
             problems.append((("channels", channel_id, "model"), f"no models entry is named {model!r} ({known})"))
+    for host, _ in _items(data.get("forges")):
+        if isinstance(host, str) and not _HOST.match(host):
+            problems.append(
+                (
+                    ("forges", host),
+                    "expected a host as a URL writes it, in lower case, such as git.example.com or "
+                    "git.example.com:8443 (no scheme, no path)",
+                )
+            )
     key_env = _get(data, "model", "apiKeyEnv")
     if isinstance(key_env, str) and key_env and not _env(env, key_env):
         problems.append((("model", "apiKeyEnv"), f"the environment variable {key_env} is not set"))

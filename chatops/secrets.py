@@ -49,6 +49,8 @@ def secrets_of(config: Config) -> list[str]:
         config.model_api_key,
         config.git_token,
         *config.model_api_keys.values(),
+        *config.forge_tokens.values(),
+        *config.forge_app_keys.values(),
     ]
     model_urls = [m.url for m in config.service.models.values()]
     for url in (config.database_url, config.broker_url, config.agent.model.url, config.slack_api_url, *model_urls):

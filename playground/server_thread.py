@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 import threading
 from typing import Self
 
@@ -18,8 +19,9 @@ class ThreadedAiohttpServer:
     `self.stopping` so that `stop()` never hangs on them.
     """
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, ssl_context: ssl.SSLContext | None = None) -> None:
         self.host, self._wanted_port = host, port
+        self.ssl_context = ssl_context  # set (before start) to serve HTTPS
         self.port: int = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -31,11 +33,12 @@ class ThreadedAiohttpServer:
 
     @property
     def base(self) -> str:
-        """`http://127.0.0.1:<port>` (no trailing slash)."""
+        """`http://127.0.0.1:<port>` (https with an ssl_context; no trailing slash)."""
         if not self.port:
             raise RuntimeError(f"{type(self).__name__} is not started")
         host = "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
-        return f"http://{host if ':' not in host else f'[{host}]'}:{self.port}"
+        scheme = "https" if self.ssl_context is not None else "http"
+        return f"{scheme}://{host if ':' not in host else f'[{host}]'}:{self.port}"
 
     def start(self) -> Self:
         if self._thread is not None:
@@ -51,7 +54,7 @@ class ThreadedAiohttpServer:
                 self.make_app(), handler_cancellation=True, access_log=None, shutdown_timeout=1.0
             )
             await self._runner.setup()
-            site = web.TCPSite(self._runner, self.host, self._wanted_port)
+            site = web.TCPSite(self._runner, self.host, self._wanted_port, ssl_context=self.ssl_context)
             await site.start()
             self.port = self._runner.addresses[0][1]
 

@@ -11,6 +11,7 @@ from tool_helpers import close_made
 pytest_plugins = [
     "mm_testkit.fixtures_kit",
     "mm_testkit.fixtures_services",
+    "mm_testkit.fixtures_forge",
     "mm_testkit.process_guard",
     "mm_testkit.parallel",
     "pytester",

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from chatops.config import ConfigError, example_config, load_config
+from chatops.secrets import secrets_of
 
 
 def _write(tmp_path: Path, text: str) -> Path:
@@ -461,3 +462,109 @@ def test_the_governance_page_s_worked_example_loads(tmp_path: Path) -> None:
     names = [rule.name for rule in service.approvals.policies]
     assert names == ["root wipe", "two-person push", "CI files", "looking around"]
     assert service.approvals.timeout is None and service.approvals.escalateTo == ["S0ONCALL"]
+
+
+def test_forges_are_read_with_each_kind_s_defaults(tmp_path: Path) -> None:
+    (tmp_path / "keys").mkdir()
+    (tmp_path / "keys" / "app.pem").write_text("-----BEGIN RSA PRIVATE KEY-----\nMIIB\n-----END RSA PRIVATE KEY-----\n")
+    path = _write(
+        tmp_path,
+        """
+        forges:
+          git.example.com: {kind: gitlab}
+          code.example.com:8443: {kind: gitea, tokenEnv: CODE_TOKEN, username: bot}
+          ghe.example.com: {kind: github, app: {id: 7, privateKeyFile: keys/app.pem}}
+        pullRequest: {labels: [mm], reviewers: [alice]}
+        """,
+    )
+    env = {"MM_GITLAB_TOKEN": "glpat-1", "CODE_TOKEN": "gt-2", "MM_GIT_TOKEN": "git-3", "MM_GITHUB_TOKEN": "ghp-4"}
+    config = load_config(path, env)
+    service = config.service
+    lab, tea, hub = (service.forge(h) for h in ("git.example.com", "code.example.com:8443", "GHE.example.com:443"))
+    assert lab is not None and tea is not None and hub is not None
+    assert [f.api_url_for(h) for f, h in ((lab, "git.example.com"), (tea, "code.example.com:8443"))] == [
+        "https://git.example.com",
+        "https://code.example.com:8443",
+    ]
+    assert hub.api_url_for("ghe.example.com") == "https://ghe.example.com/api/v3"
+    assert hub.app is not None and (hub.app.id, hub.app.installationId) == (7, None)
+    assert (lab.username_for(None), tea.username_for("me"), hub.username_for("me")) == (
+        "oauth2",
+        "bot",
+        "x-access-token",
+    )
+    # Known without a word: github.com's API is its own host; codeberg.org is a Gitea (Forgejo).
+    github, codeberg = service.forge("github.com"), service.forge("codeberg.org")
+    assert github is not None and github.api_url_for("github.com") == "https://api.github.com"
+    assert codeberg is not None and (codeberg.kind, codeberg.username_for(None)) == ("gitea", "mm")
+    assert service.forge("elsewhere.example.com") is None
+    # Each kind's variable, else MM_GIT_TOKEN; a forge signing in as an App has its key, not a token.
+    assert dict(config.forge_tokens) == {
+        "github.com": "ghp-4",
+        "gitlab.com": "glpat-1",
+        "codeberg.org": "git-3",
+        "git.example.com": "glpat-1",
+        "code.example.com:8443": "gt-2",
+    }
+    assert list(config.forge_app_keys) == ["ghe.example.com"]
+    assert config.forge_app_keys["ghe.example.com"].startswith("-----BEGIN RSA PRIVATE KEY-----")
+    assert (service.pullRequest.draft, service.pullRequest.labels, service.pullRequest.followChecksMinutes) == (
+        True,
+        ["mm"],
+        30,
+    )
+    assert {"glpat-1", "gt-2", "git-3", "ghp-4", config.forge_app_keys["ghe.example.com"]} <= set(secrets_of(config))
+
+
+def test_bad_forges_are_each_named(tmp_path: Path) -> None:
+    problems = _problems(
+        tmp_path,
+        """
+        forges:
+          https://git.example.com: {kind: gitlab}
+          git.example.com/acme: {kind: gitlab}
+          Git.Example.com: {kind: gitlab}
+          a.example.com: {kind: bitbucket}
+          b.example.com: {kind: github, apiUrl: "http://b.example.com/api"}
+          c.example.com: {kind: gitlab, app: {id: 1, privateKeyEnv: KEY}}
+          d.example.com: {kind: github, app: {id: 1}}
+          e.example.com: {kind: github, app: {id: 1, privateKeyFile: missing.pem}}
+          f.example.com: {kind: github, app: {id: 1, privateKeyFile: mm.yaml}}
+        pullRequest: {followChecksMinutes: -1, reviewer: [a]}
+        """,
+    )
+    expected_host = (
+        "expected a host as a URL writes it, in lower case, such as git.example.com or git.example.com:8443 "
+        "(no scheme, no path)"
+    )
+    assert problems == [
+        f"2: forges.https://git.example.com: {expected_host}",
+        f"3: forges.git.example.com/acme: {expected_host}",
+        f"4: forges.Git.Example.com: {expected_host}",
+        '5: forges.a.example.com.kind: expected github, gitlab or gitea, got "bitbucket"',
+        "6: forges.b.example.com.apiUrl: expected an https URL without credentials such as https://git.example.com, "
+        "got 'http://b.example.com/api'",
+        "7: forges.c.example.com: `app` is a GitHub App's: only a forge of kind github signs in as one",
+        "8: forges.d.example.com.app: expected exactly one of privateKeyEnv and privateKeyFile "
+        "(where the App's key is)",
+        f"9: forges.e.example.com.app.privateKeyFile: cannot read {tmp_path / 'missing.pem'}: "
+        "No such file or directory",
+        f"10: forges.f.example.com.app.privateKeyFile: {tmp_path / 'mm.yaml'} holds no PEM private key (-----BEGIN …)",
+        "11: pullRequest.followChecksMinutes: expected a number >= 0, got -1",
+        '11: pullRequest.reviewer: unknown key (did you mean "reviewers"?)',
+    ]
+
+
+def test_a_job_with_a_pull_request_keeps_one_branch(tmp_path: Path) -> None:
+    job = "jobs:\n  - name: nightly\n    schedule: '0 3 * * *'\n    channel: C0123ABCD\n    prompt: bump deps\n"
+    [config] = load_config(_write(tmp_path, job + "    push: {pr: true}\n"), {}).service.jobs
+    assert config.push is not None and (config.push.pr, config.push.branch) == (True, "mm/{job}")
+    [config] = load_config(_write(tmp_path, job + "    push: {pr: true, branch: 'deps/{job}'}\n"), {}).service.jobs
+    assert config.push is not None and config.push.branch == "deps/{job}"
+    [config] = load_config(_write(tmp_path, job + "    push: true\n"), {}).service.jobs
+    assert config.push is not None and (config.push.pr, config.push.branch) == (False, "mm/{job}/{date}-{run}")
+    for branch in ("mm/{job}/{run}", "mm/{job}/{date}"):
+        assert _problems(tmp_path, job + f"    push: {{pr: true, branch: '{branch}'}}\n") == [
+            "6: jobs[0].push.branch: a job with pr: true keeps one branch for its pull request: drop {run}/{date}, "
+            f"got '{branch}'"
+        ]

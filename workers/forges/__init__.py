@@ -10,13 +10,22 @@ hierarchy whose texts are what a thread is told.
 
 from __future__ import annotations
 
+import functools
+import os
+import ssl
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
+from email.utils import parsedate_to_datetime
 from enum import StrEnum
 from typing import Protocol
+from urllib.parse import urlsplit
 
+from chatops.config import FORGE_TOKEN_ENVS, Config, forge_host
 from workers.errors import WorkerError
-from workers.git import Credentials
+from workers.git import Credentials, masked
+from workers.push import _normal, token_scope
+from workers.workspaces import public_url
 
 
 @dataclass(frozen=True)
@@ -137,3 +146,154 @@ class Forge(Protocol):
     def git_credentials(self, repo: Repo) -> Credentials:
         """What the worker's git pushes to `repo` with: the token, or a GitHub App's installation token."""
         ...
+
+
+# --- finding a repository's forge ------------------------------------------------------------------------------
+
+NAMES = {"github": "GitHub", "gitlab": "GitLab", "gitea": "Gitea"}  # how a thread's text names each kind
+
+
+def forge_for(config: Config, remote: str) -> tuple[Forge, Repo]:
+    """The forge of an https `remote` (its user part and `.git` dropped) and the repository it names there: the
+    config's `forges` entry for its host, else a known forge's. Only for a repository the config names
+    (workers.push.token_scope), so that one a Slack user picked elsewhere never gets the forge's token."""
+    url = _normal(remote)
+    if url is None:
+        raise NoForge(f"`{public_url(remote)}` is no https URL: pull requests are opened for https remotes only")
+    parts = urlsplit(url)
+    host, path = forge_host(parts.netloc), parts.path.strip("/")
+    settings = config.service.forge(host)
+    if settings is None:
+        raise NoForge(
+            f"No forge is configured for `{host}`: set `forges.{host}.kind` (github, gitlab or gitea) and its "
+            "token's variable (`tokenEnv`)"
+        )
+    segments = path.split("/")  # owner/name; GitLab nests groups: group/sub/name
+    if "" in segments or len(segments) < 2 or (settings.kind != "gitlab" and len(segments) != 2):
+        raise NoForge(f"`{url}` names no repository of {NAMES[settings.kind]} (expected https://{host}/owner/name)")
+    exact, owners = token_scope(config)
+    if url not in exact and not url.startswith(owners):
+        raise NotAllowed(
+            f"The config does not name `{url}`: pull requests are opened only for the repositories it names (a "
+            "channel's or a job's `repo`, a job's `push.remote`, or under an owner a channel's `repos` spells out)"
+        )
+    app = None
+    if settings.app is not None:
+        key = config.forge_app_keys.get(host)
+        if not key:
+            where = settings.app.privateKeyEnv or settings.app.privateKeyFile
+            raise NotAllowed(f"No private key for the GitHub App of `{host}`: set {where} in the worker's environment")
+        app = (settings.app.id, key, settings.app.installationId)
+    token = config.forge_tokens.get(host)
+    if app is None and not token:
+        names = settings.tokenEnv or f"{FORGE_TOKEN_ENVS[settings.kind]} (or MM_GIT_TOKEN)"
+        raise NotAllowed(f"No token for `{host}`: set {names} in the worker's environment (`forges.{host}.tokenEnv`)")
+    username = settings.username_for(config.git_username)
+    client = _client(settings.kind, host, settings.api_url_for(host), username, token, app, _ca_files())
+    return client, Repo(host, path)
+
+
+def _ca_files() -> tuple[str | None, str | None]:
+    # Part of a client's cache key: an operator's CA bundle is read when the client is made.
+    return os.environ.get("SSL_CERT_FILE") or None, os.environ.get("REQUESTS_CA_BUNDLE") or None
+
+
+@functools.lru_cache(maxsize=64)
+def _client(
+    kind: str,
+    host: str,
+    api_url: str,
+    username: str,
+    token: str | None,
+    app: tuple[int, str, int | None] | None,
+    ca_files: tuple[str | None, str | None],
+) -> Forge:
+    """One client per host and settings, kept by the process (a reloaded config with another token makes
+    another): the libraries keep their connections and a GitHub App's installation tokens in it. Each library
+    reads the operator's CA bundle (`ca_files`, only a part of the key here) when its client is made."""
+    del ca_files
+    if kind == "github":
+        from workers.forges.github import GitHubForge
+
+        return GitHubForge(host, api_url, token=token, username=username, app=app)
+    assert token is not None  # forge_for said so otherwise
+    if kind == "gitlab":
+        from workers.forges.gitlab import GitLabForge
+
+        return GitLabForge(host, api_url, token, username)
+    from workers.forges.gitea import GiteaForge
+
+    return GiteaForge(host, api_url, token, username)
+
+
+# --- what the three clients share ----------------------------------------------------------------------------
+
+
+def tls_verify(variable: str) -> ssl.SSLContext | bool:
+    """The operator's CA bundle from the worker's environment (`SSL_CERT_FILE` for the httpx clients,
+    `REQUESTS_CA_BUNDLE` for python-gitlab's requests), read explicitly rather than trusted to each library's
+    handling of the variables; else the system's and certifi's trust (True)."""
+    path = os.environ.get(variable)
+    return ssl.create_default_context(cafile=path) if path else True
+
+
+def git_host(host: str) -> str:
+    """The host as git names it in its prompt (workers.git.Credentials.host): no port, IPv6 in brackets."""
+    name = urlsplit(f"https://{host}").hostname or host
+    return f"[{name}]" if ":" in name else name
+
+
+def failed(kind: str, status: int, message: str, headers: Mapping[str, str], secrets: Sequence[str]) -> ForgeError:
+    """The ForgeError of a forge's error answer, by its status: one reading for the three forges. `message` is
+    the forge's own words; every text is masked of the client's secrets."""
+    name, said = NAMES[kind], masked(message.strip() or "(no message)", secrets)
+    lowered = {k.lower(): v for k, v in headers.items()}
+    limited = status == 429 or (
+        status == 403 and (lowered.get("x-ratelimit-remaining") == "0" or "retry-after" in lowered)
+    )
+    if limited:
+        reset = reset_time(lowered)
+        when = f"it resets at {reset:%Y-%m-%d %H:%M:%S} UTC" if reset else "it did not say when it resets"
+        return RateLimited(f"{name}'s rate limit is used up ({when}): {said}", reset)
+    if status == 403 and "protected branch" in said.lower():
+        # A 403 about a protected branch refuses the change, not the token (Gitea's words for its branch rules).
+        return Refused(f"{name} refused it ({status}): {said}")
+    if status in (401, 403):
+        return NotAllowed(f"{name} refused the token ({status}): {said}")
+    if status == 404:
+        return Refused(f"{name} found nothing there (404: it does not exist, or the token may not see it): {said}")
+    if status >= 500:
+        return Unreachable(f"{name} failed ({status}): {said}")
+    return Refused(f"{name} refused it ({status}): {said}")
+
+
+def unreachable(kind: str, api_url: str, error: Exception, secrets: Sequence[str]) -> Unreachable:
+    """A forge that did not answer (a connection refused, a timeout, TLS), in the library's words, masked."""
+    why = str(error) or type(error).__name__
+    return Unreachable(masked(f"{NAMES[kind]} at {api_url} did not answer: {why}", secrets))
+
+
+def unexpected(kind: str, error: Exception) -> Unreachable:
+    """An answer the client could not read: what it lacked, never the answer itself (it may be long)."""
+    return Unreachable(f"{NAMES[kind]} answered something unexpected ({type(error).__name__}: {str(error)[:200]})")
+
+
+def reset_time(headers: Mapping[str, str]) -> datetime | None:
+    """When a rate limit resets: `X-RateLimit-Reset` (GitHub) or `RateLimit-Reset` (GitLab), epoch seconds, when
+    the limit is used up; else `Retry-After` (seconds or a date: GitHub's secondary limits, a proxy's 429); else
+    the reset of either. `headers`' names in lower case."""
+    epoch = next(
+        (int(v) for n in ("x-ratelimit-reset", "ratelimit-reset") if (v := headers.get(n, "")).isdigit()), None
+    )
+    reset = datetime.fromtimestamp(epoch, UTC) if epoch is not None else None
+    if reset and "0" in (headers.get("x-ratelimit-remaining"), headers.get("ratelimit-remaining")):
+        return reset
+    after = headers.get("retry-after", "").strip()
+    if after.isdigit():
+        return datetime.now(UTC) + timedelta(seconds=int(after))
+    if after:
+        try:
+            return parsedate_to_datetime(after).astimezone(UTC)
+        except (TypeError, ValueError):
+            pass
+    return reset
