@@ -56,10 +56,13 @@ class PullRecord:
 
     @property
     def label(self) -> str:
-        """How a thread names it: `#12` (GitLab's merge requests: `!12`), or "the pull request" before it has one."""
-        if self.number is None:
-            return "the pull request"
-        return f"{'!' if self.url and '/-/merge_requests/' in self.url else '#'}{self.number}"
+        """How a thread names it (label_of), or "the pull request" before it has a number."""
+        return label_of(self.number, self.url) if self.number is not None else "the pull request"
+
+
+def label_of(number: int, url: str | None) -> str:
+    """How a thread names a pull request: `#12`, GitLab's merge requests `!12` (as their pages do)."""
+    return f"{'!' if url and '/-/merge_requests/' in url else '#'}{number}"
 
 
 _COLUMNS = [PullRequestRecord.__table__.c[name] for name in PullRecord.__dataclass_fields__]
@@ -142,16 +145,18 @@ def record_push(engine: Engine, pushed: Pushed) -> int:
         return conn.execute(
             insert(PullRequestRecord)
             .values(
-                values,
-                owner=pushed.owner,
-                host=pushed.host,
-                repo=pushed.repo,
-                branch=pushed.branch,
-                base=pushed.base,
-                title=pushed.title,
-                draft=pushed.draft,
-                state=PullRequestState.PENDING,
-                created_at=utcnow(),
+                values
+                | {
+                    "owner": pushed.owner,
+                    "host": pushed.host,
+                    "repo": pushed.repo,
+                    "branch": pushed.branch,
+                    "base": pushed.base,
+                    "title": pushed.title,
+                    "draft": pushed.draft,
+                    "state": PullRequestState.PENDING,
+                    "created_at": utcnow(),
+                }
             )
             .returning(PullRequestRecord.id)
         ).scalar_one()

@@ -30,7 +30,7 @@ OPTION = "--no-process"
 AUDITED = frozenset({"subprocess.Popen", "os.fork", "os.forkpty", "os.posix_spawn", "os.spawn", "os.system", "os.exec"})
 MARKER = "process"
 # Fixtures whose tests start a process whatever they do themselves.
-PROCESS_FIXTURES = frozenset({"own_redis"})
+PROCESS_FIXTURES = frozenset({"own_redis", "forge_server"})
 
 
 class ProcessRefused(BaseException):

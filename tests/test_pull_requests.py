@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from mm_testkit.redis_server import OwnRedis
 from playground.forge_server import ForgeServer, Kind
 from playground.model_server import Reply, ToolCall
@@ -41,7 +42,10 @@ class Forged:
             offers = [m for m in self.s.slack.messages(CHANNEL, root) if "changed file(s)" in m.get("text", "")]
             return offers[count - 1] if len(offers) >= count else None
 
-        return self.s.wait(find, message=f"offer {count}")
+        try:
+            return self.s.wait(find, message=f"offer {count}")
+        except AssertionError as e:
+            raise AssertionError(f"{e}\n--- the thread:\n{self.s.thread_text(root)}") from None
 
     def click(self, message: dict[str, Any], action: str, user: str, root: str) -> None:
         value = buttons(message)[action]
@@ -51,24 +55,25 @@ class Forged:
         assert answer.status_code == 200
 
     def said(self, root: str, needle: str, timeout: float = 60) -> str:
-        return self.s.wait(
-            lambda: next((t for m in self.s.slack.messages(CHANNEL, root) if needle in (t := m.get("text", ""))), None),
-            timeout=timeout,
-            message=f"{needle!r} in the thread",
-        )
+        def find() -> str | None:
+            return next((t for m in self.s.slack.messages(CHANNEL, root) if needle in (t := m.get("text", ""))), None)
+
+        try:
+            return self.s.wait(find, timeout=timeout, message=f"{needle!r} in the thread")
+        except AssertionError as e:
+            raise AssertionError(f"{e}\n--- the thread:\n{self.s.thread_text(root)}") from None
 
     def all_text(self) -> str:
         """Every thread, ephemeral and log line there is: where a token must not be."""
-        threads = [m.get("text", "") + str(m.get("blocks", "")) for m in self.s.slack.all_messages()]
-        ephemerals = [e.get("text", "") for e in self.s.slack.ephemerals]
+        sent = [str(call.params) for call in self.s.slack.calls]  # every Web API call, whatever the method
         logs = [self.s.log_of(n) for n in ("w1", "bot")]
-        return "\n".join([*threads, *ephemerals, *logs])
+        return "\n".join([*sent, *logs])
 
 
-def forge_config(forge: ForgeServer, *lines: str) -> list[str]:
+def forge_config(forge: ForgeServer, *lines: str, keys: str = "") -> list[str]:
     return [
         "forges:",
-        f"  '{forge.host}': {{kind: {forge.kind}}}",
+        f"  '{forge.host}': {{kind: {forge.kind}{keys}}}",
         "pullRequest: {labels: [mm], followChecksMinutes: 1}",
         *lines,
     ]
@@ -86,12 +91,13 @@ def forged(
     extra: tuple[str, ...] = (),
     env: dict[str, str] | None = None,
     channel: Callable[[str], str] | None = None,
+    keys: str = "",
 ) -> Iterator[Forged]:
     forge = ForgeServer(kind, tmp / "forge", tokens or {TOKEN: [path]}).start()
     try:
         clone = forge.add_repo(path)
         settings = channel(clone) if channel else f"{{yolo: true, repo: '{clone}', approvers: [{BOB}]}}"
-        text = config(settings, *forge_config(forge, *extra))
+        text = config(settings, *forge_config(forge, *extra, keys=keys))
         more = forge.ca_env() | (env if env is not None else {TOKEN_ENVS[kind]: TOKEN})
         with stack(tmp, pg, redis, config=text, extra_env=more) as s:
             s.model.always(policy)
@@ -111,8 +117,9 @@ def test_a_thread_keeps_one_pull_request_opened_by_an_approver_and_follows_its_c
 ) -> None:
     with forged(tmp_path, fresh_pg_url, own_redis.url, "github", "acme/app") as f:
         s, forge = f.s, f.forge
-        root = f.sender.new_ts()
-        f.sender.app_mention("<@U0BOT> write: notes.txt", channel=CHANNEL, user=ALICE, ts=root)
+        request = "<@U0BOT> write: notes.txt"
+        root = s.slack.add_message(CHANNEL, request, ALICE)["ts"]  # as Slack keeps it: its link is asked for
+        f.sender.app_mention(request, channel=CHANNEL, user=ALICE, ts=root)
         offer = f.offer(root)
         assert "or open a pull request" in offer["text"]
         assert set(buttons(offer)) == {"push", "pull_request"}
@@ -136,7 +143,7 @@ def test_a_thread_keeps_one_pull_request_opened_by_an_approver_and_follows_its_c
         assert "> write: notes.txt" in body  # what was asked
         assert f"/archives/{CHANNEL}/p{root.replace('.', '')}" in body  # the thread's link
         assert "Asked by alice (U0ALICE); approved by bob (U0BOB)." in body
-        assert "notes.txt (new)" in body  # the diff stat
+        assert "notes.txt | 1 +" in body  # the diff stat
         assert body.rstrip().endswith("-->") and "<!-- mm:thread:" in body
         first_head = pull["head_sha"]
 
@@ -148,7 +155,7 @@ def test_a_thread_keeps_one_pull_request_opened_by_an_approver_and_follows_its_c
         f.click(second, "pull_request", BOB, root)
         f.said(root, "updated <")
         [pull] = forge.pulls("acme/app")  # still one
-        assert pull["head_sha"] != first_head and "more.txt (new)" in pull["body"]
+        assert pull["head_sha"] != first_head and "more.txt  | 1 +" in pull["body"]
 
         # Its checks: followed by housekeeping, one line when they have all finished.
         forge.set_checks("acme/app", pull["head_sha"], [("test", "success"), ("lint", "failure")])
@@ -163,10 +170,11 @@ def test_a_thread_keeps_one_pull_request_opened_by_an_approver_and_follows_its_c
 
         # The model's sandbox has no token: `env` there shows none.
         f.sender.app_mention("<@U0BOT> run: env", channel=CHANNEL, user=ALICE, thread_ts=root)
-        f.said(root, "PATH=")
+        s.wait(lambda: "PATH=" in s.thread_text(root), message="env's output")
         assert TOKEN not in f.all_text()
-        # The forge saw it on every call: the worker's API calls and pushes used it.
-        assert {token for _m, _p, token in forge.requests} == {TOKEN}
+        # The worker's API calls and pushes used it (git asks without one first: the forge's 401 asks for it).
+        assert {token for _m, _p, token in forge.requests} == {TOKEN, None}
+        assert all(token == TOKEN for _m, path, token in forge.requests if "/api/" in path)
 
 
 def test_a_job_keeps_one_pull_request_updated_left_alone_and_opened_anew(
@@ -226,7 +234,7 @@ def test_pr_opens_with_its_title_then_shows_the_status_on_gitea(
     tmp_path: Path, fresh_pg_url: str, own_redis: OwnRedis
 ) -> None:
     with forged(tmp_path, fresh_pg_url, own_redis.url, "gitea", "acme/app") as f:
-        s, forge = f.s, f.forge
+        forge = f.forge
         root = f.sender.new_ts()
         f.sender.app_mention("<@U0BOT> write: notes.txt", channel=CHANNEL, user=ALICE, ts=root)
         f.offer(root)
@@ -234,9 +242,7 @@ def test_pr_opens_with_its_title_then_shows_the_status_on_gitea(
         opened = f.said(root, "opened <")
         [pull] = forge.pulls("acme/app")
         assert pull["title"] == "WIP: Add the notes" and pull["draft"] is True  # Gitea's draft
-        assert (
-            f"opened <{pull['url']}|pull request #{pull['number']}> into `main` (draft): WIP: Add the notes" in opened
-        )
+        assert f"opened <{pull['url']}|pull request #{pull['number']}> into `main` (draft): Add the notes" in opened
         f.sender.app_mention("<@U0BOT> pr", channel=CHANNEL, user=ALICE, thread_ts=root)
         assert "no checks" in f.said(root, "no review yet")
         assert TOKEN not in f.all_text()
@@ -245,8 +251,10 @@ def test_pr_opens_with_its_title_then_shows_the_status_on_gitea(
 def test_a_forge_without_a_token_names_the_variable_to_set(
     tmp_path: Path, fresh_pg_url: str, own_redis: OwnRedis
 ) -> None:
+    """The forge's own variable is unset: git clones with MM_GIT_TOKEN, and the pull request says what to set."""
     forge_path = "acme/app"
-    with forged(tmp_path, fresh_pg_url, own_redis.url, "github", forge_path, env={}) as f:
+    env = {"MM_GIT_TOKEN": TOKEN}
+    with forged(tmp_path, fresh_pg_url, own_redis.url, "github", forge_path, env=env, keys=", tokenEnv: MM_ACME") as f:
         forge = f.forge
         root = f.sender.new_ts()
         f.sender.app_mention("<@U0BOT> write: notes.txt", channel=CHANNEL, user=ALICE, ts=root)
@@ -254,14 +262,14 @@ def test_a_forge_without_a_token_names_the_variable_to_set(
         # No token and no App for this host: the thread says which variable to set.
         f.sender.app_mention("<@U0BOT> pr", channel=CHANNEL, user=BOB, thread_ts=root)
         said = f.said(root, "No token for")
-        assert "MM_GITHUB_TOKEN" in said and forge.pulls(forge_path) == []
+        assert "set MM_ACME in the worker's environment" in said and forge.pulls(forge_path) == []
 
 
 def test_a_rate_limited_pull_request_opens_after_the_reset_and_a_protected_base_is_refused(
     tmp_path: Path, fresh_pg_url: str, own_redis: OwnRedis
 ) -> None:
     with forged(tmp_path, fresh_pg_url, own_redis.url, "github", "acme/app") as f:
-        s, forge = f.s, f.forge
+        forge = f.forge
         root = f.sender.new_ts()
         f.sender.app_mention("<@U0BOT> write: notes.txt", channel=CHANNEL, user=ALICE, ts=root)
         f.offer(root)

@@ -74,9 +74,9 @@ async def push_job_pull_request(
             open_now = await asyncio.to_thread(forge.find_open, repo, branch)
     except ForgeError as e:
         return None, Mrkdwn.of(e.text), e.text
-    token = credentials(config, remote)
     message = f"{job.name}: run {run.run_id}\n\n{job.prompt or job.skill or ''}"[:2000]
     try:
+        token = await asyncio.to_thread(credentials, config, remote)
         if record is not None:
             lease = record.head_sha
         elif open_now is not None:
@@ -90,7 +90,8 @@ async def push_job_pull_request(
         return None, Mrkdwn.of(f"the push was refused: {e}"), f"the push was refused: {e}"
     except NothingToPush:
         if open_now is not None:
-            return None, LEFT_ALONE.format(url=open_now.url, label=f"#{open_now.number}"), None
+            label = records.label_of(open_now.number, open_now.url)
+            return None, LEFT_ALONE.format(url=open_now.url, label=label), None
         return None, Mrkdwn.of(NOTHING), None
     except git.GitError as e:
         reason = MOVED.format(branch=branch) if "stale info" in e.text else f"the push of `{branch}` failed: {e.text}"

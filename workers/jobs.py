@@ -372,7 +372,7 @@ async def _push(
     message = f"{job.name}: run {run.run_id} of {local:%Y-%m-%d %H:%M} {job.timezone}\n\n{prompt_of(job)[:2000]}"
     try:
         base = job.branch or config.service.channel(job.channel).branch
-        token = credentials(config, remote)
+        token = await asyncio.to_thread(credentials, config, remote)
         pushed = await asyncio.to_thread(
             push_workspace, workspace, agent, remote, branch, message, token, base, start, cloned
         )

@@ -63,11 +63,8 @@ def _forge(config: Config, record: PullRecord) -> tuple[Forge, Repo]:
     return forge_for(config, remote_of(record))
 
 
-def _link(record: PullRecord | None, pull: PullRequest) -> dict[str, object]:
-    label = record.label if record is not None and record.number == pull.number else f"#{pull.number}"
-    if record is None and "/-/merge_requests/" in pull.url:
-        label = f"!{pull.number}"
-    return {"url": pull.url, "label": label}
+def _link(pull: PullRequest) -> dict[str, object]:
+    return {"url": pull.url, "label": records.label_of(pull.number, pull.url)}
 
 
 @dataclass(frozen=True)
@@ -102,7 +99,7 @@ def sync(engine: Engine, config: Config, record_id: int, *, who: str | None = No
         return Synced(said, refused=True)
     if pull.state != PullState.OPEN:
         records.record_ended(engine, record.id, PullRequestState(pull.state.value))
-        return Synced(ENDED.format(state=pull.state.value, **_link(record, pull)))
+        return Synced(ENDED.format(state=pull.state.value, **_link(pull)))
     minutes = config.service.pullRequest.followChecksMinutes
     follow_for = timedelta(minutes=minutes) if minutes else None
     recorded = records.record_synced(
@@ -119,9 +116,9 @@ def sync(engine: Engine, config: Config, record_id: int, *, who: str | None = No
     if opened:
         did = _did(who, "opened")
         draft = " (draft)" if pull.draft else ""
-        said = OPENED.format(did=did, base=pull.base, draft=draft, title=pull.title, **_link(None, pull))
+        said = OPENED.format(did=did, base=pull.base, draft=draft, title=pull.title, **_link(pull))
     else:
-        said = UPDATED.format(did=_did(who, "updated"), commit=record.head_sha[:10], **_link(None, pull))
+        said = UPDATED.format(did=_did(who, "updated"), commit=record.head_sha[:10], **_link(pull))
     return Synced(said)
 
 
@@ -186,7 +183,7 @@ def follow(engine: Engine, config: Config, record_id: int) -> Mrkdwn | None:
     if status.pull.head_sha != record.head_sha:
         return None  # someone pushed after mm: their checks are theirs to follow
     checks = status.checks
-    link = _link(record, status.pull)
+    link = _link(status.pull)
     running = any(c.state == CheckState.PENDING for c in checks)
     if checks and not running:
         if not records.record_checks_said(engine, record.id, record.head_sha):
@@ -227,9 +224,7 @@ def describe(record: PullRecord | None, status: Status) -> Mrkdwn:
     pull = status.pull
     state = f"{pull.state.value} (draft)" if pull.draft and pull.state == PullState.OPEN else pull.state.value
     review = f"review: {status.review}" if status.review else "no review yet"
-    return STATUS.format(
-        title=f"*{pull.title}*", state=state, review=review, checks=checks_text(status), **_link(record, pull)
-    )
+    return STATUS.format(title=f"*{pull.title}*", state=state, review=review, checks=checks_text(status), **_link(pull))
 
 
 def checks_text(status: Status) -> str:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote, urlsplit
 
-from chatops.config import Config
+from chatops.config import Config, forge_host
 from mm_core.config import AgentConfig
 from mm_core.tools.ask_agent import load_agent_file
 from slackio.mrkdwn import Mrkdwn
@@ -96,11 +96,32 @@ def credentials(config: Config, remote: str) -> git.Credentials | None:
     token, nor one of another owner on the same forge."""
     exact, owners = token_scope(config)
     url = _normal(remote)
-    if not config.git_token or url is None or not (url in exact or url.startswith(owners)):
+    if url is None or not (url in exact or url.startswith(owners)):
+        return None
+    if (forged := _forge_credentials(config, remote, url)) is not None:
+        return forged
+    if not config.git_token:
         return None
     host = urlsplit(url).hostname or ""
     host = f"[{host}]" if ":" in host else host  # as git writes an IPv6 host in its prompt
     return git.Credentials(config.git_username or "x-access-token", config.git_token, host=host)
+
+
+def _forge_credentials(config: Config, remote: str, url: str) -> git.Credentials | None:
+    """The credentials of the remote's forge, when it has its own (`forges.<host>.tokenEnv`, a kind's variable,
+    a GitHub App's installation token): None leaves MM_GIT_TOKEN's to apply."""
+    from workers.forges import ForgeError, forge_for  # the forges read the token's scope from here
+
+    host = forge_host(urlsplit(url).netloc)
+    settings = config.service.forge(host)
+    own_token = config.forge_tokens.get(host) not in (None, config.git_token)
+    if settings is None or not (own_token or settings.app is not None):
+        return None
+    try:
+        forge, repo = forge_for(config, remote)
+        return forge.git_credentials(repo)
+    except ForgeError as e:
+        raise git.GitError(e.text) from None
 
 
 def has_forge(config: Config, remote: str) -> bool:

@@ -17,6 +17,7 @@ from sqlalchemy import select
 
 from chatops import pull_requests as records
 from chatops.schema import PullRequestState, Session, SessionStatus
+from chatops.secrets import describe_error
 from chatops.sessions import Snapshot, snapshot
 from chatops.store import acquire_lease, record_error, release_lease
 from slackio.mrkdwn import Mrkdwn
@@ -37,6 +38,7 @@ NOTHING = "There is nothing to push: this thread's workspace has no change."
 BUSY = "⏳ A turn is running in this thread: ask again to push once it has finished."
 NO_REPO = "There is nowhere to push: this thread works on no repository."
 FAILED = "The push of `{branch}` failed: {words}"  # git's words: posted as text, never as markup
+UNEXPECTED = "The push failed on the worker ({error}); it is recorded for the operator."
 NOTHING_NEW = Mrkdwn("Nothing new to push: <{url}|{label}> has this thread's changes already.")
 OWNER = "push"
 LEASE_S = 120.0
@@ -64,6 +66,10 @@ def push_thread_work(
     else:
         try:
             said = _push(proc, facts, session_id, branch, user, pull_request, title)
+        except Exception as e:  # noqa: BLE001 - the person who asked is told, never left waiting in silence
+            log.exception("the push of session %s failed", session_id)
+            record_error(engine, "push", describe_error(e), session_id=session_id)
+            said = UNEXPECTED.format(error=describe_error(e))
         finally:
             release_lease(engine, session_id, token)
     asyncio.run(_say(proc, facts, said, session_id))
@@ -88,6 +94,7 @@ def _push(
     owner = records.thread_owner(session_id)
     record = records.current(engine, owner)
     base = facts.branch or config.service.channel(facts.channel_id or "").branch
+    repo = None
     try:
         if record is not None or pull_request:
             forge, repo = forge_for(config, remote)
@@ -114,7 +121,7 @@ def _push(
         return FAILED.format(branch=branch, words=e.text)
     if record is not None and record.head_sha == pushed.commit and not record.needs_sync and record.url:
         return NOTHING_NEW.format(url=record.url, label=record.label)
-    if record is None and not pull_request:
+    if repo is None:  # a branch, no pull request
         return (
             PUSHED.format(
                 user=user,

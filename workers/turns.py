@@ -79,6 +79,7 @@ from workers.attachments import attach
 from workers.attachments import hint as attach_hint
 from workers.jobs import NO_END, RunningJob, close_stale_runs, finish_run, job_of_session, time_left
 from workers.leases import Cancelled, LeaseKeeper
+from workers.git import GitError
 from workers.push import changed_files, credentials, has_forge
 from workers.render import ThreadRenderer
 from workers.retention import housekeep_retention
@@ -94,7 +95,9 @@ PULL_REQUEST_OFFER = (
     "📦 {files} changed file(s) in this thread's workspace: an approver can push them to a branch or open a pull "
     "request."
 )
-UPDATE_OFFER = Mrkdwn("📦 {files} changed file(s) in this thread's workspace: an approver can add them to <{url}|{label}>.")
+UPDATE_OFFER = Mrkdwn(
+    "📦 {files} changed file(s) in this thread's workspace: an approver can add them to <{url}|{label}>."
+)
 UPDATE_LABEL = "Update pull request"
 NEW_CONVERSATION = "🆕 New conversation: I forget what was said before here. The workspace stays as it is."
 TIME_LIMIT = "⏱ The turn ran for longer than {limit} and was stopped."
@@ -455,8 +458,12 @@ class SessionTurns:
     async def _workspace(self, renderer: ThreadRenderer) -> Path:
         channel = self.config.service.channel(self.row.channel_id or "")
         repo, branch = self.row.repo or channel.repo, self.row.branch or channel.branch
-        # A private repository on a host the config names is cloned with the worker's token (workers/push.py).
-        token = credentials(self.config, repo) if repo else None
+        # A private repository on a host the config names is cloned with the worker's token (workers/push.py): a
+        # GitHub App's is made by asking GitHub, off the event loop.
+        try:
+            token = await asyncio.to_thread(credentials, self.config, repo) if repo else None
+        except GitError as e:
+            raise WorkspaceError(f"Could not sign in to {public_url(repo or '')}: {e.text}") from None
         if self.row.purged_at is not None and not self.row.has_log:
             # The first turn since the purge: a workspace there is the purged thread's, should no housekeeping round
             # have removed it yet (workers/retention.py).

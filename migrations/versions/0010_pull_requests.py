@@ -49,9 +49,7 @@ def upgrade() -> None:
         sa.ForeignKeyConstraint(
             ["session_id"], ["sessions.id"], name=op.f("fk_pull_requests_session_id_sessions"), ondelete="SET NULL"
         ),
-        sa.CheckConstraint(
-            "state IN ('pending', 'open', 'closed', 'merged')", name=op.f("ck_pull_requests_state")
-        ),
+        sa.CheckConstraint("state IN ('pending', 'open', 'closed', 'merged')", name=op.f("ck_pull_requests_state")),
     )
     op.create_index(
         "uq_pull_requests_one_open", "pull_requests", ["owner"], unique=True, postgresql_where=OPEN, sqlite_where=OPEN
