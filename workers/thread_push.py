@@ -66,7 +66,7 @@ def push_thread_work(
     else:
         try:
             said = _push(proc, facts, session_id, branch, user, pull_request, title)
-        except Exception as e:  # noqa: BLE001 - the person who asked is told, never left waiting in silence
+        except Exception as e:
             log.exception("the push of session %s failed", session_id)
             record_error(engine, "push", describe_error(e), session_id=session_id)
             said = UNEXPECTED.format(error=describe_error(e))

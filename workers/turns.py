@@ -77,9 +77,9 @@ from slackio.slack_out import SlackOut
 from workers.asking import thread_setting
 from workers.attachments import attach
 from workers.attachments import hint as attach_hint
+from workers.git import GitError
 from workers.jobs import NO_END, RunningJob, close_stale_runs, finish_run, job_of_session, time_left
 from workers.leases import Cancelled, LeaseKeeper
-from workers.git import GitError
 from workers.push import changed_files, credentials, has_forge
 from workers.render import ThreadRenderer
 from workers.retention import housekeep_retention
