@@ -5,15 +5,16 @@ forge answers, as the thread is told them."""
 from __future__ import annotations
 
 import datetime as dt
-import subprocess
-import textwrap
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from chatops.config import Config, load_config
+from forge_support import PATH, TOKEN
+from forge_support import config as _config
+from forge_support import configured as _configured
+from forge_support import new_branch as _branch
 from playground.forge_server import KINDS, ForgeServer
 from workers.forges import (
     CheckState,
@@ -27,10 +28,7 @@ from workers.forges import (
     forge_for,
 )
 
-TOKEN = "tok-3f9c2e71a5"  # the emulator's token, nothing real
-PATH = "acme/app"
 PAGES = {"github": "pull", "gitlab": "-/merge_requests", "gitea": "pulls"}  # where each forge shows one
-TOKEN_ENVS = {"github": "MM_GITHUB_TOKEN", "gitlab": "MM_GITLAB_TOKEN", "gitea": "MM_GITEA_TOKEN"}
 
 
 @pytest.fixture(params=KINDS)
@@ -44,39 +42,6 @@ def forge(
         monkeypatch.setenv(name, value)
     server.add_repo(PATH)
     return server
-
-
-def _config(tmp_path: Path, text: str, env: dict[str, str]) -> Config:
-    path = tmp_path / "mm.yaml"
-    path.write_text(textwrap.dedent(text).lstrip("\n"), encoding="utf-8")
-    return load_config(path, env)
-
-
-def _configured(forge: ForgeServer, tmp_path: Path, token: str = TOKEN, extra: str = "") -> Config:
-    """A config whose channel names the emulator's repository, with the emulator as a forge of its kind (its
-    API where the kind's default puts it) and its token in the kind's variable."""
-    text = f"""
-        channels:
-          default: {{repo: "{forge.base}/{PATH}.git"}}
-        forges:
-          "{forge.host}": {{kind: {forge.kind}{extra}}}
-        """
-    return _config(tmp_path, text, {TOKEN_ENVS[forge.kind]: token})
-
-
-def _branch(forge: ForgeServer, branch: str) -> str:
-    """A new commit on `branch` of the emulator's repository (what the worker's push would have made)."""
-    git_dir, env = forge.repos[PATH].git_dir, {**forge.git_env, "GIT_AUTHOR_NAME": "mm", "GIT_AUTHOR_EMAIL": "mm@x"}
-    env |= {"GIT_COMMITTER_NAME": "mm", "GIT_COMMITTER_EMAIL": "mm@x"}
-
-    def git(*args: str) -> str:
-        return subprocess.run(
-            ["git", "--git-dir", str(git_dir), *args], env=env, check=True, capture_output=True, text=True
-        ).stdout.strip()
-
-    sha = git("commit-tree", "main^{tree}", "-p", "main", "-m", f"work on {branch}")
-    git("update-ref", f"refs/heads/{branch}", sha)
-    return sha
 
 
 # --- finding the forge ---------------------------------------------------------------------------------------
