@@ -4,8 +4,8 @@ in the kind's variable, and a branch pushed to the emulator's repository as the 
 from __future__ import annotations
 
 import subprocess
-import uuid
 import textwrap
+import uuid
 from pathlib import Path
 
 from chatops.config import Config, load_config

@@ -664,3 +664,12 @@ def test_templates_balance_their_actions() -> None:
         assert text.count("{{") == text.count("}}"), template.name
         opened = len(re.findall(r"\{\{-?\s*(?:if|with|range|define)\b", text))
         assert opened == len(re.findall(r"\{\{-?\s*end\b", text)), template.name
+
+
+def test_the_forges_tokens_reach_the_workers_alone() -> None:
+    """`workerSecret` holds what only workers use (the forges' tokens, an App's key): the bot never gets it."""
+    objects = render({"workerSecret": "mm-forges"})
+    worker, bot = container(workload(objects, "worker"), "worker"), container(workload(objects, "bot"), "bot")
+    assert {"secretRef": {"name": "mm-forges"}} in worker["envFrom"]
+    assert all(source.get("secretRef", {}).get("name") != "mm-forges" for source in bot["envFrom"])
+    assert len(container(workload(render({}), "worker"), "worker")["envFrom"]) == 1  # unset: nothing more

@@ -568,3 +568,20 @@ def test_a_job_with_a_pull_request_keeps_one_branch(tmp_path: Path) -> None:
             "6: jobs[0].push.branch: a job with pr: true keeps one branch for its pull request: drop {run}/{date}, "
             f"got '{branch}'"
         ]
+
+
+def test_the_pull_requests_page_s_examples_load(tmp_path: Path) -> None:
+    """docs/pull-requests.md's examples are whole configs (GitHub with a token, GitHub Enterprise with an App,
+    GitLab with a job keeping a merge request, Gitea): each must stay one the service takes, as the page says."""
+    page = (Path(__file__).parent.parent / "docs" / "pull-requests.md").read_text(encoding="utf-8")
+    examples = [block.split("```", 1)[0] for block in page.split("```yaml\n")[1:]]
+    assert len(examples) == 5
+    loaded = [load_config(_write(tmp_path, example), {}).service for example in examples]
+    job, token, app, gitlab, gitea = loaded
+    assert job.jobs[0].push is not None and job.jobs[0].push.pr and job.jobs[0].push.branch == "mm/{job}"
+    assert token.pullRequest.reviewers == ["acme-lead"] and token.forge("github.com") is not None
+    ghe = app.forge("github.acme.internal")
+    assert ghe is not None and ghe.app is not None and ghe.api_url_for("github.acme.internal").endswith("/api/v3")
+    lab, tea, push = gitlab.forge("gitlab.acme.internal"), gitea.forge("git.acme.internal"), gitlab.jobs[0].push
+    assert lab is not None and lab.tokenEnv == "MM_ACME_GITLAB_TOKEN" and push is not None and push.pr
+    assert tea is not None and tea.kind == "gitea" and not gitea.pullRequest.draft
