@@ -11,16 +11,15 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
 from playground import forge_git
-from playground.forge_server import (
+from playground.forge_state import (
     ApiError,
     Call,
     CheckState,
-    ForgeServer,
     Identity,
     Pull,
     Repo,
@@ -29,6 +28,9 @@ from playground.forge_server import (
     iso,
     now,
 )
+
+if TYPE_CHECKING:
+    from playground.forge_server import ForgeServer
 
 PREFIX = "/api/v1"
 _R = r"/repos/(?P<owner>[^/]+)/(?P<repo>[^/]+)"

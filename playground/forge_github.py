@@ -11,16 +11,15 @@ from __future__ import annotations
 import datetime as dt
 import re
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jwt
 from aiohttp import web
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from playground.forge_server import (
+from playground.forge_state import (
     ApiError,
     Call,
-    ForgeServer,
     Identity,
     Pull,
     Repo,
@@ -29,6 +28,9 @@ from playground.forge_server import (
     iso,
     now,
 )
+
+if TYPE_CHECKING:
+    from playground.forge_server import ForgeServer
 
 PREFIX = "/api/v3"
 DOCS = "https://docs.github.com/rest"

@@ -40,7 +40,7 @@ def test_stop_names_the_session_only():
 
 
 def test_the_listener_pattern_matches_exactly_our_buttons():
-    assert {a.value for a in Action} == {"approve", "reject", "approve_all", "stop", "push"}
+    assert {a.value for a in Action} == {"approve", "reject", "approve_all", "stop", "push", "pull_request"}
     for action in Action:
         assert ACTION_PATTERN.match(action.value)
     for other in ("approve_all_now", "xapprove", "Stop", "", "approve\n"):

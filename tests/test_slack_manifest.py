@@ -55,6 +55,7 @@ METHOD_SCOPES: dict[str, frozenset[str]] = {
     "conversations.replies": HISTORY,
     "conversations.history": HISTORY,  # a replayed request finds its post in a channel (bot.steps.find_posted)
     "usergroups.users.list": frozenset({"usergroups:read"}),
+    "users.info": frozenset({"users:read"}),  # the names of who asked and approved, in a pull request's body
     "views.publish": frozenset(),
     "files.getUploadURLExternal": frozenset({"files:write"}),
     "files.completeUploadExternal": frozenset({"files:write"}),

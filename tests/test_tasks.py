@@ -31,7 +31,10 @@ def test_every_task_is_registered_under_the_name_and_queue_it_is_sent_by(celery_
     from workers.scheduler import JobScheduler
 
     declared = [v for v in vars(tasks).values() if isinstance(v, tasks.Declared)]
-    assert {d.name for d in declared} == {"mm.run_session", "mm.run_job", "mm.push_thread", "mm.housekeeping"}
+    assert {d.name for d in declared} == {
+        *("mm.run_session", "mm.run_job", "mm.push_thread", "mm.housekeeping"),
+        *("mm.show_pull_request", "mm.follow_pull_request"),
+    }
     for d in declared:
         assert app.tasks[d.name].queue == d.queue
     assert tasks.housekeeping.queue == HOUSEKEEPING_QUEUE and tasks.run_session.queue == TURNS_QUEUE

@@ -28,6 +28,7 @@ from mm_core.tools.ask_agent import load_agent_file
 from slackio.mrkdwn import Mrkdwn
 from workers import git
 from workers.errors import WorkerError
+from workers.scope import normal_url, token_scope
 from workers.workspaces import private_repository, public_url
 
 AUTHOR = ("mm", "mm@localhost")  # the bot's identity for its commit: on that command's line, never in a config
@@ -95,7 +96,7 @@ def credentials(config: Config, remote: str) -> git.Credentials | None:
     the operator's config names it (token_scope): a repository a Slack user picked elsewhere never gets the
     token, nor one of another owner on the same forge."""
     exact, owners = token_scope(config)
-    url = _normal(remote)
+    url = normal_url(remote)
     if url is None or not (url in exact or url.startswith(owners)):
         return None
     if (forged := _forge_credentials(config, remote, url)) is not None:
@@ -127,35 +128,8 @@ def _forge_credentials(config: Config, remote: str, url: str) -> git.Credentials
 def has_forge(config: Config, remote: str) -> bool:
     """Whether pull requests can be opened for `remote`: an https URL whose host is a forge the config names or
     one known without it (its token may still be missing: opening one then says which to set)."""
-    url = _normal(remote)
+    url = normal_url(remote)
     return url is not None and config.service.forge(urlsplit(url).netloc) is not None
-
-
-def token_scope(config: Config) -> tuple[set[str], tuple[str, ...]]:
-    """The HTTPS repositories the token is for: those the config names (channels' and jobs' repositories, push
-    remotes), and every repository under an owner a channel's `repos` pattern spells out (`https://host/owner/…`;
-    a wildcard host or owner names none)."""
-    service = config.service
-    named = [c.repo for c in service.channels.values()] + [j.repo for j in service.jobs]
-    named += [j.push.remote for j in service.jobs if j.push is not None]
-    exact = {u for u in (_normal(n) for n in named if n) if u}
-    owners = set()
-    for pattern in (p for c in service.channels.values() for p in c.repos):
-        parts = pattern.split("/")  # https: '' host owner …
-        if len(parts) > 4 and pattern.startswith("https://") and not any("*" in p for p in parts[2:4]) and parts[3]:
-            owners.add(f"https://{parts[2].lower()}/{parts[3]}/")
-    return exact, tuple(sorted(owners))
-
-
-def _normal(url: str) -> str | None:
-    """An HTTPS URL without its user part, its trailing `/` or `.git`, its host in lower case; None for others."""
-    try:
-        parts = urlsplit(public_url(url))
-    except ValueError:
-        return None
-    if parts.scheme != "https" or not parts.hostname:
-        return None
-    return f"https://{parts.netloc.lower()}{parts.path.rstrip('/').removesuffix('.git')}"
 
 
 def agent_of(config: Config, agent_name: str | None) -> AgentConfig:

@@ -20,7 +20,7 @@ from pyforgejo.core.api_error import ApiError
 from pyforgejo.core.request_options import RequestOptions
 from pyforgejo.types.pull_request import PullRequest as GiteaPull
 
-from workers.forges import (
+from workers.forges._types import (
     Check,
     CheckState,
     ForgeError,

@@ -20,7 +20,7 @@ from githubkit.cache import MemCacheStrategy
 from githubkit.exception import AuthCredentialError, RequestError, RequestFailed
 from githubkit.response import Response
 
-from workers.forges import (
+from workers.forges._types import (
     Check,
     CheckState,
     ForgeError,

@@ -19,7 +19,7 @@ import gitlab
 import requests
 from gitlab.exceptions import GitlabError
 
-from workers.forges import (
+from workers.forges._types import (
     Check,
     CheckState,
     ForgeError,
