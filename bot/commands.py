@@ -289,12 +289,15 @@ class Commands:
         return Outcome(private=refusal) if refusal else Outcome()
 
     async def _pull_request(self, slack: SlackOut, command: Command, where: Where, session: str) -> Outcome:
-        """`pr`: the status of the thread's pull request when it has one, else (and `pr TITLE` always) push and open
-        or update it, as an approver's push."""
+        """`pr`: the status of the thread's pull request when it has an open one (a job run's thread: its job's),
+        else (and `pr TITLE` always) push and open or update it, as an approver's push."""
         title = " ".join(command.args[0].split())[:MAX_TITLE] if command.args else None
         if self.clicks is None:
             return Outcome(private=PUSH_UNAVAILABLE)
-        if title is None and await asyncio.to_thread(pull_requests.of_session, self.engine, session) is not None:
+        pull = await asyncio.to_thread(pull_requests.of_session, self.engine, session) if title is None else None
+        # A thread's own open one is shown; a closed one is not in the way of the next (its push opens another).
+        # A job run's thread shows its job's, whatever its state: the job, not the thread, opens them.
+        if pull is not None and (pull.state in pull_requests.OPEN_STATES or pull.owner.startswith("job:")):
             refusal = await self.clicks.show_pull_request(session)
         else:
             refusal = await self.clicks.push(slack, session, where.channel, where.user, None, True, title)

@@ -45,6 +45,7 @@ from chatops.schema import (
     ApprovalState,
     AssistantContext,
     InboxMessage,
+    PullRequestRecord,
     Session,
     SessionEvent,
     SessionStatus,
@@ -130,6 +131,13 @@ def purge_session(
             update(Approval)
             .where(Approval.session_id == session_id, Approval.preview.is_not(None))
             .values(preview=None)
+        )
+        # A pull request's body quotes the thread (what was asked, the answer): the forge has its copy, ours goes.
+        # One the forge has not been told yet keeps it, or the next sync would blank the forge's.
+        conn.execute(
+            update(PullRequestRecord)
+            .where(PullRequestRecord.session_id == session_id, PullRequestRecord.needs_sync.is_(False))
+            .values(body="")
         )
         if secrets:
             _scrub_kept(conn, session_id, secrets)

@@ -34,9 +34,10 @@ def configured(forge: ForgeServer, tmp_path: Path, token: str = TOKEN, extra: st
     return config(tmp_path, text, {TOKEN_ENVS[forge.kind]: token})
 
 
-def new_branch(forge: ForgeServer, branch: str) -> str:
-    """A new commit on `branch` of the emulator's repository (what the worker's push would have made)."""
-    git_dir, env = forge.repos[PATH].git_dir, {**forge.git_env, "GIT_AUTHOR_NAME": "mm", "GIT_AUTHOR_EMAIL": "mm@x"}
+def new_branch(forge: ForgeServer, branch: str, path: str = PATH) -> str:
+    """A new commit on `branch` of the emulator's repository `path` (what the worker's push would have made, or a
+    person's push), whatever the branch held."""
+    git_dir, env = forge.repos[path].git_dir, {**forge.git_env, "GIT_AUTHOR_NAME": "mm", "GIT_AUTHOR_EMAIL": "mm@x"}
     env |= {"GIT_COMMITTER_NAME": "mm", "GIT_COMMITTER_EMAIL": "mm@x"}
 
     def git(*args: str) -> str:

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from forge_support import new_branch
 from mm_testkit.redis_server import OwnRedis
 from playground.forge_server import ForgeServer, Kind
 from playground.model_server import Reply, ToolCall
@@ -210,14 +211,20 @@ def test_a_job_keeps_one_pull_request_updated_left_alone_and_opened_anew(
         [mr3] = forge.pulls("acme/team/app")
         assert mr3["head_sha"] == mr2["head_sha"]
 
-        # Closed on the forge: the next run with changes opens a new one.
-        forge.close("acme/team/app", mr["number"])
+        # A person pushes to the merge request's branch: the next run does not push over their commit.
+        theirs = new_branch(forge, "mm/notes", "acme/team/app")
         s.model.always(writes("notes.txt", "fourth run\n"))
         fourth = finished(s, run_now(s, "notes"))
-        assert fourth.status == "succeeded", fourth.summary
+        assert fourth.status == "failed" and "has commits mm did not push" in fourth.summary, fourth.summary
+        assert forge.pulls("acme/team/app")[0]["head_sha"] == theirs
+
+        # Closed on the forge: the next run with changes opens a new one.
+        forge.close("acme/team/app", mr["number"])
+        fifth = finished(s, run_now(s, "notes"))
+        assert fifth.status == "succeeded", fifth.summary
         pulls = forge.pulls("acme/team/app")
         assert [p["state"] for p in pulls] == ["closed", "open"]
-        assert f"pull request !{pulls[1]['number']}" in fourth.summary
+        assert f"pull request !{pulls[1]['number']}" in fifth.summary
         assert TOKEN not in f.all_text()
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+from dataclasses import replace
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -227,3 +228,31 @@ def test_housekeeping_purges_only_when_retention_days_are_set(engine: Engine, tm
     assert session_row(engine, session_id).purged_at is None and workspace.exists()
     housekeep_retention(engine, load_config(on, environ=env), secrets=[], now=now)
     assert session_row(engine, session_id).purged_at == now and not workspace.exists()
+
+
+def test_a_purge_blanks_the_body_of_a_pull_request_the_forge_has(engine: Engine) -> None:
+    """A pull request's body quotes the thread: the forge keeps its copy, the record's goes with the thread's; one
+    not yet sent keeps it (a sync would otherwise blank the forge's)."""
+    from chatops import pull_requests as records
+
+    session_id, _ = two_person_call(engine, new_channel())
+    pushed = records.Pushed(
+        owner=records.thread_owner(session_id),
+        session_id=session_id,
+        host="git.example.com",
+        repo="acme/app",
+        branch="mm/thread-1",
+        base="main",
+        head_sha="a" * 40,
+        title="Fix the greeting",
+        body="> make deploy, said the thread",
+        draft=True,
+        requested_by="U0BOB",
+    )
+    sent = records.record_push(engine, pushed)
+    assert records.record_synced(engine, sent, number=1, url="u", draft=True, head_sha="a" * 40, follow_for=None)
+    waiting = records.record_push(engine, replace(pushed, owner="job:x", session_id=session_id))
+    purge_session(engine, session_id, by=None, why="test", now=LATER)
+    told, untold = records.get(engine, sent), records.get(engine, waiting)
+    assert told is not None and told.body == "" and told.title == "Fix the greeting"
+    assert untold is not None and untold.body == "> make deploy, said the thread"

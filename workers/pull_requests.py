@@ -176,12 +176,16 @@ def follow(engine: Engine, config: Config, record_id: int) -> Mrkdwn | None:
         status = forge.status(repo, forge.get(repo, record.number))
     except ForgeError as e:
         log.info("pull request %s: its checks could not be read (%s); tried again later", record.id, e.text)
+        if utcnow() >= record.follow_until:  # following ends, whatever the forge says
+            records.record_checks_said(engine, record.id, record.head_sha)
         return None
     if status.pull.state != PullState.OPEN:
         records.record_ended(engine, record.id, PullRequestState(status.pull.state.value))
         return None
     if status.pull.head_sha != record.head_sha:
-        return None  # someone pushed after mm: their checks are theirs to follow
+        # Someone pushed after mm: their checks are theirs to follow, and this head's will never come.
+        records.record_checks_said(engine, record.id, record.head_sha)
+        return None
     checks = status.checks
     link = _link(status.pull)
     running = any(c.state == CheckState.PENDING for c in checks)

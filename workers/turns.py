@@ -96,7 +96,7 @@ PULL_REQUEST_OFFER = (
     "request."
 )
 UPDATE_OFFER = Mrkdwn(
-    "📦 {files} changed file(s) in this thread's workspace: an approver can add them to <{url}|{label}>."
+    "📦 {files} changed file(s) in this thread's workspace: an approver can add them to {pull}."
 )
 UPDATE_LABEL = "Update pull request"
 NEW_CONVERSATION = "🆕 New conversation: I forget what was said before here. The workspace stays as it is."
@@ -625,10 +625,8 @@ class SessionTurns:
         forge is known, a pull request is offered beside the branch."""
         pull = pull_requests.current(self.proc.engine, pull_requests.thread_owner(self.session_id))
         if pull is not None:
-            return (
-                UPDATE_OFFER.format(files=changed, url=pull.url or "", label=pull.label),
-                [(Action.PULL_REQUEST, UPDATE_LABEL)],
-            )
+            shown = Mrkdwn("<{url}|{label}>").format(url=pull.url, label=pull.label) if pull.url else pull.label
+            return UPDATE_OFFER.format(files=changed, pull=shown), [(Action.PULL_REQUEST, UPDATE_LABEL)]
         remote = self.row.repo or self.config.service.channel(self.row.channel_id or "").repo or ""
         if has_forge(self.config, remote):
             return PULL_REQUEST_OFFER.format(files=changed), [(Action.PUSH, None), (Action.PULL_REQUEST, None)]
