@@ -6,7 +6,9 @@ emulator's channel and turns clicks into signed requests to the bot (playground/
 answers, the demo model that plays a scripted session (playground/demo_model.py).
 
 The config is the person's own, with an overlay (var/playground/overlay.yaml, shown on the page) that adds the
-playground's channel: its repository, yolo off so calls ask, and one of the page's people as its approver.
+playground's channel: its repository, yolo off so calls ask, and one of the page's people as its approver. The
+demo repository lives on a forge emulator (playground/forge_server.py, GitHub's API) in this process too, so a
+thread's "Open pull request" opens a real pull request there, listed on the emulator's page.
 """
 
 from __future__ import annotations
@@ -17,11 +19,13 @@ import os
 import secrets
 import shutil
 import socket
+import ssl
 import sys
 import webbrowser
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import certifi
 import yaml
 
 from bot.server import check_port
@@ -30,7 +34,8 @@ from chatops.secrets import mask_url
 from commands.doctor import check_model
 from commands.errors import CommandError
 from commands.services import Child, prepare, run_services
-from playground.demo_model import DEMO_MODEL_NAME, demo_repository, start_demo_model
+from playground.demo_model import DEMO_CONTENT, DEMO_FILE, DEMO_MODEL_NAME, start_demo_model
+from playground.forge_server import ForgeServer
 from playground.server import ModelInfo, Person, PlaygroundPage, is_loopback
 from playground.slack_api import SlackEmulator
 
@@ -43,6 +48,10 @@ PEOPLE = [
     Person("U0PGLINUS", "linus", "Linus", "member", "may not approve"),
 ]
 APPROVER = PEOPLE[1].id
+DEMO_REPO = "playground/demo"  # its path on the forge emulator
+# The worker's variable for the emulator's token: not MM_GITHUB_TOKEN, which may hold the person's token for
+# github.com (their jobs' repositories) and must keep doing so.
+FORGE_TOKEN_ENV = "MM_PLAYGROUND_FORGE_TOKEN"
 START_A_MODEL = (
     "Start one, then set MM_MODEL_URL (and MM_MODEL, the model's name) and run `make run` again:\n"
     "  Ollama: `ollama serve`, `ollama pull gemma3:12b`; MM_MODEL_URL=http://localhost:11434/v1 MM_MODEL=gemma3:12b\n"
@@ -98,6 +107,8 @@ def _serve(
         bot_token=f"xoxb-playground-{secrets.token_hex(12)}", team_name=TEAM, team_id="T0PLAYGROUND", history=1000
     ).start()
     model_server = None
+    forge: ForgeServer | None = None
+    demo_repo: tuple[ForgeServer, str] | None = None
     page: PlaygroundPage | None = None
     try:
         for person in PEOPLE:
@@ -111,7 +122,14 @@ def _serve(
             model_server = start_demo_model()
             model = ModelInfo(True, DEMO_MODEL_NAME, model_server.url, model.note)
             env |= {"MM_MODEL_URL": model_server.url, "MM_MODEL": DEMO_MODEL_NAME}
-        overlay = _overlay(config, use_demo)
+        # The demo model's script is written for its own repository; a real model works on the person's.
+        if use_demo or not config.service.channel(CHANNEL_ID).repo:
+            token = secrets.token_hex(20)
+            forge, clone = _start_forge(token)
+            demo_repo = forge, clone
+            # The token reaches the worker through its environment alone: never the overlay, never the page.
+            env |= {FORGE_TOKEN_ENV: token} | _trust(forge, environ)
+        overlay = _overlay(config, demo_repo)
         overlay_file = PLAYGROUND_DIR / "overlay.yaml"
         overlay_file.write_text(overlay, encoding="utf-8")
         env["MM_CONFIG_OVERLAY"] = str(overlay_file.absolute())
@@ -128,6 +146,7 @@ def _serve(
             model=model,
             overlay=overlay,
             config_path=str(config.path) if config.path else None,
+            forge_url=f"{forge.base}/" if forge is not None else None,
             host=host,
             port=port,
             exposed=exposed,
@@ -140,6 +159,8 @@ def _serve(
                 say(f"model: the demo model (scripted), since {model.note.splitlines()[0]}")
             else:
                 say(f"model: {model.name} at {model.url}")
+            if forge is not None:
+                say(f"the demo repository is on a GitHub emulator: its pull requests at {forge.base}/")
             say(f"open {page.base} in your browser; Ctrl-C stops everything")
             if browser and _has_a_screen():
                 webbrowser.open(page.base)
@@ -150,6 +171,8 @@ def _serve(
             page.stop()
         if model_server is not None:
             model_server.stop()
+        if forge is not None:
+            forge.stop()
         slack.stop()
 
 
@@ -164,24 +187,60 @@ def _model(config: Config, demo: bool) -> tuple[ModelInfo, bool]:
     return ModelInfo(True, DEMO_MODEL_NAME, "", f"no model answered: {check.detail}.\n{START_A_MODEL}"), True
 
 
-def _overlay(config: Config, demo: bool) -> str:
-    # The demo model's script is written for its own repository; a real model works on the person's.
-    own = config.service.channel(CHANNEL_ID)
+def _overlay(config: Config, demo: tuple[ForgeServer, str] | None) -> str:
+    """The overlay: the playground's channel, on the demo repository when `demo` gives it (the forge emulator
+    and the repository's clone URL there)."""
     channel: dict[str, object] = {"approvers": [APPROVER], "yolo": False}
-    if demo or not own.repo:
-        channel["repo"] = str(demo_repository(PLAYGROUND_DIR / "demo-repo").absolute())
+    overlay: dict[str, object] = {"channels": {CHANNEL_ID: channel}}
+    if demo is not None:
+        forge, channel["repo"] = demo
         channel["branch"] = "main"
+        overlay["forges"] = {forge.host: {"kind": forge.kind, "tokenEnv": FORGE_TOKEN_ENV}}
     header = (
         "# Laid over your config by the playground (MM_CONFIG_OVERLAY): its channel asks before every command\n"
         "# and edit, and Grace approves; your jobs report in it.\n"
     )
-    overlay: dict[str, object] = {"channels": {CHANNEL_ID: channel}}
+    if demo is not None:
+        header += (
+            "# Its repository is on the playground's GitHub emulator: Open pull request opens one there, with a\n"
+            f"# token the worker has in {FORGE_TOKEN_ENV}.\n"
+        )
     if config.service.jobs:
         # The page shows one channel: the jobs' runs come there as threads. A trial never pushes a job's branch
         # to the team's remote on its own (a thread's Push branch button, which an approver clicks, still does).
         jobs = [job.model_dump(mode="json", exclude_defaults=True) for job in config.service.jobs]
         overlay["jobs"] = [{k: v for k, v in job.items() if k != "push"} | {"channel": CHANNEL_ID} for job in jobs]
     return header + yaml.safe_dump(overlay, sort_keys=False, allow_unicode=True)
+
+
+def _start_forge(token: str) -> tuple[ForgeServer, str]:
+    """The forge emulator and the clone URL of the demo repository it holds (DEMO_FILE, as demo_repository makes
+    it), `token` its only token. Its repositories are under PLAYGROUND_DIR, fresh each run: the emulator keeps
+    its pull requests in memory, so an earlier run's branches would belong to pull requests it no longer knows."""
+    root = PLAYGROUND_DIR / "forge"
+    shutil.rmtree(root, ignore_errors=True)
+    forge = ForgeServer("github", root.absolute(), tokens={token: None}).start()
+    try:
+        return forge, forge.add_repo(DEMO_REPO, files={DEMO_FILE: DEMO_CONTENT})
+    except BaseException:
+        forge.stop()
+        raise
+
+
+def _trust(forge: ForgeServer, environ: dict[str, str]) -> dict[str, str]:
+    """The variables by which git, httpx and requests trust the emulator's CA (ForgeServer.ca_env), naming a
+    bundle that also holds what they trusted before: ca_env's file holds the emulator's CA alone, and would make
+    the worker refuse every other HTTPS server (a hosted model, a page fetch_content reads, the person's own
+    remotes)."""
+    names = forge.ca_env()
+    before = [environ[name] for name in names if environ.get(name)]
+    if not before:  # the defaults: httpx's and requests' (certifi), git's (the system's, through OpenSSL)
+        before = [certifi.where(), ssl.get_default_verify_paths().openssl_cafile]
+    sources = dict.fromkeys(os.path.realpath(path) for path in before if os.path.isfile(path))
+    pems = [Path(path).read_text(encoding="utf-8") for path in sources]
+    bundle = PLAYGROUND_DIR / "ca-bundle.pem"
+    bundle.write_text("\n".join([*pems, Path(names["SSL_CERT_FILE"]).read_text(encoding="utf-8")]), encoding="utf-8")
+    return dict.fromkeys(names, str(bundle.absolute()))
 
 
 @contextlib.contextmanager

@@ -6,7 +6,8 @@ signed slash command, an `app_home_opened` event. The worker answers through the
 emulator, and the page draws the emulator's state, so what the page shows is what Slack would have received.
 
     GET  /                     the page (static/index.html)
-    GET  /api/state?user=U     the channel, the person's ephemerals and App Home, the model and the overlay
+    GET  /api/state?user=U     the channel, the person's ephemerals and App Home, the model, the overlay and the
+                               forge emulator's page (its pull requests), when the playground runs one
     GET  /api/events           server-sent events: `change` whenever the emulator's state changed
     GET  /api/files/<id>       a file's picture (a PNG, JPEG, GIF or WebP shared or uploaded), for its thumbnail
     POST /api/messages         {user, text, thread_ts?, file?: {name, mimetype?, data (base64)}}
@@ -148,6 +149,7 @@ class PlaygroundPage(ThreadedAiohttpServer):
         model: ModelInfo,
         overlay: str,
         config_path: str | None,
+        forge_url: str | None = None,
         host: str = "127.0.0.1",
         port: int = 0,
         exposed: bool = False,
@@ -156,6 +158,7 @@ class PlaygroundPage(ThreadedAiohttpServer):
         self.slack, self.people, self.model = slack, people, model
         self.channel_id, self.channel_name = channel_id, channel_name
         self.overlay, self.config_path, self.exposed = overlay, config_path, exposed
+        self.forge_url = forge_url  # a page a person opens: the emulator's token is never part of it
         self._sender = SlackEventSender(
             bot_url,
             signing_secret,
@@ -251,6 +254,7 @@ class PlaygroundPage(ThreadedAiohttpServer):
             "model": asdict(self.model),
             "overlay": self.overlay,
             "config_path": self.config_path,
+            "forge_url": self.forge_url,
             "mention": f"<@{slack.bot_user_id}>",
             "max_file_bytes": MAX_FILE,
         }

@@ -13,10 +13,11 @@ import os
 import re
 import shutil
 import signal
+import ssl
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ from slack_sdk import WebClient
 
 from chatops.buttons import LABELS, Action
 from commands.dev import PLAYGROUND_INSTEAD
-from commands.playground import PEOPLE
+from commands.playground import DEMO_REPO, FORGE_TOKEN_ENV, PEOPLE, PLAYGROUND_DIR
 from mm_testkit.fixtures_kit import needs_bwrap_when_root, needs_system
 from mm_testkit.redis_server import OwnRedis
 from mmbot_helpers import MM_BOT, clean_env, free_port, session_processes
@@ -610,6 +611,105 @@ def test_make_run_without_slack_or_model_plays_the_demo_to_its_end_in_the_browse
     finally:
         running.stop()
         redis.stop()
+
+
+def test_the_demo_s_changes_open_a_pull_request_on_the_playground_s_forge(tmp_path: Path, browser: Browser) -> None:
+    nothing = free_port()  # no model answers there: the demo plays, on the forge emulator's repository
+    redis = OwnRedis(tmp_path / "redis")  # not the module's: its playground's worker would take these turns
+    redis.start()
+    env = clean_env(CELERY_BROKER_URL=redis.url, MM_MODEL_URL=f"http://127.0.0.1:{nothing}/v1")
+    running = Playground("playground", env)
+    try:
+        base = running.base
+        forge_url = httpx.get(f"{base}/api/state", params={"user": ADA}).json()["forge_url"]
+        assert re.fullmatch(r"https://127\.0\.0\.1:\d+/", forge_url), forge_url
+        overlay = (running.directory / PLAYGROUND_DIR / "overlay.yaml").read_text()
+        assert f"repo: {forge_url}{DEMO_REPO}.git" in overlay
+        assert f"{forge_url[len('https://') : -1]}:\n    kind: github" in overlay
+
+        sent = httpx.post(f"{base}/api/messages", json={"user": ADA, "text": "@mm fix the greeting"}, timeout=30)
+        root = sent.json()["ts"]
+        clicked: set[str] = set()
+        for _ in ("the command", "the edit"):
+            prompt = _thread_message(base, root, lambda m: Action.APPROVE in _buttons(m) and m["ts"] not in clicked)
+            _press(base, prompt, Action.APPROVE, GRACE)
+            clicked.add(prompt["ts"])
+        offer = _thread_message(base, root, lambda m: Action.PULL_REQUEST in _buttons(m))
+        assert _buttons(offer)[Action.PULL_REQUEST]["text"]["text"] == LABELS[Action.PULL_REQUEST]
+        _press(base, offer, Action.PULL_REQUEST, GRACE)
+        opened = _thread_message(base, root, lambda m: "opened <" in m.get("text", ""))["text"]
+        link = re.search(r"opened <(?P<url>[^|>]+)\|pull request #1>", opened)
+        assert link is not None and link["url"] == f"{forge_url}{DEMO_REPO}/pull/1", opened
+
+        # The emulator's page lists it, over HTTPS the worker's bundle trusts.
+        trust = ssl.create_default_context(cafile=running.directory / PLAYGROUND_DIR / "ca-bundle.pem")
+        assert trust.cert_store_stats()["x509_ca"] > 1  # and the CAs trusted before it (a hosted model's)
+        listing = httpx.get(forge_url, verify=trust).text
+        assert f'<a href="{link["url"]}">{DEMO_REPO}#1 ' in listing
+        assert "<span class=state>open</span>" in listing
+
+        context = browser.new_context()
+        page = context.new_page()
+        page.goto(base)
+        expect(page.locator("#forge-line")).to_contain_text(f"Pull requests: {forge_url}")
+        expect(page.locator("#forge-line a")).to_have_attribute("href", forge_url)
+        context.close()
+
+        # The worker has the token; nothing a person sees does.
+        [token] = {_environ(pid).get(FORGE_TOKEN_ENV) for pid in _pids(running, "worker")}
+        assert token
+        for user in (ADA, GRACE, LINUS):
+            assert token not in httpx.get(f"{base}/api/state", params={"user": user}).text
+        assert token not in overlay and token not in running.output()
+    finally:
+        running.stop()
+        redis.stop()
+
+
+def _buttons(message: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {
+        e["action_id"]: e | {"block_id": b.get("block_id", "")}
+        for b in message.get("blocks") or []
+        if b["type"] == "actions"
+        for e in b["elements"]
+    }
+
+
+def _thread_message(base: str, root: str, wanted: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
+    """The first message of thread `root`, as the page's API shows it, that is `wanted`, once there is one."""
+    deadline = time.monotonic() + WAIT / 1000
+    thread: list[dict[str, Any]] = []
+    while time.monotonic() < deadline:
+        messages = httpx.get(f"{base}/api/state", params={"user": GRACE}).json()["messages"]
+        thread = [m for m in messages if m.get("thread_ts", m["ts"]) == root]
+        if found := next((m for m in thread if wanted(m)), None):
+            return found
+        time.sleep(0.2)
+    raise AssertionError(f"no such message in the thread: {[m.get('text') for m in thread]}")
+
+
+def _press(base: str, message: dict[str, Any], action: Action, user: str) -> None:
+    """A click on the message's button, as the page sends it."""
+    button = _buttons(message)[action]
+    body = {
+        "user": user,
+        "message_ts": message["ts"],
+        "action_id": action.value,
+        "block_id": button["block_id"],
+        "value": button.get("value", ""),
+        "text": button["text"]["text"],
+    }
+    answer = httpx.post(f"{base}/api/actions", json=body, timeout=30)
+    assert answer.status_code == 200, answer.text
+
+
+def _pids(running: Playground, name: str) -> list[int]:
+    return [int(p.split()[0]) for p in session_processes(running.process.pid) if f" {name} " in p]
+
+
+def _environ(pid: int) -> dict[str, str]:
+    pairs = Path(f"/proc/{pid}/environ").read_text(errors="replace").split("\0")
+    return {name: value for name, _, value in (pair.partition("=") for pair in pairs if pair)}
 
 
 def _screenshot(page: Page, tmp_path: Path) -> None:

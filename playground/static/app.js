@@ -1182,6 +1182,22 @@ function renderSidebar(state) {
   const model = state.model || {};
   $("#model-line").textContent = model.demo ? "Model: demo (scripted)" : `Model: ${model.name || "?"}`;
   $("#model-line").title = model.url || "";
+  renderForgeLine(state.forge_url);
+}
+
+function renderForgeLine(url) {
+  // The forge emulator's page, which lists the pull requests the threads opened (another origin: a new tab).
+  const line = $("#forge-line");
+  line.hidden = !url;
+  if (!url || signatures.get(line) === url) return;
+  signatures.set(line, url);
+  line.replaceChildren("Pull requests: ", h("a", {
+    href: url,
+    target: "_blank",
+    rel: "noopener noreferrer",
+    // The emulator serves HTTPS with a certificate of its own CA, which the browser does not know.
+    title: "The playground's GitHub emulator; your browser asks about its certificate, made for this run",
+  }, url));
 }
 
 function renderUserPicker(state) {
