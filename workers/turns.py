@@ -95,9 +95,7 @@ PULL_REQUEST_OFFER = (
     "📦 {files} changed file(s) in this thread's workspace: an approver can push them to a branch or open a pull "
     "request."
 )
-UPDATE_OFFER = Mrkdwn(
-    "📦 {files} changed file(s) in this thread's workspace: an approver can add them to {pull}."
-)
+UPDATE_OFFER = Mrkdwn("📦 {files} changed file(s) in this thread's workspace: an approver can add them to {pull}.")
 UPDATE_LABEL = "Update pull request"
 NEW_CONVERSATION = "🆕 New conversation: I forget what was said before here. The workspace stays as it is."
 TIME_LIMIT = "⏱ The turn ran for longer than {limit} and was stopped."
