@@ -295,9 +295,10 @@ class Commands:
         if self.clicks is None:
             return Outcome(private=PUSH_UNAVAILABLE)
         pull = await asyncio.to_thread(pull_requests.of_session, self.engine, session) if title is None else None
-        # A thread's own open one is shown; a closed one is not in the way of the next (its push opens another).
+        # A thread's own open one (or one being opened) is shown; a closed or refused one is not in the way of the
+        # next (its push opens another, or tries again).
         # A job run's thread shows its job's, whatever its state: the job, not the thread, opens them.
-        if pull is not None and (pull.state in pull_requests.OPEN_STATES or pull.owner.startswith("job:")):
+        if pull is not None and (pull.shows_status or pull.owner.startswith("job:")):
             refusal = await self.clicks.show_pull_request(session)
         else:
             refusal = await self.clicks.push(slack, session, where.channel, where.user, None, True, title)

@@ -47,12 +47,24 @@ class PullRecord:
     title: str
     body: str
     head_sha: str
+    pushing_sha: str | None
     requested_by: str | None
     needs_sync: bool
     error: str | None
     retry_at: datetime | None
+    attempts: int
     follow_until: datetime | None
     checks_said: str | None
+    updated_at: datetime
+
+    @property
+    def shows_status(self) -> bool:
+        """Open, or being opened (a sync due or waiting for its retry): `pr` shows it rather than pushing again."""
+        return self.state == PullRequestState.OPEN or (self.state == PullRequestState.PENDING and self.needs_sync)
+
+    def known_heads(self) -> set[str]:
+        """The commits the branch may hold that are mm's own: the last pushed, and one a stopped push was sending."""
+        return {c for c in (self.head_sha, self.pushing_sha) if c}
 
     @property
     def label(self) -> str:
@@ -119,17 +131,20 @@ class Pushed:
     requested_by: str | None
 
 
-def record_push(engine: Engine, pushed: Pushed) -> int:
+def record_push(engine: Engine, pushed: Pushed, *, needs_sync: bool = True) -> int:
     """Record a push for the owner's pull request, before the forge is asked: the open one gets the new head and
-    body, else a new row is made (pending). Its id."""
+    body, else a new row is made (pending). Its id. `needs_sync=False`: a push about to be made (its branch's
+    first, should the worker stop during it), which the forge is not to hear of before it is made."""
     values = {
         "session_id": pushed.session_id,
         "head_sha": pushed.head_sha,
         "body": pushed.body,
         "requested_by": pushed.requested_by,
-        "needs_sync": True,
+        "needs_sync": needs_sync,
         "error": None,
         "retry_at": None,
+        "attempts": 0,
+        "pushing_sha": None,
         "checks_said": None,
         "updated_at": utcnow(),
     }
@@ -189,6 +204,7 @@ def record_synced(
                     needs_sync=False,
                     error=None,
                     retry_at=None,
+                    attempts=0,
                     follow_until=now + follow_for if follow_for else None,
                     updated_at=now,
                 )
@@ -199,13 +215,38 @@ def record_synced(
 
 def record_refusal(engine: Engine, record_id: int, error: str, retry_at: datetime | None) -> None:
     """The forge refused or failed: the text the thread was told, and when to try again (None: not by itself,
-    a person acts first; the next push tries again)."""
+    a person acts first; the next push tries again). A retry counts as an attempt."""
     with engine.begin() as conn:
         conn.execute(
             update(PullRequestRecord)
             .where(PullRequestRecord.id == record_id)
-            .values(error=error, retry_at=retry_at, needs_sync=retry_at is not None, updated_at=utcnow())
+            .values(
+                error=error,
+                retry_at=retry_at,
+                needs_sync=retry_at is not None,
+                attempts=PullRequestRecord.attempts + 1 if retry_at is not None else 0,
+                updated_at=utcnow(),
+            )
         )
+
+
+def record_pushing(engine: Engine, record_id: int, commit: str) -> None:
+    """The commit a push of the record's branch is about to send (PullRecord.known_heads)."""
+    with engine.begin() as conn:
+        conn.execute(update(PullRequestRecord).where(PullRequestRecord.id == record_id).values(pushing_sha=commit))
+
+
+def ended_heads(engine: Engine, owner: str, most: int = 20) -> set[str]:
+    """The heads mm left on the owner's closed or merged pull requests' branch: still mm's own (a job's next run
+    may replace a branch that holds one)."""
+    with engine.connect() as conn:
+        rows = conn.execute(
+            select(PullRequestRecord.head_sha, PullRequestRecord.pushing_sha)
+            .where(PullRequestRecord.owner == owner, PullRequestRecord.state.not_in(OPEN_STATES))
+            .order_by(PullRequestRecord.id.desc())
+            .limit(most)
+        )
+        return {c for row in rows for c in row if c}
 
 
 def record_ended(engine: Engine, record_id: int, state: PullRequestState) -> None:

@@ -576,11 +576,15 @@ class PullRequestRecord(Base):
     title: Mapped[str] = mapped_column(Text)
     body: Mapped[str] = mapped_column(Text)
     head_sha: Mapped[str] = mapped_column(String(64))  # the commit mm pushed last: the lease of its next push
+    # The commit a push is sending, written before it leaves: after a worker stopped mid-push, the branch may hold
+    # it, and it is mm's own (a job's next run may replace it).
+    pushing_sha: Mapped[str | None] = mapped_column(String(64))
     requested_by: Mapped[str | None] = mapped_column(String(32))
     # The forge has not been told the row's title, body or head yet: a sync is due.
     needs_sync: Mapped[bool] = mapped_column(Boolean, default=True)
     error: Mapped[str | None] = mapped_column(Text)  # the forge's last refusal, as the thread was told
     retry_at: Mapped[datetime | None]  # a rate limit's reset: the sync waits until then
+    attempts: Mapped[int] = mapped_column(Integer, default=0)  # syncs tried again in a row (a forge away)
     # The checks on head_sha are followed until then; checks_said: the head whose checks' end the thread was told.
     follow_until: Mapped[datetime | None]
     checks_said: Mapped[str | None] = mapped_column(String(64))

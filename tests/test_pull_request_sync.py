@@ -4,6 +4,7 @@ the forge emulator over HTTPS (git http-backend behind it), with the record in S
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -54,6 +55,15 @@ def _pushed(forge: ForgeServer, head: str, owner: str = "thread:s1") -> records.
         draft=True,
         requested_by="U0BOB",
     )
+
+
+def away(forge: ForgeServer, tmp_path: Path) -> None:
+    """The forge stops answering; its CA (removed with it) stays trusted, as an operator's bundle would."""
+    assert forge.ca_file is not None
+    kept = tmp_path / "ca.pem"
+    kept.write_bytes(forge.ca_file.read_bytes())
+    os.environ["SSL_CERT_FILE"] = str(kept)  # monkeypatch (the fixture's) restores it
+    forge.stop()
 
 
 def _config(forge: ForgeServer, tmp_path: Path) -> Config:
@@ -175,3 +185,55 @@ def test_a_rate_limited_sync_waits_for_the_reset(github: ForgeServer, engine: En
     assert records.due(engine, reset + timedelta(seconds=1)) == [record_id]
     assert sync(engine, config, record_id).said is None  # still waiting: the forge is not asked
     assert github.pulls(PATH) == []
+
+
+def test_a_forge_away_is_told_once_tried_less_and_less_often_then_given_up(
+    github: ForgeServer, engine: Engine, tmp_path: Path
+) -> None:
+    from workers import pull_requests
+
+    config = _config(github, tmp_path)
+    record_id = records.record_push(engine, _pushed(github, new_branch(github, BRANCH)))
+    away(github, tmp_path)
+    said = [sync(engine, config, record_id).said]
+    waits = []
+    for _ in range(pull_requests.MAX_ATTEMPTS - 1):
+        record = records.get(engine, record_id)
+        assert record is not None and record.retry_at is not None
+        waits.append((record.retry_at - record.updated_at).total_seconds())
+        with engine.begin() as conn:  # its time has come
+            conn.execute(update(PullRequestRecord).values(retry_at=utcnow() - timedelta(seconds=1)))
+        said.append(sync(engine, config, record_id).said)
+    assert said[0] is not None and "did not answer" in said[0] and "tried again after" in said[0]
+    assert said[1:-1] == [None] * (len(said) - 2)  # one line, not one a minute
+    assert said[-1] is not None and f"tried {pull_requests.MAX_ATTEMPTS} times" in said[-1]
+    assert waits[:3] == [pytest.approx(60, abs=2), pytest.approx(120, abs=2), pytest.approx(240, abs=2)]
+    assert max(waits) <= pull_requests.MAX_WAIT_S + 2
+    record = records.get(engine, record_id)
+    assert record is not None and not record.needs_sync and records.due(engine, utcnow() + timedelta(days=1)) == []
+
+
+def test_following_ends_at_its_deadline_when_the_head_moved_or_the_forge_is_away(
+    github: ForgeServer, engine: Engine, tmp_path: Path
+) -> None:
+    config = _config(github, tmp_path)
+    record_id = records.record_push(engine, _pushed(github, new_branch(github, BRANCH)))
+    sync(engine, config, record_id)
+    new_branch(github, BRANCH)  # someone pushed after mm
+    assert follow(engine, config, record_id) is None
+    assert records.due(engine) == [record_id]  # looked at again until following ends
+    with engine.begin() as conn:
+        conn.execute(update(PullRequestRecord).values(follow_until=utcnow() - timedelta(seconds=1)))
+    assert follow(engine, config, record_id) is None
+    assert records.due(engine) == []
+
+    other = records.record_push(engine, _pushed(github, new_branch(github, "mm/other"), owner="thread:s2"))
+    with engine.begin() as conn:
+        conn.execute(update(PullRequestRecord).where(PullRequestRecord.id == other).values(branch="mm/other"))
+    sync(engine, config, other)
+    away(github, tmp_path)
+    with engine.begin() as conn:
+        past = utcnow() - timedelta(seconds=1)
+        conn.execute(update(PullRequestRecord).where(PullRequestRecord.id == other).values(follow_until=past))
+    assert follow(engine, config, other) is None
+    assert records.due(engine) == []

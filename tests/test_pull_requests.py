@@ -13,7 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import update
 
+from chatops.schema import PullRequestRecord
 from forge_support import new_branch
 from mm_testkit.redis_server import OwnRedis
 from playground.forge_server import ForgeServer, Kind
@@ -211,6 +213,16 @@ def test_a_job_keeps_one_pull_request_updated_left_alone_and_opened_anew(
         [mr3] = forge.pulls("acme/team/app")
         assert mr3["head_sha"] == mr2["head_sha"]
 
+        # A worker stopped mid-push: the branch holds the commit it was sending, which its record names
+        # (pushing_sha, written before the push left): mm's own, so the next run replaces it.
+        sent = new_branch(forge, "mm/notes", "acme/team/app")
+        with s.engine.begin() as conn:
+            conn.execute(update(PullRequestRecord).values(pushing_sha=sent))
+        s.model.always(writes("notes.txt", "after a stop\n"))
+        resumed = finished(s, run_now(s, "notes"))
+        assert resumed.status == "succeeded", resumed.summary
+        assert forge.pulls("acme/team/app")[0]["head_sha"] not in (sent, mr2["head_sha"])
+
         # A person pushes to the merge request's branch: the next run does not push over their commit.
         theirs = new_branch(forge, "mm/notes", "acme/team/app")
         s.model.always(writes("notes.txt", "fourth run\n"))
@@ -328,7 +340,9 @@ def test_a_github_app_signs_in_and_a_host_without_a_forge_is_named(
                 assert pull["author"] != ""  # opened as the App's installation
                 tokens = {token for _m, _p, token in forge.requests if token}
                 assert tokens and all(t.startswith("ghs_") or t.count(".") == 2 for t in tokens)
-                assert pem.splitlines()[1] not in f.all_text()
+                seen = f.all_text()
+                assert pem.splitlines()[1] not in seen
+                assert not [t for t in tokens if t in seen]  # the installation tokens: used, never shown
         assert not forge.take_unsupported()
     finally:
         forge.stop()

@@ -10,6 +10,7 @@ says so and fails, and closing the pull request lets the next run start afresh.
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -21,9 +22,10 @@ from chatops.schema import JobRun, PullRequestState
 from mm_core.config import AgentConfig
 from slackio.mrkdwn import Mrkdwn
 from workers import git
+from workers.errors import WorkerError
 from workers.forges import ForgeError, PullState, forge_for
 from workers.pull_request_body import job_body, job_title
-from workers.pull_requests import sync
+from workers.pull_requests import Delivered, pushed_record, record_and_sync
 from workers.push import BranchRefused, NothingToPush, credentials, diff_stat, push_workspace
 
 if TYPE_CHECKING:
@@ -62,12 +64,16 @@ async def push_job_pull_request(
     try:
         forge, repo = await asyncio.to_thread(forge_for, config, remote)
         record = records.current(engine, owner)
-        open_now = None
+        if record is not None and (record.host, record.repo, record.branch) != (repo.host, repo.path, branch):
+            # The config moved the job to another repository or branch: that pull request is no longer its own.
+            records.record_ended(engine, record.id, PullRequestState.CLOSED)
+            record = None
+        open_now, closed_head = None, None
         if record is not None and record.number is not None:
             found = await asyncio.to_thread(forge.get, repo, record.number)
-            if found.state != PullState.OPEN:  # merged or closed: this run starts a new one
+            if found.state != PullState.OPEN:  # merged or closed: this run starts a new one, on the branch as it is
                 records.record_ended(engine, record.id, PullRequestState(found.state.value))
-                record = None
+                record, closed_head = None, found.head_sha
             else:
                 open_now = found
         if record is None and open_now is None:  # one open for the branch that the record lost: adopted
@@ -75,16 +81,30 @@ async def push_job_pull_request(
     except ForgeError as e:
         return None, Mrkdwn.of(e.text), e.text
     message = f"{job.name}: run {run.run_id}\n\n{job.prompt or job.skill or ''}"[:2000]
+    # What the branch may hold that is mm's own: what the records say mm pushed (or was pushing when its worker
+    # stopped), and, with no record to say so, the head of the open pull request it adopts (the forge shows the
+    # branch as it is now, a person's commit included: never taken while a record knows better).
+    known = records.ended_heads(engine, owner) | (record.known_heads() if record is not None else set())
+    known |= {open_now.head_sha} if open_now is not None and record is None else set()
+    known |= {closed_head} if closed_head else set()  # a closed pull request's branch is the job's again
+    channel, thread_ts = _thread_of(engine, run.run_id)
     try:
         token = await asyncio.to_thread(credentials, config, remote)
-        if record is not None:
-            lease = record.head_sha
-        elif open_now is not None:
-            lease = open_now.head_sha
-        else:
-            lease = await asyncio.to_thread(git.remote_head, remote, branch, token)
+        lease = await asyncio.to_thread(git.remote_head, remote, branch, token)
+        changes = await asyncio.to_thread(diff_stat, workspace, agent, start, DIFF_LINES)
+        body = await job_body(config, secrets, job, run.run_id, channel, thread_ts, answer, changes)
+        delivered = Delivered(owner, session_id, repo, branch, cloned or base or "main", "", job_title(job), body, None)
+
+        def before_push(commit: str) -> None:
+            if lease and lease not in known:
+                raise BranchMoved(MOVED.format(branch=branch))
+            if record is not None:
+                records.record_pushing(engine, record.id, commit)
+            else:  # the branch's first push: its record, which the forge hears of only once the push is made
+                records.record_push(engine, pushed_record(config, replace(delivered, commit=commit)), needs_sync=False)
+
         pushed = await asyncio.to_thread(
-            push_workspace, workspace, agent, remote, branch, message, token, base, start, cloned, lease
+            push_workspace, workspace, agent, remote, branch, message, token, base, start, cloned, lease, before_push
         )
     except BranchRefused as e:
         return None, Mrkdwn.of(f"the push was refused: {e}"), f"the push was refused: {e}"
@@ -93,33 +113,24 @@ async def push_job_pull_request(
             label = records.label_of(open_now.number, open_now.url)
             return None, LEFT_ALONE.format(url=open_now.url, label=label), None
         return None, Mrkdwn.of(NOTHING), None
+    except BranchMoved as e:
+        return None, Mrkdwn.of(e.text), e.text
     except git.GitError as e:
         reason = MOVED.format(branch=branch) if "stale info" in e.text else f"the push of `{branch}` failed: {e.text}"
         return None, Mrkdwn.of(reason), reason
-    changes = await asyncio.to_thread(diff_stat, workspace, agent, start, DIFF_LINES)
-    channel, thread_ts = _thread_of(engine, run.run_id)
-    body = await job_body(config, secrets, job, run.run_id, channel, thread_ts, answer, changes)
-    record_id = records.record_push(
-        engine,
-        records.Pushed(
-            owner=owner,
-            session_id=session_id,
-            host=repo.host,
-            repo=repo.path,
-            branch=branch,
-            base=base or cloned or "main",
-            head_sha=pushed.commit,
-            title=job_title(job),
-            body=body,
-            draft=config.service.pullRequest.draft,
-            requested_by=None,
-        ),
-    )
-    synced = await asyncio.to_thread(sync, engine, config, record_id)
+    synced = await asyncio.to_thread(record_and_sync, engine, config, replace(delivered, commit=pushed.commit))
     line = PUSHED.format(branch=branch, commit=pushed.commit[:10])
     if synced.said:
         line = Mrkdwn("{pushed}\n{said}").format(pushed=line, said=Mrkdwn.of(synced.said))
     return branch, line, (str(synced.said) if synced.refused else None)
+
+
+class BranchMoved(WorkerError):
+    """The job's branch holds a commit that is not mm's: nothing is pushed over it."""
+
+    def __init__(self, text: str):
+        super().__init__(text)
+        self.text = text
 
 
 def _thread_of(engine: Engine, run_id: int) -> tuple[str | None, str | None]:

@@ -27,9 +27,12 @@ DEFAULT_TITLE = "Changes from a Slack thread"
 _MENTION = re.compile(r"<@([UW][A-Z0-9]{2,})(?:\|[^>]*)?>")
 _FENCE = re.compile(r"`{3,}")
 # What a forge acts on in a body: `@name` notifies a person or a team, `#12` (`!12` on GitLab) links an issue, and
-# "fixes #12" closes it on merge. In text people or the model wrote, a zero-width space after the sign keeps the
-# text as it reads and makes it nothing the forge acts on (Renovate does the same).
+# a closing keyword ("fixes #12", "Closes https://…/issues/12") closes it on merge. In text people or the model
+# wrote, a zero-width space (a character, not an entity: it must stay invisible in code spans too) after the sign
+# or the keyword's first letter keeps the text as it reads and makes it nothing the forge acts on.
+ZWSP = "\u200b"
 _REFERENCE = re.compile(r"([@#!])(?=[\w-])")
+_CLOSING = re.compile(r"\b([cfr])(?=(?:lose[sd]?|ix(?:e[sd])?|esolve[sd]?)\b)", re.IGNORECASE)
 
 
 def marker(owner: str) -> str:
@@ -196,8 +199,8 @@ def _quoted(text: str, most: int) -> str:
 
 
 def defused(text: str) -> str:
-    """`text` with its mentions and issue references made inert on a forge (_REFERENCE)."""
-    return _REFERENCE.sub(lambda m: f"{m.group(1)}&#8203;", text)
+    """`text` with its mentions, issue references and closing keywords made inert on a forge."""
+    return _CLOSING.sub(lambda m: f"{m.group(1)}{ZWSP}", _REFERENCE.sub(lambda m: f"{m.group(1)}{ZWSP}", text))
 
 
 def _first_sentence(text: str) -> str:

@@ -5,8 +5,10 @@ one look at the checks. Each says at most a line in the pull request's thread.""
 from __future__ import annotations
 
 import asyncio
+from datetime import timedelta
 
 from chatops import pull_requests as records
+from chatops.schema import utcnow
 from chatops.sessions import snapshot
 from chatops.store import record_error
 from slackio.slack_client import failed_where, web_client
@@ -30,7 +32,12 @@ def follow_pull_request_work(record_id: int) -> None:
     if record is None or record.session_id is None:
         return
     lines = []
-    if record.needs_sync:
+    # The push task syncs its own record right after recording it: housekeeping takes over a sync only once its
+    # retry time has come, or when it was left (its worker stopped), never beside it.
+    now = utcnow()
+    waited = record.retry_at is not None and record.retry_at <= now
+    left = record.retry_at is None and record.updated_at < now - timedelta(seconds=records.ABANDONED_S)
+    if record.needs_sync and (waited or left):
         synced = sync(proc.engine, proc.config, record_id, who=record.requested_by if _is_thread(record) else None)
         if synced.said:
             lines.append(synced.said)

@@ -51,8 +51,12 @@ NO_PULL_REQUEST = (
     "This thread has no pull request yet: an approver opens one with the *Open pull request* button or `@mm pr`."
 )
 PENDING = "This thread's pull request is not opened yet: {why}"
-# A forge that does not answer, or says nothing of when: tried again after this.
+# A forge that does not answer, or says nothing of when: tried again after this, doubled at each attempt up to
+# MAX_WAIT_S, and given up after MAX_ATTEMPTS (about eight hours; the next push tries again).
 RETRY_S = 60.0
+MAX_WAIT_S = 3600.0
+MAX_ATTEMPTS = 12
+GAVE_UP = "{words} It was tried {attempts} times; the next push tries again."
 
 
 def remote_of(record: PullRecord) -> str:
@@ -89,10 +93,9 @@ def sync(engine: Engine, config: Config, record_id: int, *, who: str | None = No
         forge, repo = _forge(config, record)
         pull, opened = _send(forge, repo, record, config)
     except RateLimited as e:
-        at = e.reset or utcnow() + timedelta(seconds=RETRY_S)
-        return _later(engine, record, what, e.text, at)
+        return _later(engine, record, what, e.text, e.reset)
     except Unreachable as e:
-        return _later(engine, record, what, e.text, utcnow() + timedelta(seconds=RETRY_S))
+        return _later(engine, record, what, e.text, None)
     except ForgeError as e:
         said = NOT_SENT.format(what=what, words=e.text)
         records.record_refusal(engine, record.id, said, None)
@@ -127,6 +130,45 @@ def _did(who: str | None, verb: str) -> Mrkdwn:
     return Mrkdwn("<@{user}> {verb}").format(user=who, verb=verb) if who else Mrkdwn.of(verb.capitalize())
 
 
+@dataclass(frozen=True)
+class Delivered:
+    """A push made for a pull request: the branch of `repo` it went to and its commit, the base it is to be
+    merged into, and what the forge is to show (`title`, `body`)."""
+
+    owner: str  # chatops.pull_requests.thread_owner / job_owner
+    session_id: str
+    repo: Repo
+    branch: str
+    base: str
+    commit: str
+    title: str
+    body: str
+    who: str | None  # the person who asked (None: a job's run)
+
+
+def record_and_sync(engine: Engine, config: Config, delivered: Delivered) -> Synced:
+    """The one order a pushed pull request takes: recorded first (what the forge is to be told), then told, so a
+    worker stopped between the two leaves a record housekeeping finishes."""
+    record_id = records.record_push(engine, pushed_record(config, delivered))
+    return sync(engine, config, record_id, who=delivered.who)
+
+
+def pushed_record(config: Config, delivered: Delivered) -> records.Pushed:
+    return records.Pushed(
+        owner=delivered.owner,
+        session_id=delivered.session_id,
+        host=delivered.repo.host,
+        repo=delivered.repo.path,
+        branch=delivered.branch,
+        base=delivered.base,
+        head_sha=delivered.commit,
+        title=delivered.title,
+        body=delivered.body,
+        draft=config.service.pullRequest.draft,
+        requested_by=delivered.who,
+    )
+
+
 def _send(forge: Forge, repo: Repo, record: PullRecord, config: Config) -> tuple[PullRequest, bool]:
     """The forge's pull request for the record, opened or updated; whether it was opened now."""
     if record.number is not None:
@@ -159,10 +201,18 @@ def _send(forge: Forge, repo: Repo, record: PullRecord, config: Config) -> tuple
     return forge.update(repo, found.number, body=record.body), False
 
 
-def _later(engine: Engine, record: PullRecord, what: str, words: str, at: datetime) -> Synced:
+def _later(engine: Engine, record: PullRecord, what: str, words: str, reset: datetime | None) -> Synced:
+    """Try again at the forge's `reset`, else after a wait that doubles with each attempt; the thread is told
+    the first time, and once more when it is given up (a forge away for hours is one line, not one a minute)."""
+    if record.attempts + 1 >= MAX_ATTEMPTS:
+        said = GAVE_UP.format(words=NOT_SENT.format(what=what, words=words), attempts=record.attempts + 1)
+        records.record_refusal(engine, record.id, said, None)
+        return Synced(said, refused=True)
+    wait = timedelta(seconds=min(RETRY_S * 2**record.attempts, MAX_WAIT_S))
+    at = max(reset, utcnow()) if reset is not None else utcnow() + wait
     said = LATER.format(words=NOT_SENT.format(what=what, words=words), at=f"{at.astimezone(UTC):%H:%M} UTC")
     records.record_refusal(engine, record.id, said, at)
-    return Synced(said)
+    return Synced(said if record.attempts == 0 else None)
 
 
 def follow(engine: Engine, config: Config, record_id: int) -> Mrkdwn | None:
@@ -183,8 +233,10 @@ def follow(engine: Engine, config: Config, record_id: int) -> Mrkdwn | None:
         records.record_ended(engine, record.id, PullRequestState(status.pull.state.value))
         return None
     if status.pull.head_sha != record.head_sha:
-        # Someone pushed after mm: their checks are theirs to follow, and this head's will never come.
-        records.record_checks_said(engine, record.id, record.head_sha)
+        # Not mm's head (yet: a forge may show a push a moment late; or someone pushed after mm, whose checks are
+        # theirs to follow): looked at again until following ends.
+        if utcnow() >= record.follow_until:
+            records.record_checks_said(engine, record.id, record.head_sha)
         return None
     checks = status.checks
     link = _link(status.pull)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote, urlsplit
@@ -200,13 +201,15 @@ def push_workspace(
     start: str | None = None,
     cloned: str | None = None,
     lease: str | None = None,
+    before_push: Callable[[str], None] | None = None,
 ) -> Pushed:
     """Commit everything the workspace changed onto `branch` (after the model's own commits, if it made any) and
     push it to `remote`; raises BranchRefused (the repository's own branch, `base` among them), NothingToPush,
     or git.GitError with git's own (masked) words. `agent`: the session's agent config, whose sandbox the
     workspace's git runs in. `start` and `cloned`: the commit and the branch the workspace was cloned at.
     `lease`: the commit `branch` must still be at on the remote ("" for no branch), which the push then replaces
-    (a job's pull request branch, rebuilt by each run from its base); None: a fast-forward only."""
+    (a job's pull request branch, rebuilt by each run from its base); None: a fast-forward only. `before_push`
+    is told the commit before it leaves: the record of what is being pushed, should the worker stop during it."""
     check_branch(branch, base, cloned)
     if not os.path.lexists(workspace / ".git"):
         raise NothingToPush  # no repository: nothing it could have changed
@@ -215,11 +218,14 @@ def push_workspace(
     if not changed:
         raise NothingToPush
     commit = git.commit_all(workspace, agent, branch, message, AUTHOR)
+    if before_push is not None:
+        before_push(commit)
     with private_repository(workspace) as repository:
         git.copy_objects(workspace, agent, repository, commit, start)
         ref = f"refs/heads/{branch}"
         if lease is None:
             git.push(repository, remote, f"{commit}:{ref}", credentials=credentials)
         else:
-            git.push(repository, remote, f"+{commit}:{ref}", credentials=credentials, lease=(ref, lease))
+            # No `+` on the refspec: git forces a `+` refspec whatever the lease says.
+            git.push(repository, remote, f"{commit}:{ref}", credentials=credentials, lease=(ref, lease))
     return Pushed(branch, commit, public_url(remote), changed)

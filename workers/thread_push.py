@@ -26,7 +26,7 @@ from slackio.slack_out import SlackOut
 from workers import git
 from workers.forges import ForgeError, PullState, forge_for
 from workers.pull_request_body import thread_body, thread_title
-from workers.pull_requests import sync
+from workers.pull_requests import Delivered, record_and_sync
 from workers.push import BranchRefused, NothingToPush, agent_of, credentials, diff_stat, push_workspace
 from workers.turns import Process, process
 from workers.workspaces import cloned_branch, public_url, start_commit, workspace_path
@@ -103,6 +103,7 @@ def _push(
                 if found.state != PullState.OPEN:  # closed or merged on the forge: a push starts afresh
                     records.record_ended(engine, record.id, PullRequestState(found.state.value))
                     record = None
+                    repo = repo if pull_request else None  # and a plain push is only a push
     except ForgeError as e:
         return e.text
     branch = record.branch if record is not None else branch or default_branch(facts.thread_ts or session_id)
@@ -134,23 +135,9 @@ def _push(
         )
     changes = diff_stat(workspace, agent, start, 30)
     body = asyncio.run(thread_body(engine, config, proc.secrets, session_id, facts, user, changes))
-    record_id = records.record_push(
-        engine,
-        records.Pushed(
-            owner=owner,
-            session_id=session_id,
-            host=repo.host,
-            repo=repo.path,
-            branch=branch,
-            base=base or cloned or "main",
-            head_sha=pushed.commit,
-            title=thread_title(engine, session_id, title),
-            body=body,
-            draft=config.service.pullRequest.draft,
-            requested_by=user,
-        ),
-    )
-    return sync(engine, config, record_id, who=user).said or ""
+    title = thread_title(engine, session_id, title)
+    delivered = Delivered(owner, session_id, repo, branch, cloned or base or "main", pushed.commit, title, body, user)
+    return record_and_sync(engine, config, delivered).said or ""
 
 
 def _agent_name(proc: Process, session_id: str) -> str | None:

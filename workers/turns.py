@@ -77,7 +77,6 @@ from slackio.slack_out import SlackOut
 from workers.asking import thread_setting
 from workers.attachments import attach
 from workers.attachments import hint as attach_hint
-from workers.git import GitError
 from workers.jobs import NO_END, RunningJob, close_stale_runs, finish_run, job_of_session, time_left
 from workers.leases import Cancelled, LeaseKeeper
 from workers.push import changed_files, credentials, has_forge
@@ -456,12 +455,11 @@ class SessionTurns:
     async def _workspace(self, renderer: ThreadRenderer) -> Path:
         channel = self.config.service.channel(self.row.channel_id or "")
         repo, branch = self.row.repo or channel.repo, self.row.branch or channel.branch
-        # A private repository on a host the config names is cloned with the worker's token (workers/push.py): a
-        # GitHub App's is made by asking GitHub, off the event loop.
-        try:
-            token = await asyncio.to_thread(credentials, self.config, repo) if repo else None
-        except GitError as e:
-            raise WorkspaceError(f"Could not sign in to {public_url(repo or '')}: {e.text}") from None
+        # A private repository on a host the config names is cloned with the worker's token (workers/push.py),
+        # asked for only when a clone is made: a GitHub App's is a request to GitHub (raising GitError, which
+        # prepare says as its failure).
+        config = self.config
+        token = (lambda: credentials(config, repo)) if repo else None
         if self.row.purged_at is not None and not self.row.has_log:
             # The first turn since the purge: a workspace there is the purged thread's, should no housekeeping round
             # have removed it yet (workers/retention.py).

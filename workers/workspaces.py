@@ -89,13 +89,19 @@ def workspace_path(root: Path, session_id: str) -> Path:
 
 
 def prepare(
-    root: Path, session_id: str, repo: str | None, branch: str | None, *, credentials: Credentials | None = None
+    root: Path,
+    session_id: str,
+    repo: str | None,
+    branch: str | None,
+    *,
+    credentials: Credentials | Callable[[], Credentials | None] | None = None,
 ) -> Workspace:
     """The session's workspace, made when missing: a clone of `repo` at `branch` (its default when None) taken
     from the repository's mirror, or an empty directory without `repo`. A workspace prepared from another
     repository or branch is replaced. Blocking (git runs here): call it from a thread.
 
     Raises WorkspaceError with a sentence for the thread; ValueError for a session id that is not one.
+    `credentials` may be a function, asked only when a clone is made (a GitHub App's token costs a request).
     """
     path = workspace_path(root, session_id)
     root = Path(root)
@@ -110,7 +116,8 @@ def prepare(
         replaced = REPLACED.format(old=_describe(meta), new=_describe(wanted)) if old is not None else None
         box = Path(tempfile.mkdtemp(prefix=f"{session_id}-", dir=root / STAGING))
         try:
-            built, stale, start, cloned = _build(root, box / "ws", repo, branch, credentials)
+            token = credentials() if callable(credentials) else credentials
+            built, stale, start, cloned = _build(root, box / "ws", repo, branch, token)
             _write_meta(root, session_id, {**wanted, "commit": start, "cloned_branch": cloned})
             if old is not None:
                 os.rename(old, box / "old")

@@ -104,7 +104,11 @@ def forge_for(config: Config, remote: str) -> tuple[Forge, Repo]:
         names = settings.tokenEnv or f"{FORGE_TOKEN_ENVS[settings.kind]} (or MM_GIT_TOKEN)"
         raise NotAllowed(f"No token for `{host}`: set {names} in the worker's environment (`forges.{host}.tokenEnv`)")
     username = settings.username_for(config.git_username)
-    client = _client(settings.kind, host, settings.api_url_for(host), username, token, app, _ca_files())
+    try:
+        client = _client(settings.kind, host, settings.api_url_for(host), username, token, app, _ca_files())
+    except (OSError, ValueError) as e:  # an operator's CA bundle that cannot be read (ssl's own errors are OSErrors)
+        why = (e.strerror or str(e)) if isinstance(e, OSError) else str(e)
+        raise Unreachable(f"The client of `{host}` cannot be made: {why}") from None
     return client, Repo(host, path)
 
 

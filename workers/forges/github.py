@@ -12,6 +12,7 @@ import logging
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
@@ -49,6 +50,7 @@ CONCLUSIONS = {
 }
 STATUSES = {"success": CheckState.SUCCESS, "pending": CheckState.PENDING}
 TIMEOUT = 30.0  # seconds for one request: a worker's thread waits on it
+TOKEN_MARGIN = timedelta(minutes=5)  # an installation token this close to its end is made again
 
 
 class GitHubForge:
@@ -69,6 +71,7 @@ class GitHubForge:
         self._lock = threading.Lock()
         self._installations: dict[str, int] = {}  # an owner's installation of the App
         self._clients: dict[int, GitHub[Any]] = {}  # by installation
+        self._git_tokens: dict[int, tuple[str, datetime]] = {}  # by installation: git's token and its end
         self._plain = self._github(TokenAuthStrategy(token)) if token else None
         self._as_app = self._github(AppAuthStrategy(app[0], app[1])) if app else None
 
@@ -153,11 +156,18 @@ class GitHubForge:
         if self._app is None or self._as_app is None:
             assert self._token is not None  # one of the two, as forge_for makes it
             return Credentials(self._username, self._token, host=git_host(self.host))
-        # A token of its own for each push: it lives an hour, and is never kept.
+        # An installation token lives an hour: kept for the installation until five minutes before its end.
         installation = self._installation(repo)
+        with self._lock:
+            kept = self._git_tokens.get(installation)
+        if kept is not None and kept[1] - datetime.now(UTC) > TOKEN_MARGIN:
+            return Credentials("x-access-token", kept[0], host=git_host(self.host))
         with self._answers():
-            answer = self._as_app.rest.apps.create_installation_access_token(installation)
-            return Credentials("x-access-token", _json(answer)["token"], host=git_host(self.host))
+            answer = _json(self._as_app.rest.apps.create_installation_access_token(installation))
+        token, expires = answer["token"], _expiry(answer.get("expires_at"))
+        with self._lock:
+            self._git_tokens[installation] = (token, expires)
+        return Credentials("x-access-token", token, host=git_host(self.host))
 
     # --- the parts ---------------------------------------------------------------------------------------------
 
@@ -313,3 +323,12 @@ def _commit_status(status: dict[str, Any]) -> Check:
     return Check(
         str(status["context"]), STATUSES.get(str(status.get("state")), CheckState.FAILURE), status.get("target_url")
     )
+
+
+def _expiry(text: object) -> datetime:
+    """An installation token's `expires_at`; one GitHub did not give lives no longer than the margin (made again
+    at its next use)."""
+    try:
+        return datetime.fromisoformat(str(text).replace("Z", "+00:00")).astimezone(UTC)
+    except ValueError:
+        return datetime.now(UTC)

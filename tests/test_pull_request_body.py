@@ -1,0 +1,26 @@
+"""What a pull request's body quotes from Slack and the model is inert on the forge: no mention notifies, no
+reference links or closes an issue, and it still reads as written (the zero-width space is invisible)."""
+
+from __future__ import annotations
+
+import re
+
+from workers.pull_request_body import ZWSP, defused
+
+TEXT = "Fixes #12, closes https://github.com/acme/app/issues/3 and resolved !4; thanks @alice and @acme/ops"
+
+
+def test_mentions_references_and_closing_keywords_are_defused() -> None:
+    out = defused(TEXT)
+    assert out.replace(ZWSP, "") == TEXT  # reads as written
+    # What GitHub, GitLab and Gitea act on: none of it is left.
+    assert not re.search(r"(?<![\w\u200b])@[\w-]", out)
+    assert not re.search(r"[#!]\d", out)
+    assert not re.search(r"\b(?:close[sd]?|fix(?:e[sd])?|resolve[sd]?)\b", out, re.IGNORECASE)
+
+
+def test_code_stays_readable_and_plain_words_are_left_alone() -> None:
+    assert (
+        defused("`@Override` in Fixture.java, a prefix, no issue")
+        == f"`@{ZWSP}Override` in Fixture.java, a prefix, no issue"
+    )
