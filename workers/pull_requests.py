@@ -136,7 +136,7 @@ class Delivered:
     merged into, and what the forge is to show (`title`, `body`)."""
 
     owner: str  # chatops.pull_requests.thread_owner / job_owner
-    session_id: str
+    session_id: str | None  # the thread told
     repo: Repo
     branch: str
     base: str
