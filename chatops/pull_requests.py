@@ -249,13 +249,38 @@ def ended_heads(engine: Engine, owner: str, most: int = 20) -> set[str]:
         return {c for row in rows for c in row if c}
 
 
-def record_ended(engine: Engine, record_id: int, state: PullRequestState) -> None:
-    """The forge says it was closed or merged: the owner's next push opens a new one."""
+def record_ended(engine: Engine, record_id: int, state: PullRequestState, head: str | None = None) -> None:
+    """The forge says it was closed or merged (or the config moved its owner elsewhere): the owner's next push
+    opens a new one. `head`: what the forge showed on its branch when it ended, kept among the heads its owner may
+    replace (ended_heads: a closed pull request's branch is its owner's again)."""
+    values: dict[str, object] = {"state": state, "needs_sync": False, "follow_until": None, "updated_at": utcnow()}
+    if head:
+        values["pushing_sha"] = head
     with engine.begin() as conn:
-        conn.execute(
-            update(PullRequestRecord)
-            .where(PullRequestRecord.id == record_id)
-            .values(state=state, needs_sync=False, follow_until=None, updated_at=utcnow())
+        conn.execute(update(PullRequestRecord).where(PullRequestRecord.id == record_id).values(values))
+
+
+def request_sync(engine: Engine, record_id: int) -> None:
+    """The push the record was written for has landed after all (its worker stopped before it said so)."""
+    with engine.begin() as conn:
+        conn.execute(update(PullRequestRecord).where(PullRequestRecord.id == record_id).values(needs_sync=True))
+
+
+def claim_look(engine: Engine, record_id: int, every_s: float, now: datetime | None = None) -> bool:
+    """Claim the record's next look (a sync due, its checks), by compare-and-set on `retry_at`: True for the one
+    task that takes it, which pushes the next look `every_s` away (a forge's rate limit is shared by all)."""
+    now = now or utcnow()
+    with engine.begin() as conn:
+        return (
+            conn.execute(
+                update(PullRequestRecord)
+                .where(
+                    PullRequestRecord.id == record_id,
+                    or_(PullRequestRecord.retry_at.is_(None), PullRequestRecord.retry_at <= now),
+                )
+                .values(retry_at=now + timedelta(seconds=every_s))
+            ).rowcount
+            == 1
         )
 
 

@@ -583,7 +583,8 @@ class PullRequestRecord(Base):
     # The forge has not been told the row's title, body or head yet: a sync is due.
     needs_sync: Mapped[bool] = mapped_column(Boolean, default=True)
     error: Mapped[str | None] = mapped_column(Text)  # the forge's last refusal, as the thread was told
-    retry_at: Mapped[datetime | None]  # a rate limit's reset: the sync waits until then
+    # When the record is next looked at: a sync tried again (a rate limit's reset, a forge away), or its checks.
+    retry_at: Mapped[datetime | None]
     attempts: Mapped[int] = mapped_column(Integer, default=0)  # syncs tried again in a row (a forge away)
     # The checks on head_sha are followed until then; checks_said: the head whose checks' end the thread was told.
     follow_until: Mapped[datetime | None]

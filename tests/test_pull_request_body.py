@@ -7,7 +7,10 @@ import re
 
 from workers.pull_request_body import ZWSP, defused
 
-TEXT = "Fixes #12, closes https://github.com/acme/app/issues/3 and resolved !4; thanks @alice and @acme/ops"
+TEXT = (
+    "Fixes #12, closes https://github.com/acme/app/issues/3 and resolved !4; thanks @alice and @acme/ops. "
+    "Closing https://gitlab.com/g/p/-/issues/12, implements GH-7, fixing https://git.example.com/o/r/pull/9."
+)
 
 
 def test_mentions_references_and_closing_keywords_are_defused() -> None:
@@ -16,7 +19,10 @@ def test_mentions_references_and_closing_keywords_are_defused() -> None:
     # What GitHub, GitLab and Gitea act on: none of it is left.
     assert not re.search(r"(?<![\w\u200b])@[\w-]", out)
     assert not re.search(r"[#!]\d", out)
-    assert not re.search(r"\b(?:close[sd]?|fix(?:e[sd])?|resolve[sd]?)\b", out, re.IGNORECASE)
+    assert not re.search(
+        r"\b(?:clos(?:e[sd]?|ing)|fix(?:e[sd]|ing)?|resolv(?:e[sd]?|ing)|implement(?:s|ed|ing)?)\b", out, re.I
+    )
+    assert not re.search(r"(?:/issues/|/pull/|\bGH-)\d", out)
 
 
 def test_code_stays_readable_and_plain_words_are_left_alone() -> None:

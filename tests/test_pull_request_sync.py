@@ -237,3 +237,17 @@ def test_following_ends_at_its_deadline_when_the_head_moved_or_the_forge_is_away
         conn.execute(update(PullRequestRecord).where(PullRequestRecord.id == other).values(follow_until=past))
     assert follow(engine, config, other) is None
     assert records.due(engine) == []
+
+
+def test_one_task_at_a_time_looks_at_a_record_and_no_more_often_than_its_pace(
+    github: ForgeServer, engine: Engine, tmp_path: Path
+) -> None:
+    config = _config(github, tmp_path)
+    record_id = records.record_push(engine, _pushed(github, new_branch(github, BRANCH)))
+    sync(engine, config, record_id)
+    now = utcnow()
+    assert records.claim_look(engine, record_id, 60, now)
+    assert not records.claim_look(engine, record_id, 60, now)  # a second task delivered meanwhile: nothing to do
+    assert records.due(engine, now + timedelta(seconds=30)) == []  # housekeeping does not send it again
+    assert records.due(engine, now + timedelta(seconds=61)) == [record_id]
+    assert records.claim_look(engine, record_id, 60, now + timedelta(seconds=61))

@@ -25,7 +25,7 @@ from workers import git
 from workers.errors import WorkerError
 from workers.forges import ForgeError, PullState, forge_for
 from workers.pull_request_body import job_body, job_title
-from workers.pull_requests import Delivered, pushed_record, record_and_sync
+from workers.pull_requests import Delivered, pushed_record, record_and_sync, sync
 from workers.push import BranchRefused, NothingToPush, credentials, diff_stat, push_workspace
 
 if TYPE_CHECKING:
@@ -36,7 +36,7 @@ LEFT_ALONE = Mrkdwn("No changes in this run: <{url}|{label}> was left as it is."
 NOTHING = "Nothing to push: the run changed no file."
 MOVED = (
     "the pull request's branch `{branch}` has commits mm did not push, so this run's changes were not pushed over "
-    "them; close the pull request and the next run opens a new one"
+    "them; close the pull request (or delete the branch) and the next run starts afresh"
 )
 DIFF_LINES = 30
 
@@ -68,26 +68,25 @@ async def push_job_pull_request(
             # The config moved the job to another repository or branch: that pull request is no longer its own.
             records.record_ended(engine, record.id, PullRequestState.CLOSED)
             record = None
-        open_now, closed_head = None, None
+        open_now = None
         if record is not None and record.number is not None:
             found = await asyncio.to_thread(forge.get, repo, record.number)
             if found.state != PullState.OPEN:  # merged or closed: this run starts a new one, on the branch as it is
-                records.record_ended(engine, record.id, PullRequestState(found.state.value))
-                record, closed_head = None, found.head_sha
+                records.record_ended(engine, record.id, PullRequestState(found.state.value), found.head_sha)
+                record = None
             else:
                 open_now = found
-        if record is None and open_now is None:  # one open for the branch that the record lost: adopted
+        if open_now is None:  # one open for the branch that no record has a number for yet: adopted by the sync
             open_now = await asyncio.to_thread(forge.find_open, repo, branch)
     except ForgeError as e:
         return None, Mrkdwn.of(e.text), e.text
     message = f"{job.name}: run {run.run_id}\n\n{job.prompt or job.skill or ''}"[:2000]
     # What the branch may hold that is mm's own: what the records say mm pushed (or was pushing when its worker
-    # stopped), and, with no record to say so, the head of the open pull request it adopts (the forge shows the
-    # branch as it is now, a person's commit included: never taken while a record knows better).
+    # stopped), and what it held when its pull request was closed or merged (the branch is the job's again then).
+    # Anything else is a person's, the head of an open pull request no record knows included.
     known = records.ended_heads(engine, owner) | (record.known_heads() if record is not None else set())
-    known |= {open_now.head_sha} if open_now is not None and record is None else set()
-    known |= {closed_head} if closed_head else set()  # a closed pull request's branch is the job's again
     channel, thread_ts = _thread_of(engine, run.run_id)
+    lease = ""
     try:
         token = await asyncio.to_thread(credentials, config, remote)
         lease = await asyncio.to_thread(git.remote_head, remote, branch, token)
@@ -112,6 +111,11 @@ async def push_job_pull_request(
         if open_now is not None:
             label = records.label_of(open_now.number, open_now.url)
             return None, LEFT_ALONE.format(url=open_now.url, label=label), None
+        if record is not None and record.number is None and record.error is None and lease in record.known_heads():
+            # A push that landed while its worker stopped before the forge heard of it: heard of now.
+            records.request_sync(engine, record.id)
+            synced = await asyncio.to_thread(sync, engine, config, record.id)
+            return None, Mrkdwn.of(synced.said or NOTHING), str(synced.said) if synced.refused else None
         return None, Mrkdwn.of(NOTHING), None
     except BranchMoved as e:
         return None, Mrkdwn.of(e.text), e.text

@@ -32,7 +32,13 @@ _FENCE = re.compile(r"`{3,}")
 # or the keyword's first letter keeps the text as it reads and makes it nothing the forge acts on.
 ZWSP = "\u200b"
 _REFERENCE = re.compile(r"([@#!])(?=[\w-])")
-_CLOSING = re.compile(r"\b([cfr])(?=(?:lose[sd]?|ix(?:e[sd])?|esolve[sd]?)\b)", re.IGNORECASE)
+# GitHub's closing keywords, and GitLab's default pattern's (closing, fixing, resolving, implement…).
+_CLOSING = re.compile(
+    r"\b([cfri])(?=(?:los(?:e[sd]?|ing)|ix(?:e[sd]|ing)?|esolv(?:e[sd]?|ing)|mplement(?:s|ed|ing)?)\b)",
+    re.IGNORECASE,
+)
+# An issue or pull request named by its URL (`…/issues/12`, GitLab's `…/-/issues/12`) or GitHub's `GH-12`.
+_LINK = re.compile(r"(/issues/|/pull/|/merge_requests/|\bGH-)(?=\d)", re.IGNORECASE)
 
 
 def marker(owner: str) -> str:
@@ -200,7 +206,9 @@ def _quoted(text: str, most: int) -> str:
 
 def defused(text: str) -> str:
     """`text` with its mentions, issue references and closing keywords made inert on a forge."""
-    return _CLOSING.sub(lambda m: f"{m.group(1)}{ZWSP}", _REFERENCE.sub(lambda m: f"{m.group(1)}{ZWSP}", text))
+    for pattern in (_REFERENCE, _CLOSING, _LINK):
+        text = pattern.sub(lambda m: f"{m.group(1)}{ZWSP}", text)
+    return text
 
 
 def _first_sentence(text: str) -> str:

@@ -16,6 +16,10 @@ from slackio.slack_out import SlackOut
 from workers.pull_requests import follow, status_text, sync
 from workers.turns import Process, process
 
+# How often a followed pull request's checks are looked at, at the most: each look is a few requests of the
+# forge's rate limit, which the token shares with everything else.
+LOOK_EVERY_S = 60.0
+
 
 def show_pull_request_work(session_id: str) -> None:
     proc = process()
@@ -33,12 +37,16 @@ def follow_pull_request_work(record_id: int) -> None:
         return
     lines = []
     # The push task syncs its own record right after recording it: housekeeping takes over a sync only once its
-    # retry time has come, or when it was left (its worker stopped), never beside it.
+    # retry time has come, or when it was left (its worker stopped), never beside it; and one task at a time
+    # looks at a record, every LOOK_EVERY_S at the most (claim_look).
     now = utcnow()
     waited = record.retry_at is not None and record.retry_at <= now
     left = record.retry_at is None and record.updated_at < now - timedelta(seconds=records.ABANDONED_S)
+    if not records.claim_look(proc.engine, record_id, LOOK_EVERY_S, now):
+        return
     if record.needs_sync and (waited or left):
-        synced = sync(proc.engine, proc.config, record_id, who=record.requested_by if _is_thread(record) else None)
+        who = record.requested_by if _is_thread(record) else None
+        synced = sync(proc.engine, proc.config, record_id, who=who, claimed=True)
         if synced.said:
             lines.append(synced.said)
     if checks := follow(proc.engine, proc.config, record_id):

@@ -52,7 +52,7 @@ NO_PULL_REQUEST = (
 )
 PENDING = "This thread's pull request is not opened yet: {why}"
 # A forge that does not answer, or says nothing of when: tried again after this, doubled at each attempt up to
-# MAX_WAIT_S, and given up after MAX_ATTEMPTS (about eight hours; the next push tries again).
+# MAX_WAIT_S, and given up after MAX_ATTEMPTS (about six hours; the next push tries again).
 RETRY_S = 60.0
 MAX_WAIT_S = 3600.0
 MAX_ATTEMPTS = 12
@@ -80,13 +80,14 @@ class Synced:
     refused: bool = False
 
 
-def sync(engine: Engine, config: Config, record_id: int, *, who: str | None = None) -> Synced:
+def sync(engine: Engine, config: Config, record_id: int, *, who: str | None = None, claimed: bool = False) -> Synced:
     """Tell the forge what the record holds: open the pull request (or adopt the one open for its branch), or
-    update its body. `who`: the person the thread names as having asked (None: a job's)."""
+    update its body. `who`: the person the thread names as having asked (None: a job's). `claimed`: the caller
+    took the record's look (records.claim_look), which set its next one: its time has come."""
     record = records.get(engine, record_id)
     if record is None or record.state not in OPEN_STATES or not record.needs_sync:
         return Synced(None)
-    if record.retry_at is not None and record.retry_at > utcnow():
+    if not claimed and record.retry_at is not None and record.retry_at > utcnow():
         return Synced(None)
     what = "updated" if record.number is not None else "opened"
     try:
@@ -101,7 +102,7 @@ def sync(engine: Engine, config: Config, record_id: int, *, who: str | None = No
         records.record_refusal(engine, record.id, said, None)
         return Synced(said, refused=True)
     if pull.state != PullState.OPEN:
-        records.record_ended(engine, record.id, PullRequestState(pull.state.value))
+        records.record_ended(engine, record.id, PullRequestState(pull.state.value), pull.head_sha)
         return Synced(ENDED.format(state=pull.state.value, **_link(pull)))
     minutes = config.service.pullRequest.followChecksMinutes
     follow_for = timedelta(minutes=minutes) if minutes else None
@@ -230,7 +231,7 @@ def follow(engine: Engine, config: Config, record_id: int) -> Mrkdwn | None:
             records.record_checks_said(engine, record.id, record.head_sha)
         return None
     if status.pull.state != PullState.OPEN:
-        records.record_ended(engine, record.id, PullRequestState(status.pull.state.value))
+        records.record_ended(engine, record.id, PullRequestState(status.pull.state.value), status.pull.head_sha)
         return None
     if status.pull.head_sha != record.head_sha:
         # Not mm's head (yet: a forge may show a push a moment late; or someone pushed after mm, whose checks are
@@ -272,7 +273,7 @@ def status_text(engine: Engine, config: Config, session_id: str) -> str:
     except ForgeError as e:
         return f"The pull request {record.url or record.label} could not be read: {e.text}"
     if status.pull.state != PullState.OPEN and record.state in OPEN_STATES:
-        records.record_ended(engine, record.id, PullRequestState(status.pull.state.value))
+        records.record_ended(engine, record.id, PullRequestState(status.pull.state.value), status.pull.head_sha)
     return describe(record, status)
 
 

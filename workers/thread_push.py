@@ -94,16 +94,21 @@ def _push(
     owner = records.thread_owner(session_id)
     record = records.current(engine, owner)
     base = facts.branch or config.service.channel(facts.channel_id or "").branch
-    repo = None
+    repo = None  # where the pull request is: None for a push that is only a push
     try:
         if record is not None or pull_request:
-            forge, repo = forge_for(config, remote)
-            if record is not None and record.number is not None:
-                found = forge.get(repo, record.number)
+            forge, found_repo = forge_for(config, remote)
+            if record is not None and (record.host, record.repo) != (found_repo.host, found_repo.path):
+                # The config moved the thread's repository: that pull request is no longer where it pushes.
+                records.record_ended(engine, record.id, PullRequestState.CLOSED)
+                record = None
+            elif record is not None and record.number is not None:
+                found = forge.get(found_repo, record.number)
                 if found.state != PullState.OPEN:  # closed or merged on the forge: a push starts afresh
-                    records.record_ended(engine, record.id, PullRequestState(found.state.value))
+                    records.record_ended(engine, record.id, PullRequestState(found.state.value), found.head_sha)
                     record = None
-                    repo = repo if pull_request else None  # and a plain push is only a push
+            # A plain push after its pull request ended is only a push.
+            repo = found_repo if record is not None or pull_request else None
     except ForgeError as e:
         return e.text
     branch = record.branch if record is not None else branch or default_branch(facts.thread_ts or session_id)

@@ -67,7 +67,8 @@ class GitHubForge:
     ):
         self.host, self.api_url = host, api_url
         self._token, self._username, self._app = token, username, app
-        self._secrets = [s for s in (token, app[1] if app else None) if s]
+        self._own_secrets = [s for s in (token, app[1] if app else None) if s]
+        self._secrets = list(self._own_secrets)
         self._lock = threading.Lock()
         self._installations: dict[str, int] = {}  # an owner's installation of the App
         self._clients: dict[int, GitHub[Any]] = {}  # by installation
@@ -167,6 +168,8 @@ class GitHubForge:
         token, expires = answer["token"], _expiry(answer.get("expires_at"))
         with self._lock:
             self._git_tokens[installation] = (token, expires)
+            # Masked from this client's words too, should any error of the library's ever carry it.
+            self._secrets = [*self._own_secrets, *(t for t, _ in self._git_tokens.values())]
         return Credentials("x-access-token", token, host=git_host(self.host))
 
     # --- the parts ---------------------------------------------------------------------------------------------
