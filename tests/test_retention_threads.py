@@ -27,8 +27,15 @@ def first_turn(threads: Stack) -> tuple[str, str, Path]:
 
 
 def purge(threads: Stack, session_id: str) -> None:
-    done = purge_session(threads.engine, session_id, by="U0ADMIN", why="/mm purge")
-    assert done is not None and done.outcome == PurgeOutcome.PURGED
+    # The worker may still hold the session a moment after its turn (posting the offer of its changes): a purge
+    # then says busy, and is asked again.
+    def purged() -> object:
+        done = purge_session(threads.engine, session_id, by="U0ADMIN", why="/mm purge")
+        assert done is not None
+        return done if done.outcome != PurgeOutcome.BUSY else None
+
+    done = threads.wait(purged, message="the worker letting go of the session")
+    assert done.outcome == PurgeOutcome.PURGED
 
 
 def test_housekeeping_removes_a_purged_threads_workspace(
