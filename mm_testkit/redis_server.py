@@ -9,18 +9,13 @@ sharing keys with anything else on the machine.
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import time
 from pathlib import Path
 
 import redis
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from mm_testkit.ports import free_port
 
 
 class OwnRedis:

@@ -4,8 +4,6 @@ and finding every process a command left behind."""
 from __future__ import annotations
 
 import os
-import random
-import socket
 import subprocess
 import sys
 import time
@@ -15,6 +13,7 @@ from pathlib import Path
 import httpx
 
 from chatops.config import ENVIRONMENT
+from mm_testkit.ports import free_port as free_port  # where the tests have always taken it from
 
 MM_BOT = str(Path(sys.executable).parent / "mm-bot")
 
@@ -27,23 +26,6 @@ def clean_env(**values: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in CONFIG_ENV}
     env.update(values)
     return env
-
-
-def free_port() -> int:
-    """A port free now for a server a test starts, from below the kernel's ephemeral range: a port the kernel
-    handed out (bind to 0) is the kind it also gives the next outgoing connection (git, a client of the
-    emulators), which may take it before the server binds it."""
-    for _ in range(200):
-        port = random.randrange(20000, 32000)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    with socket.socket() as s:  # a crowded machine: the kernel's choice, as before
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def mm_bot(*args: str, env: Mapping[str, str], cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
