@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import update
+from sqlalchemy import delete, update
 
 from chatops.schema import PullRequestRecord
 from forge_support import new_branch
@@ -237,6 +237,15 @@ def test_a_job_keeps_one_pull_request_updated_left_alone_and_opened_anew(
         pulls = forge.pulls("acme/team/app")
         assert [p["state"] for p in pulls] == ["closed", "open"]
         assert f"pull request !{pulls[1]['number']}" in fifth.summary
+
+        # An open merge request no record knows (the records lost): its head may be anyone's, so nothing is
+        # pushed over it, and the run says how to start afresh.
+        with s.engine.begin() as conn:
+            conn.execute(delete(PullRequestRecord))
+        s.model.always(writes("notes.txt", "sixth run\n"))
+        sixth = finished(s, run_now(s, "notes"))
+        assert sixth.status == "failed" and "close the pull request (or delete the branch)" in sixth.summary
+        assert forge.pulls("acme/team/app")[1]["head_sha"] == pulls[1]["head_sha"]
         assert TOKEN not in f.all_text()
 
 
