@@ -251,3 +251,14 @@ def test_one_task_at_a_time_looks_at_a_record_and_no_more_often_than_its_pace(
     assert records.due(engine, now + timedelta(seconds=30)) == []  # housekeeping does not send it again
     assert records.due(engine, now + timedelta(seconds=61)) == [record_id]
     assert records.claim_look(engine, record_id, 60, now + timedelta(seconds=61))
+
+
+def test_a_push_s_own_sync_is_not_put_off_by_a_look_housekeeping_claimed_meanwhile(
+    github: ForgeServer, engine: Engine, tmp_path: Path
+) -> None:
+    config = _config(github, tmp_path)
+    record_id = records.record_push(engine, _pushed(github, new_branch(github, BRANCH)))
+    assert records.claim_look(engine, record_id, 60)  # housekeeping's task, between the record and its sync
+    assert sync(engine, config, record_id).said is None  # anyone else waits for the claimed look
+    said = sync(engine, config, record_id, who="U0BOB", claimed=True).said  # as record_and_sync syncs its own
+    assert said is not None and "opened <" in said and len(github.pulls(PATH)) == 1

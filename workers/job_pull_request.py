@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -114,7 +115,7 @@ async def push_job_pull_request(
         if record is not None and record.number is None and record.error is None and lease in record.known_heads():
             # A push that landed while its worker stopped before the forge heard of it: heard of now.
             records.request_sync(engine, record.id)
-            synced = await asyncio.to_thread(sync, engine, config, record.id)
+            synced = await asyncio.to_thread(partial(sync, engine, config, record.id, claimed=True))
             return None, Mrkdwn.of(synced.said or NOTHING), str(synced.said) if synced.refused else None
         return None, Mrkdwn.of(NOTHING), None
     except BranchMoved as e:

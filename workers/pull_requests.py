@@ -151,7 +151,8 @@ def record_and_sync(engine: Engine, config: Config, delivered: Delivered) -> Syn
     """The one order a pushed pull request takes: recorded first (what the forge is to be told), then told, so a
     worker stopped between the two leaves a record housekeeping finishes."""
     record_id = records.record_push(engine, pushed_record(config, delivered))
-    return sync(engine, config, record_id, who=delivered.who)
+    # Its own record, just written: told now, whatever look housekeeping claimed on it meanwhile.
+    return sync(engine, config, record_id, who=delivered.who, claimed=True)
 
 
 def pushed_record(config: Config, delivered: Delivered) -> records.Pushed:

@@ -142,7 +142,12 @@ def _push(
     body = asyncio.run(thread_body(engine, config, proc.secrets, session_id, facts, user, changes))
     title = thread_title(engine, session_id, title)
     delivered = Delivered(owner, session_id, repo, branch, cloned or base or "main", pushed.commit, title, body, user)
-    return record_and_sync(engine, config, delivered).said or ""
+    said = record_and_sync(engine, config, delivered).said
+    if said is None:  # a newer push of the thread recorded meanwhile: its own answer says what the PR became
+        return PUSHED.format(
+            user=user, branch=branch, remote=public_url(pushed.remote), commit=pushed.commit[:10], files=pushed.files
+        )
+    return said
 
 
 def _agent_name(proc: Process, session_id: str) -> str | None:
