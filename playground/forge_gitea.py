@@ -27,6 +27,7 @@ from playground.forge_state import (
     Unsupported,
     iso,
     now,
+    user_id,
 )
 
 if TYPE_CHECKING:
@@ -87,12 +88,8 @@ def decorate(server: ForgeServer, request: web.Request, response: web.StreamResp
 # -- shapes ----------------------------------------------------------------------------------------------------
 
 
-def _user_id(server: ForgeServer, login: str) -> int:
-    return 100 + server.users.index(login) if login in server.users else 900 + sum(map(ord, login))
-
-
 def user(server: ForgeServer, login: str) -> dict[str, Any]:
-    uid = _user_id(server, login)
+    uid = user_id(server, login)
     return {
         "id": uid,
         "login": login,

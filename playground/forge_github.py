@@ -27,6 +27,7 @@ from playground.forge_state import (
     Unsupported,
     iso,
     now,
+    user_id,
 )
 
 if TYPE_CHECKING:
@@ -106,7 +107,7 @@ def _api(server: ForgeServer) -> str:
 
 def user(server: ForgeServer, login: str) -> dict[str, Any]:
     api, bot = _api(server), login.endswith("[bot]")
-    uid = _user_id(server, login)
+    uid = user_id(server, login)
     u = f"{api}/users/{login}"
     return {
         "login": login,
@@ -129,10 +130,6 @@ def user(server: ForgeServer, login: str) -> dict[str, Any]:
         "user_view_type": "public",
         "site_admin": False,
     }
-
-
-def _user_id(server: ForgeServer, login: str) -> int:
-    return 100 + server.users.index(login) if login in server.users else 900 + sum(map(ord, login))
 
 
 _REPO_URLS = {
@@ -797,7 +794,7 @@ def _installation(server: ForgeServer, app: Any, owner: str) -> dict[str, Any]:
         "html_url": f"{server.base}/settings/installations/{app.installation_id}",
         "app_id": app.id,
         "app_slug": app.slug,
-        "target_id": _user_id(server, owner),
+        "target_id": user_id(server, owner),
         "target_type": "Organization",
         "permissions": {
             "contents": "write",

@@ -27,6 +27,7 @@ from playground.forge_state import (
     Unsupported,
     iso,
     now,
+    user_id,
 )
 
 if TYPE_CHECKING:
@@ -86,12 +87,8 @@ def decorate(server: ForgeServer, request: web.Request, response: web.StreamResp
 # -- shapes ----------------------------------------------------------------------------------------------------
 
 
-def _user_id(server: ForgeServer, login: str) -> int:
-    return 100 + server.users.index(login) if login in server.users else 900 + sum(map(ord, login))
-
-
 def user(server: ForgeServer, login: str) -> dict[str, Any]:
-    uid = _user_id(server, login)
+    uid = user_id(server, login)
     return {
         "id": uid,
         "username": login,
@@ -431,7 +428,7 @@ async def create_mr(server: ForgeServer, call: Call) -> web.Response:
         for p in server.pulls_by_repo[repo.path]:
             if p.state == "open" and p.head == head:
                 raise _message(409, [f"Another open merge request already exists for this source branch: !{p.number}"])
-        by_id = {_user_id(server, u): u for u in server.users}
+        by_id = {user_id(server, u): u for u in server.users}
         assert call.who is not None
         pull = Pull(
             repo,
@@ -502,7 +499,7 @@ async def update_mr(server: ForgeServer, call: Call) -> web.Response:
         gone = _labels(body.get("remove_labels") or [])
         pull.labels = [n for n in pull.labels if n not in gone]
         if "reviewer_ids" in body:
-            by_id = {_user_id(server, u): u for u in server.users}
+            by_id = {user_id(server, u): u for u in server.users}
             pull.reviewers = [by_id[int(i)] for i in body["reviewer_ids"] if int(i) in by_id]
         pull.updated = now()
         server.refresh(pull, heads)

@@ -142,3 +142,8 @@ class Call:
 
 Handler = Callable[["ForgeServer", Call], Awaitable[web.StreamResponse]]
 Route = tuple[str, re.Pattern[str], Handler]
+
+
+def user_id(server: ForgeServer, login: str) -> int:
+    """A user's id, the same for a login in every answer of any of the three APIs."""
+    return 100 + server.users.index(login) if login in server.users else 900 + sum(map(ord, login))

@@ -82,6 +82,15 @@ def forge_config(forge: ForgeServer, *lines: str, keys: str = "") -> list[str]:
     ]
 
 
+# What a stack is given about its forge: its config lines and the worker's environment (besides the CA's).
+Settings = Callable[[ForgeServer], tuple[list[str], dict[str, str]]]
+
+
+def with_token(*extra: str, keys: str = "") -> Settings:
+    """The forge as a kind of its own, its token in the kind's variable (the common case)."""
+    return lambda forge: (forge_config(forge, *extra, keys=keys), {TOKEN_ENVS[forge.kind]: TOKEN})
+
+
 @contextmanager
 def forged(
     tmp: Path,
@@ -89,20 +98,15 @@ def forged(
     redis: str,
     kind: Kind,
     path: str,
-    *,
+    settings: Settings | None = None,
     tokens: dict[str, list[str] | None] | None = None,
-    extra: tuple[str, ...] = (),
-    env: dict[str, str] | None = None,
-    channel: Callable[[str], str] | None = None,
-    keys: str = "",
 ) -> Iterator[Forged]:
-    forge = ForgeServer(kind, tmp / "forge", tokens or {TOKEN: [path]}).start()
+    forge = ForgeServer(kind, tmp / "forge", {TOKEN: [path]} if tokens is None else tokens).start()
     try:
         clone = forge.add_repo(path)
-        settings = channel(clone) if channel else f"{{yolo: true, repo: '{clone}', approvers: [{BOB}]}}"
-        text = config(settings, *forge_config(forge, *extra, keys=keys))
-        more = forge.ca_env() | (env if env is not None else {TOKEN_ENVS[kind]: TOKEN})
-        with stack(tmp, pg, redis, config=text, extra_env=more) as s:
+        lines, env = (settings or with_token())(forge)
+        text = config(f"{{yolo: true, repo: '{clone}', approvers: [{BOB}]}}", *lines)
+        with stack(tmp, pg, redis, config=text, extra_env=forge.ca_env() | env) as s:
             s.model.always(policy)
             for user, name in ((BOB, "bob"), (ALICE, "alice")):
                 s.slack.add_user(user, name)
@@ -188,7 +192,7 @@ def test_a_job_keeps_one_pull_request_updated_left_alone_and_opened_anew(
         + CHANNEL
         + ", prompt: 'write: notes.txt', yolo: true, push: {pr: true}}"
     )
-    with forged(tmp_path, fresh_pg_url, own_redis.url, "gitlab", "acme/team/app", extra=(job,)) as f:
+    with forged(tmp_path, fresh_pg_url, own_redis.url, "gitlab", "acme/team/app", with_token(job)) as f:
         s, forge = f.s, f.forge
         first = finished(s, run_now(s, "notes"))
         assert first.status == "succeeded", first.summary
@@ -281,8 +285,11 @@ def test_a_forge_without_a_token_names_the_variable_to_set(
 ) -> None:
     """The forge's own variable is unset: git clones with MM_GIT_TOKEN, and the pull request says what to set."""
     forge_path = "acme/app"
-    env = {"MM_GIT_TOKEN": TOKEN}
-    with forged(tmp_path, fresh_pg_url, own_redis.url, "github", forge_path, env=env, keys=", tokenEnv: MM_ACME") as f:
+
+    def settings(forge: ForgeServer) -> tuple[list[str], dict[str, str]]:
+        return forge_config(forge, keys=", tokenEnv: MM_ACME"), {"MM_GIT_TOKEN": TOKEN}
+
+    with forged(tmp_path, fresh_pg_url, own_redis.url, "github", forge_path, settings) as f:
         forge = f.forge
         root = f.sender.new_ts()
         f.sender.app_mention("<@U0BOT> write: notes.txt", channel=CHANNEL, user=ALICE, ts=root)
@@ -319,62 +326,40 @@ def test_a_rate_limited_pull_request_opens_after_the_reset_and_a_protected_base_
         assert len(forge.pulls("acme/app")) == 1
 
 
-def test_a_github_app_signs_in_and_a_host_without_a_forge_is_named(
+def test_a_github_app_signs_in_as_its_installation_and_its_tokens_are_never_shown(
     tmp_path: Path, fresh_pg_url: str, own_redis: OwnRedis
 ) -> None:
-    forge = ForgeServer("github", tmp_path / "forge-app", {}).start()
-    try:
+    key: list[str] = []
+
+    def as_app(forge: ForgeServer) -> tuple[list[str], dict[str, str]]:
         app_id, pem = forge.new_app()
-        clone = forge.add_repo("acme/app")
-        lines = [
-            "forges:",
-            f"  '{forge.host}': {{kind: github, app: {{id: {app_id}, privateKeyEnv: MM_TEST_APP_KEY}}}}",
-        ]
-        text = config(f"{{yolo: true, repo: '{clone}', approvers: [{BOB}]}}", *lines)
-        with stack(
-            tmp_path, fresh_pg_url, own_redis.url, config=text, extra_env=forge.ca_env() | {"MM_TEST_APP_KEY": pem}
-        ) as s:
-            s.model.always(policy)
-            s.slack.add_user(BOB, "bob")
-            s.slack.add_user(ALICE, "alice")
-            s.start_worker()
-            base = s.start_bot()
-            with SlackEventSender(base, SECRET, response_url=s.slack.response_url) as sender:
-                f = Forged(s, sender, forge, "acme/app", clone)
-                root = sender.new_ts()
-                sender.app_mention("<@U0BOT> write: notes.txt", channel=CHANNEL, user=ALICE, ts=root)
-                f.click(f.offer(root), "pull_request", BOB, root)
-                f.said(root, "opened <")
-                [pull] = forge.pulls("acme/app")
-                assert pull["author"] != ""  # opened as the App's installation
-                tokens = {token for _m, _p, token in forge.requests if token}
-                assert tokens and all(t.startswith("ghs_") or t.count(".") == 2 for t in tokens)
-                seen = f.all_text()
-                assert pem.splitlines()[1] not in seen
-                assert not [t for t in tokens if t in seen]  # the installation tokens: used, never shown
-        assert not forge.take_unsupported()
-    finally:
-        forge.stop()
+        key.append(pem)
+        app = f"app: {{id: {app_id}, privateKeyEnv: MM_TEST_APP_KEY}}"
+        return ["forges:", f"  '{forge.host}': {{kind: github, {app}}}"], {"MM_TEST_APP_KEY": pem}
+
+    with forged(tmp_path, fresh_pg_url, own_redis.url, "github", "acme/app", as_app, tokens={}) as f:
+        root = f.sender.new_ts()
+        f.sender.app_mention("<@U0BOT> write: notes.txt", channel=CHANNEL, user=ALICE, ts=root)
+        f.click(f.offer(root), "pull_request", BOB, root)
+        f.said(root, "opened <")
+        [pull] = f.forge.pulls("acme/app")
+        assert pull["author"] != ""  # opened as the App's installation
+        tokens = {token for _m, _p, token in f.forge.requests if token}
+        assert tokens and all(t.startswith("ghs_") or t.count(".") == 2 for t in tokens)
+        seen = f.all_text()
+        assert key[0].splitlines()[1] not in seen
+        assert not [t for t in tokens if t in seen]  # the installation tokens: used, never shown
 
 
 def test_a_host_without_a_forge_names_the_key_to_set(tmp_path: Path, fresh_pg_url: str, own_redis: OwnRedis) -> None:
-    forge = ForgeServer("github", tmp_path / "forge", {TOKEN: None}).start()
-    try:
-        clone = forge.add_repo("acme/app")
-        text = config(f"{{yolo: true, repo: '{clone}', approvers: [{BOB}]}}")
-        env = forge.ca_env() | {"MM_GIT_TOKEN": TOKEN}
-        with stack(tmp_path, fresh_pg_url, own_redis.url, config=text, extra_env=env) as s:
-            s.model.always(policy)
-            s.start_worker()
-            base = s.start_bot()
-            with SlackEventSender(base, SECRET, response_url=s.slack.response_url) as sender:
-                f = Forged(s, sender, forge, "acme/app", clone)
-                root = sender.new_ts()
-                sender.app_mention("<@U0BOT> write: notes.txt", channel=CHANNEL, user=ALICE, ts=root)
-                offer = f.offer(root)
-                assert set(buttons(offer)) == {"push"}  # no forge known: a branch only
-                sender.app_mention("<@U0BOT> pr", channel=CHANNEL, user=BOB, thread_ts=root)
-                said = f.said(root, "No forge is configured")
-                assert f"forges.{forge.host}.kind" in said
-    finally:
-        forge.stop()
+    def no_forge(forge: ForgeServer) -> tuple[list[str], dict[str, str]]:
+        return [], {"MM_GIT_TOKEN": TOKEN}
+
+    with forged(tmp_path, fresh_pg_url, own_redis.url, "github", "acme/app", no_forge) as f:
+        root = f.sender.new_ts()
+        f.sender.app_mention("<@U0BOT> write: notes.txt", channel=CHANNEL, user=ALICE, ts=root)
+        offer = f.offer(root)
+        assert set(buttons(offer)) == {"push"}  # no forge known: a branch only
+        f.sender.app_mention("<@U0BOT> pr", channel=CHANNEL, user=BOB, thread_ts=root)
+        said = f.said(root, "No forge is configured")
+        assert f"forges.{f.forge.host}.kind" in said

@@ -27,7 +27,7 @@ from workers.errors import WorkerError
 from workers.forges import ForgeError, PullState, forge_for
 from workers.pull_request_body import job_body, job_title
 from workers.pull_requests import Delivered, pushed_record, record_and_sync, sync
-from workers.push import BranchRefused, NothingToPush, credentials, diff_stat, push_workspace
+from workers.push import BranchRefused, NothingToPush, credentials, push_workspace
 
 if TYPE_CHECKING:
     from workers.jobs import RunningJob
@@ -39,7 +39,6 @@ MOVED = (
     "the pull request's branch `{branch}` has commits mm did not push, so this run's changes were not pushed over "
     "them; close the pull request (or delete the branch) and the next run starts afresh"
 )
-DIFF_LINES = 30
 
 
 async def push_job_pull_request(
@@ -54,9 +53,11 @@ async def push_job_pull_request(
     start: str | None,
     cloned: str | None,
     answer: str,
+    changes: str,
 ) -> tuple[str | None, str, str | None]:
     """Push the run's changes to the job's pull request branch and open or update its pull request: the branch
-    pushed (or None), the summary's line, and the reason the run failed (None when it did not)."""
+    pushed (or None), the summary's line, and the reason the run failed (None when it did not). `changes`: the
+    run's diff stat, as its summary shows it."""
     job = run.job
     assert job.push is not None
     branch = job.push.branch.format(job=job.name)
@@ -91,7 +92,6 @@ async def push_job_pull_request(
     try:
         token = await asyncio.to_thread(credentials, config, remote)
         lease = await asyncio.to_thread(git.remote_head, remote, branch, token)
-        changes = await asyncio.to_thread(diff_stat, workspace, agent, start, DIFF_LINES)
         body = await job_body(config, secrets, job, run.run_id, channel, thread_ts, answer, changes)
         delivered = Delivered(owner, session_id, repo, branch, cloned or base or "main", "", job_title(job), body, None)
 

@@ -268,14 +268,15 @@ async def finish_run(
     ]
     start = start_commit(config.workspaces_root, session_id)
     agent = agent_of(config, job.agent)  # the run's workspace's git runs in the sandbox its commands ran in
-    if workspace is not None and (changes := await asyncio.to_thread(diff_stat, workspace, agent, start, DIFF_LINES)):
+    changes = await asyncio.to_thread(diff_stat, workspace, agent, start, DIFF_LINES) if workspace is not None else ""
+    if changes:
         lines.append(Mrkdwn("Changes:\n{changes}").format(changes=code_block(changes)))
     pushed_branch = None
     if job.push is not None and reason is None and workspace is not None:
         cloned = cloned_branch(config.workspaces_root, session_id)
         answer = finished.answer if finished is not None else ""
         pushed_branch, said, reason = await _push(
-            engine, config, secrets, found, session_id, workspace, agent, start, cloned, answer or ""
+            engine, config, secrets, found, session_id, workspace, agent, start, cloned, answer or "", changes
         )
         lines.append(said)
         if reason is not None:  # the outcome line changes: the run failed after all
@@ -355,6 +356,7 @@ async def _push(
     start: str | None,
     cloned: str | None,
     answer: str,
+    changes: str,
 ) -> tuple[str | None, str, str | None]:
     """Push the run's changes as the job says (to a branch of the run's own, or to its pull request's): the
     branch pushed (or None), the summary's line, and the reason the run failed when the push did."""
@@ -365,7 +367,7 @@ async def _push(
         return None, NO_REMOTE, NO_REMOTE
     if job.push.pr:
         return await push_job_pull_request(
-            engine, config, secrets, run, session_id, workspace, agent, remote, start, cloned, answer
+            engine, config, secrets, run, session_id, workspace, agent, remote, start, cloned, answer, changes
         )
     local = run.scheduled_for.astimezone(ZoneInfo(job.timezone))  # the date the team sees in the job's zone
     branch = job.push.branch.format(job=job.name, date=f"{local:%Y-%m-%d}", run=run.run_id)

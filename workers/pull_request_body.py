@@ -15,6 +15,7 @@ from typing import Any
 from sqlalchemy import Engine, select
 
 from chatops.config import Config, JobConfig
+from chatops.queries import writers
 from chatops.schema import CallDecision, InboxMessage, SessionEvent, ToolCall
 from chatops.secrets import scrub
 from chatops.sessions import Snapshot
@@ -62,7 +63,7 @@ async def thread_body(
     changes: str,
 ) -> str:
     asked = _first_request(engine, session_id)
-    people = {u for u in (*_writers(engine, session_id), user, *_approvers(engine, session_id)) if u}
+    people = {u for u in (*writers(engine, session_id), user, *_approvers(engine, session_id)) if u}
     names, link = await _slack_facts(config, facts.channel_id, facts.thread_ts, people)
     parts = []
     if asked:
@@ -71,11 +72,11 @@ async def thread_body(
         parts.append("**The agent's answer**\n\n" + _quoted(_unmention(answer, names), MAX_ANSWER))
     if changes:
         parts.append(f"**Changes**\n\n```\n{_FENCE.sub('``', changes)}\n```")
-    writers = sorted(_writers(engine, session_id))
+    asked_by = sorted(writers(engine, session_id))
     approvers = sorted({user, *_approvers(engine, session_id)})
     origin = [
         f"From a Slack thread{f' ({link})' if link else ''}.",
-        f"Asked by {_names(writers, names) or 'nobody named'}; approved by {_names(approvers, names)}.",
+        f"Asked by {_names(asked_by, names) or 'nobody named'}; approved by {_names(approvers, names)}.",
     ]
     parts.append("\n".join(origin))
     parts.append(marker(f"thread:{session_id}"))
@@ -138,12 +139,6 @@ def _last_answer(engine: Engine, session_id: str) -> str:
             if isinstance(text, str) and text.strip() and not payload.get("tool_calls"):
                 return text.strip()
     return ""
-
-
-def _writers(engine: Engine, session_id: str) -> set[str]:
-    with engine.connect() as conn:
-        rows = conn.execute(select(InboxMessage.user_id).where(InboxMessage.session_id == session_id).distinct())
-        return {u for u in rows.scalars() if u}
 
 
 def _approvers(engine: Engine, session_id: str) -> set[str]:

@@ -10,11 +10,10 @@ from datetime import timedelta
 from chatops import pull_requests as records
 from chatops.schema import utcnow
 from chatops.sessions import snapshot
-from chatops.store import record_error
-from slackio.slack_client import failed_where, web_client
-from slackio.slack_out import SlackOut
+from slackio.mrkdwn import Mrkdwn
 from workers.pull_requests import follow, status_text, sync
-from workers.turns import Process, process
+from workers.thread_push import say_in_thread
+from workers.turns import process
 
 # How often a followed pull request's checks are looked at, at the most: each look is a few requests of the
 # forge's rate limit, which the token shares with everything else.
@@ -27,7 +26,7 @@ def show_pull_request_work(session_id: str) -> None:
     if facts is None:
         return
     said = status_text(proc.engine, proc.config, session_id)
-    asyncio.run(_say(proc, session_id, facts.channel_id, facts.thread_ts, said))
+    asyncio.run(say_in_thread(proc, facts, said))
 
 
 def follow_pull_request_work(record_id: int) -> None:
@@ -55,17 +54,8 @@ def follow_pull_request_work(record_id: int) -> None:
         return
     facts = snapshot(proc.engine, record.session_id, log=False)
     if facts is not None:
-        for line in lines:
-            asyncio.run(_say(proc, record.session_id, facts.channel_id, facts.thread_ts, line))
+        asyncio.run(say_in_thread(proc, facts, Mrkdwn("\n").join(lines)))
 
 
 def _is_thread(record: records.PullRecord) -> bool:
     return record.owner.startswith("thread:")
-
-
-async def _say(proc: Process, session_id: str, channel: str | None, thread_ts: str | None, text: str) -> None:
-    slack = SlackOut(web_client(proc.config), proc.secrets)
-    try:
-        await slack.post(channel or "", text, thread_ts=thread_ts)
-    except Exception as e:  # noqa: BLE001 - the pull request stands; the errors table keeps the message
-        record_error(proc.engine, failed_where(e, "chat.postMessage"), f"chat.postMessage: {e}", session_id=session_id)

@@ -72,7 +72,7 @@ def push_thread_work(
             said = UNEXPECTED.format(error=describe_error(e))
         finally:
             release_lease(engine, session_id, token)
-    asyncio.run(_say(proc, facts, said, session_id))
+    asyncio.run(say_in_thread(proc, facts, said))
 
 
 def _push(
@@ -156,9 +156,11 @@ def _agent_name(proc: Process, session_id: str) -> str | None:
         return conn.execute(select(Session.agent_name).where(Session.id == session_id)).scalar_one_or_none()
 
 
-async def _say(proc: Process, facts: Snapshot, text: str, session_id: str) -> None:
+async def say_in_thread(proc: Process, facts: Snapshot, text: str) -> None:
+    """A line in the session's thread, from a task that is not its turn (a push, a pull request's news)."""
     slack = SlackOut(web_client(proc.config), proc.secrets)  # scrubs the token and the rest from git's words
     try:
         await slack.post(facts.channel_id or "", text, thread_ts=facts.thread_ts)
-    except Exception as e:  # noqa: BLE001 - the push happened (or not); the errors table keeps the message
-        record_error(proc.engine, failed_where(e, "chat.postMessage"), f"chat.postMessage: {e}", session_id=session_id)
+    except Exception as e:  # noqa: BLE001 - what was said happened (or not); the errors table keeps the message
+        where = failed_where(e, "chat.postMessage")
+        record_error(proc.engine, where, f"chat.postMessage: {e}", session_id=facts.id)
