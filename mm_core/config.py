@@ -11,9 +11,10 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from mm_core.errors import CoreError
+from mm_core.network.policy import expand, normal_host, parse_rule
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
 _UNIT = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
@@ -101,6 +102,64 @@ class BashConfig(Strict):
     limits: Limits = Field(default_factory=Limits)
 
 
+class NetworkCredential(Strict):
+    """A secret the proxy adds, outside the sandbox, to requests for `hosts` (exact names): `Authorization:
+    Bearer <secret>`, `token <secret>`, or `Basic` of `username:<secret>` (git over HTTPS)."""
+
+    hosts: list[str] = Field(min_length=1)
+    tokenEnv: str = Field(min_length=1)
+    scheme: Literal["bearer", "basic", "token"] = "bearer"
+    username: str = "x-access-token"
+
+    @field_validator("hosts")
+    @classmethod
+    def _exact_hosts(cls, value: list[str]) -> list[str]:
+        for host in value:
+            rule = parse_rule(host)
+            if rule.suffix or rule.port is not None:
+                raise ValueError(f"expected exact host names (no wildcard, no port), got {host!r}")
+        return value
+
+
+def _network_mode(value: Any) -> Any:
+    """`network: off` (or allow, open) for `network: {policy: off}`; YAML reads a bare off as false."""
+    if value is False:
+        return {"policy": "off"}
+    if isinstance(value, str):
+        return {"policy": value}
+    return value
+
+
+class NetworkConfig(Strict):
+    """Where sandboxed commands and fetch_content may connect (mm_core/network, docs/network.md)."""
+
+    policy: Literal["off", "allow", "open"] = "allow"
+    # Hosts (`github.com`), wildcards (`*.example.com`), `host:port` (else 80 and 443) and presets by name.
+    allow: list[str] = Field(default_factory=lambda: ["registries"])
+    credentials: list[NetworkCredential] = Field(default_factory=list)
+
+    @field_validator("allow")
+    @classmethod
+    def _entries(cls, value: list[str]) -> list[str]:
+        expand(value)
+        return value
+
+    @model_validator(mode="after")
+    def _credentials_reachable(self) -> NetworkConfig:
+        if self.policy == "off" and self.credentials:
+            raise ValueError("credentials need a network: `policy: off` reaches no host")
+        rules = expand(self.allow)
+        for credential in self.credentials:
+            for host in credential.hosts:
+                name = normal_host(host)
+                if self.policy == "allow" and not any(rule.covers_host(name) for rule in rules):
+                    raise ValueError(f"credentials for {name}, which `allow` does not list")
+        return self
+
+
+NetworkSetting = Annotated[NetworkConfig, BeforeValidator(_network_mode)]
+
+
 class AcpConfig(Strict):
     """The reference's editor settings; only `title` matters here: it names an agent asked with ask_agent."""
 
@@ -128,6 +187,27 @@ class AgentConfig(Strict):
     sandbox: Literal["auto", "bwrap", "none"] = "auto"
     bash: BashConfig = Field(default_factory=BashConfig)
     acp: AcpConfig = Field(default_factory=AcpConfig)
+    # None in a file: `bash.network` when it is written (true: open, false: off), else allow-with-registries.
+    network: NetworkSetting | None = None
+
+    @model_validator(mode="after")
+    def _egress(self) -> AgentConfig:
+        """Fill `network` once, so that everything after reads one value."""
+        if self.network is None:
+            legacy = "network" in self.bash.model_fields_set
+            policy = ("open" if self.bash.network else "off") if legacy else "allow"
+            object.__setattr__(self, "network", NetworkConfig(policy=policy))
+        return self
+
+    @property
+    def egress(self) -> NetworkConfig:
+        """The network policy in force (`network`, filled at validation)."""
+        assert self.network is not None
+        return self.network
+
+    def with_network(self, network: NetworkConfig | None) -> AgentConfig:
+        """This config under a channel's or a job's own `network` (None: its own)."""
+        return self if network is None else self.model_copy(update={"network": network})
 
     def with_tool_call_cap(self, cap: int | None) -> AgentConfig:
         """This config under a bound on the tool calls of one answer set from outside it (the worker's, or the

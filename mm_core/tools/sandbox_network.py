@@ -26,7 +26,7 @@ from pathlib import Path
 
 from mm_core.config import AgentConfig
 from mm_core.tools.base import ToolRefusal
-from mm_core.tools.fetch.guard import blocked_kind
+from mm_core.tools.fetch.guard import blocked_kind, own_addresses
 
 NETWORK_FAILED = (
     "[error: bash: the sandbox's network could not be set up ({reason}) — the command was not run; "
@@ -119,22 +119,12 @@ def internal_networks() -> tuple[ipaddress.IPv4Network, ...]:
     return tuple(nets)
 
 
-def _local_addresses() -> Iterator[ipaddress.IPv4Address]:
-    """The worker's own IPv4 addresses (its services listen on them too, public or not), from the kernel's
-    routing table: no process started."""
-    with contextlib.suppress(OSError):
-        lines = Path("/proc/net/fib_trie").read_text().splitlines()
-        for previous, line in itertools.pairwise(lines):
-            if line.strip() == "/32 host LOCAL":
-                yield ipaddress.IPv4Address(previous.split()[-1])
-
-
 def ruleset(extra: tuple[ipaddress.IPv4Network, ...] = ()) -> str:
     """The nftables rules inside a sandbox's network namespace: its own loopback and slirp4netns's DNS
     forwarder are reachable, every internal network and the worker's own addresses are refused, and there is
     no IPv6 beyond loopback. The command cannot change them: it has no CAP_NET_ADMIN in its namespace."""
     refused = ipaddress.collapse_addresses(
-        [*internal_networks(), *extra, *(ipaddress.IPv4Network(a) for a in _local_addresses())]
+        [*internal_networks(), *extra, *(ipaddress.IPv4Network(a) for a in own_addresses() if a.version == 4)]
     )
     elements = ", ".join(str(n) for n in refused)
     return f"""table inet mm_sandbox {{

@@ -9,14 +9,21 @@ SNI and the Host header keep the name, because httpcore takes both from the URL,
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
+import itertools
 import socket
-from collections.abc import Iterable
-from typing import Any, cast
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 import httpcore
 
 from mm_core.tools.fetch.errors import BlockedAddress
+
+if TYPE_CHECKING:
+    from mm_core.network.policy import EgressPolicy
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
@@ -76,10 +83,55 @@ def blocked_kind(ip: IPAddress) -> str | None:
     return None
 
 
-class AddressGuard:
-    """Vets the addresses a host name resolves to; `allow` holds CIDRs, addresses or host names."""
+# How a name is resolved: (host, port) to its addresses. The worker's is getaddrinfo; a test passes its own to map
+# names to the servers it made (mm_testkit.netlab): the config cannot name one.
+Lookup = Callable[[str, int], Awaitable[list[str]]]
+# How long the worker's own addresses are taken as known: they change with its interfaces, rarely.
+OWN_ADDRESSES_TTL = 30.0
 
-    def __init__(self, allow: Iterable[str] = ()):
+
+def _own_addresses() -> frozenset[IPAddress]:
+    """The worker's own addresses (its services listen on them too, public or not), from the kernel's tables:
+    no process started."""
+    found: set[IPAddress] = set()
+    with contextlib.suppress(OSError):
+        lines = Path("/proc/net/fib_trie").read_text().splitlines()
+        for previous, line in itertools.pairwise(lines):
+            if line.strip() == "/32 host LOCAL":
+                found.add(ipaddress.IPv4Address(previous.split()[-1]))
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/net/if_inet6").read_text().splitlines():
+            digits = line.split()[0]
+            found.add(ipaddress.IPv6Address(int(digits, 16)))
+    return frozenset(found)
+
+
+_own_cache: tuple[float, frozenset[IPAddress]] = (float("-inf"), frozenset())
+
+
+def own_addresses() -> frozenset[IPAddress]:
+    """The worker's own addresses, read again at most every OWN_ADDRESSES_TTL seconds."""
+    global _own_cache
+    read_at, found = _own_cache
+    if time.monotonic() - read_at > OWN_ADDRESSES_TTL:
+        found = _own_addresses()
+        _own_cache = (time.monotonic(), found)
+    return found
+
+
+async def _getaddrinfo(host: str, port: int) -> list[str]:
+    infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    # sockaddr[0] is the address text for AF_INET / AF_INET6, the only families a host name resolves to here.
+    return [str(info[4][0]).split("%")[0] for info in infos]
+
+
+class AddressGuard:
+    """Vets the addresses a host name resolves to; `allow` holds CIDRs, addresses or host names; `policy`, when
+    given, is asked first whether the name may be reached at all (mm_core/network)."""
+
+    def __init__(self, allow: Iterable[str] = (), policy: EgressPolicy | None = None, lookup: Lookup | None = None):
+        self.policy = policy
+        self.lookup = lookup or _getaddrinfo
         self.networks: list[ipaddress.IPv4Network | ipaddress.IPv6Network] = []
         self.names: set[str] = set()
         for entry in allow:
@@ -93,7 +145,7 @@ class AddressGuard:
         """Raise BlockedAddress when `ip` (what `host` resolved to) is internal and not allowed."""
         if host.lower().rstrip(".") in self.names or any(ip in net for net in self.networks):
             return
-        kind = blocked_kind(ip)
+        kind = blocked_kind(ip) or ("this worker's own address" if ip in own_addresses() else None)
         if kind is None:
             return
         try:
@@ -106,15 +158,14 @@ class AddressGuard:
     async def resolve(self, host: str, port: int) -> list[str]:
         """The host's addresses, every one vetted: one internal address refuses the host altogether, so a
         name that mixes public and internal answers cannot be steered to the internal one."""
+        if self.policy is not None and (refusal := self.policy.refusal(host, port)) is not None:
+            raise BlockedAddress(refusal)
         literal = host.strip("[]")
         try:
             return self._vet(host, [ipaddress.ip_address(literal)])
         except ValueError:
             pass
-        loop = asyncio.get_running_loop()
-        infos = await loop.getaddrinfo(literal, port, type=socket.SOCK_STREAM)
-        # sockaddr[0] is the address text for AF_INET / AF_INET6, the only families a host name resolves to here.
-        addresses = list(dict.fromkeys(ipaddress.ip_address(str(info[4][0]).split("%")[0]) for info in infos))
+        addresses = list(dict.fromkeys(ipaddress.ip_address(a) for a in await self.lookup(literal, port)))
         return self._vet(host, addresses)
 
     def _vet(self, host: str, addresses: list[IPAddress]) -> list[str]:
