@@ -15,12 +15,11 @@ import ctypes
 import fcntl
 import functools
 import ipaddress
-import itertools
 import json
 import os
 import shutil
 import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
