@@ -87,7 +87,7 @@ async def end_to_end(size: int) -> tuple[float, int]:
     html = big_page(size)
     async with Site() as site:
         url = site.page("/big", html)
-        tool = FetchContentTool(AgentConfig(fetchAllow=["127.0.0.1/32"], maxOutput=10**9))
+        tool = FetchContentTool(AgentConfig(fetchAllow=["127.0.0.1/32"], network="open", maxOutput=10**9))
         with tempfile.TemporaryDirectory() as tmp:
             ctx = ToolContext(workspace=Path(tmp), config=tool.config)
             start = time.perf_counter()
@@ -101,7 +101,7 @@ async def hostile(name: str, route: Route, args: dict[str, str]) -> None:
     """One hostile page through the tool: its size on the wire, the answer, the time and the peak memory."""
     async with Site() as site:
         site.routes["/p"] = route
-        tool = FetchContentTool(AgentConfig(fetchAllow=["127.0.0.1/32"]))
+        tool = FetchContentTool(AgentConfig(fetchAllow=["127.0.0.1/32"], network="open"))
         with tempfile.TemporaryDirectory() as tmp:
             ctx = ToolContext(workspace=Path(tmp), config=tool.config)
             tracemalloc.start()

@@ -31,6 +31,8 @@ from mm_core.config import (
     AgentConfig,
     Duration,
     ModelConfig,
+    NetworkConfig,
+    NetworkSetting,
     Strict,
     YamlProblem,
     parse_duration,
@@ -169,6 +171,8 @@ class ChannelConfig(Strict):
     budgets: BudgetsConfig | None = None
     # Where the channel's day starts and ends, for `budgets.channelDayTokens` and `channelDayCost`.
     timezone: str = "UTC"
+    # The channel's own egress policy, in place of the top-level `network` (docs/network.md).
+    network: NetworkSetting | None = None
 
     @field_validator("timezone")
     @classmethod
@@ -318,6 +322,8 @@ class JobConfig(Strict):
     push: JobPushConfig | None = None
     # The run's own limits over the channel's and the top-level `budgets`, key by key (the run is its thread).
     budgets: BudgetsConfig | None = None
+    # The run's own egress policy, in place of its channel's and the top-level `network`.
+    network: NetworkSetting | None = None
 
     @field_validator("push", mode="before")
     @classmethod
@@ -546,6 +552,13 @@ class ServiceConfig(Strict):
     def channel(self, channel_id: str) -> ChannelConfig:
         """The channel's own settings, or the default's, or none at all."""
         return self.channels.get(channel_id) or self.channels.get("default") or ChannelConfig()
+
+    def network_over(self, channel_id: str, job: JobConfig | None) -> NetworkConfig | None:
+        """A thread's own egress policy over its agent's (None: the agent's `network`): the running job's, else
+        its channel's. Each replaces the one under it whole: an allow-list is never merged with another."""
+        if job is not None and job.network is not None:
+            return job.network
+        return self.channel(channel_id).network
 
     def model_names(self) -> str:
         """The names `model=` takes, for a person reading a refusal."""

@@ -138,6 +138,11 @@ class NetworkConfig(Strict):
     allow: list[str] = Field(default_factory=lambda: ["registries"])
     credentials: list[NetworkCredential] = Field(default_factory=list)
 
+    @field_validator("policy", mode="before")
+    @classmethod
+    def _bare_off(cls, value: Any) -> Any:
+        return "off" if value is False else value  # YAML reads `policy: off` as false
+
     @field_validator("allow")
     @classmethod
     def _entries(cls, value: list[str]) -> list[str]:

@@ -34,7 +34,7 @@ PAGE = b"<!doctype html><h1>Title</h1><p>Body text.</p>"
 
 
 def make(tmp_path: Path, limits: Limits = Limits()) -> tuple[FetchContentTool, ToolContext]:
-    tool = FetchContentTool(AgentConfig(fetchAllow=ALLOW), limits)
+    tool = FetchContentTool(AgentConfig(fetchAllow=ALLOW, network="open"), limits)
     return tool, ToolContext(workspace=tmp_path, config=tool.config)
 
 
@@ -67,7 +67,7 @@ def _vm_size() -> int:
 
 async def _child_run(case: str) -> dict[str, str | int | float]:
     routes, args = _hostile(case)
-    tool = FetchContentTool(AgentConfig(fetchAllow=ALLOW))
+    tool = FetchContentTool(AgentConfig(fetchAllow=ALLOW, network="open"))
     async with Site() as warm_up:  # another origin: lazy imports and the worker thread, before measuring
         warm_up.routes["/p"] = Route(PAGE)
         await tool.run({"url": warm_up.url("/p")}, ToolContext(workspace=Path.cwd(), config=tool.config))

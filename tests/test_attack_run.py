@@ -163,7 +163,7 @@ def serving(handler: Callable[..., http.server.BaseHTTPRequestHandler]) -> http.
 def test_a_compression_bomb_is_refused(model_server, run):
     server = serving(BombHandler)
     try:
-        run.config = json.dumps({"fetchContentTool": True, "fetchAllow": ["127.0.0.1"]}) + "\n"
+        run.config = json.dumps({"fetchContentTool": True, "fetchAllow": ["127.0.0.1"], "network": "open"}) + "\n"
         url = f"http://127.0.0.1:{server.server_address[1]}/page"
         out = answer(model_server, run, "fetch_content", {"url": url})
     finally:

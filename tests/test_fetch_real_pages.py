@@ -199,7 +199,7 @@ def test_real_page_through_the_tool_over_loopback(tmp_path: Path) -> None:
     async def scenario() -> tuple[str, dict[str, int]]:
         async with Site("127.0.0.1") as site:
             url = site.page("/3.11/library/json.html", body, content_type="text/html")
-            tool = FetchContentTool(AgentConfig(fetchAllow=["127.0.0.1"], maxOutput=1_000_000))
+            tool = FetchContentTool(AgentConfig(fetchAllow=["127.0.0.1"], network="open", maxOutput=1_000_000))
             result = await tool.run(
                 {"url": url, "baseUrl": BASES[name]}, ToolContext(workspace=tmp_path, config=tool.config)
             )

@@ -22,8 +22,16 @@ PAGE = "<h1>Title</h1><p>Body text.</p>"
 
 
 def make(tmp_path: Path, allow=ALLOW, limits: Limits = Limits(), **config) -> tuple[FetchContentTool, ToolContext]:
-    tool = FetchContentTool(AgentConfig(fetchAllow=allow, **config), limits)
+    # The loopback servers these tests make are reached under `network: open` unless a test says otherwise: the
+    # allow-list has tests of its own (test_egress_fetch.py).
+    tool = FetchContentTool(AgentConfig(fetchAllow=allow, **({"network": "open"} | config)), limits)
     return tool, ToolContext(workspace=tmp_path, config=tool.config)
+
+
+async def fetch(tmp_path: Path, args: dict, allow=ALLOW, **config) -> str:
+    """One call of a tool made with `allow` and `config`, in a context of the same config."""
+    tool, ctx = make(tmp_path, allow, **config)
+    return await tool.run(args, ctx)
 
 
 def run(coro):
@@ -104,7 +112,7 @@ def test_http_failures_and_types(tmp_path: Path, route: dict, expected: str) -> 
         async with Site() as site:
             html = route.pop("html", PAGE)
             url = site.page("/p", html, **route)
-            return await make(tmp_path)[0].run({"url": url}, make(tmp_path)[1]), url
+            return await fetch(tmp_path, {"url": url}), url
 
     out, _ = run(scenario())
     assert out.startswith(expected) and out.endswith("]")
@@ -216,7 +224,7 @@ def test_unreachable_host_is_error_2(tmp_path: Path) -> None:
     async def scenario():
         async with Site() as site:
             port = site.port
-        return await make(tmp_path)[0].run({"url": f"http://127.0.0.1:{port}/"}, make(tmp_path)[1])
+        return await fetch(tmp_path, {"url": f"http://127.0.0.1:{port}/"})
 
     out = run(scenario())
     assert out.startswith("[fetch_content: error 2 (input) — ")
@@ -252,7 +260,7 @@ def test_output_mode_writes_the_file_and_refuses_escapes(tmp_path: Path) -> None
 
 def test_output_name_too_long_is_error_1_before_fetching(tmp_path: Path) -> None:
     name = "x" * 300 + ".md"
-    out = run(make(tmp_path, allow=[])[0].run({"url": "http://127.0.0.1:9/", "output": name}, make(tmp_path)[1]))
+    out = run(fetch(tmp_path, {"url": "http://127.0.0.1:9/", "output": name}, allow=[]))
     assert out == f"[fetch_content: error 1 (conversion) — cannot write {name}: File name too long]"
 
 
@@ -292,7 +300,7 @@ def test_output_is_truncated_to_max_output(tmp_path: Path) -> None:
 def test_encoding_chain(tmp_path: Path, body: bytes, content_type: str, text: str) -> None:
     async def scenario():
         async with Site() as site:
-            return await make(tmp_path)[0].run({"url": site.page("/p", body, content_type)}, make(tmp_path)[1])
+            return await fetch(tmp_path, {"url": site.page("/p", body, content_type)})
 
     assert run(scenario()) == text + "\n"
 
@@ -312,7 +320,7 @@ def robots_case(tmp_path: Path, robots_route: dict | None, path: str = "/page"):
                 site.page("/robots.txt", body, "text/plain", **robots_route)
             else:
                 site.routes.pop("/robots.txt")
-            return await make(tmp_path)[0].run({"url": site.url(path)}, make(tmp_path)[1])
+            return await fetch(tmp_path, {"url": site.url(path)})
 
     return run(scenario())
 
@@ -365,7 +373,7 @@ def test_robots_redirect_is_followed(tmp_path: Path) -> None:
             site.page("/page", PAGE)
             site.redirect("/robots.txt", "/real-robots.txt")
             site.page("/real-robots.txt", "User-agent: *\nDisallow: /page\n", "text/plain")
-            return await make(tmp_path)[0].run({"url": site.url("/page")}, make(tmp_path)[1])
+            return await fetch(tmp_path, {"url": site.url("/page")})
 
     assert "forbids" in run(scenario())
 
@@ -519,7 +527,7 @@ def test_hostile_urls_are_refused_before_connecting(tmp_path: Path, template: st
         async with Site() as site:
             site.page("/", PAGE)
             site.page("/latest/meta-data/", PAGE)
-            out = await make(tmp_path, allow=[])[0].run({"url": template.format(port=site.port)}, make(tmp_path)[1])
+            out = await fetch(tmp_path, {"url": template.format(port=site.port)}, allow=[])
             return out, site.total
 
     out, hits = run(scenario())
@@ -528,7 +536,7 @@ def test_hostile_urls_are_refused_before_connecting(tmp_path: Path, template: st
 
 
 def test_refusal_names_the_address_and_its_kind(tmp_path: Path) -> None:
-    out = run(make(tmp_path, allow=[])[0].run({"url": "http://127.0.0.1:9/"}, make(tmp_path)[1]))
+    out = run(fetch(tmp_path, {"url": "http://127.0.0.1:9/"}, allow=[]))
     assert out == (
         "[fetch_content: error 2 (input) — 127.0.0.1 is a loopback address — fetching internal "
         "addresses is not allowed (fetchAllow in the config lifts this)]"

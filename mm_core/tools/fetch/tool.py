@@ -14,6 +14,7 @@ from mm_core.tools import workspace
 from mm_core.tools.base import Tool, ToolContext
 from mm_core.tools.fetch import encoding
 from mm_core.tools.fetch.errors import CONVERSION, INPUT, USAGE, FetchError
+from mm_core.network.policy import EgressPolicy
 from mm_core.tools.fetch.guard import AddressGuard
 from mm_core.tools.fetch.http import Fetcher, Limits, make_client, parse_url
 from mm_core.tools.fetch.robots import RESOURCE_KEY, RobotsCache
@@ -95,7 +96,6 @@ class FetchContentTool(Tool):
     def __init__(self, config: AgentConfig, limits: Limits = Limits()):
         self.config = config
         self.limits = limits
-        self.guard = AddressGuard(config.fetchAllow)
 
     def schema(self) -> dict[str, Any]:
         return {
@@ -186,7 +186,7 @@ class FetchContentTool(Tool):
         ctx.emit(Status("Fetching"))
         robots = await ctx.resources.get(RESOURCE_KEY, RobotsCache)
         try:
-            async with make_client(self.guard, self.limits.timeout) as client:
+            async with make_client(self._guard(ctx.config), self.limits.timeout) as client:
                 page = await Fetcher(client, robots, self.limits).fetch(url)
         except (OSError, ValueError) as exc:  # what httpx lets through unwrapped
             raise FetchError(INPUT, f"fetching {url} failed: {_reason(exc)}") from None
@@ -209,6 +209,13 @@ class FetchContentTool(Tool):
             f"[fetch_content: saved {markdown.count(chr(10))} lines of Markdown ({len(data)} bytes) from {url} "
             f"to {output} — the content is not shown]"
         )
+
+    @staticmethod
+    def _guard(config: AgentConfig) -> AddressGuard:
+        """The call's door: the channel's egress policy (the one its commands have, mm_core/network) asked of every
+        host, redirects and robots.txt included, then the SSRF guard's check of its addresses. fetch_content never
+        adds the policy's credentials: what it reads is shown to the model, so it gets only public pages."""
+        return AddressGuard(config.fetchAllow, policy=EgressPolicy.of(config.egress, {}))
 
     @staticmethod
     def _target(root: Path, output: str) -> Path:

@@ -1,0 +1,177 @@
+"""The egress policy (issue 26): what `network:` accepts and refuses in the config, and the one decision the proxy
+and fetch_content take from it."""
+
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+
+import pytest
+
+from chatops.config import ConfigError, load_config
+from mm_core.config import AgentConfig
+from mm_core.network import EgressPolicy, presets
+from mm_core.network.policy import NO_SECRET
+
+NOT_LISTED = "network: host {} is not in this channel's allow-list"
+
+
+def policy(network: object, environ: dict[str, str] | None = None) -> EgressPolicy:
+    return EgressPolicy.of(AgentConfig.model_validate({"network": network}).egress, environ or {})
+
+
+def test_a_config_without_network_gets_the_registries_and_nothing_else() -> None:
+    network = AgentConfig().egress
+    assert network.policy == "allow" and network.allow == ["registries"] and not network.credentials
+    p = EgressPolicy.of(network, {})
+    assert p.refusal("pypi.org", 443) is None and p.refusal("files.pythonhosted.org", 443) is None
+    assert p.refusal("registry.npmjs.org", 443) is None
+    assert p.refusal("example.com", 443) == NOT_LISTED.format("example.com")
+    assert p.refusal("github.com", 443) == NOT_LISTED.format("github.com")  # the forges are a preset of their own
+
+
+def test_an_older_configs_bash_network_keeps_its_meaning() -> None:
+    assert AgentConfig.model_validate({"bash": {"network": True}}).egress.policy == "open"
+    assert AgentConfig.model_validate({"bash": {"network": False}}).egress.policy == "off"
+    # `network` written wins over it.
+    assert AgentConfig.model_validate({"bash": {"network": True}, "network": "off"}).egress.policy == "off"
+
+
+def test_the_short_forms_and_yamls_bare_off() -> None:
+    for value, expected in (("off", "off"), (False, "off"), ("open", "open"), ("allow", "allow")):
+        assert AgentConfig.model_validate({"network": value}).egress.policy == expected
+
+
+@pytest.mark.parametrize(
+    ("host", "port", "refused"),
+    [
+        ("github.com", 443, None),
+        ("GitHub.COM.", 443, None),  # case and a trailing dot are the same host
+        ("github.com", 80, None),
+        ("github.com", 22, "network: port 22 of github.com is not in this channel's allow-list"),
+        ("api.github.com", 443, NOT_LISTED.format("api.github.com")),  # an exact name covers no subdomain
+        ("a.example.com", 443, None),
+        ("deep.a.example.com", 443, None),
+        ("example.com", 443, NOT_LISTED.format("example.com")),  # a wildcard covers subdomains only
+        ("evilexample.com", 443, NOT_LISTED.format("evilexample.com")),
+        ("example.com.evil.org", 443, NOT_LISTED.format("example.com.evil.org")),
+        ("registry.internal", 8443, None),
+        ("registry.internal", 443, "network: port 443 of registry.internal is not in this channel's allow-list"),
+        ("192.0.2.10", 443, None),
+        ("[2001:db8::1]", 443, None),
+        ("2001:db8:0::1", 443, None),  # an address in another spelling
+        ("bücher.example", 443, None),
+        ("xn--bcher-kva.example", 443, None),
+    ],
+)
+def test_hosts_wildcards_ports_and_addresses(host: str, port: int, refused: str | None) -> None:
+    p = policy(
+        {
+            "allow": [
+                "github.com",
+                "*.example.com",
+                "registry.internal:8443",
+                "192.0.2.10",
+                "[2001:db8::1]",
+                "bücher.example",
+            ]
+        }
+    )
+    assert p.refusal(host, port) == refused
+
+
+def test_off_refuses_everything_and_open_nothing() -> None:
+    assert policy("off").refusal("pypi.org", 443) == "network: this channel's network is off"
+    assert policy("open").refusal("anything.example", 22) is None
+
+
+def test_presets_are_expanded_and_listed_by_name() -> None:
+    assert {"registries", "forges"} <= set(presets())
+    p = policy({"allow": ["forges"]})
+    assert p.refusal("github.com", 443) is None and p.refusal("objects.githubusercontent.com", 443) is None
+    assert p.refusal("pypi.org", 443) == NOT_LISTED.format("pypi.org")
+
+
+@pytest.mark.parametrize(
+    ("entry", "said"),
+    [
+        ("*", "for every host, `network: open`"),
+        ("https://github.com", "a host, not a URL"),
+        ("github.com/acme", "a host, not a URL"),
+        ("user@github.com", "a host, not a URL"),
+        ("regsitries", "unknown preset 'regsitries' (presets: registries, forges"),
+        ("a.*.example.com", "a wildcard covers a domain's subdomains"),
+        ("*example.com", "a wildcard covers a domain's subdomains"),
+        ("*.com", "a wildcard covers a domain's subdomains"),
+        ("github.com:0", "the port must be 1 to 65535"),
+        ("github.com:99999", "the port must be 1 to 65535"),
+        ("git hub.com", "expected a host name"),
+        ("-bad-.example", "expected a host name"),
+        ("", "expected a host name"),
+    ],
+)
+def test_a_bad_allow_list_entry_is_refused_with_what_is_wrong(entry: str, said: str, tmp_path: Path) -> None:
+    file = tmp_path / "mm.yaml"
+    file.write_text(f"network:\n  allow: [{entry!r}]\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(file, environ={})
+    assert said in str(e.value) and "mm.yaml:2: network.allow" in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("network", "said"),
+    [
+        ("policy: closed", "network.policy: expected one of 'off', 'allow' or 'open'"),
+        ("policy: off\n  credentials: [{hosts: [github.com], tokenEnv: T}]", "credentials need a network"),
+        ("allow: [pypi.org]\n  credentials: [{hosts: [github.com], tokenEnv: T}]", "github.com, which `allow`"),
+        ("allow: [github.com]\n  credentials: [{hosts: ['*.github.com'], tokenEnv: T}]", "exact host names"),
+        ("allow: [github.com]\n  credentials: [{hosts: [github.com]}]", "tokenEnv"),
+        ("allow: [github.com]\n  credentials: [{hosts: [github.com], tokenEnv: T, scheme: digest}]", "scheme"),
+        ("allow: [github.com]\n  proxy: true", "proxy"),
+    ],
+)
+def test_a_bad_network_section_is_refused(network: str, said: str, tmp_path: Path) -> None:
+    file = tmp_path / "mm.yaml"
+    file.write_text(f"network:\n  {network}\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(file, environ={})
+    assert said in str(e.value), str(e.value)
+
+
+def test_credentials_become_the_header_of_their_scheme_and_a_missing_secret_says_which_variable() -> None:
+    network = {
+        "allow": ["github.com", "api.github.com", "registry.example.org"],
+        "credentials": [
+            {"hosts": ["api.github.com"], "tokenEnv": "GH"},
+            {"hosts": ["github.com"], "tokenEnv": "GH", "scheme": "basic"},
+            {"hosts": ["registry.example.org"], "tokenEnv": "REG", "scheme": "token"},
+        ],
+    }
+    p = policy(network, {"GH": "ghs_secret"})
+    assert p.header_for("api.github.com") == "Bearer ghs_secret"
+    assert p.header_for("GitHub.com.") == "Basic " + base64.b64encode(b"x-access-token:ghs_secret").decode()
+    assert p.header_for("registry.example.org") is None
+    assert p.missing == {"registry.example.org": NO_SECRET.format(host="registry.example.org", env="REG")}
+    assert p.credentialed == {"api.github.com", "github.com", "registry.example.org"}
+    assert p.header_for("pypi.org") is None
+
+
+def test_a_channels_or_a_jobs_network_replaces_the_top_level_one_whole(tmp_path: Path) -> None:
+    file = tmp_path / "mm.yaml"
+    file.write_text(
+        "network: {allow: [registries, github.com]}\n"
+        "channels:\n"
+        "  C0123ABCD: {network: 'off'}\n"
+        "  C0456EFGH: {network: {allow: [gitlab.com]}}\n"
+        "jobs:\n"
+        "  - {name: nightly, schedule: '0 3 * * *', channel: C0123ABCD, prompt: go, network: open}\n"
+    )
+    config = load_config(file, environ={})
+    job = config.service.jobs[0]
+    assert config.agent.egress.allow == ["registries", "github.com"]
+    assert config.service.network_over("C0123ABCD", None).policy == "off"
+    assert config.service.network_over("C0123ABCD", job).policy == "open"
+    over = config.service.network_over("C0456EFGH", None)
+    assert over.allow == ["gitlab.com"]  # not merged with the top-level list
+    assert config.service.network_over("C0999ZZZZ", None) is None  # the agent's own
+    assert config.agent.with_network(over).egress.allow == ["gitlab.com"]
