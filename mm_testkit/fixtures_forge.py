@@ -2,7 +2,9 @@
 
 - `forge_server`: a factory `forge_server(kind, tokens=...)` -> a started ForgeServer (playground/forge_server.py)
   of that kind ("github", "gitlab", "gitea"), its repositories under the test's tmp_path; stopped after the test.
-  `tokens` defaults to {FORGE_TOKEN: None}: one token that may write every repository.
+  `tokens` defaults to {FORGE_TOKEN: None}: one token that may write every repository. `sock` and `names`
+  serve it elsewhere than 127.0.0.1, under host names (ForgeServer's); `lab_forge` (mm_testkit/netlab.py) puts
+  one in a test's network namespace that way.
 
 A test after which an emulator answered a call it does not emulate (`server.unsupported`: an unknown route or
 query) fails, naming the calls: the forge would have answered something the emulator cannot say, so a test must
@@ -15,6 +17,7 @@ the machine's nor the user's configuration (no credential helper of theirs answe
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 
@@ -46,8 +49,15 @@ def git_env(server: ForgeServer, home: Path) -> dict[str, str]:
 def forge_server(tmp_path: Path) -> Iterator[Callable[..., ForgeServer]]:
     made: list[ForgeServer] = []
 
-    def make(kind: Kind, tokens: Mapping[str, Iterable[str] | None] | None = None) -> ForgeServer:
-        server = ForgeServer(kind, tmp_path / f"forge-{len(made)}-{kind}", tokens or {FORGE_TOKEN: None})
+    def make(
+        kind: Kind,
+        tokens: Mapping[str, Iterable[str] | None] | None = None,
+        *,
+        sock: socket.socket | None = None,
+        names: Iterable[str] = (),
+    ) -> ForgeServer:
+        root = tmp_path / f"forge-{len(made)}-{kind}"
+        server = ForgeServer(kind, root, tokens or {FORGE_TOKEN: None}, sock=sock, names=names)
         made.append(server.start())
         return server
 

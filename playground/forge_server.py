@@ -19,6 +19,10 @@ TLS: a CA made at start (playground/forge_tls.py) signs the server's certificate
 read. Repositories are private: every API and git request needs a token of `tokens` (or a GitHub App's
 installation token), and only a token with rights on a repository may write to it (API) or push to it (git).
 
+Elsewhere than 127.0.0.1: given `sock`, a listening socket made beforehand (one in a test's network namespace,
+mm_testkit/netlab.py), it serves on that; `names` are the host names its certificate holds besides localhost and
+its address, the first being the one its URLs carry (`https://git.forge.test:<port>`).
+
 Every request is recorded in `requests` as (method, path, token or None). A call the emulator does not know
 (an unknown route, a query parameter it does not emulate) answers 501 and is recorded in `unsupported`: the test
 kit fails the test that made one (mm_testkit/fixtures_forge.py), since the forge would have done something the
@@ -40,6 +44,7 @@ import json
 import re
 import secrets
 import shutil
+import socket
 import ssl
 import tempfile
 import threading
@@ -89,6 +94,7 @@ class ForgeServer(ThreadedAiohttpServer):
     """One forge of `kind` over HTTPS, its bare repositories under `root`.
 
     `tokens`: token -> the repository paths it may write (None: every repository); any other token is refused.
+    `sock`: a listening socket to serve on (else a port of 127.0.0.1); `names`: the host names it is reached by.
     """
 
     def __init__(
@@ -96,10 +102,14 @@ class ForgeServer(ThreadedAiohttpServer):
         kind: Kind,
         root: Path,
         tokens: Mapping[str, Iterable[str] | None] | None = None,
+        *,
+        sock: socket.socket | None = None,
+        names: Iterable[str] = (),
     ) -> None:
         if kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, not {kind!r}")
-        super().__init__()
+        super().__init__(sock=sock)
+        self.names = tuple(names)
         self.kind: Kind = kind
         self.root = Path(root)
         self.tokens: dict[str, Identity] = {
@@ -127,8 +137,10 @@ class ForgeServer(ThreadedAiohttpServer):
 
     @property  # pyright: ignore[reportIncompatibleVariableOverride] - the bind address is kept in _bind
     def host(self) -> str:
-        """`127.0.0.1:<port>` once started: the URL's netloc, what `forges.<host>` keys on."""
-        return f"{self._bind}:{self.port}" if self.port else self._bind
+        """`127.0.0.1:<port>` once started (`<first of names>:<port>` with `names`): the URL's netloc, what
+        `forges.<host>` keys on."""
+        shown = self.names[0] if self.names else self._bind
+        return f"{shown}:{self.port}" if self.port else shown
 
     @host.setter
     def host(self, value: str) -> None:
@@ -136,7 +148,7 @@ class ForgeServer(ThreadedAiohttpServer):
 
     @property
     def base(self) -> str:
-        """`https://127.0.0.1:<port>`."""
+        """`https://127.0.0.1:<port>` (`https://<first name>:<port>` with `names`)."""
         if not self.port:
             raise RuntimeError("ForgeServer is not started")
         return f"https://{self.host}"
@@ -149,7 +161,7 @@ class ForgeServer(ThreadedAiohttpServer):
     def start(self) -> ForgeServer:
         self.root.mkdir(parents=True, exist_ok=True)
         self._tmp = Path(tempfile.mkdtemp(prefix="mm-forge-"))
-        certs = forge_tls.make_certificates()
+        certs = forge_tls.make_certificates((*self.names, self._bind))
         self.ca_file = self._tmp / "ca.pem"
         self.ca_file.write_bytes(certs.ca_pem)
         self.ssl_context = forge_tls.server_context(certs)

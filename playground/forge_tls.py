@@ -1,4 +1,5 @@
-"""A throwaway certificate authority and a server certificate for 127.0.0.1 and localhost, made in memory: the
+"""A throwaway certificate authority and a server certificate for 127.0.0.1 and localhost (and the names and
+addresses a test serves the emulator under: a host name in a test's network namespace), made in memory: the
 forge emulator serves HTTPS as the forges do, and clients trust it only through the CA file they are given
 (nothing is added to the machine's trust store)."""
 
@@ -8,6 +9,7 @@ import datetime as dt
 import ipaddress
 import ssl
 import tempfile
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,7 +26,8 @@ class Certificates:
     key_pem: bytes
 
 
-def make_certificates() -> Certificates:
+def make_certificates(names: Iterable[str] = ()) -> Certificates:
+    """The CA and a leaf for localhost, 127.0.0.1 and `names` (host names, or addresses)."""
     # EC keys: made in a millisecond where RSA takes tens, and every client of ours speaks them.
     now = dt.datetime.now(dt.UTC)
     valid = (now - dt.timedelta(minutes=5), now + dt.timedelta(days=2))
@@ -54,10 +57,7 @@ def make_certificates() -> Certificates:
         .serial_number(x509.random_serial_number())
         .not_valid_before(valid[0])
         .not_valid_after(valid[1])
-        .add_extension(
-            x509.SubjectAlternativeName([x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-            critical=False,
-        )
+        .add_extension(x509.SubjectAlternativeName(_alt_names(("localhost", "127.0.0.1", *names))), critical=False)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
         .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
@@ -69,6 +69,17 @@ def make_certificates() -> Certificates:
         cert_pem=leaf.public_bytes(pem) + ca.public_bytes(pem),
         key_pem=key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()),
     )
+
+
+def _alt_names(names: Iterable[str]) -> list[x509.GeneralName]:
+    """subjectAltName entries: an address as an address (a client checks an IP URL against those only)."""
+    entries: list[x509.GeneralName] = []
+    for name in dict.fromkeys(names):
+        try:
+            entries.append(x509.IPAddress(ipaddress.ip_address(name)))
+        except ValueError:
+            entries.append(x509.DNSName(name))
+    return entries
 
 
 def server_context(certs: Certificates) -> ssl.SSLContext:

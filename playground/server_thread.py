@@ -1,10 +1,12 @@
-"""An aiohttp application served from a thread of its own (on 127.0.0.1 unless told otherwise), so synchronous
-code (tests, the playground's supervisor) can use it."""
+"""An aiohttp application served from a thread of its own (on 127.0.0.1 unless told otherwise, or on a listening
+socket made beforehand: one in a test's network namespace, mm_testkit/netlab.py), so synchronous code (tests, the
+playground's supervisor) can use it."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import ssl
 import threading
 from typing import Self
@@ -16,11 +18,20 @@ class ThreadedAiohttpServer:
     """Base for the kit's servers: `start()` / `stop()` or a `with` block; `port` once started.
 
     Subclasses build their routes in `make_app()`. Handlers that wait for long (stalls) should wait on
-    `self.stopping` so that `stop()` never hangs on them.
+    `self.stopping` so that `stop()` never hangs on them. With `sock` (a listening TCP socket) the server serves
+    on it, `host` and `port` being its address; it is closed when the server stops.
     """
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0, ssl_context: ssl.SSLContext | None = None) -> None:
-        self.host, self._wanted_port = host, port
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        ssl_context: ssl.SSLContext | None = None,
+        sock: socket.socket | None = None,
+    ) -> None:
+        if sock is not None:
+            host, port = sock.getsockname()[:2]
+        self.host, self._wanted_port, self._sock = host, port, sock
         self.ssl_context = ssl_context  # set (before start) to serve HTTPS
         self.port: int = 0
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -54,7 +65,11 @@ class ThreadedAiohttpServer:
                 self.make_app(), handler_cancellation=True, access_log=None, shutdown_timeout=1.0
             )
             await self._runner.setup()
-            site = web.TCPSite(self._runner, self.host, self._wanted_port, ssl_context=self.ssl_context)
+            site = (
+                web.TCPSite(self._runner, self.host, self._wanted_port, ssl_context=self.ssl_context)
+                if self._sock is None
+                else web.SockSite(self._runner, self._sock, ssl_context=self.ssl_context)
+            )
             await site.start()
             self.port = self._runner.addresses[0][1]
 
