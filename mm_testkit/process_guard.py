@@ -4,8 +4,8 @@
 server, redis-server, git, bwrap, nor any other program), with `pytest --no-process`. Those that do are marked:
 
 - `@pytest.mark.process` on the test, or `pytestmark = pytest.mark.process` on its module;
-- automatically, every test that needs a system program (`needs_system`, `needs_bwrap`: it runs it) or uses the
-  `own_redis` fixture (a redis-server of its own).
+- automatically, every test that needs a system program (`needs_system`, `needs_bwrap`: it runs it) or uses a
+  fixture that starts one: `own_redis` (a redis-server of its own), `forge_server` (git), `lab` (`ip`).
 
 With `--no-process` the marked tests are deselected, and starting a process from any other test fails it,
 naming the program and the fix: the spawn functions (`subprocess.Popen`, and through it asyncio's subprocesses;
@@ -30,7 +30,7 @@ OPTION = "--no-process"
 AUDITED = frozenset({"subprocess.Popen", "os.fork", "os.forkpty", "os.posix_spawn", "os.spawn", "os.system", "os.exec"})
 MARKER = "process"
 # Fixtures whose tests start a process whatever they do themselves.
-PROCESS_FIXTURES = frozenset({"own_redis", "forge_server"})
+PROCESS_FIXTURES = frozenset({"own_redis", "forge_server", "lab"})
 
 
 class ProcessRefused(BaseException):
