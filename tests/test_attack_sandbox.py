@@ -1,14 +1,13 @@
 """Attacks from a bash command on the worker (issue 9): its services, its network, root, its disk.
 
-The network tests send traffic only to this machine's loopback and own addresses, and to network namespaces
-they make themselves (`ip netns add`, a veth pair): never to a private, CGNAT or metadata address of a real
-network, nor to the internet.
+The network tests send traffic only to this machine's loopback and own addresses, and to a network namespace
+of their own (the `lab` of mm_testkit/netlab.py): never to a private, CGNAT or metadata address of a real network,
+nor to the internet.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import ipaddress
 import os
 import re
@@ -36,7 +35,6 @@ pytestmark = pytest.mark.process  # its tests start processes (mm_testkit/proces
 BASH = BashTool()
 needs_slirp = needs_system("slirp4netns", "slirp4netns")
 needs_nft = needs_system("nft", "nftables")
-needs_ip = needs_system("ip", "iproute2")
 # A bash probe: one line per address, "open" when a TCP connection to it succeeded within 3 s.
 PROBE = (
     'for a in {addrs}; do if timeout 3 bash -c "exec 3<>/dev/tcp/$a/{port}" 2>/dev/null; then echo "$a open"; '
@@ -66,13 +64,10 @@ def root_ws(tmp_path: Path) -> Path:
 
 
 class Server:
-    """A TCP server in a thread that counts the connections it accepted."""
+    """A TCP server in a thread that counts the connections it accepted: on a port of `host`, or on `sock`."""
 
-    def __init__(self, host: str = "127.0.0.1", family: int = socket.AF_INET):
-        self.sock = socket.socket(family, socket.SOCK_STREAM)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind((host, 0))
-        self.sock.listen(16)
+    def __init__(self, host: str = "127.0.0.1", sock: socket.socket | None = None):
+        self.sock = sock or socket.create_server((host, 0), backlog=16)
         self.port = self.sock.getsockname()[1]
         self.accepted = 0
         threading.Thread(target=self._serve, daemon=True).start()
@@ -128,78 +123,24 @@ def test_the_workers_loopback_services_are_unreachable_with_network_on(owned_ws)
     assert "tap0" in _interfaces(out), out
 
 
-@pytest.fixture
-def lan() -> Iterator[tuple[str, str]]:
-    """A network namespace made for the test, reached through a veth pair, holding a private address
-    (10.213.97.2, what a company's internal service would have) and an address the guard calls public but
-    that no network routes (192.0.0.200 in the IETF protocol block): a stand-in for the internet. Yields
-    both; a server listens on port 8080 of both inside it."""
-    name = f"mmtest{os.getpid()}"
-    host_if, ns_if = f"mmh{os.getpid() % 100000}", f"mmn{os.getpid() % 100000}"
-    private, public = "10.213.97.2", "192.0.0.200"
-    assert blocked_kind(ipaddress.ip_address(private)) and blocked_kind(ipaddress.ip_address(public)) is None
-    steps = [
-        ["ip", "netns", "add", name],
-        ["ip", "link", "add", host_if, "type", "veth", "peer", "name", ns_if, "netns", name],
-        ["ip", "addr", "add", "10.213.97.1/30", "dev", host_if],
-        ["ip", "link", "set", host_if, "up"],
-        ["ip", "-n", name, "addr", "add", f"{private}/30", "dev", ns_if],
-        ["ip", "-n", name, "addr", "add", f"{public}/32", "dev", ns_if],
-        ["ip", "-n", name, "link", "set", ns_if, "up"],
-        ["ip", "-n", name, "link", "set", "lo", "up"],
-        ["ip", "-n", name, "route", "add", "default", "via", "10.213.97.1"],
-        ["ip", "route", "add", f"{public}/32", "via", private, "dev", host_if],
-    ]
-    server = None
-    try:
-        for step in steps:
-            subprocess.run(step, check=True, capture_output=True)
-        # Every probe of the test goes into the veth, never out of the machine.
-        for addr in (private, public):
-            route = subprocess.run(["ip", "route", "get", addr], capture_output=True, text=True, check=True).stdout
-            assert f"dev {host_if}" in route, route
-        server = subprocess.Popen(
-            [
-                "ip",
-                "netns",
-                "exec",
-                name,
-                "python3",
-                "-c",
-                "import socket\ns = socket.create_server(('0.0.0.0', 8080))\n"
-                "while True:\n    c, _ = s.accept(); c.sendall(b'hello'); c.close()\n",
-            ]
-        )
-        for _ in range(50):
-            with contextlib.suppress(OSError), socket.create_connection((private, 8080), timeout=1):
-                break
-            subprocess.run(["sleep", "0.1"])
-        else:
-            pytest.fail("the test's server in its namespace did not come up")
-        yield private, public
-    finally:
-        if server is not None:
-            server.kill()
-            server.wait()
-        subprocess.run(["ip", "route", "del", f"{public}/32"], capture_output=True)
-        subprocess.run(["ip", "link", "del", host_if], capture_output=True)
-        subprocess.run(["ip", "netns", "del", name], capture_output=True)
-
-
 @needs_bwrap
 @needs_slirp
 @needs_nft
-@needs_ip
-def test_private_addresses_are_refused_and_public_ones_reached(owned_ws, lan):
-    private, public = lan
-    # Without the sandbox both are reachable from this worker: the refusal below is the sandbox's.
-    for addr in (private, public):
-        with socket.create_connection((addr, 8080), timeout=3):
-            pass
-    out = call(
-        BASH, {"command": PROBE.format(addrs=f"{private} {public}", port=8080)}, make_ctx(owned_ws, sandbox="bwrap")
-    )
-    assert _lines(out) == {private: "closed", public: "open"}, out
+def test_private_addresses_are_refused_and_public_ones_reached(owned_ws, lab):
+    server = Server(sock=lab.listen("0.0.0.0"))  # at both of the lab's addresses
+    try:
+        # Without the sandbox both are reachable from this worker: the refusal below is the sandbox's.
+        for addr in (lab.private, lab.public):
+            with socket.create_connection((addr, server.port), timeout=3):
+                pass
+        out = call(
+            BASH,
+            {"command": PROBE.format(addrs=f"{lab.private} {lab.public}", port=server.port)},
+            make_ctx(owned_ws, sandbox="bwrap"),
+        )
+    finally:
+        server.close()
+    assert _lines(out) == {lab.private: "closed", lab.public: "open"}, out
 
 
 @needs_bwrap
