@@ -10,11 +10,11 @@ from urllib.parse import urlsplit
 
 from mm_core.config import AgentConfig
 from mm_core.events import Status
+from mm_core.network.policy import EgressPolicy
 from mm_core.tools import workspace
 from mm_core.tools.base import Tool, ToolContext
 from mm_core.tools.fetch import encoding
 from mm_core.tools.fetch.errors import CONVERSION, INPUT, USAGE, FetchError
-from mm_core.network.policy import EgressPolicy
 from mm_core.tools.fetch.guard import AddressGuard
 from mm_core.tools.fetch.http import Fetcher, Limits, make_client, parse_url
 from mm_core.tools.fetch.robots import RESOURCE_KEY, RobotsCache
