@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
 from fetch_site import Route, Site, encoding_bomb, span_bomb  # noqa: E402
-from mm_core.config import AgentConfig  # noqa: E402
+from mm_core.config import AgentConfig, NetworkConfig  # noqa: E402
 from mm_core.tools.base import ToolContext  # noqa: E402
 from mm_core.tools.fetch import FetchContentTool  # noqa: E402
 from mm_core.tools.fetch.encoding import decode  # noqa: E402
@@ -87,7 +87,9 @@ async def end_to_end(size: int) -> tuple[float, int]:
     html = big_page(size)
     async with Site() as site:
         url = site.page("/big", html)
-        tool = FetchContentTool(AgentConfig(fetchAllow=["127.0.0.1/32"], network="open", maxOutput=10**9))
+        tool = FetchContentTool(
+            AgentConfig(fetchAllow=["127.0.0.1/32"], network=NetworkConfig(policy="open"), maxOutput=10**9)
+        )
         with tempfile.TemporaryDirectory() as tmp:
             ctx = ToolContext(workspace=Path(tmp), config=tool.config)
             start = time.perf_counter()
@@ -101,7 +103,7 @@ async def hostile(name: str, route: Route, args: dict[str, str]) -> None:
     """One hostile page through the tool: its size on the wire, the answer, the time and the peak memory."""
     async with Site() as site:
         site.routes["/p"] = route
-        tool = FetchContentTool(AgentConfig(fetchAllow=["127.0.0.1/32"], network="open"))
+        tool = FetchContentTool(AgentConfig(fetchAllow=["127.0.0.1/32"], network=NetworkConfig(policy="open")))
         with tempfile.TemporaryDirectory() as tmp:
             ctx = ToolContext(workspace=Path(tmp), config=tool.config)
             tracemalloc.start()

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from mm_core import display
-from mm_core.config import AgentConfig, BashConfig
+from mm_core.config import AgentConfig, NetworkConfig
 from mm_core.tools.base import ToolContext
 from mm_core.tools.bash import BashTool
 from mm_core.tools.diff import diff, split_lines
@@ -61,10 +61,22 @@ def bench_bash(ws: Path, n: int) -> None:
         os.chown(ws, SANDBOX_UID, SANDBOX_UID)
     modes: list[tuple[str, AgentConfig]] = [("sandbox=none", AgentConfig(sandbox="none"))]
     if shutil.which("bwrap"):
-        modes.append(("sandbox=bwrap, network off", AgentConfig(sandbox="bwrap", bash=BashConfig(network=False))))
+        modes.append(("sandbox=bwrap, network off", AgentConfig(sandbox="bwrap", network=NetworkConfig(policy="off"))))
         if all(network_tools().values()):
             internal_networks()  # derived once per process: not a per-command cost
-            modes.append(("sandbox=bwrap, network on", AgentConfig(sandbox="bwrap")))
+            modes.append(
+                ("sandbox=bwrap, network open", AgentConfig(sandbox="bwrap", network=NetworkConfig(policy="open")))
+            )
+        modes.append(
+            (
+                "sandbox=bwrap, network allow (proxy)",
+                AgentConfig(sandbox="bwrap", network=NetworkConfig(policy="allow")),
+            )
+        )
+        credentials = NetworkConfig.model_validate(
+            {"allow": ["github.com"], "credentials": [{"hosts": ["github.com"], "tokenEnv": "HOME"}]}
+        )
+        modes.append(("sandbox=bwrap, network allow + credentials", AgentConfig(sandbox="bwrap", network=credentials)))
     per_call = {
         label: asyncio.run(_calls(tool, ToolContext(workspace=ws, config=config), n)) for label, config in modes
     }
@@ -77,11 +89,16 @@ def bench_bash(ws: Path, n: int) -> None:
             f"  sandbox overhead: x{per_call[labels[1]] / base:.2f} "
             f"(+{(per_call[labels[1]] - base) * 1000:.1f} ms per call)"
         )
-    if len(labels) > 2:
-        off, on = per_call[labels[1]], per_call[labels[2]]
+    if len(labels) > 4:
+        off, on, proxied, credentialed = (per_call[label] for label in labels[1:5])
         print(
-            f"  network setup (slirp4netns + nft), side by side: off {off * 1000:.1f} ms | on {on * 1000:.1f} ms "
-            f"per call (+{(on - off) * 1000:.1f} ms)"
+            f"  network setup, side by side: off {off * 1000:.1f} ms | open (slirp4netns + nft) {on * 1000:.1f} ms "
+            f"(+{(on - off) * 1000:.1f} ms) | allow (the proxy's socket) {proxied * 1000:.1f} ms "
+            f"(+{(proxied - off) * 1000:.1f} ms) | allow + credentials {credentialed * 1000:.1f} ms"
+        )
+        print(
+            f"  allow over open: {(proxied - on) * 1000:+.1f} ms per call; with credentials "
+            f"{(credentialed - on) * 1000:+.1f} ms (issue 26's bound: +20 ms)"
         )
     started = time.perf_counter()
     internal_networks.cache_clear()

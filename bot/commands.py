@@ -38,6 +38,7 @@ from chatops.queries import (
     instructions_used,
     latest_session,
     log_length,
+    network_used,
     pending_approvals,
     session_summary,
     tokens_used,
@@ -50,6 +51,7 @@ from slackio.approval_message import JOB_PROMPT, line_of, mention
 from slackio.mrkdwn import Mrkdwn, mrkdwn_of
 from slackio.slack_out import SlackOut
 from workers.asking import thread_asking
+from workers.egress import thread_network
 from workers.workspaces import public_url
 
 log = logging.getLogger("mm.bot.commands")
@@ -93,6 +95,7 @@ QUEUED_COMMAND = "`{command}` is queued: I do it after the current turn."
 STARTED = Mrkdwn("<@{user}> asked: {prompt}")
 STARTED_FOR_REPO = Mrkdwn("<@{user}> started a thread for a repository.")
 MAX_TITLE = 200  # of a pull request's title given with `pr TITLE`
+NETWORK_STATUS_HOSTS = 10  # hosts `status` names of each kind (reached, refused)
 PUSH_BRANCH = "`{branch}` is not a branch name I can push to (letters, digits, `._/-`)."
 SLASH_NEW = "Say `/mm PROMPT` to start a new thread, or `@mm new` in a thread to start its conversation again."
 
@@ -472,6 +475,7 @@ class Commands:
             ),
         ]
         lines.append(Mrkdwn("*Instructions:* {used}").format(used=self._instructions(session_id)))
+        lines.append(Mrkdwn("*Network:* {network}").format(network=self._network(session_id)))
         if waiting:
             titles = Mrkdwn(", ").join(mrkdwn_of(line_of(p.row), self.secrets()) for p in waiting)
             lines.append(Mrkdwn("*Waiting for a decision:* {titles}").format(titles=titles[:1000]))
@@ -502,6 +506,31 @@ class Commands:
         read = [f"{f['path']} ({f['size']:,} bytes{', cut' if f.get('cut') else ''})" for f in used.get("files", [])]
         skipped = [f"{f['path']} not read ({f['why']})" for f in used.get("skipped", [])]
         parts.append("the repository's: " + (", ".join(read + skipped) or "none found"))
+        return "; ".join(parts)
+
+    def _network(self, session_id: str) -> str:
+        """The egress policy the thread's commands run under (workers.egress decides it), and the hosts its latest
+        turn with network traffic reached and was refused (the worker records them)."""
+        network = thread_network(self.engine, self.config, session_id)
+        if network is None or network.policy == "off":
+            return "off (commands have no network)"
+        if network.policy == "open":
+            said = "open (the internet, never the worker's networks; hosts are not recorded)"
+        else:
+            credentialed = sorted({h for c in network.credentials for h in c.hosts})
+            said = "allow-list: " + ", ".join(network.allow) if network.allow else "allow-list: empty"
+            said += f" (credentials added for {', '.join(credentialed)})" if credentialed else ""
+        used = network_used(self.engine, session_id)
+        if used is None:
+            return said
+        shown = NETWORK_STATUS_HOSTS
+        reached = [f"{host} ({count})" for host, count in sorted(used.get("reached", {}).items())]
+        refused = sorted(used.get("refused", {}))
+        parts = [said]
+        if reached:
+            parts.append("last reached " + ", ".join(reached[:shown]) + (" …" if len(reached) > shown else ""))
+        if refused:
+            parts.append("refused " + ", ".join(refused[:shown]) + (" …" if len(refused) > shown else ""))
         return "; ".join(parts)
 
     def _asks(self, session_id: str) -> Mrkdwn:

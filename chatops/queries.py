@@ -56,9 +56,19 @@ def session_summary(engine: Engine, session_id: str) -> SessionSummary | None:
 def instructions_used(engine: Engine, session_id: str) -> dict[str, Any] | None:
     """What the session's latest turn was told besides the agent's own prompt (chatops.store.set_instructions_used);
     None before its first turn."""
+    return _turn_record(engine, session_id, "instructions")
+
+
+def network_used(engine: Engine, session_id: str) -> dict[str, Any] | None:
+    """The hosts the session's latest turn with network traffic reached and was refused
+    (chatops.store.set_network_used): {"reached": {host: connections}, "refused": {host: why}}; None before."""
+    return _turn_record(engine, session_id, "network")
+
+
+def _turn_record(engine: Engine, session_id: str, key: str) -> dict[str, Any] | None:
     with engine.connect() as conn:
         row = conn.execute(select(Session.agent_config).where(Session.id == session_id)).scalar_one_or_none()
-    used = (row or {}).get("instructions")
+    used = (row or {}).get(key)
     return used if isinstance(used, dict) else None
 
 

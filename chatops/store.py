@@ -764,6 +764,11 @@ def set_instructions_used(engine: Engine, session_id: str, used: dict[str, Any])
     _merge_agent_config(engine, session_id, {"instructions": used})
 
 
+def set_network_used(engine: Engine, session_id: str, used: dict[str, Any]) -> None:
+    """The hosts the latest turn's commands reached and were refused (workers.egress), for `status` to show."""
+    _merge_agent_config(engine, session_id, {"network": used})
+
+
 def set_approval_file(engine: Engine, call_id: str, file_id: str) -> None:
     """Remember the uploaded file that holds the call's whole text (its message shows only a head and a tail)."""
     with engine.begin() as conn:

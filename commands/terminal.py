@@ -24,6 +24,7 @@ from mm_core import (
     Event,
     MemoryStore,
     ModelError,
+    NetworkUsed,
     PermissionRequested,
     Status,
     TextDelta,
@@ -69,6 +70,9 @@ class Renderer:
             note = display.oneshot_note(event) if self.oneshot and event.denied_by is None else None
             if note:
                 print(f"mm-bot run: {note}", file=sys.stderr, flush=True)
+        elif isinstance(event, NetworkUsed):
+            if (refused := display.network_line(event)) is not None:
+                self.write(f"{event.agent + ' · ' if event.agent else ''}   {refused}\n")
         elif isinstance(event, (Error, CallsDropped)):
             prefix = f"{event.agent} · " if event.agent else ""
             line = display.error_line(event) if isinstance(event, Error) else display.dropped_line(event)

@@ -17,6 +17,7 @@ from mm_core.events import (
     CallsDropped,
     Counters,
     Error,
+    NetworkUsed,
     PendingCall,
     ToolCallFinished,
     ToolCallStarted,
@@ -370,6 +371,21 @@ def dropped_line(event: CallsDropped) -> str:
         f"✂️ The model asked for {event.asked} tool calls in one answer; only the first {event.carried} are taken "
         f"up, the other {event.asked - event.carried} were not run."
     )
+
+
+# The most refused hosts one line names; the rest are counted.
+NETWORK_LINE_HOSTS = 5
+
+
+def network_line(event: NetworkUsed) -> str | None:
+    """The one line a thread (or the terminal) gets for a command's refused connections, None for none: each
+    refusal in the proxy's words, without their common `network: ` prefix past the first."""
+    if not event.refused:
+        return None
+    reasons = [why.removeprefix("network: ") for _host, why in event.refused[:NETWORK_LINE_HOSTS]]
+    more = len(event.refused) - NETWORK_LINE_HOSTS
+    tail = f"; and {more} more host{'s' if more > 1 else ''}" if more > 0 else ""
+    return "🚫 network: " + "; ".join(reasons) + tail
 
 
 def counters_line(counters: Counters) -> str:

@@ -54,6 +54,17 @@ class ToolCallFinished:
 
 
 @dataclass(frozen=True)
+class NetworkUsed:
+    """What one bash call's commands reached through the egress proxy (`network: allow`), and what they were
+    refused: (host, connections) and (host, the refusal's text), each host once, sorted."""
+
+    call_id: str
+    reached: tuple[tuple[str, int], ...]
+    refused: tuple[tuple[str, str], ...]
+    agent: str | None = None
+
+
+@dataclass(frozen=True)
 class PendingCall:
     call_id: str
     tool: str
@@ -142,6 +153,7 @@ Event = (
     | TextDelta
     | ToolCallStarted
     | ToolCallFinished
+    | NetworkUsed
     | PermissionRequested
     | CallsDropped
     | TurnFinished

@@ -20,7 +20,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import REGISTRY, Collector
 
 from chatops.schema import utcnow
-from mm_core.events import Event, ModelCalled, ToolCallFinished, ToolCallStarted, TurnFinished
+from mm_core.events import Event, ModelCalled, NetworkUsed, ToolCallFinished, ToolCallStarted, TurnFinished
 from slackio import traces
 
 log = logging.getLogger("mm.metrics")
@@ -78,6 +78,14 @@ SLACK_ERRORS = Counter(
     "and error",
     ["method", "error"],
 )
+NETWORK_CONNECTIONS = Counter(
+    "mm_network_connections_total",
+    "Sandboxed commands' connections through the egress proxy, by host and whether the policy let them through",
+    ["host", "decision"],
+)
+# Hosts get a label of their own up to this many per process; beyond it they are counted as "other", so that a
+# command trying endless names cannot grow the metrics without bound.
+NETWORK_HOST_LABELS = 200
 SLACK_RATE_LIMITED = Counter("mm_slack_rate_limited_total", "Slack's HTTP 429 answers, each one", ["method"])
 TASK_SECONDS = Histogram(
     "mm_task_seconds",
@@ -124,6 +132,8 @@ class StepClock:
                 traces.interval("mm.tool_call", began, now, attributes)
         elif isinstance(event, TurnFinished):
             TURNS.labels(str(event.outcome)).inc()
+        if isinstance(event, NetworkUsed):
+            network_used(event)
         if isinstance(event, ToolCallFinished) and event.denied_by is not None:
             APPROVAL_DECISIONS.labels(rule_label(event.denied_by), "denied").inc()
 
@@ -145,6 +155,26 @@ def _label(value: str) -> str:
 def rule_label(rule: str | None) -> str:
     """A rule's label as a metric's: the config names it (a bounded set), cut short; 'none' for no rule."""
     return (rule or "none")[:60]
+
+
+_network_hosts: set[str] = set()
+
+
+def network_host(host: str) -> str:
+    """A host's label: itself while fewer than NETWORK_HOST_LABELS hosts have one, else "other"."""
+    if host in _network_hosts:
+        return host
+    if len(_network_hosts) >= NETWORK_HOST_LABELS or len(host) > 253:
+        return "other"
+    _network_hosts.add(host)
+    return host
+
+
+def network_used(event: NetworkUsed) -> None:
+    for host, count in event.reached:
+        NETWORK_CONNECTIONS.labels(network_host(host), "allowed").inc(count)
+    for host, _why in event.refused:
+        NETWORK_CONNECTIONS.labels(network_host(host), "refused").inc()
 
 
 def pending_ages(ages: dict[str, int]) -> None:

@@ -1,7 +1,12 @@
+import os
+import shutil
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+from mm_core.tools.sandbox import SANDBOX_UID
 from tool_helpers import close_made
 
 # The test kit's fixtures: the scripted model server, the Slack emulator and signed-request client, a PostgreSQL
@@ -17,6 +22,20 @@ pytest_plugins = [
     "mm_testkit.parallel",
     "pytester",
 ]
+
+
+@pytest.fixture
+def owned_ws() -> Iterator[Path]:
+    """A workspace owned by the unprivileged SANDBOX_UID, as a root worker's are, under a directory that user can
+    traverse (pytest's own temporary directories are root's alone)."""
+    root = Path(tempfile.mkdtemp(prefix="mm-ws-"))
+    os.chmod(root, 0o711)
+    ws = root / "team-a"
+    ws.mkdir()
+    if os.geteuid() == 0:
+        os.chown(ws, SANDBOX_UID, SANDBOX_UID)
+    yield ws
+    shutil.rmtree(root)
 
 
 @pytest.fixture(autouse=True)

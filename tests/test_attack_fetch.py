@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from fetch_site import Route, Site, compress, encoding_bomb, span_bomb
-from mm_core.config import AgentConfig
+from mm_core.config import AgentConfig, NetworkConfig
 from mm_core.tools.base import ToolContext
 from mm_core.tools.fetch import FetchContentTool, Limits
 from mm_core.tools.fetch import tool as tool_module
@@ -34,7 +34,7 @@ PAGE = b"<!doctype html><h1>Title</h1><p>Body text.</p>"
 
 
 def make(tmp_path: Path, limits: Limits = Limits()) -> tuple[FetchContentTool, ToolContext]:
-    tool = FetchContentTool(AgentConfig(fetchAllow=ALLOW, network="open"), limits)
+    tool = FetchContentTool(AgentConfig(fetchAllow=ALLOW, network=NetworkConfig(policy="open")), limits)
     return tool, ToolContext(workspace=tmp_path, config=tool.config)
 
 
@@ -67,7 +67,7 @@ def _vm_size() -> int:
 
 async def _child_run(case: str) -> dict[str, str | int | float]:
     routes, args = _hostile(case)
-    tool = FetchContentTool(AgentConfig(fetchAllow=ALLOW, network="open"))
+    tool = FetchContentTool(AgentConfig(fetchAllow=ALLOW, network=NetworkConfig(policy="open")))
     async with Site() as warm_up:  # another origin: lazy imports and the worker thread, before measuring
         warm_up.routes["/p"] = Route(PAGE)
         await tool.run({"url": warm_up.url("/p")}, ToolContext(workspace=Path.cwd(), config=tool.config))

@@ -15,14 +15,12 @@ import shutil
 import socket
 import stat
 import subprocess
-import tempfile
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from mm_core.config import AgentConfig, BashConfig
+from mm_core.config import AgentConfig, BashConfig, NetworkConfig
 from mm_core.tools.bash import BashTool, cleanup_only
 from mm_core.tools.fetch.guard import blocked_kind
 from mm_core.tools.sandbox import SANDBOX_UID
@@ -40,19 +38,6 @@ PROBE = (
     'for a in {addrs}; do if timeout 3 bash -c "exec 3<>/dev/tcp/$a/{port}" 2>/dev/null; then echo "$a open"; '
     'else echo "$a closed"; fi; done; tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d " "'
 )
-
-
-@pytest.fixture
-def owned_ws() -> Iterator[Path]:
-    """A workspace owned by the unprivileged SANDBOX_UID, under a directory that user can traverse."""
-    root = Path(tempfile.mkdtemp(prefix="mm-ws-"))
-    os.chmod(root, 0o711)
-    ws = root / "team-a"
-    ws.mkdir()
-    if os.geteuid() == 0:
-        os.chown(ws, SANDBOX_UID, SANDBOX_UID)
-    yield ws
-    shutil.rmtree(root)
 
 
 @pytest.fixture
@@ -113,7 +98,7 @@ def test_the_workers_loopback_services_are_unreachable_with_network_on(owned_ws)
         out = call(
             BASH,
             {"command": PROBE.format(addrs=" ".join(addrs), port=server.port)},
-            make_ctx(owned_ws, sandbox="bwrap"),
+            make_ctx(owned_ws, sandbox="bwrap", network=NetworkConfig(policy="open")),
         )
     finally:
         server.close()
@@ -136,7 +121,7 @@ def test_private_addresses_are_refused_and_public_ones_reached(owned_ws, lab):
         out = call(
             BASH,
             {"command": PROBE.format(addrs=f"{lab.private} {lab.public}", port=server.port)},
-            make_ctx(owned_ws, sandbox="bwrap"),
+            make_ctx(owned_ws, sandbox="bwrap", network=NetworkConfig(policy="open")),
         )
     finally:
         server.close()
@@ -154,15 +139,20 @@ def test_without_the_network_parts_commands_have_no_network_and_the_worker_says_
     monkeypatch.setenv("PATH", str(bin_dir))
     try:
         out = call(
-            BASH, {"command": PROBE.format(addrs="10.0.2.2", port=server.port)}, make_ctx(owned_ws, sandbox="bwrap")
+            BASH,
+            {"command": PROBE.format(addrs="10.0.2.2", port=server.port)},
+            make_ctx(owned_ws, sandbox="bwrap", network=NetworkConfig(policy="open")),
         )
     finally:
         server.close()
     assert _interfaces(out) == ["lo"], out
-    assert network_report(AgentConfig()) == (
-        "bash.network is on, but slirp4netns is not installed on this worker: sandboxed commands run without "
+    assert network_report(AgentConfig(network=NetworkConfig(policy="open"))) == (
+        "network is open, but slirp4netns is not installed on this worker: sandboxed commands run without "
         "network (apt-get install slirp4netns)"
     )
+    # `off` needs nothing, nor does `allow` (the default): its proxy is the worker's own.
+    assert network_report(AgentConfig(network=NetworkConfig(policy="off"))) is None
+    assert network_report(AgentConfig()) is None
     assert network_report(AgentConfig(bash=BashConfig(network=False))) is None
 
 
@@ -171,7 +161,7 @@ def test_without_the_network_parts_commands_have_no_network_and_the_worker_says_
 @needs_nft
 def test_with_every_part_there_is_nothing_to_report():
     assert all(network_tools().values())
-    assert network_report(AgentConfig()) is None
+    assert network_report(AgentConfig(network=NetworkConfig(policy="open"))) is None
 
 
 def test_the_filter_refuses_what_fetch_content_refuses():

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from fetch_site import Site
-from mm_core.config import AgentConfig
+from mm_core.config import AgentConfig, NetworkConfig
 from mm_core.tools.base import ToolContext
 from mm_core.tools.fetch import FetchContentTool
 
@@ -85,7 +85,7 @@ def test_network_off_refuses_every_fetch(tmp_path: Path) -> None:
 
 
 def test_open_still_refuses_internal_addresses_without_the_lift(tmp_path: Path) -> None:
-    config = AgentConfig(network="open")
+    config = AgentConfig(network=NetworkConfig(policy="open"))
     out = asyncio.run(
         FetchContentTool(config).run({"url": "http://127.0.0.1:9/"}, ToolContext(workspace=tmp_path, config=config))
     )
@@ -99,8 +99,8 @@ def test_the_call_takes_the_policy_of_its_context_not_the_tools(tmp_path: Path) 
     async def scenario():
         async with Site() as site:
             site.page("/p", PAGE)
-            tool = FetchContentTool(AgentConfig(fetchAllow=LIFTED, network="open"))
-            channel = AgentConfig(fetchAllow=LIFTED, network={"allow": ["github.com"]})
+            tool = FetchContentTool(AgentConfig(fetchAllow=LIFTED, network=NetworkConfig(policy="open")))
+            channel = AgentConfig(fetchAllow=LIFTED, network=NetworkConfig(allow=["github.com"]))
             return await tool.run({"url": site.url("/p")}, ToolContext(workspace=tmp_path, config=channel)), site.total
 
     out, hits = asyncio.run(scenario())

@@ -169,9 +169,9 @@ def test_a_channels_or_a_jobs_network_replaces_the_top_level_one_whole(tmp_path:
     config = load_config(file, environ={})
     job = config.service.jobs[0]
     assert config.agent.egress.allow == ["registries", "github.com"]
-    assert config.service.network_over("C0123ABCD", None).policy == "off"
-    assert config.service.network_over("C0123ABCD", job).policy == "open"
+    off, open_ = config.service.network_over("C0123ABCD", None), config.service.network_over("C0123ABCD", job)
+    assert off is not None and off.policy == "off" and open_ is not None and open_.policy == "open"
     over = config.service.network_over("C0456EFGH", None)
-    assert over.allow == ["gitlab.com"]  # not merged with the top-level list
+    assert over is not None and over.allow == ["gitlab.com"]  # not merged with the top-level list
     assert config.service.network_over("C0999ZZZZ", None) is None  # the agent's own
     assert config.agent.with_network(over).egress.allow == ["gitlab.com"]

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from fetch_site import Site
-from mm_core.config import AgentConfig
+from mm_core.config import AgentConfig, NetworkConfig
 from mm_core.tools.base import ToolContext
 from mm_core.tools.fetch import FetchContentTool, encoding
 from mm_core.tools.fetch.webmd import Options, to_markdown
@@ -199,7 +199,9 @@ def test_real_page_through_the_tool_over_loopback(tmp_path: Path) -> None:
     async def scenario() -> tuple[str, dict[str, int]]:
         async with Site("127.0.0.1") as site:
             url = site.page("/3.11/library/json.html", body, content_type="text/html")
-            tool = FetchContentTool(AgentConfig(fetchAllow=["127.0.0.1"], network="open", maxOutput=1_000_000))
+            tool = FetchContentTool(
+                AgentConfig(fetchAllow=["127.0.0.1"], network=NetworkConfig(policy="open"), maxOutput=1_000_000)
+            )
             result = await tool.run(
                 {"url": url, "baseUrl": BASES[name]}, ToolContext(workspace=tmp_path, config=tool.config)
             )

@@ -24,7 +24,7 @@ PAGE = "<h1>Title</h1><p>Body text.</p>"
 def make(tmp_path: Path, allow=ALLOW, limits: Limits = Limits(), **config) -> tuple[FetchContentTool, ToolContext]:
     # The loopback servers these tests make are reached under `network: open` unless a test says otherwise: the
     # allow-list has tests of its own (test_egress_fetch.py).
-    tool = FetchContentTool(AgentConfig(fetchAllow=allow, **({"network": "open"} | config)), limits)
+    tool = FetchContentTool(AgentConfig.model_validate({"fetchAllow": allow, "network": "open"} | config), limits)
     return tool, ToolContext(workspace=tmp_path, config=tool.config)
 
 

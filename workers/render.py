@@ -56,6 +56,7 @@ from mm_core import (
     CallsDropped,
     Error,
     Event,
+    NetworkUsed,
     Outcome,
     PermissionRequested,
     Status,
@@ -320,6 +321,11 @@ class ThreadRenderer:
             await self._end_text()
             await self._post_held()
             await self._post_text(self._prefix(event.agent) + display.error_line(event))
+        elif isinstance(event, NetworkUsed):  # one line for a command's refusals, none for what it reached
+            if (line := display.network_line(event)) is not None:
+                await self._end_text()
+                await self._post_held()
+                await self._post_text(self._prefix(event.agent) + line)
         elif isinstance(event, CallsDropped):  # one line for them all, never a message per dropped call
             await self._end_text()
             await self._post_held()

@@ -63,7 +63,7 @@ from chatops.store import (
 from mm_core import Agent, ModelHttp, display
 from mm_core.agent import DEFAULT_SYSTEM_PROMPT
 from mm_core.config import AgentConfig
-from mm_core.events import Event, PermissionRequested, TurnFinished
+from mm_core.events import Event, NetworkUsed, PermissionRequested, TurnFinished
 from mm_core.instructions import extra_instructions, read_repo_files
 from mm_core.log import ErrorRecord, Fenced, Outcome, TurnEnded
 from mm_core.state import SessionState
@@ -77,6 +77,7 @@ from slackio.slack_out import SlackOut
 from workers.asking import thread_setting
 from workers.attachments import attach
 from workers.attachments import hint as attach_hint
+from workers.egress import TurnNetwork, with_thread_network
 from workers.jobs import NO_END, RunningJob, close_stale_runs, finish_run, job_of_session, time_left
 from workers.leases import Cancelled, LeaseKeeper
 from workers.push import changed_files, credentials, has_forge
@@ -282,11 +283,14 @@ class SessionTurns:
             await self._refuse(renderer, e.text)
             return False
         clock = metrics.StepClock()
+        network = TurnNetwork()
 
         def emit(event: Event) -> None:
             renderer.emit(event)
             clock.observe(event)
-            if isinstance(event, TurnFinished):
+            if isinstance(event, NetworkUsed):
+                network.saw(event)
+            elif isinstance(event, TurnFinished):
                 self.finished = event
             elif isinstance(event, PermissionRequested):
                 # Recorded before the message is posted: a click always finds its row.
@@ -349,6 +353,7 @@ class SessionTurns:
                     self.failure = gate.stopped.said  # a job's run fails with it
             finally:
                 await agent.resources.aclose()
+                await asyncio.to_thread(network.record, engine, session_id)
         if finished is CRASHED:
             metrics.TURNS.labels("crashed").inc()
             self.ending = SessionStatus.IDLE
@@ -700,6 +705,7 @@ class SessionTurns:
             prompt = (agent.systemPrompt or DEFAULT_SYSTEM_PROMPT) + attach_hint(self.config.service.workspaces.files)
             agent = agent.model_copy(update={"systemPrompt": prompt})
         job = self.running.job if self.running is not None else None
+        agent = with_thread_network(self.config, agent, self.row.channel_id or "", job)
         setting = thread_setting(self.config, agent, self.row.channel_id or "", self.row.yolo, job)
         return agent.model_copy(update={"yolo": setting.default}), setting.standing
 

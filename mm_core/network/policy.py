@@ -155,7 +155,8 @@ class EgressPolicy:
         headers: dict[str, str] = {}
         missing: dict[str, str] = {}
         for credential in config.credentials:
-            secret = environ.get(credential.tokenEnv, "")
+            # A secret from a file or a Secret often ends in a newline, which no header may hold.
+            secret = environ.get(credential.tokenEnv, "").strip()
             for host in credential.hosts:
                 name = normal_host(host)
                 if secret:

@@ -21,7 +21,7 @@ import os
 import socket
 import ssl
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import httpx
@@ -266,3 +266,18 @@ def egress_proxy() -> EgressProxy:
         if _proxy is None or _proxy[0] != os.getpid():
             _proxy = (os.getpid(), EgressProxy())
         return _proxy[1]
+
+
+@contextlib.contextmanager
+def use_egress_proxy(proxy: EgressProxy) -> Iterator[EgressProxy]:
+    """`proxy` as this process's while in the block, then closed and the one before it back: a test's, made with
+    its own resolver (mm_testkit.netlab). No setting reaches it: only code that makes a proxy can."""
+    global _proxy
+    with _lock:
+        before, _proxy = _proxy, (os.getpid(), proxy)
+    try:
+        yield proxy
+    finally:
+        with _lock:
+            _proxy = before
+        proxy.close()

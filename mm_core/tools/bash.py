@@ -19,10 +19,12 @@ import subprocess
 import tempfile
 from typing import IO, Any
 
+from mm_core.events import NetworkUsed
 from mm_core.tools.args import check_object, get_str
 from mm_core.tools.base import CANCELLED, Tool, ToolCancelled, ToolContext, ToolRefusal
 from mm_core.tools.disk_guard import DiskGuard, SessionGuard, Unwatchable, WorkerLimit
 from mm_core.tools.sandbox import measure_workspace, prepare
+from mm_core.tools.sandbox_network import SandboxNetwork
 from mm_core.tools.text import truncate
 
 log = logging.getLogger(__name__)
@@ -309,6 +311,7 @@ class BashTool(Tool):
             if code:
                 marker = EXIT_CODE.format(code=code)
         text = truncate(read_back(out), config.maxOutput)
+        text = _network_said(text, launch.network, ctx)
         text = append_marker(text, marker) if marker else text
         if guard is not None and guard.tripped not in (None, "over"):
             return append_marker(text, UNWATCHABLE.format(reason=guard.tripped))
@@ -353,6 +356,21 @@ async def _workspace_bytes(ctx: ToolContext) -> int:
     # is then taken as under its limit unless what was counted is already over it.
     usage = await asyncio.to_thread(measure_workspace, os.path.realpath(ctx.workspace))
     return usage.bytes
+
+
+def _network_said(text: str, network: SandboxNetwork | None, ctx: ToolContext) -> str:
+    """What the proxy saw of the command's connections: the front end is told every host reached and refused
+    (`NetworkUsed`), the model each refusal and failure in the proxy's words, one line a host, after the output
+    (most tools show a refused CONNECT as a bare `403`)."""
+    if network is None or network.tap is None:
+        return text
+    seen = network.tap.snapshot()
+    if seen.reached or seen.refused:
+        reached = tuple(sorted(seen.reached.items()))
+        ctx.emit(NetworkUsed(ctx.call_id, reached, tuple(sorted(seen.refused.items())), ctx.agent))
+    for _host, why in sorted({**seen.failed, **seen.refused}.items()):
+        text = append_marker(text, why)
+    return text
 
 
 def _command_text(args: Any) -> str:

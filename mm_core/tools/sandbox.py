@@ -16,8 +16,9 @@ workspaces. A command therefore gets:
   a private /tmp, /var/tmp and /dev/shm (tmpfs, each at most `tmpMB` and `memoryMB`), and its workspace
   read-write at the same path (nosuid, as every bwrap mount); no other workspace, and it dies with its parent.
 
-Inside the sandbox the command is never root. Its network (`bash.network: true`) is the internet only, see
-mm_core/tools/sandbox_network.py; `bash.network: false`, or a worker without the parts, gives it none.
+Inside the sandbox the command is never root. Its network is the egress policy's (`network: off | allow |
+open`): the worker's egress proxy alone, the internet without the worker's networks, or none; see
+mm_core/tools/sandbox_network.py.
 """
 
 from __future__ import annotations
@@ -37,8 +38,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mm_core.config import AgentConfig
+from mm_core.network.proxy import egress_proxy
 from mm_core.tools.base import ToolRefusal
-from mm_core.tools.sandbox_network import SandboxNetwork
+from mm_core.tools.sandbox_network import SandboxNetwork, proxy_env
 
 BWRAP_MISSING = (
     "[error: the configuration requires the bwrap sandbox (sandbox: bwrap) but bubblewrap is not "
@@ -106,6 +108,8 @@ MERGED_USR = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
 # the user `mm` with it, the owner workspaces should have.
 SANDBOX_UID = 10001
 PR_SET_NO_NEW_PRIVS = 38
+# Where a proxied sandbox finds the roots it trusts plus the egress proxy's CA (sandbox_network.proxy_env).
+EGRESS_CA_BUNDLE = "/etc/ssl/mm-egress-ca.pem"
 
 # A command's process inside the sandbox. The user's command runs with the status pipe closed, so that only
 # this wrapper reports its exit status; then the wrapper keeps the pid namespace alive while background jobs
@@ -281,6 +285,9 @@ def _bwrap_args(
     args += [*size, "--tmpfs", "/tmp", *size, "--tmpfs", "/var/tmp"]
     for path in read_only:
         args += ["--ro-bind", path, path]
+    if network is not None and network.intercepts:
+        # The roots the sandbox trusts plus the proxy's CA, which signs the hosts it adds credentials for.
+        args += ["--ro-bind", str(egress_proxy().bundle_path()), EGRESS_CA_BUNDLE]
     args += ["--bind", workspace, workspace, "--remount-ro", "/", "--chdir", workspace, "--"]
     return args
 
@@ -299,6 +306,7 @@ def prepare(config: AgentConfig, workspace: Path, command: str, status_fd: int) 
         shell = ["bash", "-c", STATUS_WRAPPER.format(fd=status_fd, keepalive=""), "mm-bash", command]
         return Launch(argv=shell, env=env, cwd=ws, pass_fds=(status_fd,), user=uid, group=gid, preexec=preexec)
     network = SandboxNetwork.open(config)
+    env |= proxy_env(network, EGRESS_CA_BUNDLE)
     shell = ["bash", "-c", STATUS_WRAPPER.format(fd=status_fd, keepalive=KEEPALIVE), "mm-bash", command]
     argv = _bwrap_args(bwrap, config, ws, inner_uid, network) + shell
     child_fds = network.child_fds() if network else ()

@@ -1,10 +1,12 @@
-"""A sandboxed command's network: the internet, never the worker's loopback nor its internal networks.
+"""A sandboxed command's network, as the egress policy says (`network: off | allow | open`, docs/network.md).
 
-bwrap always gives a command a network namespace of its own. With `bash.network: true`, slirp4netns
-(`--disable-host-loopback`, its own sandbox and seccomp) connects that namespace to the outside, and nftables
-rules loaded into it before the command starts refuse what fetch_content's guard refuses (derived from its
-classification) and the worker's own addresses; the command has no CAP_NET_ADMIN to change them. Without
-slirp4netns or nft, commands get no network, and `network_report` says so once at the worker's start.
+bwrap always gives a command a network namespace of its own. `off` leaves it with its loopback alone. `allow`
+binds a port of the worker's egress proxy on that loopback and routes nothing else: every connection goes through
+the proxy, which applies the allow-list outside the sandbox (mm_core/network). `open` connects the namespace to
+the internet with slirp4netns (`--disable-host-loopback`, its own sandbox and seccomp), and nftables rules loaded
+into it before the command starts refuse what fetch_content's guard refuses (derived from its classification)
+and the worker's own addresses; the command has no CAP_NET_ADMIN to change them. Without slirp4netns or nft,
+`open` commands get no network, and `network_report` says so once at the worker's start.
 """
 
 from __future__ import annotations
@@ -18,21 +20,25 @@ import ipaddress
 import json
 import os
 import shutil
+import socket
 import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from mm_core.config import AgentConfig
+from mm_core.network.policy import EgressPolicy
+from mm_core.network.proxy import Tap, egress_proxy
 from mm_core.tools.base import ToolRefusal
 from mm_core.tools.fetch.guard import blocked_kind, own_addresses
 
 NETWORK_FAILED = (
     "[error: bash: the sandbox's network could not be set up ({reason}) — the command was not run; "
-    "bash.network: false runs commands without network]"
+    "network: off runs commands without any]"
 )
 NETWORK_MISSING = (
-    "bash.network is on, but {missing} not installed on this worker: sandboxed commands run without "
+    "network is open, but {missing} not installed on this worker: sandboxed commands run without "
     "network (apt-get install {packages})"
 )
 NS_GET_USERNS = 0xB701  # ioctl on a namespace's fd: a new fd of the user namespace that owns it
@@ -48,6 +54,11 @@ PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE = 47, 2
 # often lacks (nft lives in /usr/sbin).
 NETWORK_TOOLS = {"slirp4netns": "slirp4netns", "nft": "nftables"}
 SETUP_TIMEOUT = 10.0
+# `allow`: where the proxy listens inside each sandbox (its own loopback: every sandbox has its own namespace),
+# and how many connections may wait to be accepted there.
+PROXY_PORT = 3128
+PROXY_BACKLOG = 64
+_TRUE = shutil.which("true") or "/bin/true"
 # slirp4netns's virtual network: the sandbox is 10.0.2.100, the host's side 10.0.2.2, its DNS forwarder 10.0.2.3.
 SLIRP_DNS = "10.0.2.3"
 # The grid at which `internal_networks` probes the classification, see there.
@@ -63,10 +74,11 @@ def network_tools() -> dict[str, str | None]:
 def network_report(config: AgentConfig) -> str | None:
     """What a worker should say once at start about its commands' network, None when there is nothing to say.
 
-    The sandboxed commands get the internet only when slirp4netns and nft are both installed; without one of
-    them they run with no network at all (never with the worker's), and this says which to install.
+    With `network: open` the sandboxed commands get the internet only when slirp4netns and nft are both
+    installed; without one of them they run with no network at all (never with the worker's), and this says
+    which to install. `allow` needs neither: the proxy is the worker's own.
     """
-    if not config.bash.network or config.sandbox == "none" or shutil.which("bwrap") is None:
+    if config.egress.policy != "open" or config.sandbox == "none" or shutil.which("bwrap") is None:
         return None
     missing = [name for name, found in network_tools().items() if found is None]
     if not missing:
@@ -147,33 +159,37 @@ def ruleset(extra: tuple[ipaddress.IPv4Network, ...] = ()) -> str:
 
 @dataclass
 class SandboxNetwork:
-    """The internet for one sandboxed command, and nothing of the worker's.
+    """The network of one sandboxed command: the worker's egress proxy only (`network: allow`), or the internet
+    and nothing of the worker's (`network: open`). `network: off` has none: `open` returns None and bwrap's
+    `--unshare-net` stands alone, a namespace holding only its loopback.
 
     Built from existing parts, each doing one thing:
 
     - bwrap `--unshare-net` gives the command a network namespace of its own, owned by the sandbox's user
       namespace, in which the command has no capability. `--info-fd` reports the sandbox's pid and
       `--block-fd` holds the command back until the network below is in place, so it never runs unfiltered.
-    - slirp4netns (`--disable-host-loopback`, `--enable-sandbox`, `--enable-seccomp`) attaches to that
+    - `allow`: nothing is routed out of the namespace. A listening socket is made inside it, on its loopback's
+      PROXY_PORT (`_listen_inside`, by a short-lived process that joins the namespace as its administrator),
+      and handed to the worker's egress proxy (mm_core/network/proxy.py), which runs outside the sandbox and
+      decides every request by the policy, resolves names itself and adds credentials. A raw connection to an
+      address has nowhere to go. The command reaches the proxy through the usual variables (`proxy_env`).
+    - `open`: slirp4netns (`--disable-host-loopback`, `--enable-sandbox`, `--enable-seccomp`) attaches to that
       namespace and carries its connections out through ordinary sockets of the worker: the worker's loopback
       (its PostgreSQL, Redis, RabbitMQ with trust auth) is not reachable through it. It was chosen over pasta,
       which by default forwards the worker's bound ports into the namespace and maps its gateway to the
       worker, each to be turned off; slirp4netns attaches to a pid, and its `--exit-fd` ends it with the
-      sandbox.
-    - slirp4netns forwards to any address the worker can reach, so nftables rules inside the namespace
+      sandbox. slirp4netns forwards to any address the worker can reach, so nftables rules inside the namespace
       (`ruleset`, loaded by an nft that joins the namespace as its administrator, `_enter_as_admin`) refuse
       every internal destination: the networks fetch_content's guard refuses (`internal_networks`, derived
       from its classification), which include slirp4netns's own 10.0.2.2 (the worker, refused a second time
       by `--disable-host-loopback`), and the worker's own addresses. The command cannot change them: it has
       no CAP_NET_ADMIN there, and cannot make a user namespace where it would (`--disable-userns`).
-    - Each command pays for this: see bench/bench_tools.py (the ranges themselves are derived once per
-      process).
+    - Each command pays for this: see bench/bench_tools.py and bench/bench_egress.py (the ranges themselves are
+      derived once per process).
 
-    Without one of the parts (`network_report` says which), the command gets no network: `open` returns None
-    and bwrap's `--unshare-net` stands alone.
+    Without slirp4netns or nft (`network_report` says which), `open` gives the command no network.
     """
 
-    tools: dict[str, str]
     info_r: int
     info_w: int
     block_r: int
@@ -181,26 +197,48 @@ class SandboxNetwork:
     resolv_r: int
     exit_r: int
     exit_w: int
+    # `open`: where slirp4netns and nft are. `allow`: the policy the proxy applies, and the SSRF guard's lifts.
+    tools: dict[str, str] = field(default_factory=dict)
+    policy: EgressPolicy | None = None
+    fetch_allow: tuple[str, ...] = ()
     helpers: list[asyncio.subprocess.Process] = field(default_factory=list)
+    # What the proxy saw of this command's connections (`allow`), once attached.
+    tap: Tap | None = None
 
     @classmethod
     def open(cls, config: AgentConfig) -> SandboxNetwork | None:
-        if not config.bash.network:
+        mode = config.egress.policy
+        if mode == "off":
             return None
-        found = network_tools()
-        tools = {name: path for name, path in found.items() if path is not None}
-        if len(tools) != len(found):
-            return None
+        tools: dict[str, str] = {}
+        if mode == "open":
+            found = network_tools()
+            tools = {name: path for name, path in found.items() if path is not None}
+            if len(tools) != len(found):
+                return None
         info_r, info_w = os.pipe()
         block_r, block_w = os.pipe()
         resolv_r, resolv_w = os.pipe()
         exit_r, exit_w = os.pipe()
         with os.fdopen(resolv_w, "w") as resolv:  # a few bytes: the pipe holds them until bwrap reads them
-            resolv.write(f"nameserver {SLIRP_DNS}\n")
-        return cls(tools, info_r, info_w, block_r, block_w, resolv_r, exit_r, exit_w)
+            # `open`: slirp4netns's own forwarder. `allow`: no resolver at all, so that a tool which resolves a
+            # name itself fails at once rather than waiting on one it cannot reach; the proxy resolves.
+            resolv.write(f"nameserver {SLIRP_DNS}\n" if mode == "open" else "# names are resolved by the proxy\n")
+        policy = EgressPolicy.of(config.egress, os.environ) if mode == "allow" else None
+        return cls(info_r, info_w, block_r, block_w, resolv_r, exit_r, exit_w, tools, policy, tuple(config.fetchAllow))
+
+    @property
+    def proxied(self) -> bool:
+        return self.policy is not None
+
+    @property
+    def intercepts(self) -> bool:
+        """Whether the proxy terminates TLS for some host, to add its credential: the sandbox trusts its CA."""
+        return self.policy is not None and bool(self.policy.credentialed)
 
     def child_fds(self) -> tuple[int, ...]:
-        # exit_w stays open in every process of the sandbox: when the last one ends, slirp4netns sees it close.
+        # exit_w stays open in every process of the sandbox: when the last one ends, slirp4netns (or the proxy)
+        # sees it close.
         return self.info_w, self.block_r, self.resolv_r, self.exit_w
 
     def close(self) -> None:
@@ -209,23 +247,44 @@ class SandboxNetwork:
                 os.close(fd)
 
     async def attach(self) -> None:
-        """Connect the started sandbox to the internet, then let its command run. Raises ToolRefusal
+        """Connect the started sandbox to its network, then let its command run. Raises ToolRefusal
         (NETWORK_FAILED) when a step fails: the caller kills the sandbox, whose command never ran."""
         try:
             # The first call derives internal_networks (a second or two): off the loop and off the clock.
-            rules = await asyncio.to_thread(ruleset)
+            rules = None if self.proxied else await asyncio.to_thread(ruleset)
             await asyncio.wait_for(self._attach(rules), SETUP_TIMEOUT)
         except TimeoutError:
             raise ToolRefusal(NETWORK_FAILED.format(reason=f"not ready within {SETUP_TIMEOUT:g}s")) from None
         finally:
             self.close()
 
-    async def _attach(self, rules: str) -> None:
+    async def _attach(self, rules: str | None) -> None:
         pid = await _child_pid(self.info_r)
         await _loopback_up(pid)
         net, owner = _namespaces(pid)
+        try:
+            if rules is None:
+                await self._proxy(net, owner)
+            else:
+                await self._slirp(net, owner, rules)
+        finally:
+            os.close(net)
+            os.close(owner)
+        try:
+            os.write(self.block_w, b"1")
+        except BrokenPipeError:
+            raise ToolRefusal(NETWORK_FAILED.format(reason="the sandbox ended while starting")) from None
+
+    async def _proxy(self, net: int, owner: int) -> None:
+        """`allow`: the proxy's port on the namespace's loopback, served by the worker's egress proxy until the
+        sandbox's last process ends (the proxy watches its own copy of the exit pipe)."""
+        assert self.policy is not None
+        listener = await _listen_inside(net, owner)
+        self.tap = egress_proxy().serve(listener, self.policy, self.fetch_allow, until_fd=os.dup(self.exit_r))
+
+    async def _slirp(self, net: int, owner: int, rules: str) -> None:
         ready_r, ready_w = os.pipe()
-        held = [ready_w, net, owner]  # the worker's copies, closed once the helpers have theirs
+        held = [ready_w]  # the worker's copy, closed once slirp4netns has its own
         try:
             slirp = await asyncio.create_subprocess_exec(
                 self.tools["slirp4netns"],
@@ -268,17 +327,99 @@ class SandboxNetwork:
         if nft.returncode:
             reason = err.decode(errors="replace").strip().splitlines()
             raise ToolRefusal(NETWORK_FAILED.format(reason=f"nft: {reason[0] if reason else nft.returncode}"))
+
+
+def proxy_env(network: SandboxNetwork | None, ca_bundle: str) -> dict[str, str]:
+    """What a proxied command's environment says of the way out: the proxy for every tool that reads the usual
+    variables (curl, pip, git, npm, cargo, Go), and, where the proxy adds credentials (so it terminates TLS for
+    those hosts), `ca_bundle` (the sandbox's path of the system's roots plus the proxy's CA) for each tool's own
+    trust setting. Empty for a command that is not proxied."""
+    if network is None or not network.proxied:
+        return {}
+    url = f"http://127.0.0.1:{PROXY_PORT}"
+    local = "localhost,127.0.0.1,::1"
+    env = {name: url for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")}
+    env |= {"NO_PROXY": local, "no_proxy": local, "npm_config_proxy": url, "npm_config_https_proxy": url}
+    if network.intercepts:
+        trust = (
+            "SSL_CERT_FILE",
+            "REQUESTS_CA_BUNDLE",
+            "CURL_CA_BUNDLE",
+            "NODE_EXTRA_CA_CERTS",
+            "GIT_SSL_CAINFO",
+            "PIP_CERT",
+            "npm_config_cafile",
+            "CARGO_HTTP_CAINFO",
+        )
+        env |= dict.fromkeys(trust, ca_bundle)
+    return env
+
+
+async def _listen_inside(net: int, owner: int) -> socket.socket:
+    """A listening socket on the loopback of the sandbox's network namespace, for the worker's proxy to serve.
+
+    A socket belongs to the namespace it was made in, whoever holds it after: a short-lived child joins the
+    namespace as its administrator (as nft does, `_enter_as_admin`), makes the socket there, and sends it back
+    over a socket pair (SCM_RIGHTS) before it execs `true` and ends. The worker's own threads never change
+    namespace."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    enter = _enter_as_admin(net, owner, keep=False)
+
+    def make_and_send() -> None:  # in the child between fork and exec
+        enter()
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.bind(("127.0.0.1", PROXY_PORT))
+        listener.listen(PROXY_BACKLOG)
+        socket.send_fds(theirs, [b"L"], [listener.fileno()])
+
+    try:
+        child = await asyncio.create_subprocess_exec(
+            _TRUE,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            preexec_fn=make_and_send,
+            pass_fds=(theirs.fileno(),),
+        )
+        theirs.close()
+        await child.wait()
+        ours.setblocking(False)
+        loop = asyncio.get_running_loop()
         try:
-            os.write(self.block_w, b"1")
-        except BrokenPipeError:
-            raise ToolRefusal(NETWORK_FAILED.format(reason="the sandbox ended while starting")) from None
+            _, fds, _, _ = await asyncio.wait_for(_recv_fds(loop, ours), SETUP_TIMEOUT)
+        except (OSError, TimeoutError):
+            fds = []
+        if child.returncode or len(fds) != 1:
+            for fd in fds:
+                os.close(fd)
+            reason = f"the proxy's port could not be opened (status {child.returncode})"
+            raise ToolRefusal(NETWORK_FAILED.format(reason=reason))
+        return socket.socket(fileno=fds[0])
+    finally:
+        theirs.close()
+        ours.close()
 
 
-def _enter_as_admin(net: int, owner: int) -> Callable[[], None]:
+async def _recv_fds(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> tuple[bytes, list[int], int, Any]:
+    """One message with its file descriptors, waiting on the loop (the child wrote it before it exited)."""
+    while True:
+        try:
+            return socket.recv_fds(sock, 1, 1)
+        except BlockingIOError:
+            ready = loop.create_future()
+            loop.add_reader(sock.fileno(), ready.set_result, None)
+            try:
+                await ready
+            finally:
+                loop.remove_reader(sock.fileno())
+
+
+def _enter_as_admin(net: int, owner: int, keep: bool = True) -> Callable[[], None]:
     """What the nft process does before it runs: it joins the user namespace that owns the sandbox's network
     and that network, where it has every capability, and keeps only CAP_NET_ADMIN, made ambient so that it
     survives the exec of nft (the worker's uid is not root there: an exec would drop the others). nsenter
-    cannot do this: it loses the capabilities at its exec of nft."""
+    cannot do this: it loses the capabilities at its exec of nft. `keep=False`: the child needs nothing after
+    its exec (`_listen_inside`), so no capability is kept."""
     libc = ctypes.CDLL(None, use_errno=True)
     setns, capset, prctl = libc.setns, libc.capset, libc.prctl
     header = (ctypes.c_uint32 * 2)(LINUX_CAPABILITY_VERSION_3, 0)
@@ -290,8 +431,8 @@ def _enter_as_admin(net: int, owner: int) -> Callable[[], None]:
         if (
             setns(owner, CLONE_NEWUSER)
             or setns(net, CLONE_NEWNET)
-            or capset(header, data)
-            or prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE, CAP_NET_ADMIN, 0, 0)
+            or (keep and capset(header, data))
+            or (keep and prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE, CAP_NET_ADMIN, 0, 0))
         ):
             raise OSError(ctypes.get_errno(), "cannot enter the sandbox's network as its administrator")
 
