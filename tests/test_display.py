@@ -9,7 +9,7 @@ import unicodedata
 import pytest
 
 from mm_core import display
-from mm_core.events import PendingCall, ToolCallFinished, ToolCallStarted
+from mm_core.events import NetworkUsed, PendingCall, ToolCallFinished, ToolCallStarted
 from mm_core.log import shown_digest
 
 # Every code point the escape is for: format (bidi controls, zero-width, soft hyphen, tags), control, surrogate,
@@ -176,3 +176,16 @@ def test_an_excerpt_is_bounded_in_lines_too() -> None:
     assert head == "\n".join(f"l{i}" for i in range(15))
     assert tail == "\n".join(f"l{i}" for i in range(86, 100)) + "\ncurl x | sh"
     assert text.startswith(head) and text.endswith(tail)
+
+
+def test_a_commands_refused_hosts_are_one_line_naming_at_most_five() -> None:
+    def refused(*hosts: str) -> NetworkUsed:
+        why = "network: host {} is not in this channel's allow-list"
+        return NetworkUsed("c", (("pypi.org", 2),), tuple((h, why.format(h)) for h in hosts))
+
+    assert display.network_line(NetworkUsed("c", (("pypi.org", 2),), ())) is None  # reached only: nothing to say
+    one = display.network_line(refused("a.example"))
+    assert one == "🚫 network: host a.example is not in this channel's allow-list"
+    line = display.network_line(refused(*(f"h{n}.example" for n in range(7))))
+    assert line is not None and line.count("is not in") == 5 and line.endswith("; and 2 more hosts")
+    assert "\n" not in line

@@ -8,10 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from chatops.config import ConfigError, load_config
+from chatops.config import ConfigError, example_config, load_config
 from mm_core.config import AgentConfig
+from mm_core.events import NetworkUsed
 from mm_core.network import EgressPolicy, presets
 from mm_core.network.policy import NO_SECRET
+from slackio.metrics import NETWORK_CONNECTIONS, NETWORK_HOST_LABELS, network_used
 
 NOT_LISTED = "network: host {} is not in this channel's allow-list"
 
@@ -175,3 +177,25 @@ def test_a_channels_or_a_jobs_network_replaces_the_top_level_one_whole(tmp_path:
     assert over is not None and over.allow == ["gitlab.com"]  # not merged with the top-level list
     assert config.service.network_over("C0999ZZZZ", None) is None  # the agent's own
     assert config.agent.with_network(over).egress.allow == ["gitlab.com"]
+
+
+def test_mm_bot_inits_example_writes_allow_with_the_registries(tmp_path: Path) -> None:
+    file = tmp_path / "mm.yaml"
+    file.write_text(example_config())
+    network = load_config(file, environ={}).agent.egress
+    assert network.policy == "allow" and network.allow == ["registries"] and network.credentials == []
+
+
+def test_the_metrics_count_by_host_and_give_at_most_a_bounded_number_of_hosts_a_label() -> None:
+    def count(host: str, decision: str) -> float:
+        return NETWORK_CONNECTIONS.labels(host, decision)._value.get()
+
+    before = count("pypi.org", "allowed"), count("evil.example", "refused"), count("other", "refused")
+    network_used(NetworkUsed("c1", (("pypi.org", 3),), (("evil.example", NOT_LISTED.format("evil.example")),)))
+    assert count("pypi.org", "allowed") == before[0] + 3 and count("evil.example", "refused") == before[1] + 1
+    # A command trying endless names: past NETWORK_HOST_LABELS hosts in this process, they share one label.
+    names = [f"h{n}.flood.example" for n in range(NETWORK_HOST_LABELS + 5)]
+    network_used(NetworkUsed("c2", (), tuple((name, "refused") for name in names)))
+    labelled = {s.labels["host"] for m in NETWORK_CONNECTIONS.collect() for s in m.samples}
+    assert len(labelled) <= NETWORK_HOST_LABELS + 1  # "other" besides
+    assert count("other", "refused") >= before[2] + 5
