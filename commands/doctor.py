@@ -23,6 +23,7 @@ import httpx
 from chatops.config import SLACK_DOCS, Config, ConfigError, load_config
 from chatops.secrets import describe_error, mask_url, scrub, secrets_of
 from mm_core.tools.fetch.http import parse_url
+from mm_core.tools.sandbox_network import network_report
 
 if TYPE_CHECKING:
     from mm_core.config import AgentConfig
@@ -213,7 +214,29 @@ def sandbox_note(agent: AgentConfig) -> str | None:
     )
 
 
-CHECKS = (check_database, check_broker, check_model, check_slack, check_sandbox)
+def check_network(config: Config) -> Check:
+    """Where the agent's commands and fetches may connect (docs/network.md): the top-level policy, how many channels
+    and jobs have their own, and what this machine lacks for it (`open` without slirp4netns or nft; a credential
+    whose variable is not set here, a warning: the bot's machines have none)."""
+    network = config.agent.egress
+    said = {
+        "off": "off: commands have no network, fetch_content reaches nothing",
+        "allow": "allow: " + (", ".join(network.allow) or "no host"),
+        "open": "open: the internet, never the worker's own or internal addresses",
+    }[network.policy]
+    own = sum(c.network is not None for c in config.service.channels.values())
+    own += sum(j.network is not None for j in config.service.jobs)
+    if own:
+        said += f" ({own} channel{'s' if own > 1 else ''} or job{'s' if own > 1 else ''} with their own)"
+    if config.agent.sandbox != "none" and (report := network_report(config.agent)) is not None:
+        return Check("network", False, report)
+    unset = sorted({c.tokenEnv for c in network.credentials if not os.environ.get(c.tokenEnv)})
+    if unset:
+        said += f"; warning: {_names(unset)} unset here: a worker without it refuses the hosts it is the credential for"
+    return Check("network", True, said)
+
+
+CHECKS = (check_database, check_broker, check_model, check_slack, check_sandbox, check_network)
 
 
 def run_checks(config_path: str | None = None) -> Iterator[Check]:

@@ -153,6 +153,8 @@ class NetworkConfig(Strict):
     def _credentials_reachable(self) -> NetworkConfig:
         if self.policy == "off" and self.credentials:
             raise ValueError("credentials need a network: `policy: off` reaches no host")
+        if self.policy == "open" and self.credentials:
+            raise ValueError("credentials are added by the proxy of `policy: allow`; under `open` none runs")
         rules = expand(self.allow)
         for credential in self.credentials:
             for host in credential.hosts:

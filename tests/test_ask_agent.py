@@ -268,3 +268,25 @@ def test_the_preview_says_when_the_conversation_goes_along_and_where(tmp_path, m
     )
     # What runs reads the flag as the preview does: a string "false" is true to both.
     assert "with_context" in asyncio.run(tool.preview({**args, "with_context": "false"}, ctx))
+
+
+def test_an_asked_agent_runs_under_its_callers_network_whatever_its_file_says(tmp_path, model_server):
+    """A channel's `network: off` (the caller's) holds for an agent it asks, though the agent's file says `open`."""
+    (tmp_path / "agents").mkdir()
+    (tmp_path / "agents" / "browser.yaml").write_text(
+        f"model: {{url: {model_server.url}, name: test-model}}\n"
+        "network: open\nfetchContentTool: true\nfetchAllow: [127.0.0.1]\n"
+    )
+    refs = {"browser": {"config": str(tmp_path / "agents" / "browser.yaml")}}
+    config = agent_config(model_server.url, yolo=True, mmConfigs=refs, network="off")
+    model_server.script(
+        Reply(tool_calls=[ToolCall("ask_agent", {"agent": "browser", "prompt": "read the page"})]),
+        Reply(tool_calls=[ToolCall("fetch_content", {"url": "http://127.0.0.1:9/"})]),
+        Reply(text="It would not load."),
+        Reply(text="The browser could not read it."),
+    )
+    events: list = []
+    asyncio.run(make_agent(config, MemoryStore(), tmp_path, events=events).send("ask the browser"))
+    [fetched] = [e for e in events if isinstance(e, ToolCallFinished) and e.tool == "fetch_content"]
+    assert fetched.agent == "browser"
+    assert fetched.output == "[fetch_content: error 2 (input) — network: this channel's network is off]"

@@ -81,10 +81,12 @@ def test_all_ok_through_the_real_command(
         ["ok", "model"],
         ["ok", "slack"],
         ["ok", "sandbox"],
+        ["ok", "network"],
     ]
     assert f"(at head {db.head_revision()})" in lines[1]
     assert "serves test-model" in lines[3]
     assert lines[5] == f"ok   sandbox   bubblewrap at {bwrap_on_path}"
+    assert lines[6] == "ok   network   allow: registries"
     assert slack.bot_token not in result.stdout and SIGNING_SECRET not in result.stdout
     assert slack.calls_to("auth.test")
 
@@ -160,7 +162,7 @@ def test_sandbox_that_needs_bubblewrap_fails_without_it(tmp_path: Path, healthy:
     (tmp_path / "mm.yaml").write_text(f"sandbox: {mode}\n")
     result = mm_bot("doctor", env=clean_env(**healthy | {"PATH": path_without("bwrap", tmp_path)}), cwd=tmp_path)
     assert result.returncode == 1
-    assert result.stdout.splitlines()[-1] == (
+    assert result.stdout.splitlines()[-2] == (
         f"FAIL sandbox   a worker refuses to start: bubblewrap is not installed, and `sandbox: {mode}` needs it to "
         "confine bash commands: install bubblewrap (apt-get install bubblewrap), or set `sandbox: none` to run them "
         "unsandboxed"
@@ -172,9 +174,33 @@ def test_sandbox_none_is_ok_with_a_warning(tmp_path: Path, healthy: dict[str, st
     (tmp_path / "mm.yaml").write_text("sandbox: none\n")
     result = mm_bot("doctor", env=clean_env(**healthy), cwd=tmp_path)
     assert result.returncode == 0, result.stdout
-    assert result.stdout.splitlines()[-1] == (
+    assert result.stdout.splitlines()[-2] == (
         "ok   sandbox   warning: `sandbox: none`: bash commands run unsandboxed, with this worker's access to files "
         "and the network (only the resource limits and the scrubbed environment apply)"
+    )
+
+
+@pytest.mark.process
+def test_network_open_without_slirp4netns_fails_and_an_unset_credential_is_a_warning(
+    tmp_path: Path, healthy: dict[str, str]
+) -> None:
+    (tmp_path / "mm.yaml").write_text("network: open\n")
+    path = path_without("slirp4netns", tmp_path)
+    result = mm_bot("doctor", env=clean_env(**healthy | {"PATH": path}), cwd=tmp_path)
+    assert result.returncode == 1
+    assert result.stdout.splitlines()[-1] == (
+        "FAIL network   network is open, but slirp4netns is not installed on this worker: sandboxed commands run "
+        "without network (apt-get install slirp4netns)"
+    )
+    (tmp_path / "mm.yaml").write_text(
+        "network: {allow: [registries, github.com], credentials: [{hosts: [github.com], tokenEnv: MM_GH}]}\n"
+        "channels: {C0123ABCD: {network: 'off'}}\n"
+    )
+    result = mm_bot("doctor", env=clean_env(**healthy), cwd=tmp_path)
+    assert result.returncode == 0, result.stdout
+    assert result.stdout.splitlines()[-1] == (
+        "ok   network   allow: registries, github.com (1 channel or job with their own); warning: MM_GH unset "
+        "here: a worker without it refuses the hosts it is the credential for"
     )
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import base64
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 
@@ -13,6 +15,9 @@ from mm_core.config import AgentConfig
 from mm_core.events import NetworkUsed
 from mm_core.network import EgressPolicy, presets
 from mm_core.network.policy import NO_SECRET
+from mm_core.network.tap import Tap
+from mm_core.tools.base import ToolContext
+from mm_core.tools.bash import network_said as bash_network_said
 from slackio.metrics import NETWORK_CONNECTIONS, NETWORK_HOST_LABELS, network_used
 
 NOT_LISTED = "network: host {} is not in this channel's allow-list"
@@ -199,3 +204,21 @@ def test_the_metrics_count_by_host_and_give_at_most_a_bounded_number_of_hosts_a_
     labelled = {s.labels["host"] for m in NETWORK_CONNECTIONS.collect() for s in m.samples}
     assert len(labelled) <= NETWORK_HOST_LABELS + 1  # "other" besides
     assert count("other", "refused") >= before[2] + 5
+
+
+def test_the_model_reads_ten_refusals_and_failures_and_a_count_of_the_rest(tmp_path: Path) -> None:
+    tap = Tap(stop=lambda: None)
+    for n in range(25):
+        tap.refuse(f"h{n:02}.example", NOT_LISTED.format(f"h{n:02}.example"))
+    tap.fail("gone.example", "network: host gone.example could not be resolved")
+    tap.reach("pypi.org")
+    events: list[object] = []
+    ctx = ToolContext(workspace=tmp_path, config=AgentConfig(), call_id="c1", emit=events.append)
+    out = bash_network_said("pip says no\n", cast(Any, SimpleNamespace(tap=tap)), ctx)
+    lines = out.splitlines()
+    assert lines[0] == "pip says no" and len(lines) == 12
+    assert lines[1] == "network: host gone.example could not be resolved"  # by host name, failures with refusals
+    assert lines[2] == NOT_LISTED.format("h00.example")
+    assert lines[-1] == "network: and 16 more refused or failed connections to other hosts"
+    [event] = events
+    assert isinstance(event, NetworkUsed) and event.reached == (("pypi.org", 1),) and len(event.refused) == 25

@@ -34,6 +34,7 @@ from mm_core.network.h1 import end_to_end
 from mm_core.network.policy import NO_SECRET, NOT_LISTED, PORT_NOT_LISTED, EgressPolicy, expand
 from mm_core.network.proxy import EgressProxy, Limits, Tap, egress_proxy
 from mm_core.network.session import BAD_CREDENTIAL, NOT_PROXIED, TOO_MANY, UNREACHABLE, UNREADABLE, UNRESOLVED
+from mm_core.network.tap import MAX_HOSTS
 from mm_testkit.fixtures_forge import FORGE_TOKEN, git_env
 from mm_testkit.fixtures_kit import needs_system
 from mm_testkit.netlab import Lab
@@ -678,7 +679,14 @@ def test_connections_past_the_limit_are_answered_503() -> None:
         for conn in waiting:
             with conn:
                 assert conn.recv(100).startswith(b"HTTP/1.1 502 ")
-        refused(exchange(port, request), 502, UNRESOLVED.format(host="example.test"))  # served again
+        # Served again once the proxy has seen those end (their answers may reach the test a moment before).
+        answer = exchange(port, request)
+        for _ in range(200):
+            if answer.status != 503:
+                break
+            threading.Event().wait(0.025)
+            answer = exchange(port, request)
+        refused(answer, 502, UNRESOLVED.format(host="example.test"))
         assert tap.snapshot().failed == {"example.test": UNRESOLVED.format(host="example.test")}
     finally:
         release.set()
@@ -782,3 +790,52 @@ async def handshake(server: ssl.SSLContext, client: ssl.SSLContext, name: str) -
         reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=client, server_hostname=name)
         assert await reader.read() == b"ok"
         writer.close()
+
+
+def test_past_the_processs_bound_a_connection_is_closed_unanswered_whatever_its_listener() -> None:
+    """Background jobs each keep a listener: the worker's descriptors are bounded over all of them."""
+    proxy = EgressProxy(limits=Limits(max_process_connections=4))
+    try:
+        ports = [serve(proxy, OPEN_POLICY)[1] for _ in range(3)]
+        held = [socket.create_connection(("127.0.0.1", ports[n % 3]), timeout=10) for n in range(5)]
+        for conn in held:
+            conn.sendall(b"GET http://example.test/ HTTP/1.1\r\n")  # a head never finished: each is held
+        threading.Event().wait(0.5)
+        with socket.create_connection(("127.0.0.1", ports[2]), timeout=10) as over:
+            over.sendall(b"GET http://example.test/ HTTP/1.1\r\nHost: example.test\r\n\r\n")
+            with contextlib.suppress(ConnectionResetError):
+                assert over.recv(100) == b""  # closed, no answer spent on it
+        for conn in held:
+            conn.close()
+    finally:
+        proxy.close()
+
+
+def test_bytes_a_command_writes_into_its_end_pipe_neither_close_nor_busy_the_listener(
+    bare_proxy: EgressProxy,
+) -> None:
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)
+    tap, port = serve(bare_proxy, OPEN_POLICY, until_fd=read_end)
+    with contextlib.suppress(BlockingIOError):
+        while True:
+            os.write(write_end, b"x" * 65536)  # until the pipe is full, as `yes > /proc/self/fd/N` would
+    assert not tap.wait_closed(0.5)
+    refused(
+        exchange(port, b"GET http://other.test/ HTTP/1.1\r\nHost: other.test\r\n\r\n"),
+        403,
+        NOT_LISTED.format(host="other.test"),
+    )
+    os.close(write_end)  # the last process is gone
+    assert tap.wait_closed(10)
+
+
+def test_a_tap_keeps_a_bounded_number_of_hosts_and_counts_the_rest() -> None:
+    tap = Tap(stop=lambda: None)
+    for n in range(MAX_HOSTS + 30):
+        tap.refuse(f"h{n}.example", f"network: host h{n}.example is not in this channel's allow-list")
+        tap.reach(f"r{n}.example")
+    seen = tap.snapshot()
+    assert len(seen.refused) == MAX_HOSTS and len(seen.reached) == MAX_HOSTS and seen.unkept == 60
+    tap.reach("r0.example")  # a host it keeps is still counted
+    assert tap.snapshot().reached["r0.example"] == 2

@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 import httpcore
 import pytest
 
+from mm_core.tools.fetch import guard
 from mm_core.tools.fetch.errors import BlockedAddress
 from mm_core.tools.fetch.guard import AddressGuard, GuardedBackend, blocked_kind
 
@@ -166,3 +167,12 @@ def test_unix_sockets_are_never_fetched() -> None:
     """A unix socket would reach a local service without any address to vet."""
     with pytest.raises(httpcore.ConnectError, match="unix sockets are not fetched"):
         asyncio.run(GuardedBackend(AddressGuard()).connect_unix_socket("/var/run/docker.sock"))
+
+
+def test_the_workers_own_address_is_refused_inside_an_ipv6_form_too(monkeypatch) -> None:
+    """An address of the worker's that the classification calls public, written as ::ffff:a.b.c.d."""
+    own = ipaddress.ip_address("8.8.8.8")  # only classified: no packet is sent
+    monkeypatch.setattr(guard, "own_addresses", lambda: frozenset({own}))
+    for written in ("8.8.8.8", "::ffff:8.8.8.8", "::ffff:808:808"):
+        with pytest.raises(BlockedAddress, match="this worker's own address"):
+            AddressGuard().check("x.example", ipaddress.ip_address(written))

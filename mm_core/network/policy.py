@@ -126,7 +126,11 @@ def expand(entries: Iterable[str]) -> tuple[Rule, ...]:
         if named is not None:
             rules += [parse_rule(host) for host in named]
         elif isinstance(entry, str) and entry.strip().isidentifier():
-            raise ValueError(f"unknown preset {entry.strip()!r} (presets: {', '.join(presets())})")
+            name = entry.strip()
+            raise ValueError(
+                f"unknown preset {name!r} (presets: {', '.join(presets())}; a host of one label takes its port: "
+                f"{name}:443)"
+            )
         else:
             rules.append(parse_rule(entry))
     return tuple(dict.fromkeys(rules))

@@ -18,6 +18,7 @@ import contextlib
 import errno
 import logging
 import os
+import select
 import socket
 import ssl
 import threading
@@ -66,6 +67,9 @@ class _Listener:
         self.adopting: set[asyncio.Task[None]] = set()  # accepted connections getting their streams
         self.gate: Gate | None = None
         self.finished: asyncio.Task[None] | None = None
+        # `until_fd` watched for its hang-up alone (an epoll with no event asked for): the command holds the
+        # pipe's write end and may write into it, which must not wake this thread for every byte.
+        self.hangup: select.epoll | None = None
 
     def stop(self) -> None:
         """Stops serving (from any thread)."""
@@ -80,7 +84,9 @@ class _Listener:
         loop = asyncio.get_running_loop()
         self.sock.setblocking(False)
         if self.until_fd is not None:
-            loop.add_reader(self.until_fd, self.watch)
+            self.hangup = select.epoll()
+            self.hangup.register(self.until_fd, 0)  # EPOLLHUP and EPOLLERR are reported whatever is asked
+            loop.add_reader(self.hangup.fileno(), self.watch)
         self.listen()
 
     def listen(self) -> None:
@@ -107,6 +113,11 @@ class _Listener:
                 log.warning("egress: the proxy cannot accept a connection now: %s", exc)
                 loop.call_later(ACCEPT_RETRY, self.listen)
                 return
+            if self.proxy.connections() >= self.limits.max_process_connections:
+                # The worker's descriptors are its sessions' too: past the bound, no answer is worth one more.
+                log.debug("egress: a connection over the process's limit of %d", self.limits.max_process_connections)
+                conn.close()
+                continue
             conn.setblocking(False)
             # Never cancelled: it ends at once, and `serve` closes what comes after `shut`.
             adopting = loop.create_task(self.adopt(conn))
@@ -149,23 +160,19 @@ class _Listener:
             await client.linger()
 
     def watch(self) -> None:
-        """`until_fd` is readable: at end-of-file, the command's processes are all gone."""
-        assert self.until_fd is not None
-        try:
-            if os.read(self.until_fd, 512):
-                return
-        except BlockingIOError:
-            return
-        except OSError:
-            pass
-        self.shut()
+        """`until_fd` hung up: the command's processes are all gone."""
+        assert self.hangup is not None
+        if self.hangup.poll(0):
+            self.shut()
 
     def shut(self) -> None:
         """Closes the listener and every connection it accepted (on the loop)."""
         if self.finished is not None:
             return
+        if self.hangup is not None:
+            asyncio.get_running_loop().remove_reader(self.hangup.fileno())
+            self.hangup.close()
         if self.until_fd is not None:
-            asyncio.get_running_loop().remove_reader(self.until_fd)
             with contextlib.suppress(OSError):
                 os.close(self.until_fd)
         with contextlib.suppress(OSError, ValueError):  # the socket failed, or was never listened on
@@ -228,6 +235,10 @@ class EgressProxy:
 
         self.loop.call_soon_threadsafe(begin)
         return served.tap
+
+    def connections(self) -> int:
+        """The connections every listener holds now (on the loop)."""
+        return sum(len(served.tasks) + len(served.adopting) for served in self.listeners)
 
     def bundle_path(self) -> Path:
         """The CA bundle a sandboxed command trusts (SSL_CERT_FILE and its kin): the system's roots and the

@@ -47,6 +47,7 @@ NOT_PROXIED = "network: the proxy takes CONNECT host:port and plain http:// requ
 EARLY_DATA = "network: bytes came before the tunnel to {host} was established"
 NOT_A_PATH = "network: a request inside the tunnel to {host} names a path (/…), not a URL"
 TOO_MANY = "network: more than {limit} connections to the proxy at once"
+NO_TRACE = "network: {method} is not sent to {host}, whose requests carry a credential (the answer would echo it)"
 BAD_CREDENTIAL = "network: the credentials for {host} on this worker are no valid HTTP header value"
 
 
@@ -54,9 +55,13 @@ BAD_CREDENTIAL = "network: the credentials for {host} on this worker are no vali
 class Limits:
     """The bounds a hostile command meets: connections of one listener at once (more are answered 503), the
     time to send a request head (and the TLS handshake, and the next request of a kept-alive connection), the
-    time a tunnel or a transfer may pass no byte, and the time to connect to a host."""
+    time a tunnel or a transfer may pass no byte, the time to connect to a host, and the connections of the whole
+    process."""
 
     max_connections: int = 64
+    # Connections of every listener of the process at once: past it a new one is closed unanswered, so that
+    # commands (and their background jobs, each with a listener) cannot take the worker's file descriptors.
+    max_process_connections: int = 512
     head_timeout: float = 30.0
     idle_timeout: float = 600.0
     connect_timeout: float = 15.0
@@ -293,6 +298,8 @@ class Session:
     async def _forward(self, request: h11.Request, url: httpx.URL, authorization: str | None) -> None:
         """`request` sent on to `url` and its response streamed back; with `authorization`, the client's own
         Authorization header replaced by it."""
+        if authorization is not None and request.method.upper() in (b"TRACE", b"TRACK"):
+            raise Refusal(405, NO_TRACE.format(method=request.method.decode("ascii"), host=url.host))
         headers = end_to_end(request.headers, drop=(b"authorization",) if authorization is not None else ())
         if authorization is not None:
             headers.append((b"authorization", authorization.encode()))

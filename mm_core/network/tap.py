@@ -21,6 +21,13 @@ class TapRecord:
     reached: Mapping[str, int] = field(default_factory=dict)
     refused: Mapping[str, str] = field(default_factory=dict)
     failed: Mapping[str, str] = field(default_factory=dict)
+    # Hosts past MAX_HOSTS of a kind, counted and not kept.
+    unkept: int = 0
+
+
+# The most hosts a tap keeps of each kind: a command trying endless names must not grow the worker's memory, nor
+# the text the model reads.
+MAX_HOSTS = 100
 
 
 class Tap:
@@ -32,23 +39,34 @@ class Tap:
         self._reached: Counter[str] = Counter()
         self._refused: dict[str, str] = {}
         self._failed: dict[str, str] = {}
+        self._unkept = 0
         self._closed = threading.Event()
 
     def reach(self, host: str) -> None:
         with self._lock:
-            self._reached[host] += 1
+            if host in self._reached or len(self._reached) < MAX_HOSTS:
+                self._reached[host] += 1
+            else:
+                self._unkept += 1
 
     def refuse(self, host: str, text: str) -> None:
         with self._lock:
-            self._refused.setdefault(host, text)
+            self._keep(self._refused, host, text)
 
     def fail(self, host: str, text: str) -> None:
         with self._lock:
-            self._failed.setdefault(host, text)
+            self._keep(self._failed, host, text)
+
+    def _keep(self, kept: dict[str, str], host: str, text: str) -> None:
+        if host not in kept:
+            if len(kept) < MAX_HOSTS:
+                kept[host] = text
+            else:
+                self._unkept += 1
 
     def snapshot(self) -> TapRecord:
         with self._lock:
-            return TapRecord(dict(self._reached), dict(self._refused), dict(self._failed))
+            return TapRecord(dict(self._reached), dict(self._refused), dict(self._failed), self._unkept)
 
     @property
     def reached(self) -> Mapping[str, int]:

@@ -153,7 +153,11 @@ class AskAgentTool(Tool):
             config = load_agent_file(ref)
         except (OSError, ValueError, ValidationError) as e:
             return f"[ask_agent: {name} failed: cannot load {ref.config}: {_first_line(e)}]"
-        config = config.model_copy(update={"yolo": ref.yolo if ref.yolo is not None else ctx.caller.yolo})
+        # The caller's network: a channel's (or a job's) policy is never widened by an agent it asks, whose file
+        # cannot know the channel; only an asked agent whose own file says `network: off` keeps that.
+        network = config.network if config.egress.policy == "off" else ctx.config.network
+        yolo = ref.yolo if ref.yolo is not None else ctx.caller.yolo
+        config = config.model_copy(update={"yolo": yolo, "network": network})
         return await self._ask(ctx.caller, name, config, prompt, _with_context(args), ctx)
 
     async def _ask(

@@ -311,7 +311,7 @@ class BashTool(Tool):
             if code:
                 marker = EXIT_CODE.format(code=code)
         text = truncate(read_back(out), config.maxOutput)
-        text = _network_said(text, launch.network, ctx)
+        text = network_said(text, launch.network, ctx)
         text = append_marker(text, marker) if marker else text
         if guard is not None and guard.tripped not in (None, "over"):
             return append_marker(text, UNWATCHABLE.format(reason=guard.tripped))
@@ -358,19 +358,26 @@ async def _workspace_bytes(ctx: ToolContext) -> int:
     return usage.bytes
 
 
-def _network_said(text: str, network: SandboxNetwork | None, ctx: ToolContext) -> str:
+# The most refusal and failure lines the model reads after one command's output; the others are counted.
+NETWORK_LINES = 10
+NETWORK_MORE = "network: and {count} more refused or failed connections to other hosts"
+
+
+def network_said(text: str, network: SandboxNetwork | None, ctx: ToolContext) -> str:
     """What the proxy saw of the command's connections: the front end is told every host reached and refused
-    (`NetworkUsed`), the model each refusal and failure in the proxy's words, one line a host, after the output
-    (most tools show a refused CONNECT as a bare `403`)."""
+    (`NetworkUsed`), the model the first NETWORK_LINES refusals and failures in the proxy's words, one line a host,
+    after the output (most tools show a refused CONNECT as a bare `403`)."""
     if network is None or network.tap is None:
         return text
     seen = network.tap.snapshot()
     if seen.reached or seen.refused:
         reached = tuple(sorted(seen.reached.items()))
         ctx.emit(NetworkUsed(ctx.call_id, reached, tuple(sorted(seen.refused.items())), ctx.agent))
-    for _host, why in sorted({**seen.failed, **seen.refused}.items()):
-        text = append_marker(text, why)
-    return text
+    said = sorted({**seen.failed, **seen.refused}.items())
+    lines = [why for _host, why in said[:NETWORK_LINES]]
+    if (more := len(said) - NETWORK_LINES + seen.unkept) > 0:
+        lines.append(NETWORK_MORE.format(count=more))
+    return append_marker(text, "\n".join(lines)) if lines else text
 
 
 def _command_text(args: Any) -> str:

@@ -216,10 +216,15 @@ class SandboxNetwork:
             tools = {name: path for name, path in found.items() if path is not None}
             if len(tools) != len(found):
                 return None
-        info_r, info_w = os.pipe()
-        block_r, block_w = os.pipe()
-        resolv_r, resolv_w = os.pipe()
-        exit_r, exit_w = os.pipe()
+        made: list[int] = []
+        try:
+            for _ in range(4):
+                made += os.pipe()
+        except OSError:
+            for fd in made:  # out of descriptors: the launch fails, leaking none
+                os.close(fd)
+            raise
+        info_r, info_w, block_r, block_w, resolv_r, resolv_w, exit_r, exit_w = made
         with os.fdopen(resolv_w, "w") as resolv:  # a few bytes: the pipe holds them until bwrap reads them
             # `open`: slirp4netns's own forwarder. `allow`: no resolver at all, so that a tool which resolves a
             # name itself fails at once rather than waiting on one it cannot reach; the proxy resolves.
@@ -255,6 +260,10 @@ class SandboxNetwork:
             await asyncio.wait_for(self._attach(rules), SETUP_TIMEOUT)
         except TimeoutError:
             raise ToolRefusal(NETWORK_FAILED.format(reason=f"not ready within {SETUP_TIMEOUT:g}s")) from None
+        except (OSError, subprocess.SubprocessError, RuntimeError) as e:
+            # Out of descriptors, a helper that could not enter the namespace, the proxy closing: the caller
+            # kills the sandbox, whose command never ran.
+            raise ToolRefusal(NETWORK_FAILED.format(reason=str(e) or type(e).__name__)) from None
         finally:
             self.close()
 
@@ -382,7 +391,12 @@ async def _listen_inside(net: int, owner: int) -> socket.socket:
             pass_fds=(theirs.fileno(),),
         )
         theirs.close()
-        await child.wait()
+        try:
+            await child.wait()
+        except BaseException:  # cancelled (attach's timeout): the helper goes too
+            with contextlib.suppress(ProcessLookupError):
+                child.kill()
+            raise
         ours.setblocking(False)
         loop = asyncio.get_running_loop()
         try:

@@ -119,6 +119,12 @@ def own_addresses() -> frozenset[IPAddress]:
     return found
 
 
+def _is_own(ip: IPAddress) -> bool:
+    """Whether `ip` is one of the worker's addresses, written as itself or inside an IPv6 form (::ffff:a.b.c.d)."""
+    own = own_addresses()
+    return ip in own or _embedded_v4(ip) in own
+
+
 async def _getaddrinfo(host: str, port: int) -> list[str]:
     infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
     # sockaddr[0] is the address text for AF_INET / AF_INET6, the only families a host name resolves to here.
@@ -145,7 +151,7 @@ class AddressGuard:
         """Raise BlockedAddress when `ip` (what `host` resolved to) is internal and not allowed."""
         if host.lower().rstrip(".") in self.names or any(ip in net for net in self.networks):
             return
-        kind = blocked_kind(ip) or ("this worker's own address" if ip in own_addresses() else None)
+        kind = blocked_kind(ip) or ("this worker's own address" if _is_own(ip) else None)
         if kind is None:
             return
         try:
