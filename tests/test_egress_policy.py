@@ -107,6 +107,7 @@ def test_presets_are_expanded_and_listed_by_name() -> None:
         ("github.com/acme", "a host, not a URL"),
         ("user@github.com", "a host, not a URL"),
         ("regsitries", "unknown preset 'regsitries' (presets: registries, forges"),
+        ("nexus", "a host of one label takes its port: nexus:443"),
         ("a.*.example.com", "a wildcard covers a domain's subdomains"),
         ("*example.com", "a wildcard covers a domain's subdomains"),
         ("*.com", "a wildcard covers a domain's subdomains"),
@@ -135,6 +136,7 @@ def test_a_bad_allow_list_entry_is_refused_with_what_is_wrong(entry: str, said: 
         ("allow: [github.com]\n  credentials: [{hosts: [github.com]}]", "tokenEnv"),
         ("allow: [github.com]\n  credentials: [{hosts: [github.com], tokenEnv: T, scheme: digest}]", "scheme"),
         ("allow: [github.com]\n  proxy: true", "proxy"),
+        ("policy: open\n  credentials: [{hosts: [github.com], tokenEnv: T}]", "under `open` none runs"),
     ],
 )
 def test_a_bad_network_section_is_refused(network: str, said: str, tmp_path: Path) -> None:

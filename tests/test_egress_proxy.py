@@ -33,7 +33,7 @@ from mm_core.network.ca import CertificateAuthority, system_roots
 from mm_core.network.h1 import end_to_end
 from mm_core.network.policy import NO_SECRET, NOT_LISTED, PORT_NOT_LISTED, EgressPolicy, expand
 from mm_core.network.proxy import EgressProxy, Limits, Tap, egress_proxy
-from mm_core.network.session import BAD_CREDENTIAL, NOT_PROXIED, TOO_MANY, UNREACHABLE, UNREADABLE, UNRESOLVED
+from mm_core.network.session import BAD_CREDENTIAL, NO_TRACE, NOT_PROXIED, TOO_MANY, UNREACHABLE, UNREADABLE, UNRESOLVED
 from mm_core.network.tap import MAX_HOSTS
 from mm_testkit.fixtures_forge import FORGE_TOKEN, git_env
 from mm_testkit.fixtures_kit import needs_system
@@ -374,6 +374,15 @@ def test_a_credentialed_host_gets_the_credential_in_place_of_the_clients(world: 
     assert seen.header("Authorization") == [f"Bearer {SECRET}"]
     assert seen.header("Host") == [f"{API}:{world.tls.port}"]
     assert tap.snapshot().reached == {API: 1}
+
+
+def test_trace_is_never_sent_to_a_credentialed_host_whose_answer_would_echo_the_secret(world: World) -> None:
+    _, port = world.serve()
+    with world.client(port) as client:
+        response = client.request("TRACE", f"https://{API}:{world.tls.port}/")
+    assert response.status_code == 405
+    assert response.text == NO_TRACE.format(method="TRACE", host=API) + "\n" and SECRET not in response.text
+    assert world.tls.seen == []
 
 
 def test_the_command_sees_the_proxys_certificate_for_a_credentialed_host(world: World) -> None:
