@@ -13,9 +13,9 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import socket
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -24,28 +24,19 @@ from mm_core.tools.base import ToolContext
 from mm_core.tools.bash import BashTool
 from mm_core.tools.sandbox import SANDBOX_UID
 from mm_core.tools.sandbox_network import network_tools
-from mm_testkit.netlab import made_lab
+from mm_testkit.netlab import made_lab, serve_each
 
 BODY = 64 * 1024 * 1024  # the large download
 
 
-def serve(listener, size: int) -> None:
-    """Answers each request with `size` zero bytes (a small one for the short requests), one per connection."""
-    while True:
-        try:
-            conn, _ = listener.accept()
-        except OSError:
-            return
-        with conn:
-            head = conn.recv(65536)
-            length = size if b"/big" in head else 2
-            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n" % length)
-            chunk = b"\0" * 65536
-            sent = 0
-            while sent < length:
-                piece = chunk[: min(len(chunk), length - sent)]
-                conn.sendall(piece)
-                sent += len(piece)
+def answer(conn: socket.socket, _peer: tuple[str, int]) -> None:
+    """Answers a request with BODY zero bytes (`/big`) or two, one request a connection."""
+    length = BODY if b"/big" in conn.recv(65536) else 2
+    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n" % length)
+    chunk = memoryview(b"\0" * 65536)
+    while length > 0:
+        conn.sendall(chunk[: min(len(chunk), length)])
+        length -= len(chunk)
 
 
 def timed(ws: Path, config: AgentConfig, command: str) -> tuple[float, str]:
@@ -73,7 +64,7 @@ def main() -> None:
         with made_lab() as lab:
             listener = lab.listen(lab.public)
             port = listener.getsockname()[1]
-            threading.Thread(target=serve, args=(listener, BODY), daemon=True).start()
+            serve_each(listener, answer)
             url = f"http://{lab.public}:{port}"
             allowed = NetworkConfig(allow=[f"{lab.public}:{port}"])
             modes = {"open (slirp4netns)": NetworkConfig(policy="open"), "allow (the proxy)": allowed}

@@ -511,6 +511,8 @@ class Commands:
     def _network(self, session_id: str) -> str:
         """The egress policy the thread's commands run under (workers.egress decides it), and the hosts its latest
         turn with network traffic reached and was refused (the worker records them)."""
+        if self.config.agent.sandbox == "none":
+            return "the worker's own (`sandbox: none`: commands are not confined, whatever `network` says)"
         network = thread_network(self.engine, self.config, session_id)
         if network is None or network.policy == "off":
             return "off (commands have no network)"

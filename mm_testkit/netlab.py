@@ -37,6 +37,7 @@ import os
 import socket
 import subprocess
 import tempfile
+import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -94,6 +95,22 @@ class Lab:
                 raise socket.gaierror(socket.EAI_NONAME, "Name or service not known") from None
 
         return resolve
+
+
+def serve_each(sock: socket.socket, handle: Callable[[socket.socket, tuple[str, int]], None]) -> None:
+    """Serves `sock` from a thread until it closes: each connection is handed to `handle(conn, peer)`, then
+    closed. The test servers of the lab are a few lines each on top of it."""
+
+    def accept() -> None:
+        while True:
+            try:
+                conn, peer = sock.accept()
+            except OSError:
+                return
+            with conn:
+                handle(conn, peer)
+
+    threading.Thread(target=accept, daemon=True).start()
 
 
 def _name(host: str) -> str:

@@ -16,9 +16,11 @@ from mm_core.events import NetworkUsed
 from mm_core.network import EgressPolicy, presets
 from mm_core.network.policy import NO_SECRET
 from mm_core.network.tap import Tap
+from mm_core.tools.ask_agent import load_agent_file
 from mm_core.tools.base import ToolContext
 from mm_core.tools.bash import network_said as bash_network_said
 from slackio.metrics import NETWORK_CONNECTIONS, NETWORK_HOST_LABELS, network_used
+from workers.egress import with_thread_network
 
 NOT_LISTED = "network: host {} is not in this channel's allow-list"
 
@@ -224,3 +226,16 @@ def test_the_model_reads_ten_refusals_and_failures_and_a_count_of_the_rest(tmp_p
     assert lines[-1] == "network: and 16 more refused or failed connections to other hosts"
     [event] = events
     assert isinstance(event, NetworkUsed) and event.reached == (("pypi.org", 1),) and len(event.refused) == 25
+
+
+def test_a_jobs_own_agent_that_says_off_keeps_it_and_the_top_level_off_yields_to_a_channel(tmp_path: Path) -> None:
+    (tmp_path / "quiet.yaml").write_text("network: 'off'\n")
+    (tmp_path / "mm.yaml").write_text(
+        "network: 'off'\nmmConfigs: {quiet: {config: quiet.yaml}}\n"
+        "channels: {C0123ABCD: {network: {allow: [pypi.org]}}}\n"
+    )
+    config = load_config(tmp_path / "mm.yaml", environ={})
+    own = load_agent_file(config.agent.mmConfigs["quiet"])
+    assert with_thread_network(config, own, "C0123ABCD", None, own_agent=True).egress.policy == "off"
+    main = with_thread_network(config, config.agent.with_tool_call_cap(4), "C0123ABCD", None)
+    assert main.egress.policy == "allow" and main.egress.allow == ["pypi.org"]

@@ -14,6 +14,7 @@ import datetime as dt
 import hashlib
 import http.client
 import os
+import resource
 import socket
 import ssl
 import stat
@@ -37,7 +38,7 @@ from mm_core.network.session import BAD_CREDENTIAL, NO_TRACE, NOT_PROXIED, TOO_M
 from mm_core.network.tap import MAX_HOSTS
 from mm_testkit.fixtures_forge import FORGE_TOKEN, git_env
 from mm_testkit.fixtures_kit import needs_system
-from mm_testkit.netlab import Lab
+from mm_testkit.netlab import Lab, serve_each
 from playground.forge_server import ForgeServer
 from playground.forge_tls import make_certificates, server_context
 from playground.server_thread import ThreadedAiohttpServer
@@ -138,19 +139,13 @@ class Upstream(ThreadedAiohttpServer):
 def until_eof_server(sock: socket.socket) -> None:
     """Serves `sock` from a thread: reads each connection to its end of file, then answers how many bytes came."""
 
-    def serve() -> None:
-        while True:
-            try:
-                conn, _ = sock.accept()
-            except OSError:
-                return
-            with conn:
-                total = 0
-                while data := conn.recv(65536):
-                    total += len(data)
-                conn.sendall(str(total).encode())
+    def count(conn: socket.socket, _peer: tuple[str, int]) -> None:
+        total = 0
+        while data := conn.recv(65536):
+            total += len(data)
+        conn.sendall(str(total).encode())
 
-    threading.Thread(target=serve, daemon=True).start()
+    serve_each(sock, count)
 
 
 @dataclass
@@ -368,7 +363,10 @@ def test_a_name_that_does_not_resolve_or_a_port_that_does_not_answer_is_a_502(wo
 def test_a_credentialed_host_gets_the_credential_in_place_of_the_clients(world: World) -> None:
     tap, port = world.serve()
     with world.client(port) as client:
-        response = client.get(f"https://{API}:{world.tls.port}/api", headers={"Authorization": "Bearer sandbox-own"})
+        # The command's own Authorization, and a Host naming another site behind the same address (a CDN's):
+        # the credential goes with the credentialed host's name only.
+        own = {"Authorization": "Bearer sandbox-own", "Host": "other-tenant.example"}
+        response = client.get(f"https://{API}:{world.tls.port}/api", headers=own)
     assert response.status_code == 200
     [seen] = world.tls.seen
     assert seen.header("Authorization") == [f"Bearer {SECRET}"]
@@ -848,3 +846,19 @@ def test_a_tap_keeps_a_bounded_number_of_hosts_and_counts_the_rest() -> None:
     assert len(seen.refused) == MAX_HOSTS and len(seen.reached) == MAX_HOSTS and seen.unkept == 60
     tap.reach("r0.example")  # a host it keeps is still counted
     assert tap.snapshot().reached["r0.example"] == 2
+
+
+def test_the_processs_bound_fits_its_descriptors() -> None:
+    """A container's soft limit of 1024 descriptors is raised to the hard one, and the bound follows what is there."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard))
+    proxy = None
+    try:
+        proxy = EgressProxy(limits=Limits())  # as a worker's first proxied command makes it
+        raised, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        assert raised == (65536 if hard == resource.RLIM_INFINITY else min(hard, 65536))
+        assert proxy.limits.max_process_connections == min(512, max(16, (raised - 256) // 3))
+    finally:
+        if proxy is not None:
+            proxy.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

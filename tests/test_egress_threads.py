@@ -8,14 +8,14 @@ the allowed host is written as its address, and the refused one is refused by na
 
 from __future__ import annotations
 
-import threading
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from mm_testkit.fixtures_kit import needs_bwrap
-from mm_testkit.netlab import Lab
+from mm_testkit.netlab import Lab, serve_each
 from playground.signed import SlackEventSender
 from threads_support import CHANNEL, SECRET, OwnRedis, config, policy, stack
 
@@ -36,19 +36,11 @@ def lab_site(lab: Lab) -> Iterator[int]:
     """A plain HTTP server on the lab's public address: its port. Each connection gets one answer."""
     listener = lab.listen(lab.public)
 
-    def serve() -> None:
-        while True:
-            try:
-                conn, _ = listener.accept()
-            except OSError:
-                return
-            with conn:
-                conn.recv(65536)
-                conn.sendall(
-                    b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(ANSWER), ANSWER)
-                )
+    def answer(conn: socket.socket, _peer: tuple[str, int]) -> None:
+        conn.recv(65536)
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(ANSWER), ANSWER))
 
-    threading.Thread(target=serve, daemon=True).start()
+    serve_each(listener, answer)
     try:
         yield listener.getsockname()[1]
     finally:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import socket
 import subprocess
-import threading
 from pathlib import Path
 
 import pytest
@@ -15,7 +14,7 @@ from mm_core.tools.fetch.errors import BlockedAddress
 from mm_core.tools.fetch.guard import AddressGuard
 from mm_testkit.fixtures_forge import FORGE_TOKEN, git_env
 from mm_testkit.fixtures_kit import REQUIRE_SYSTEM, path_without
-from mm_testkit.netlab import FORGE_NAME, GATEWAY, Lab
+from mm_testkit.netlab import FORGE_NAME, GATEWAY, Lab, serve_each
 
 # Every test starts processes: the lab's `ip`, git, or a pytest of its own (mm_testkit/process_guard.py).
 pytestmark = pytest.mark.process
@@ -25,17 +24,7 @@ LIFT = "fetching internal addresses is not allowed (fetchAllow in the config lif
 
 def greeter(sock: socket.socket) -> None:
     """Answers each connection on `sock` with the address it came from, from a thread, until `sock` closes."""
-
-    def serve() -> None:
-        while True:
-            try:
-                conn, peer = sock.accept()
-            except OSError:
-                return
-            with conn:
-                conn.sendall(peer[0].encode())
-
-    threading.Thread(target=serve, daemon=True).start()
+    serve_each(sock, lambda conn, peer: conn.sendall(peer[0].encode()))
 
 
 def greeting(addr: str, port: int) -> str:

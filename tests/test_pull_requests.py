@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import delete, update
+from sqlalchemy import delete, select, update
 
-from chatops.schema import PullRequestRecord
+from chatops.schema import PullRequestRecord, Session
 from forge_support import new_branch
 from mm_testkit.redis_server import OwnRedis
 from playground.forge_server import ForgeServer, Kind
@@ -39,14 +39,22 @@ class Forged:
     clone: str
 
     def offer(self, root: str, count: int = 1) -> dict[str, Any]:
-        """The thread's `count`-th offer of its changes (the message with the push buttons)."""
+        """The thread's `count`-th offer of its changes (the message with the push buttons), once the turn that
+        posted it has ended: the offer comes a moment before the session says idle, as a person would click."""
 
         def find() -> dict[str, Any] | None:
             offers = [m for m in self.s.slack.messages(CHANNEL, root) if "changed file(s)" in m.get("text", "")]
             return offers[count - 1] if len(offers) >= count else None
 
+        def ended() -> bool:
+            with self.s.engine.connect() as conn:
+                status = conn.execute(select(Session.status).where(Session.thread_ts == root)).scalar_one_or_none()
+            return status == "idle"
+
         try:
-            return self.s.wait(find, message=f"offer {count}")
+            found = self.s.wait(find, message=f"offer {count}")
+            self.s.wait(ended, message="the turn's end")
+            return found
         except AssertionError as e:
             raise AssertionError(f"{e}\n--- the thread:\n{self.s.thread_text(root)}") from None
 

@@ -50,8 +50,13 @@ class TurnNetwork:
             set_network_used(engine, session_id, {"reached": self.reached, "refused": self.refused})
 
 
-def with_thread_network(config: Config, agent: AgentConfig, channel_id: str, job: JobConfig | None) -> AgentConfig:
-    """`agent` under the thread's own policy: its running job's `network`, else its channel's, else its own."""
+def with_thread_network(
+    config: Config, agent: AgentConfig, channel_id: str, job: JobConfig | None, own_agent: bool = False
+) -> AgentConfig:
+    """`agent` under the thread's own policy: its running job's `network`, else its channel's, else its own. A job's
+    own agent (`own_agent`: an `mmConfigs` file) that says `network: off` keeps it, as an asked agent does."""
+    if own_agent and agent.egress.policy == "off":
+        return agent
     return agent.with_network(config.service.network_over(channel_id, job))
 
 
@@ -63,4 +68,6 @@ def thread_network(engine: Engine, config: Config, session_id: str) -> NetworkCo
         return None
     running = job_of_session(engine, config, session_id)
     agent = agent_of(config, row.agent_name)
-    return with_thread_network(config, agent, row.channel_id or "", running.job if running else None).egress
+    job = running.job if running else None
+    own = bool(row.agent_name) and row.agent_name in config.agent.mmConfigs
+    return with_thread_network(config, agent, row.channel_id or "", job, own).egress

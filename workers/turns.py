@@ -353,7 +353,7 @@ class SessionTurns:
                     self.failure = gate.stopped.said  # a job's run fails with it
             finally:
                 await agent.resources.aclose()
-                await asyncio.to_thread(network.record, engine, session_id)
+                await self._record_network(network)
         if finished is CRASHED:
             metrics.TURNS.labels("crashed").inc()
             self.ending = SessionStatus.IDLE
@@ -364,6 +364,13 @@ class SessionTurns:
             return not any(row.state == ApprovalState.PENDING for row in self.asked)
         self.ending = SessionStatus.IDLE
         return True
+
+    async def _record_network(self, network: TurnNetwork) -> None:
+        """Keep the turn's hosts for `status`; a failure is recorded, never in place of how the turn ended."""
+        try:
+            await asyncio.to_thread(network.record, self.proc.engine, self.session_id)
+        except Exception as e:  # noqa: BLE001 - `status` shows the hosts of an earlier turn; the turn is over
+            record_error(self.proc.engine, "network", f"keeping the turn's hosts: {e}", session_id=self.session_id)
 
     def _gate(self, config: AgentConfig) -> budgets.Gate:
         """The turn's budgets (chatops.budgets), and what the store records its answers' usage with: the channel,
@@ -694,8 +701,11 @@ class SessionTurns:
 
     def _resolve(self) -> tuple[AgentConfig, frozenset[str | None]]:
         agent = self.config.agent
-        if self.row.agent_name and self.row.agent_name in agent.mmConfigs:  # a job's own agent
-            agent = load_agent_file(agent.mmConfigs[self.row.agent_name])
+        job = self.running.job if self.running is not None else None
+        own = bool(self.row.agent_name) and self.row.agent_name in agent.mmConfigs
+        if own:  # a job's own agent
+            agent = load_agent_file(agent.mmConfigs[self.row.agent_name or ""])
+        agent = with_thread_network(self.config, agent, self.row.channel_id or "", job, own)
         agent = agent.with_tool_call_cap(self.config.service.worker.maxToolCallsPerAnswer)
         model_name = self._model_name()
         if model_name is not None and (model := self.config.service.models.get(model_name)) is not None:
@@ -704,8 +714,6 @@ class SessionTurns:
             # A thread's answer can attach files (workers.attachments): the model is told how.
             prompt = (agent.systemPrompt or DEFAULT_SYSTEM_PROMPT) + attach_hint(self.config.service.workspaces.files)
             agent = agent.model_copy(update={"systemPrompt": prompt})
-        job = self.running.job if self.running is not None else None
-        agent = with_thread_network(self.config, agent, self.row.channel_id or "", job)
         setting = thread_setting(self.config, agent, self.row.channel_id or "", self.row.yolo, job)
         return agent.model_copy(update={"yolo": setting.default}), setting.standing
 

@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import errno
 import logging
 import os
+import resource
 import select
 import socket
 import ssl
@@ -42,6 +44,9 @@ log = logging.getLogger(__name__)
 # accept(2) failures that pass: the system is short of descriptors or memory for a moment.
 TRANSIENT = frozenset((errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM))
 ACCEPT_RETRY = 1.0
+# Connections of one listener past its limit are answered 503 (each lingers a moment) up to this many times the
+# limit at once; past that they are closed unanswered, so one command cannot fill the process's bound.
+OVER_LIMIT_ANSWERS = 2
 
 
 class _Listener:
@@ -146,8 +151,11 @@ class _Listener:
             task = loop.create_task(Session(client, self.gate).run())
             self.sessions.add(task)
             task.add_done_callback(self.sessions.discard)
-        else:
+        elif len(self.tasks) < OVER_LIMIT_ANSWERS * self.limits.max_connections:
             task = loop.create_task(self.refuse(client))
+        else:
+            client.close()  # a command reconnecting as fast as it can: no answer, nothing held for it
+            return
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
         # Closed when the task ends, however: a task cancelled before it began runs none of its code.
@@ -191,6 +199,27 @@ class _Listener:
         log.debug("egress: a listener is closed: %s", self.tap.snapshot())
 
 
+# Descriptors the worker keeps for everything but the proxy (its database, broker, Slack and model connections,
+# its sessions' pipes and files), and the most the proxy raises the soft limit to.
+RESERVED_DESCRIPTORS = 256
+MAX_DESCRIPTORS = 65536
+
+
+def _within_descriptors(limits: Limits) -> Limits:
+    """`limits` with the process's connection bound within its descriptors: the soft RLIMIT_NOFILE is raised to
+    the hard one (containers often start at 1024), then each proxied connection counts three (the command's, the
+    host's, a kept-alive one of the listener's pool) beside RESERVED_DESCRIPTORS for the rest of the worker."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = MAX_DESCRIPTORS if hard == resource.RLIM_INFINITY else min(hard, MAX_DESCRIPTORS)
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+            soft = wanted
+    room = MAX_DESCRIPTORS if soft == resource.RLIM_INFINITY else soft
+    bound = max(16, (room - RESERVED_DESCRIPTORS) // 3)
+    return dataclasses.replace(limits, max_process_connections=min(limits.max_process_connections, bound))
+
+
 class EgressProxy:
     """The proxy and its thread (see the module's docstring). `lookup` resolves host names (None: the system's
     resolver; a test passes its own); `upstream_ssl` verifies the credentialed hosts' certificates (None:
@@ -204,7 +233,7 @@ class EgressProxy:
         # The credentials go over this TLS only: to a server whose certificate and name are verified.
         if self.upstream_ssl.verify_mode != ssl.CERT_REQUIRED or not self.upstream_ssl.check_hostname:
             raise ValueError("upstream_ssl must verify certificates and host names")
-        self.limits = limits or Limits()
+        self.limits = _within_descriptors(limits or Limits())
         self.ca = CertificateAuthority()
         self.loop = asyncio.new_event_loop()
         self.listeners: set[_Listener] = set()  # touched on the loop only
@@ -231,7 +260,11 @@ class EgressProxy:
 
         def begin() -> None:
             self.listeners.add(served)
-            served.start()
+            try:
+                served.start()
+            except Exception:  # out of descriptors for its epoll, say: the command's listener is closed, not left
+                log.exception("egress: a listener could not start")
+                served.shut()
 
         self.loop.call_soon_threadsafe(begin)
         return served.tap

@@ -48,6 +48,7 @@ EARLY_DATA = "network: bytes came before the tunnel to {host} was established"
 NOT_A_PATH = "network: a request inside the tunnel to {host} names a path (/…), not a URL"
 TOO_MANY = "network: more than {limit} connections to the proxy at once"
 NO_TRACE = "network: {method} is not sent to {host}, whose requests carry a credential (the answer would echo it)"
+MAX_NAME = 253
 BAD_CREDENTIAL = "network: the credentials for {host} on this worker are no valid HTTP header value"
 
 
@@ -138,7 +139,8 @@ def _authority(target: bytes) -> tuple[str, int]:
         plain = not (parts.path or parts.query or parts.fragment or "@" in parts.netloc)
     except (UnicodeError, ValueError):
         host, port, plain = None, None, False
-    if not host or port is None or not plain:
+    # A name is at most 253 characters: a longer one would only carry the command's text into every refusal.
+    if not host or port is None or not plain or len(host) > MAX_NAME:
         raise Refusal(400, NOT_PROXIED)
     return normal_host(host), port
 
@@ -148,7 +150,7 @@ def _absolute(target: bytes) -> httpx.URL:
     path alone, https://, which goes through CONNECT)."""
     try:
         url = httpx.URL(target.decode("ascii"))
-        if url.scheme == "http" and url.host:
+        if url.scheme == "http" and url.host and len(url.host) <= MAX_NAME:
             return httpx.URL(scheme="http", host=normal_host(url.host), port=url.port, raw_path=url.raw_path)
     except (UnicodeError, httpx.InvalidURL):  # UnicodeError: a name IDNA cannot encode
         pass

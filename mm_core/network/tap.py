@@ -21,7 +21,7 @@ class TapRecord:
     reached: Mapping[str, int] = field(default_factory=dict)
     refused: Mapping[str, str] = field(default_factory=dict)
     failed: Mapping[str, str] = field(default_factory=dict)
-    # Hosts past MAX_HOSTS of a kind, counted and not kept.
+    # Refusals and failures for hosts past MAX_HOSTS, counted and not kept (hosts reached past it go uncounted).
     unkept: int = 0
 
 
@@ -46,8 +46,6 @@ class Tap:
         with self._lock:
             if host in self._reached or len(self._reached) < MAX_HOSTS:
                 self._reached[host] += 1
-            else:
-                self._unkept += 1
 
     def refuse(self, host: str, text: str) -> None:
         with self._lock:

@@ -271,7 +271,8 @@ class BashTool(Tool):
         except ToolRefusal as e:
             os.close(status_r)
             return e.text
-        except (OSError, ValueError, subprocess.SubprocessError) as e:  # SubprocessError: a failed setrlimit
+        except (OSError, ValueError, RuntimeError, subprocess.SubprocessError) as e:
+            # SubprocessError: a failed setrlimit; RuntimeError: no thread for the egress proxy
             os.close(status_r)
             if launch is not None:
                 launch.abandon()
@@ -285,6 +286,7 @@ class BashTool(Tool):
             except (ToolRefusal, asyncio.CancelledError) as e:
                 os.close(status_r)
                 await _stop(proc)
+                launch.network.close()  # only now: the sandbox held back by it is gone
                 for helper in launch.network.helpers:
                     await _stop(helper)
                 if isinstance(e, asyncio.CancelledError):

@@ -306,9 +306,14 @@ def prepare(config: AgentConfig, workspace: Path, command: str, status_fd: int) 
         shell = ["bash", "-c", STATUS_WRAPPER.format(fd=status_fd, keepalive=""), "mm-bash", command]
         return Launch(argv=shell, env=env, cwd=ws, pass_fds=(status_fd,), user=uid, group=gid, preexec=preexec)
     network = SandboxNetwork.open(config)
-    env |= proxy_env(network, EGRESS_CA_BUNDLE)
-    shell = ["bash", "-c", STATUS_WRAPPER.format(fd=status_fd, keepalive=KEEPALIVE), "mm-bash", command]
-    argv = _bwrap_args(bwrap, config, ws, inner_uid, network) + shell
+    try:
+        env |= proxy_env(network, EGRESS_CA_BUNDLE)
+        shell = ["bash", "-c", STATUS_WRAPPER.format(fd=status_fd, keepalive=KEEPALIVE), "mm-bash", command]
+        argv = _bwrap_args(bwrap, config, ws, inner_uid, network) + shell
+    except BaseException:  # the egress proxy's bundle could not be made: no end of the network is left open
+        if network is not None:
+            network.discard()
+        raise
     child_fds = network.child_fds() if network else ()
     return Launch(
         argv=argv,

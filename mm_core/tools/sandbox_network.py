@@ -18,6 +18,7 @@ import fcntl
 import functools
 import ipaddress
 import json
+import logging
 import os
 import shutil
 import socket
@@ -32,6 +33,8 @@ from mm_core.network.policy import EgressPolicy
 from mm_core.network.proxy import Tap, egress_proxy
 from mm_core.tools.base import ToolRefusal
 from mm_core.tools.fetch.guard import blocked_kind, own_addresses
+
+log = logging.getLogger(__name__)
 
 NETWORK_FAILED = (
     "[error: bash: the sandbox's network could not be set up ({reason}) — the command was not run; "
@@ -247,7 +250,16 @@ class SandboxNetwork:
         return self.info_w, self.block_r, self.resolv_r, self.exit_w
 
     def close(self) -> None:
+        """The worker's ends closed. Closing block_w lets a waiting sandbox go on: on a failure, only once the
+        sandbox is killed."""
         for fd in (self.info_r, self.block_w, self.exit_r):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def discard(self) -> None:
+        """Every end closed, the child's too: for a launch that never started."""
+        self.close()
+        for fd in self.child_fds():
             with contextlib.suppress(OSError):
                 os.close(fd)
 
@@ -260,12 +272,14 @@ class SandboxNetwork:
             await asyncio.wait_for(self._attach(rules), SETUP_TIMEOUT)
         except TimeoutError:
             raise ToolRefusal(NETWORK_FAILED.format(reason=f"not ready within {SETUP_TIMEOUT:g}s")) from None
-        except (OSError, subprocess.SubprocessError, RuntimeError) as e:
+        except ToolRefusal:
+            raise
+        except Exception as e:
             # Out of descriptors, a helper that could not enter the namespace, the proxy closing: the caller
-            # kills the sandbox, whose command never ran.
+            # kills the sandbox, whose command never ran, and only then closes the ends that hold it back.
+            log.warning("bash: the sandbox's network could not be set up", exc_info=True)
             raise ToolRefusal(NETWORK_FAILED.format(reason=str(e) or type(e).__name__)) from None
-        finally:
-            self.close()
+        self.close()
 
     async def _attach(self, rules: str | None) -> None:
         pid = await _child_pid(self.info_r)
@@ -408,7 +422,9 @@ async def _listen_inside(net: int, owner: int) -> socket.socket:
                 os.close(fd)
             reason = f"the proxy's port could not be opened (status {child.returncode})"
             raise ToolRefusal(NETWORK_FAILED.format(reason=reason))
-        return socket.socket(fileno=fds[0])
+        listener = socket.socket(fileno=fds[0])
+        listener.set_inheritable(False)  # received without MSG_CMSG_CLOEXEC: no child of the worker gets it
+        return listener
     finally:
         theirs.close()
         ours.close()
