@@ -560,6 +560,11 @@ class ServiceConfig(Strict):
             return job.network
         return self.channel(channel_id).network
 
+    def network_policies(self, agent: AgentConfig) -> list[NetworkConfig]:
+        """Every egress policy the config may run commands under: the agent's, then each channel's and job's own."""
+        own = [c.network for c in self.channels.values()] + [j.network for j in self.jobs]
+        return [agent.egress, *(n for n in own if n is not None)]
+
     def model_names(self) -> str:
         """The names `model=` takes, for a person reading a refusal."""
         return ", ".join(f"`{name}`" for name in self.models) or "none is configured (`models` in the config)"

@@ -216,8 +216,8 @@ def sandbox_note(agent: AgentConfig) -> str | None:
 
 def check_network(config: Config) -> Check:
     """Where the agent's commands and fetches may connect (docs/network.md): the top-level policy, how many channels
-    and jobs have their own, and what this machine lacks for it (`open` without slirp4netns or nft; a credential
-    whose variable is not set here, a warning: the bot's machines have none)."""
+    and jobs have their own, and what this machine lacks for any of them (`open` without slirp4netns or nft; a
+    credential whose variable is not set here, a warning: the bot's machines have none)."""
     network = config.agent.egress
     said = {
         "off": "off: commands have no network, fetch_content reaches nothing",
@@ -228,9 +228,11 @@ def check_network(config: Config) -> Check:
     own += sum(j.network is not None for j in config.service.jobs)
     if own:
         said += f" ({own} channel{'s' if own > 1 else ''} or job{'s' if own > 1 else ''} with their own)"
-    if config.agent.sandbox != "none" and (report := network_report(config.agent)) is not None:
+    policies = config.service.network_policies(config.agent)
+    opened = [n for n in policies if n.policy == "open"]
+    if opened and config.agent.sandbox != "none" and (report := network_report(config.agent.with_network(opened[0]))):
         return Check("network", False, report)
-    unset = sorted({c.tokenEnv for c in network.credentials if not os.environ.get(c.tokenEnv)})
+    unset = sorted({c.tokenEnv for n in policies for c in n.credentials if not os.environ.get(c.tokenEnv)})
     if unset:
         said += f"; warning: {_names(unset)} unset here: a worker without it refuses the hosts it is the credential for"
     return Check("network", True, said)

@@ -192,6 +192,10 @@ def test_network_open_without_slirp4netns_fails_and_an_unset_credential_is_a_war
         "FAIL network   network is open, but slirp4netns is not installed on this worker: sandboxed commands run "
         "without network (apt-get install slirp4netns)"
     )
+    # A channel's own `open` needs the parts as much as the top level's.
+    (tmp_path / "mm.yaml").write_text("channels: {C0123ABCD: {network: open}}\n")
+    result = mm_bot("doctor", env=clean_env(**healthy | {"PATH": path}), cwd=tmp_path)
+    assert result.returncode == 1 and result.stdout.splitlines()[-1].startswith("FAIL network   network is open, but")
     (tmp_path / "mm.yaml").write_text(
         "network: {allow: [registries, github.com], credentials: [{hosts: [github.com], tokenEnv: MM_GH}]}\n"
         "channels: {C0123ABCD: {network: 'off'}}\n"

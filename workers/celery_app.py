@@ -207,10 +207,14 @@ def warn_when_unsandboxed(instance: WorkController, **_: Any) -> None:
     # Once Celery has set up its logging, so that the warning is a line of the worker's log like the others.
     if not instance.options.get("dev") and _agent_config().sandbox == "none":
         log.warning(UNSANDBOXED)
-    # Sandboxed commands with `bash.network` on get no network when its parts are missing: said once, here.
+    # Sandboxed commands under a `network: open` (the top level's, a channel's or a job's) get no network when
+    # its parts are missing: said once, here.
+    from chatops.config import load_config
     from mm_core.tools.sandbox_network import network_report
 
-    if not instance.options.get("dev") and (report := network_report(_agent_config())):
+    config = load_config()
+    opened = [n for n in config.service.network_policies(config.agent) if n.policy == "open"]
+    if not instance.options.get("dev") and opened and (report := network_report(config.agent.with_network(opened[0]))):
         log.warning(report)
 
 
