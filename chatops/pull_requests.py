@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
-from sqlalchemy import Engine, insert, or_, select, update
+from sqlalchemy import Connection, Engine, insert, or_, select, update
 
 from chatops.db import reading
 from chatops.schema import JobRun, PullRequestRecord, PullRequestState, utcnow
@@ -192,24 +193,20 @@ def record_synced(
     head meanwhile (its own sync tells the forge)."""
     now = utcnow()
     with engine.begin() as conn:
-        return (
-            conn.execute(
-                update(PullRequestRecord)
-                .where(PullRequestRecord.id == record_id, PullRequestRecord.head_sha == head_sha)
-                .values(
-                    number=number,
-                    url=url,
-                    draft=draft,
-                    state=PullRequestState.OPEN,
-                    needs_sync=False,
-                    error=None,
-                    retry_at=None,
-                    attempts=0,
-                    follow_until=now + follow_for if follow_for else None,
-                    updated_at=now,
-                )
-            ).rowcount
-            == 1
+        return _set_if(
+            conn,
+            record_id,
+            [PullRequestRecord.head_sha == head_sha],
+            number=number,
+            url=url,
+            draft=draft,
+            state=PullRequestState.OPEN,
+            needs_sync=False,
+            error=None,
+            retry_at=None,
+            attempts=0,
+            follow_until=now + follow_for if follow_for else None,
+            updated_at=now,
         )
 
 
@@ -271,34 +268,22 @@ def claim_look(engine: Engine, record_id: int, every_s: float, now: datetime | N
     task that takes it, which pushes the next look `every_s` away (a forge's rate limit is shared by all)."""
     now = now or utcnow()
     with engine.begin() as conn:
-        return (
-            conn.execute(
-                update(PullRequestRecord)
-                .where(
-                    PullRequestRecord.id == record_id,
-                    or_(PullRequestRecord.retry_at.is_(None), PullRequestRecord.retry_at <= now),
-                )
-                .values(retry_at=now + timedelta(seconds=every_s))
-            ).rowcount
-            == 1
-        )
+        due_now = or_(PullRequestRecord.retry_at.is_(None), PullRequestRecord.retry_at <= now)
+        return _set_if(conn, record_id, [due_now], retry_at=now + timedelta(seconds=every_s))
 
 
 def record_checks_said(engine: Engine, record_id: int, head_sha: str) -> bool:
     """Mark the end of `head_sha`'s checks as told, by compare-and-set: True for the one caller that tells it."""
     with engine.begin() as conn:
-        return (
-            conn.execute(
-                update(PullRequestRecord)
-                .where(
-                    PullRequestRecord.id == record_id,
-                    PullRequestRecord.head_sha == head_sha,
-                    PullRequestRecord.follow_until.is_not(None),
-                )
-                .values(checks_said=head_sha, follow_until=None)
-            ).rowcount
-            == 1
-        )
+        following = [PullRequestRecord.head_sha == head_sha, PullRequestRecord.follow_until.is_not(None)]
+        return _set_if(conn, record_id, following, checks_said=head_sha, follow_until=None)
+
+
+def _set_if(conn: Connection, record_id: int, conditions: list[Any], **values: Any) -> bool:
+    """Set `values` on the record only while `conditions` hold (a compare-and-set): True for the one caller that
+    changed it."""
+    changed = update(PullRequestRecord).where(PullRequestRecord.id == record_id, *conditions).values(**values)
+    return conn.execute(changed).rowcount == 1
 
 
 def due(engine: Engine, now: datetime | None = None) -> list[int]:
