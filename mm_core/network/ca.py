@@ -23,6 +23,7 @@ import tempfile
 import threading
 import weakref
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,12 +60,15 @@ class Authority:
         return self.certificate.public_bytes(PEM)
 
 
-def _make_authority(now: dt.datetime, lifetime: dt.timedelta) -> Authority:
+def make_authority(now: dt.datetime, lifetime: dt.timedelta, name: x509.Name = NAME) -> Authority:
+    """A new authority named `name`, valid from a little before `now` for `lifetime`: EC keys, made in a millisecond
+    where RSA takes tens, and every client of ours speaks them. (The test kit's forge emulator makes its own with
+    it too: playground/forge_tls.py.)"""
     key = ec.generate_private_key(ec.SECP256R1())
     certificate = (
         x509.CertificateBuilder()
-        .subject_name(NAME)
-        .issuer_name(NAME)
+        .subject_name(name)
+        .issuer_name(name)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - BACKDATE)
@@ -79,36 +83,46 @@ def _make_authority(now: dt.datetime, lifetime: dt.timedelta) -> Authority:
     return Authority(key, certificate)
 
 
-def _alt_name(host: str) -> x509.GeneralName:
+def _alt_names(hosts: Sequence[str]) -> list[x509.GeneralName]:
     """A literal address as an address (a client checks an IP URL against those only), else a DNS name."""
-    try:
-        return x509.IPAddress(ipaddress.ip_address(host))
-    except ValueError:
-        return x509.DNSName(host)
+    names: list[x509.GeneralName] = []
+    for host in dict.fromkeys(hosts):
+        try:
+            names.append(x509.IPAddress(ipaddress.ip_address(host)))
+        except ValueError:
+            names.append(x509.DNSName(host))
+    return names
 
 
-def _make_leaf(authority: Authority, host: str, now: dt.datetime) -> bytes:
-    """A key and a certificate for `host` signed by `authority`, valid as long as it is: PEM, key first, then
-    the chain the server presents."""
+def issue(authority: Authority, hosts: Sequence[str], now: dt.datetime) -> tuple[bytes, bytes]:
+    """A key and a certificate for `hosts` signed by `authority`, valid as long as it is: (key, certificate), PEM."""
     key = ec.generate_private_key(ec.SECP256R1())
     # A common name holds 64 characters at most; clients read the subjectAltName anyway.
-    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, host)] if len(host) <= 64 else [])
+    first = hosts[0]
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, first)] if len(first) <= 64 else [])
+    issuer = authority.certificate.subject
     certificate = (
         x509.CertificateBuilder()
         .subject_name(subject)
-        .issuer_name(NAME)
+        .issuer_name(issuer)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - BACKDATE)
         .not_valid_after(authority.expires)
-        .add_extension(x509.SubjectAlternativeName([_alt_name(host)]), critical=not subject)
+        .add_extension(x509.SubjectAlternativeName(_alt_names(hosts)), critical=not subject)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
         .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(authority.key.public_key()), critical=False)
         .sign(authority.key, hashes.SHA256())
     )
     key_pem = key.private_bytes(PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-    return key_pem + certificate.public_bytes(PEM) + authority.certificate_pem()
+    return key_pem, certificate.public_bytes(PEM)
+
+
+def _leaf_chain(authority: Authority, host: str, now: dt.datetime) -> bytes:
+    """A leaf for `host` as the proxy's server side loads it: key first, then the chain it presents."""
+    key_pem, certificate_pem = issue(authority, [host], now)
+    return key_pem + certificate_pem + authority.certificate_pem()
 
 
 def server_context(chain: bytes) -> ssl.SSLContext:
@@ -150,7 +164,7 @@ class CertificateAuthority:
     def __init__(self, lifetime: dt.timedelta = LIFETIME, renew_before: dt.timedelta = RENEW_BEFORE) -> None:
         self.lifetime, self.renew_before = lifetime, renew_before
         self._lock = threading.Lock()
-        self._current = _make_authority(dt.datetime.now(dt.UTC), lifetime)
+        self._current = make_authority(dt.datetime.now(dt.UTC), lifetime)
         self._previous: Authority | None = None
         self._contexts: OrderedDict[tuple[int, str], ssl.SSLContext] = OrderedDict()
         self._bundle: Path | None = None
@@ -170,7 +184,7 @@ class CertificateAuthority:
             key = (signer.certificate.serial_number, host)
             context = self._contexts.pop(key, None)
             if context is None:
-                context = server_context(_make_leaf(signer, host, dt.datetime.now(dt.UTC)))
+                context = server_context(_leaf_chain(signer, host, dt.datetime.now(dt.UTC)))
             self._contexts[key] = context
             while len(self._contexts) > CACHE_SIZE:
                 self._contexts.popitem(last=False)
@@ -200,7 +214,7 @@ class CertificateAuthority:
         now = dt.datetime.now(dt.UTC)
         if self._current.expires - now > self.renew_before:
             return
-        self._previous, self._current = self._current, _make_authority(now, self.lifetime)
+        self._previous, self._current = self._current, make_authority(now, self.lifetime)
         if self._bundle is not None:
             self._write_bundle()
 
