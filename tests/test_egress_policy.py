@@ -121,11 +121,8 @@ def test_presets_are_expanded_and_listed_by_name() -> None:
     ],
 )
 def test_a_bad_allow_list_entry_is_refused_with_what_is_wrong(entry: str, said: str, tmp_path: Path) -> None:
-    file = tmp_path / "mm.yaml"
-    file.write_text(f"network:\n  allow: [{entry!r}]\n")
-    with pytest.raises(ConfigError) as e:
-        load_config(file, environ={})
-    assert said in str(e.value) and "mm.yaml:2: network.allow" in str(e.value), str(e.value)
+    problem = refusal(tmp_path, f"network:\n  allow: [{entry!r}]\n")
+    assert said in problem and "mm.yaml:2: network.allow" in problem, problem
 
 
 @pytest.mark.parametrize(
@@ -142,11 +139,17 @@ def test_a_bad_allow_list_entry_is_refused_with_what_is_wrong(entry: str, said: 
     ],
 )
 def test_a_bad_network_section_is_refused(network: str, said: str, tmp_path: Path) -> None:
+    problem = refusal(tmp_path, f"network:\n  {network}\n")
+    assert said in problem, problem
+
+
+def refusal(tmp_path: Path, text: str) -> str:
+    """What loading `text` as mm.yaml is refused with."""
     file = tmp_path / "mm.yaml"
-    file.write_text(f"network:\n  {network}\n")
+    file.write_text(text)
     with pytest.raises(ConfigError) as e:
         load_config(file, environ={})
-    assert said in str(e.value), str(e.value)
+    return str(e.value)
 
 
 def test_credentials_become_the_header_of_their_scheme_and_a_missing_secret_says_which_variable() -> None:
