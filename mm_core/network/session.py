@@ -25,7 +25,6 @@ import urllib.parse
 from dataclasses import dataclass
 
 import h11
-import httpcore
 import httpx
 
 from mm_core.errors import CoreError
@@ -35,7 +34,7 @@ from mm_core.network.policy import EgressPolicy, normal_host
 from mm_core.network.splice import Stream, splice
 from mm_core.network.tap import Tap
 from mm_core.tools.fetch.errors import BlockedAddress
-from mm_core.tools.fetch.guard import AddressGuard, GuardedBackend
+from mm_core.tools.fetch.guard import AddressGuard, guarded_transport
 
 log = logging.getLogger(__name__)
 
@@ -94,12 +93,8 @@ def upstream_client(guard: AddressGuard, ssl_context: ssl.SSLContext, limits: Li
     """The client that forwards requests: as fetch_content's (mm_core/tools/fetch/http.py make_client), every
     connection opens through the guard; redirections go back to the command (which asks the proxy again), no
     proxy is taken from the environment, and servers' certificates are verified against `ssl_context`."""
-    transport = httpx.AsyncHTTPTransport(verify=ssl_context)
-    transport._pool = httpcore.AsyncConnectionPool(
-        ssl_context=ssl_context,
-        network_backend=GuardedBackend(guard),
-        max_connections=limits.max_connections,
-        keepalive_expiry=limits.head_timeout,
+    transport = guarded_transport(
+        guard, ssl_context, max_connections=limits.max_connections, keepalive_expiry=limits.head_timeout
     )
     return httpx.AsyncClient(
         transport=transport,

@@ -13,12 +13,14 @@ import contextlib
 import ipaddress
 import itertools
 import socket
+import ssl
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import httpcore
+import httpx
 
 from mm_core.tools.fetch.errors import BlockedAddress
 
@@ -178,6 +180,18 @@ class AddressGuard:
         for ip in addresses:
             self.check(host, ip)
         return [str(ip) for ip in addresses]
+
+
+def guarded_transport(
+    guard: AddressGuard, ssl_context: ssl.SSLContext | None = None, **pool: Any
+) -> httpx.AsyncHTTPTransport:
+    """An httpx transport whose every connection opens through `guard` (fetch_content's client, the egress proxy's
+    forwarding one): httpx takes no network backend, so its pool is replaced by one on GuardedBackend. `pool`:
+    httpcore's pool settings (its limits)."""
+    context = ssl_context if ssl_context is not None else httpx.create_ssl_context()
+    transport = httpx.AsyncHTTPTransport(verify=context)
+    transport._pool = httpcore.AsyncConnectionPool(ssl_context=context, network_backend=GuardedBackend(guard), **pool)
+    return transport
 
 
 class GuardedBackend(httpcore.AsyncNetworkBackend):

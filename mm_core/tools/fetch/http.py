@@ -18,12 +18,11 @@ from dataclasses import dataclass
 from importlib import metadata
 from urllib.parse import SplitResult, urljoin, urlsplit
 
-import httpcore
 import httpx
 
 from mm_core.errors import CoreError
 from mm_core.tools.fetch.errors import CONVERSION, INPUT, FetchError
-from mm_core.tools.fetch.guard import AddressGuard, GuardedBackend
+from mm_core.tools.fetch.guard import AddressGuard, guarded_transport
 from mm_core.tools.fetch.robots import MAX_BYTES as ROBOTS_MAX_BYTES
 from mm_core.tools.fetch.robots import RobotsCache
 
@@ -100,14 +99,10 @@ def _size(n: int) -> str:
 
 
 def make_client(guard: AddressGuard, timeout: float) -> httpx.AsyncClient:
-    transport = httpx.AsyncHTTPTransport()
-    # The pool is replaced so that every connection, redirections and robots.txt included, opens through the
-    # guard. trust_env=False: a proxy from the environment would hide the real target from the guard.
-    transport._pool = httpcore.AsyncConnectionPool(
-        ssl_context=httpx.create_ssl_context(), network_backend=GuardedBackend(guard)
-    )
+    # Every connection, redirections and robots.txt included, opens through the guard. trust_env=False: a proxy
+    # from the environment would hide the real target from the guard.
     return httpx.AsyncClient(
-        transport=transport,
+        transport=guarded_transport(guard),
         follow_redirects=False,
         trust_env=False,
         timeout=httpx.Timeout(timeout),
