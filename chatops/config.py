@@ -70,9 +70,12 @@ ENVIRONMENT = (
 # Where a person setting up the Slack app is sent by every message about a missing or refused secret.
 SLACK_DOCS = "docs/slack-app.md"
 
-# Slack ids: channels C/G (private, legacy) and D (direct messages); users U/W; user groups S.
+# Slack ids: channels C/G (private, legacy) and D (direct messages); users U/W; user groups S; workspaces T and
+# Enterprise Grid organisations E (a `teams` section's key, a job's `team`).
 _CHANNEL_ID = re.compile(r"^[CGD][A-Z0-9]{2,}$")
 _APPROVER_ID = re.compile(r"^[UWS][A-Z0-9]{2,}$")
+_TEAM_ID = re.compile(r"^[TE][A-Z0-9]{2,}$")
+_EXPECTED_TEAM = "expected a team id (T…) or an enterprise id (E…) such as T0123ABCD"
 _JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 _BRANCH = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,199}$")
 # The most a channel's instructions file may hold: it goes whole into the system prompt of every turn.
@@ -324,6 +327,9 @@ class JobConfig(Strict):
     budgets: BudgetsConfig | None = None
     # The run's own egress policy, in place of its channel's and the top-level `network`.
     network: NetworkSetting | None = None
+    # The workspace (T…) or organisation (E…) whose installation runs the job and posts its thread (None: the
+    # only one). A job written under `teams.<id>.jobs` gets that id.
+    team: str | None = None
 
     @field_validator("push", mode="before")
     @classmethod
@@ -366,6 +372,13 @@ class JobConfig(Strict):
     def _channel(cls, value: str) -> str:
         if not _CHANNEL_ID.match(value):
             raise ValueError(f"expected a channel id such as C0123ABCD, got {value!r}")
+        return value
+
+    @field_validator("team")
+    @classmethod
+    def _team(cls, value: str | None) -> str | None:
+        if value is not None and not _TEAM_ID.match(value):
+            raise ValueError(f"{_EXPECTED_TEAM}, got {value!r}")
         return value
 
 
@@ -522,6 +535,23 @@ class PullRequestConfig(Strict):
     followChecksMinutes: int = Field(default=30, ge=0, le=24 * 60)
 
 
+class TeamConfig(Strict):
+    """One workspace's (T…) or one Enterprise Grid organisation's (E…) settings (`teams.<id>`), laid over the top
+    level's for the requests of that workspace (ServiceConfig.for_team)."""
+
+    # Its channels over the top level's, whole entries replacing whole entries (its `default` too).
+    channels: dict[str, ChannelConfig] = Field(default_factory=dict)
+    # Its admins in place of the top level's (empty: its organisation's section's, else the top level's).
+    admins: SlackIds = Field(default_factory=list)
+    # Its jobs, run and posted by its installation: each gets `team: <id>` and is in ServiceConfig.jobs too.
+    jobs: list[JobConfig] = Field(default_factory=list)
+
+
+# The validation context of a file whose other problems are already found: it is refused whatever the sections
+# say, and _cross_checks has said each of their conflicts with its line, so the models need not say them again.
+_REFUSED = "refused"
+
+
 class ServiceConfig(Strict):
     channels: dict[str, ChannelConfig] = Field(default_factory=dict)
     # Who may export the audit (`/mm audit`) and purge a thread (`/mm purge`): user or group ids.
@@ -539,6 +569,58 @@ class ServiceConfig(Strict):
     # The forges pull requests are opened on, by host (github.com, gitlab.com and codeberg.org are known).
     forges: dict[str, ForgeConfig] = Field(default_factory=dict)
     pullRequest: PullRequestConfig = Field(default_factory=PullRequestConfig)
+    # Per-workspace sections by team (T…) or enterprise (E…) id, for an app installed in many workspaces.
+    teams: dict[str, TeamConfig] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _team_jobs_in_jobs(self, info: ValidationInfo) -> ServiceConfig:
+        """Each job of a section gets its team and joins `jobs`, where every reader of the jobs (the scheduler,
+        `/mm jobs`, doctor) finds it. A dumped config validated again (load_config's second pass, a test's round
+        trip) already holds them in `jobs`: equal ones are not added twice."""
+        if not self.teams:
+            return self
+        reported = bool(info.context and info.context.get(_REFUSED))
+        teams: dict[str, TeamConfig] = {}
+        jobs = list(self.jobs)
+        by_name = {job.name: job for job in jobs}
+        for team_id, team in self.teams.items():
+            own: list[JobConfig] = []
+            for job in team.jobs:
+                if job.team not in (None, team_id) and not reported:
+                    raise ValueError(f"teams.{team_id}.jobs: job {job.name!r} names another team, {job.team}")
+                job = job.model_copy(update={"team": team_id})
+                own.append(job)
+                known = by_name.setdefault(job.name, job)
+                if known is job:
+                    jobs.append(job)
+                elif known != job and not reported:
+                    raise ValueError(f"teams.{team_id}.jobs: another job is already named {job.name!r}")
+            teams[team_id] = team.model_copy(update={"jobs": own})
+        # Frozen: set once here, before anything reads the config (AgentConfig._egress does the same).
+        object.__setattr__(self, "teams", teams)
+        object.__setattr__(self, "jobs", jobs)
+        return self
+
+    def for_team(self, team_id: str | None, enterprise_id: str | None = None) -> ServiceConfig:
+        """The config as a workspace sees it: the top-level `channels` with its organisation's section's over them,
+        then its own section's (whole entries replace whole entries, `default` included); the admins of its own
+        section, else of its organisation's, else the top level's. Everything else is the top level's.
+
+        Without a section for either id (a single workspace: no `teams` at all) it is this very config. A copy
+        otherwise: a dict and a model copy, cheap enough for every request."""
+        sections = [self.teams[i] for i in (enterprise_id, team_id) if i is not None and i in self.teams]
+        if not sections:
+            return self
+        channels = dict(self.channels)
+        for section in sections:
+            channels.update(section.channels)
+        admins = next((s.admins for s in reversed(sections) if s.admins), self.admins)
+        return self.model_copy(update={"channels": channels, "admins": admins})
+
+    def all_channels(self) -> list[ChannelConfig]:
+        """Every channel entry the file holds: the top level's, then each section's (what a check of every
+        channel walks; `channel()` and `channels` are one workspace's, see for_team)."""
+        return [*self.channels.values(), *(c for team in self.teams.values() for c in team.channels.values())]
 
     def forge(self, host: str) -> ForgeConfig | None:
         """The forge at `host` (a URL's netloc): its `forges` entry, else a known forge's defaults."""
@@ -562,7 +644,7 @@ class ServiceConfig(Strict):
 
     def network_policies(self, agent: AgentConfig) -> list[NetworkConfig]:
         """Every egress policy the config may run commands under: the agent's, then each channel's and job's own."""
-        own = [c.network for c in self.channels.values()] + [j.network for j in self.jobs]
+        own = [c.network for c in self.all_channels()] + [j.network for j in self.jobs]  # jobs: the sections' too
         return [agent.egress, *(n for n in own if n is not None)]
 
     def model_names(self) -> str:
@@ -732,30 +814,41 @@ def _validated(
     problems += [(_line(root, loc), _render(loc, msg)) for loc, msg in key_problems]
     config: FileConfig | None = None
     try:
-        config = FileConfig.model_validate(data, strict=True)
+        config = FileConfig.model_validate(data, strict=True, context={_REFUSED: bool(problems)})
     except ValidationError as e:
         problems += [(_line(root, loc), _render(loc, msg)) for loc, msg in _pydantic_problems(e)]
     if problems or config is None:
         ordered = sorted(dict.fromkeys(problems), key=lambda p: p[0])  # one line per problem, in file order
         raise ConfigError([f"{where}:{line}: {message}" for line, message in ordered])
     if texts:
-        channels = {
-            k: c.model_copy(update={"instructions": texts[k]}) if k in texts else c for k, c in config.channels.items()
+        teams = {
+            t: team.model_copy(update={"channels": _with_texts(team.channels, texts, ("teams", t, "channels"))})
+            for t, team in config.teams.items()
         }
-        config = config.model_copy(update={"channels": channels})
+        config = config.model_copy(
+            update={"channels": _with_texts(config.channels, texts, ("channels",)), "teams": teams}
+        )
     return config, app_keys
 
 
-def _instruction_texts(data: dict[str, Any], base: Path) -> tuple[dict[str, str], list[tuple[Loc, str]]]:
+def _with_texts(channels: dict[str, ChannelConfig], texts: dict[Loc, str], place: Loc) -> dict[str, ChannelConfig]:
+    """The channels of one `channels` mapping with their instructions files' texts in place of the files."""
+    return {
+        k: c.model_copy(update={"instructions": texts[(*place, k)]}) if (*place, k) in texts else c
+        for k, c in channels.items()
+    }
+
+
+def _instruction_texts(data: dict[str, Any], base: Path) -> tuple[dict[Loc, str], list[tuple[Loc, str]]]:
     """The texts of the channels' `instructions: {file: PATH}`, read now (at each load and reload): a file that
     cannot be used is a problem of the config, reported with the others, not of some later turn."""
-    texts: dict[str, str] = {}
+    texts: dict[Loc, str] = {}  # by the place of the channel: ("channels", id) or ("teams", team, "channels", id)
     problems: list[tuple[Loc, str]] = []
-    for channel_id, channel in _items(data.get("channels")):
+    for place, channel_id, channel in _channels(data):
         name = _get(channel, "instructions", "file")
         if not isinstance(channel_id, str) or not isinstance(name, str):
             continue  # a wrong shape is the validation's to say
-        loc: Loc = ("channels", channel_id, "instructions", "file")
+        loc: Loc = (*place, channel_id, "instructions", "file")
         path = base / name
         try:
             # Non-blocking, then checked to be a file: a named pipe put there would hold the load for ever.
@@ -768,7 +861,7 @@ def _instruction_texts(data: dict[str, Any], base: Path) -> tuple[dict[str, str]
             if len(data_read) > MAX_INSTRUCTIONS_BYTES:
                 problems.append((loc, f"{path} is longer than {MAX_INSTRUCTIONS_BYTES:,} bytes"))
                 continue
-            texts[channel_id] = data_read.decode("utf-8")
+            texts[(*place, channel_id)] = data_read.decode("utf-8")
         except UnicodeDecodeError:
             problems.append((loc, f"{path} is not UTF-8 text"))
         except OSError as e:
@@ -837,6 +930,11 @@ def _load_file(
 
 
 Loc = tuple[str | int, ...]
+
+
+def _path(loc: Loc) -> str:
+    """`teams.T0123ABCD.jobs`: a place in the file as the problems name it."""
+    return _render(loc, "").removesuffix(": ")
 
 
 def _render(loc: Loc, message: str) -> str:
@@ -978,26 +1076,29 @@ def _cross_checks(data: dict[str, Any], env: Mapping[str, str]) -> list[tuple[Lo
                 problems.append((("lsp", "servers", name, "extensions"), f"{ext} is already served by {owner[ext]}"))
             else:
                 owner.setdefault(ext, name)
-    for channel_id, _ in _items(data.get("channels")):
+    for team_id, _ in _items(data.get("teams")):
+        if isinstance(team_id, str) and not _TEAM_ID.match(team_id):
+            problems.append((("teams", team_id), f"{_EXPECTED_TEAM} as the key"))
+    for loc, channel_id, _ in _channels(data):
         if isinstance(channel_id, str) and channel_id != "default" and not _CHANNEL_ID.match(channel_id):
-            problems.append(
-                (("channels", channel_id), "expected `default` or a channel id such as C0123ABCD as the key")
-            )
-    names: set[str] = set()
-    jobs = data.get("jobs")
-    for i, job in enumerate(jobs if isinstance(jobs, list) else ()):
+            problems.append(((*loc, channel_id), "expected `default` or a channel id such as C0123ABCD as the key"))
+    names: dict[str, Loc] = {}  # where each name's first job is
+    for loc, job in _jobs(data):
         name = _get(job, "name")
         if isinstance(name, str) and name in names:
-            problems.append((("jobs", i, "name"), f"another job is already named {name!r}"))
-        names.add(name)
+            # Where the other one is, when it is in another list (a team's section and the top level's, say).
+            other = "" if names[name][:-1] == loc[:-1] else f" ({_path(names[name])})"
+            problems.append(((*loc, "name"), f"another job is already named {name!r}{other}"))
+        if isinstance(name, str):
+            names.setdefault(name, loc)
         if isinstance(job, dict) and not _get(job, "prompt") and not _get(job, "skill"):
-            problems.append((("jobs", i), "a job needs a prompt, or a skill to follow (or both)"))
+            problems.append((loc, "a job needs a prompt, or a skill to follow (or both)"))
         agent = _get(job, "agent")
         if isinstance(agent, str) and agent not in dict(_items(data.get("mmConfigs"))):
             known = ", ".join(str(k) for k, _ in _items(data.get("mmConfigs"))) or "none is configured"
-            problems.append((("jobs", i, "agent"), f"no mmConfigs entry is named {agent!r} ({known})"))
+            problems.append(((*loc, "agent"), f"no mmConfigs entry is named {agent!r} ({known})"))
         if isinstance(_get(job, "skill"), str) and not data.get("skillsDir"):
-            problems.append((("jobs", i, "skill"), "a skill needs `skillsDir`, where the skills are"))
+            problems.append(((*loc, "skill"), "a skill needs `skillsDir`, where the skills are"))
     models = dict(_items(data.get("models")))
     for name, model in models.items():
         if isinstance(name, str) and not _MODEL_NAME.match(name):
@@ -1005,11 +1106,11 @@ def _cross_checks(data: dict[str, Any], env: Mapping[str, str]) -> list[tuple[Lo
         model_key_env = _get(model, "apiKeyEnv")
         if isinstance(model_key_env, str) and model_key_env and not _env(env, model_key_env):
             problems.append((("models", name, "apiKeyEnv"), f"the environment variable {model_key_env} is not set"))
-    for channel_id, channel in _items(data.get("channels")):
+    for loc, channel_id, channel in _channels(data):
         model = _get(channel, "model")
         if isinstance(model, str) and model not in models:
             known = ", ".join(str(k) for k in models) or "none is configured"
-            problems.append((("channels", channel_id, "model"), f"no models entry is named {model!r} ({known})"))
+            problems.append(((*loc, channel_id, "model"), f"no models entry is named {model!r} ({known})"))
     for host, _ in _items(data.get("forges")):
         if isinstance(host, str) and not _HOST.match(host):
             problems.append(
@@ -1022,7 +1123,59 @@ def _cross_checks(data: dict[str, Any], env: Mapping[str, str]) -> list[tuple[Lo
     key_env = _get(data, "model", "apiKeyEnv")
     if isinstance(key_env, str) and key_env and not _env(env, key_env):
         problems.append((("model", "apiKeyEnv"), f"the environment variable {key_env} is not set"))
-    return problems + _approval_times(data) + _priced(data, models) + _enough_people(data)
+    return problems + _teams(data) + _approval_times(data) + _priced(data, models) + _enough_people(data)
+
+
+def _channels(data: dict[str, Any]) -> list[tuple[Loc, Any, Any]]:
+    """Every channel entry of the file, with the place of its `channels` mapping: the top level's, then each
+    `teams` section's."""
+    places: list[tuple[Loc, Any]] = [(("channels",), data.get("channels"))]
+    places += [(("teams", t, "channels"), _get(team, "channels")) for t, team in _items(data.get("teams"))]
+    return [(loc, channel_id, channel) for loc, mapping in places for channel_id, channel in _items(mapping)]
+
+
+def _jobs(data: dict[str, Any]) -> list[tuple[Loc, Any]]:
+    """Every job of the file with its place: the top level's `jobs`, then each `teams` section's."""
+    lists: list[tuple[Loc, Any]] = [(("jobs",), data.get("jobs"))]
+    lists += [(("teams", t, "jobs"), _get(team, "jobs")) for t, team in _items(data.get("teams"))]
+    return [((*loc, i), job) for loc, jobs in lists for i, job in enumerate(jobs if isinstance(jobs, list) else ())]
+
+
+def _teams(data: dict[str, Any]) -> list[tuple[Loc, str]]:
+    """A channel is one workspace's: two workspaces' sections (or two organisations') may not both configure it,
+    nor may a job of one post in a channel another's configures. A workspace's section may configure a channel
+    its organisation's does: that is its overlay (which workspaces an organisation holds, the file cannot tell)."""
+    problems: list[tuple[Loc, str]] = []
+    owner: dict[tuple[str, str], str] = {}  # (T or E, channel id) → the section configuring it
+    for team_id, team in _items(data.get("teams")):
+        for channel_id, _ in _items(_get(team, "channels")):
+            if not isinstance(team_id, str) or not isinstance(channel_id, str) or channel_id == "default":
+                continue
+            first = owner.setdefault((team_id[:1], channel_id), team_id)
+            if first != team_id:
+                problems.append(
+                    (
+                        ("teams", team_id, "channels", channel_id),
+                        f"teams.{first} configures this channel already: a channel is one workspace's",
+                    )
+                )
+    for loc, job in _jobs(data):
+        team, channel = _get(job, "team"), _get(job, "channel")
+        if loc[0] == "teams":
+            section = loc[1]
+            if isinstance(section, str) and isinstance(team, str) and team != section and _TEAM_ID.match(team):
+                problem = f"a job of teams.{section} runs in that team: leave `team` out, or write {section}"
+                problems.append(((*loc, "team"), problem))
+                continue
+            team = section
+        if not isinstance(team, str) or not isinstance(channel, str):
+            continue
+        other = owner.get((team[:1], channel), team)
+        if other != team:
+            problems.append(
+                ((*loc, "channel"), f"teams.{other} configures {channel}: a job of {team} cannot post there")
+            )
+    return problems
 
 
 def _approval_times(data: dict[str, Any]) -> list[tuple[Loc, str]]:
@@ -1052,14 +1205,17 @@ def _enough_people(data: dict[str, Any]) -> list[tuple[Loc, str]]:
     calls would wait for nobody. Where it takes the channels' approvers, each channel is checked."""
     approvals = data.get("approvals")
     rules = _get(approvals, "policies") if isinstance(approvals, dict) else None
-    channels = [(c, _get(ch, "approvers")) for c, ch in _items(data.get("channels"))]
+    channels = [
+        (f"channel {c}'s approvers" + (f" in {_path(loc[:2])}" if loc[0] == "teams" else ""), _get(ch, "approvers"))
+        for loc, c, ch in _channels(data)
+    ]
     problems: list[tuple[Loc, str]] = []
     for i, rule in enumerate(rules if isinstance(rules, list) else ()):
         ask = _get(rule, "ask")
         if isinstance(ask, bool) or not isinstance(ask, int) or ask < 2:
             continue
         named = _get(rule, "approvers")
-        where = [("its approvers", named)] if named else [(f"channel {c}'s approvers", ids) for c, ids in channels]
+        where = [("its approvers", named)] if named else channels
         for whose, ids in where:
             count = len(set(ids)) if isinstance(ids, list) else 0
             # None at all is another matter: every call there is refused at once, saying who can configure them.
@@ -1078,11 +1234,8 @@ def _enough_people(data: dict[str, Any]) -> list[tuple[Loc, str]]:
 def _priced(data: dict[str, Any], models: dict[Any, Any]) -> list[tuple[Loc, str]]:
     """A money budget counts the cost of every answer: each model a thread may use needs its price."""
     places: list[tuple[Loc, Any]] = [(("budgets",), data.get("budgets"))]
-    places += [(("channels", c, "budgets"), _get(channel, "budgets")) for c, channel in _items(data.get("channels"))]
-    jobs = data.get("jobs")
-    places += [
-        (("jobs", i, "budgets"), _get(job, "budgets")) for i, job in enumerate(jobs if isinstance(jobs, list) else ())
-    ]
+    places += [((*loc, c, "budgets"), _get(channel, "budgets")) for loc, c, channel in _channels(data)]
+    places += [((*loc, "budgets"), _get(job, "budgets")) for loc, job in _jobs(data)]
     costly = [
         loc
         for loc, budgets in places
