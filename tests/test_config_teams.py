@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from chatops.config import ConfigError, FileConfig, ServiceConfig, load_config
+from chatops.config import ConfigError, FileConfig, ServiceConfig, example_config, load_config
 from chatops.reload import ConfigFile
 
 # test_config.py's _write and _problems, which the house's rule on private names keeps there.
@@ -329,3 +329,23 @@ def test_the_models_refuse_on_their_own_what_they_cannot_flatten() -> None:
         ServiceConfig.model_validate({"jobs": [job], "teams": {"T0AAA": {"jobs": [job]}}})
     with pytest.raises(ValidationError, match="another job is already named 'nightly'"):
         ServiceConfig.model_validate({"teams": {"T0AAA": {"jobs": [job]}, "T0BBB": {"jobs": [job]}}})
+
+
+def test_the_documented_examples_load(tmp_path: Path) -> None:
+    page = (Path(__file__).parent.parent / "docs" / "configuration.md").read_text(encoding="utf-8")
+    section = page.split("### Many workspaces: `teams`", 1)[1]
+    example = section.split("```yaml\n", 1)[1].split("```", 1)[0]
+    config = service(tmp_path, example)
+    sales = config.for_team("T0SALES", "E0ACME")
+    assert sales.channel("C0ACMEALL").approvers == ["S0ACMELEADS"]
+    assert sales.channel("C0NEW").repo == "https://git.example.com/acme/crm.git"
+    assert sales.admins == ["S0ACMESEC"]
+    assert [(j.name, j.team) for j in config.jobs] == [("nightly-crm", "T0SALES")]
+    # `mm-bot init`'s example, its `teams` block uncommented, loads too.
+    lines = example_config().splitlines(keepends=True)
+    start = next(i for i, line in enumerate(lines) if line.startswith("# teams:"))
+    end = next(i for i in range(start, len(lines)) if not lines[i].startswith("#   ") and i > start)
+    block = "".join(line.removeprefix("# ") for line in lines[start:end])
+    uncommented = service(tmp_path, block)
+    assert [(j.name, j.team) for j in uncommented.jobs] == [("sales-nightly", "T0123ABCD")]
+    assert uncommented.for_team("T0123ABCD").admins == ["U01SALES"]
