@@ -8,10 +8,18 @@ Each helper returns the `httpx.Response` (status_code, text, json(), elapsed). `
 the payload just sent (its event_id, ts...). Forgeries for negative tests go through the same helpers'
 keyword arguments: `secret=` (sign with another secret), `timestamp=` (e.g. `stale_timestamp()`),
 `omit_headers=("X-Slack-Signature",)`, `tamper=True` (sign one body, send another).
+
+A workspace of an Enterprise Grid org (`enterprise_id`, `enterprise_name`), or an app installed org-wide
+(`is_enterprise_install=True`), fills the envelopes as Slack does for them: `enterprise_id` beside `team_id`,
+`authorizations[0]` naming the org (and no team for an org-wide install), `team`/`enterprise` in clicks and
+commands. `for_team(...)` speaks for another workspace with the same ids; `app_uninstalled()` and
+`tokens_revoked()` send the lifecycle events, whose bodies `app_uninstalled_body()` and `tokens_revoked_body()`
+build alone (the Slack emulator's `uninstall()` makes them); `deliver(body)` sends a body made elsewhere.
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import hmac
 import itertools
@@ -25,6 +33,8 @@ from urllib.parse import urlencode
 import httpx
 
 FORM = "application/x-www-form-urlencoded"
+# The verification token Slack puts in every body (deprecated by the signatures; bolt ignores it).
+VERIFICATION_TOKEN = "Jhj5dZrVaK7ZwHHjRyZWjbDl"
 
 
 def sign(signing_secret: str, timestamp: int | str, body: bytes) -> str:
@@ -49,10 +59,54 @@ def stale_timestamp() -> int:
     return int(time.time()) - 6 * 60
 
 
+def app_uninstalled_body(
+    *, api_app_id: str, team_id: str | None, enterprise_id: str | None = None, event_id: str | None = None
+) -> dict[str, Any]:
+    """The `app_uninstalled` event_callback Slack sends once the app is gone from a workspace (`team_id`, with
+    its org's `enterprise_id`) or from an org (`enterprise_id` alone). No `authorizations`: none is left."""
+    return _lifecycle_body({"type": "app_uninstalled"}, api_app_id, team_id, enterprise_id, event_id)
+
+
+def tokens_revoked_body(
+    *,
+    api_app_id: str,
+    team_id: str | None,
+    enterprise_id: str | None = None,
+    bot: Iterable[str] = (),
+    oauth: Iterable[str] = (),
+    event_id: str | None = None,
+) -> dict[str, Any]:
+    """The `tokens_revoked` event_callback: `event.tokens.bot` names the bot users whose tokens were revoked,
+    `event.tokens.oauth` the people whose user tokens were."""
+    event = {"type": "tokens_revoked", "tokens": {"oauth": list(oauth), "bot": list(bot)}}
+    return _lifecycle_body(event, api_app_id, team_id, enterprise_id, event_id)
+
+
+def _lifecycle_body(
+    event: dict[str, Any], api_app_id: str, team_id: str | None, enterprise_id: str | None, event_id: str | None
+) -> dict[str, Any]:
+    where: dict[str, Any] = {"team_id": team_id} if team_id else {}
+    if enterprise_id:
+        where["enterprise_id"] = enterprise_id
+    return {
+        "token": VERIFICATION_TOKEN,
+        **where,
+        "api_app_id": api_app_id,
+        "event": event,
+        "type": "event_callback",
+        # Unique across senders and emulators: the bot dedupes events by their id.
+        "event_id": event_id or f"Ev{uuid.uuid4().hex[:12].upper()}",
+        "event_time": int(time.time()),
+    }
+
+
 class SlackEventSender:
     """Signed requests to a bot's endpoint. `url` is the bot's base URL; `path` is appended.
 
-    team_id / api_app_id / bot_user_id fill the envelopes (match them to the SlackEmulator's).
+    team_id / api_app_id / bot_user_id fill the envelopes (match them to the SlackEmulator's: its
+    `sender_options(team_id)` gives a workspace's, with its org and the installation that reaches it).
+    enterprise_id / enterprise_name: the workspace's Enterprise Grid org; is_enterprise_install: the app is
+    installed org-wide (Slack then names no team in `authorizations`).
     response_url_base: where response_url values point (the emulator's `response_url()` is best: pass
     `response_url=emulator.response_url` as a callable).
     """
@@ -65,6 +119,9 @@ class SlackEventSender:
         path: str = "/slack/events",
         team_id: str = "T0TESTTEAM",
         team_domain: str = "testteam",
+        enterprise_id: str | None = None,
+        enterprise_name: str | None = None,
+        is_enterprise_install: bool = False,
         api_app_id: str = "A0TESTAPP",
         bot_user_id: str = "U0BOT",
         response_url: str | Callable[[], str] | None = None,
@@ -73,6 +130,8 @@ class SlackEventSender:
         self.url = url.rstrip("/") + path
         self.signing_secret = signing_secret
         self.team_id, self.team_domain = team_id, team_domain
+        self.enterprise_id, self.enterprise_name = enterprise_id, enterprise_name
+        self.is_enterprise_install = is_enterprise_install
         self.api_app_id, self.bot_user_id = api_app_id, bot_user_id
         self._response_url = response_url
         self._counter = itertools.count(1)
@@ -88,6 +147,26 @@ class SlackEventSender:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def for_team(
+        self,
+        team_id: str,
+        *,
+        team_domain: str | None = None,
+        enterprise_id: str | None = None,
+        enterprise_name: str | None = None,
+        is_enterprise_install: bool = False,
+        bot_user_id: str | None = None,
+    ) -> SlackEventSender:
+        """This sender speaking for another workspace (the emulator's `sender_options(team_id)` fit): its event
+        and trigger ids continue this one's, so a bot that dedupes them sees every event. It shares this one's
+        HTTP client: closing either closes both."""
+        other = copy.copy(self)
+        other.team_id, other.team_domain = team_id, team_domain or team_id.lower()
+        other.enterprise_id, other.enterprise_name = enterprise_id, enterprise_name
+        other.is_enterprise_install = is_enterprise_install
+        other.bot_user_id = bot_user_id or self.bot_user_id
+        return other
 
     # -- ids ------------------------------------------------------------------------------------------------
 
@@ -148,18 +227,18 @@ class SlackEventSender:
     def url_verification(
         self, challenge: str = "3eZbrw1aBm2rZgRNFdxV2595E9CY3gmdALWMmHkvFXO7tYXAYM8P", **options: Any
     ) -> httpx.Response:
-        return self._json(
-            {"token": "Jhj5dZrVaK7ZwHHjRyZWjbDl", "challenge": challenge, "type": "url_verification"}, **options
-        )
+        return self._json({"token": VERIFICATION_TOKEN, "challenge": challenge, "type": "url_verification"}, **options)
 
     def event(self, event: dict[str, Any], *, event_id: str | None = None, **options: Any) -> httpx.Response:
         """An `event_callback` envelope around `event` (the event gets `event_ts` if it has none)."""
         event = {"event_ts": event.get("ts") or self.new_ts()} | event
         payload = {
-            "token": "Jhj5dZrVaK7ZwHHjRyZWjbDl",
+            "token": VERIFICATION_TOKEN,
             "team_id": self.team_id,
+            # Slack names the org beside the workspace only in an Enterprise Grid org.
+            **({"enterprise_id": self.enterprise_id} if self.enterprise_id else {}),
             "context_team_id": self.team_id,
-            "context_enterprise_id": None,
+            "context_enterprise_id": self.enterprise_id,
             "api_app_id": self.api_app_id,
             "event": event,
             "type": "event_callback",
@@ -167,17 +246,46 @@ class SlackEventSender:
             "event_time": int(float(event["event_ts"])),
             "authorizations": [
                 {
-                    "enterprise_id": None,
-                    "team_id": self.team_id,
+                    "enterprise_id": self.enterprise_id,
+                    # An org-wide installation is the org's, of no one workspace: Slack sends its team as null.
+                    "team_id": None if self.is_enterprise_install else self.team_id,
                     "user_id": self.bot_user_id,
                     "is_bot": True,
-                    "is_enterprise_install": False,
+                    "is_enterprise_install": self.is_enterprise_install,
                 }
             ],
             "is_ext_shared_channel": False,
             "event_context": f"4-{uuid.uuid4().hex}",
         }
         return self._json(payload, **options)
+
+    def deliver(self, body: dict[str, Any], **options: Any) -> httpx.Response:
+        """POST an Events API body made elsewhere (the emulator's `uninstall()` bodies), as it is, signed."""
+        return self._json(body, **options)
+
+    def app_uninstalled(self, **options: Any) -> httpx.Response:
+        """`app_uninstalled` for this sender's workspace (for its org, with `is_enterprise_install`)."""
+        body = app_uninstalled_body(
+            api_app_id=self.api_app_id,
+            team_id=None if self.is_enterprise_install else self.team_id,
+            enterprise_id=self.enterprise_id,
+            event_id=self.new_event_id(),
+        )
+        return self._json(body, **options)
+
+    def tokens_revoked(
+        self, *, bot: Iterable[str] | None = None, oauth: Iterable[str] = (), **options: Any
+    ) -> httpx.Response:
+        """`tokens_revoked` for this sender's workspace: the bot's token by default (`bot=[bot_user_id]`)."""
+        body = tokens_revoked_body(
+            api_app_id=self.api_app_id,
+            team_id=None if self.is_enterprise_install else self.team_id,
+            enterprise_id=self.enterprise_id,
+            bot=[self.bot_user_id] if bot is None else bot,
+            oauth=oauth,
+            event_id=self.new_event_id(),
+        )
+        return self._json(body, **options)
 
     def _message_event(
         self, kind: str, text: str, channel: str, user: str, ts: str | None, thread_ts: str | None
@@ -304,16 +412,19 @@ class SlackEventSender:
         trigger_id: str | None,
     ) -> dict[str, Any]:
         name = user_name or user.lower()
+        team: dict[str, Any] = {"id": self.team_id, "domain": self.team_domain}
+        if self.enterprise_id:
+            team |= {"enterprise_id": self.enterprise_id, "enterprise_name": self.enterprise_name}
         return {
             "type": "block_actions",
             "user": {"id": user, "username": name, "name": name, "team_id": self.team_id},
             "api_app_id": self.api_app_id,
-            "token": "Jhj5dZrVaK7ZwHHjRyZWjbDl",
+            "token": VERIFICATION_TOKEN,
             "container": container,
             "trigger_id": trigger_id or self.new_trigger_id(),
-            "team": {"id": self.team_id, "domain": self.team_domain},
-            "enterprise": None,
-            "is_enterprise_install": False,
+            "team": team,
+            "enterprise": {"id": self.enterprise_id, "name": self.enterprise_name} if self.enterprise_id else None,
+            "is_enterprise_install": self.is_enterprise_install,
             **where,
             "state": {"values": {}},
             "actions": [
@@ -350,9 +461,11 @@ class SlackEventSender:
     ) -> httpx.Response:
         """A slash command (form-encoded), e.g. `slash_command("/mm", "status", user=..., channel=...)`."""
         fields = {
-            "token": "Jhj5dZrVaK7ZwHHjRyZWjbDl",
+            "token": VERIFICATION_TOKEN,
             "team_id": self.team_id,
             "team_domain": self.team_domain,
+            **({"enterprise_id": self.enterprise_id} if self.enterprise_id else {}),
+            **({"enterprise_name": self.enterprise_name or ""} if self.enterprise_id else {}),
             "channel_id": channel,
             "channel_name": channel_name or channel.lower(),
             "user_id": user,
@@ -360,7 +473,7 @@ class SlackEventSender:
             "command": command,
             "text": text,
             "api_app_id": self.api_app_id,
-            "is_enterprise_install": "false",
+            "is_enterprise_install": "true" if self.is_enterprise_install else "false",
             "response_url": response_url or self.new_response_url(),
             "trigger_id": trigger_id or self.new_trigger_id(),
         }

@@ -29,6 +29,21 @@ the bot may then post and upload. chat.startStream outside a DM requires `recipi
 method the emulator does not know answers `unknown_method` and is remembered
 (`SlackEmulator.take_unknown_methods()`): the test kit fails the test that made it.
 
+Several workspaces and an org, with Slack's OAuth v2 (playground/slack_oauth.py holds the rules):
+`add_team(team_id, name, enterprise_id=…)` adds a workspace (in an Enterprise Grid org); channels belong to a team
+(`add_channel(…, team=)`, a person's message or event in another team's channel: `team=`). A token belongs to an
+installation: of one team, or org-wide (every team of its org); a channel its installation does not reach is
+`channel_not_found` to it, and auth.test answers for its own team or org. The constructor's team and token stay
+the default ones. `GET /oauth/v2/authorize` (`authorize_url`) is the page a person installs the app from: a
+test adds the person's choice with `approve_url(url, team=…)` (or `enterprise=…`, or `deny=True`) and gets the
+302 to the bot's redirect URI with `code` and `state`; `oauth.v2.access` (no token: the app's `client_id` and
+`client_secret`) exchanges the code (once, within ten minutes) for the installation's token, or with
+`token_rotation` a refresh token for a new pair (access tokens then expire after `token_lifetime` seconds:
+`token_expired`; `expire(token)` and `advance(seconds)` make it happen now). `install(team=…)` installs without
+the page. `uninstall(team_or_enterprise)` (and apps.uninstall) revokes an installation's tokens and gives the
+`tokens_revoked` and `app_uninstalled` bodies Slack then sends; auth.revoke revokes one token. Each call records
+its token (`call.token`, `tokens_used()`, `calls_with(token)`), and `installation_of(token)` says whose it is.
+
 Socket Mode, on Slack's wire protocol: `apps.connections.open` (app-level token only) answers a
 `ws://…/socket?ticket=…` URL on this server; on connect the socket says `hello`; the test then pushes envelopes
 (`push_app_mention`, `push_block_action`, `push_slash_command`, or `push(type, payload)`), waits for the app's
@@ -56,10 +71,11 @@ from urllib.parse import quote
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
-from playground import slack_checks
+from playground import slack_checks, slack_oauth
 from playground.errors import PlaygroundError
 from playground.server_thread import ThreadedAiohttpServer
 from playground.signed import SlackEventSender
+from playground.slack_oauth import AppInstall, OAuthError, Team, Uninstalled
 
 log = logging.getLogger("mm.playground.slack")
 
@@ -86,6 +102,7 @@ READ_ONLY = frozenset(
 LOGIN_PAGE = "<!DOCTYPE html><html><head><title>Slack</title></head><body>Sign in to your workspace</body></html>"
 # The one method an app-level token may call, and the one a bot token may not (Slack: not_allowed_token_type).
 CONNECTIONS_OPEN = "apps.connections.open"
+AUTHORIZE_PATH = "/oauth/v2/authorize"
 
 
 UNKNOWN_METHOD = "unknown_method"
@@ -106,7 +123,8 @@ class SlackError(PlaygroundError):
 
 @dataclass
 class SlackCall:
-    """One recorded Web API call; `response` is the JSON answered, `status` its HTTP status."""
+    """One recorded Web API call; `response` is the JSON answered, `status` its HTTP status, `token` the token it
+    came with (None without one: oauth.v2.access authenticates with the app's client id and secret)."""
 
     method: str
     params: Params
@@ -114,6 +132,16 @@ class SlackCall:
     time: float
     status: int = 200
     response: dict[str, Any] = field(default_factory=dict)
+    token: str | None = None
+
+
+@dataclass
+class _Calling:
+    """The call being answered: whose token it came with."""
+
+    installation: AppInstall | None
+    token: str | None
+    authorization: str
 
 
 @dataclass
@@ -157,6 +185,10 @@ class SlackEmulator(ThreadedAiohttpServer):
         app_token: str = "xapp-1-A0TESTAPP-1-test",
         strict_streaming: bool = True,
         history: int | None = None,
+        client_id: str = slack_oauth.CLIENT_ID,
+        client_secret: str = slack_oauth.CLIENT_SECRET,
+        token_rotation: bool = False,
+        token_lifetime: int = slack_oauth.TOKEN_LIFETIME,
     ) -> None:
         super().__init__()
         self.strict_streaming = strict_streaming
@@ -164,8 +196,18 @@ class SlackEmulator(ThreadedAiohttpServer):
         self.history = history
         self.bot_token, self.team_id, self.team_name = bot_token, team_id, team_name
         self.bot_user_id, self.bot_id, self.app_id, self.bot_name = bot_user_id, bot_id, app_id, bot_name
-        self.tokens = {bot_token}
         self.app_token = app_token
+        self._skew = 0.0  # advance(): how far the emulator's clock is ahead, for codes' and tokens' expiry
+        # Teams, orgs, installations and their tokens: the default team and its token are seeded by reset().
+        self.oauth = slack_oauth.Installations(
+            app_id=app_id,
+            client_id=client_id,
+            client_secret=client_secret,
+            token_rotation=token_rotation,
+            token_lifetime=token_lifetime,
+            clock=lambda: time.time() + self._skew,
+        )
+        self._calling: _Calling | None = None
         self._lock = threading.RLock()
         self.version = 0
         self._listeners: list[Callable[[int], None]] = []
@@ -181,6 +223,7 @@ class SlackEmulator(ThreadedAiohttpServer):
             response_url=self.response_url,
         )
         self._payloads.close()  # its HTTP client is never used
+        self._pushed_by: SlackEventSender = self._payloads
         self._methods: dict[str, Callable[[Params], dict[str, Any]]] = {
             "auth.test": self._auth_test,
             "chat.postMessage": self._post_message,
@@ -208,12 +251,59 @@ class SlackEmulator(ThreadedAiohttpServer):
             "files.completeUploadExternal": self._complete_upload,
             "files.info": self._file_info,
             CONNECTIONS_OPEN: self._connections_open,
+            "oauth.v2.access": self._oauth_access,
+            "apps.uninstall": self._apps_uninstall,
+            "auth.revoke": self._auth_revoke,
         }
         self.reset()
 
     @property
     def url(self) -> str:
         return f"{self.base}/api/"
+
+    @property
+    def authorize_url(self) -> str:
+        """The authorize page (bolt's `OAuthSettings(authorization_url=…)`)."""
+        return f"{self.base}{AUTHORIZE_PATH}"
+
+    @property
+    def client_id(self) -> str:
+        return self.oauth.client_id
+
+    @property
+    def client_secret(self) -> str:
+        return self.oauth.client_secret
+
+    @property
+    def token_rotation(self) -> bool:
+        """Whether oauth.v2.access answers expiring tokens and refresh tokens (those issued from then on)."""
+        return self.oauth.token_rotation
+
+    @token_rotation.setter
+    def token_rotation(self, value: bool) -> None:
+        with self._lock:
+            self.oauth.token_rotation = value
+
+    @property
+    def token_lifetime(self) -> int:
+        """Seconds a rotating access token lasts (those issued from then on)."""
+        return self.oauth.token_lifetime
+
+    @token_lifetime.setter
+    def token_lifetime(self, seconds: int) -> None:
+        with self._lock:
+            self.oauth.token_lifetime = seconds
+
+    @property
+    def tokens(self) -> set[str]:
+        """The bot tokens a call may use now: issued, not expired, not revoked."""
+        with self._lock:
+            return self.oauth.live_tokens()
+
+    @property
+    def teams(self) -> dict[str, Team]:
+        with self._lock:
+            return dict(self.oauth.teams)
 
     @property
     def methods(self) -> list[str]:
@@ -223,7 +313,8 @@ class SlackEmulator(ThreadedAiohttpServer):
     # -- seeding and inspection -----------------------------------------------------------------------------
 
     def reset(self) -> None:
-        """Forget all state and recorded calls; re-seed the bot user. Held calls go through."""
+        """Forget all state and recorded calls, the added teams and installations too; re-seed the default team,
+        its installation (the bot token) and the bot user. Held calls go through."""
         for method in list(getattr(self, "_holds", {})):
             self.release(method)
         with self._lock:
@@ -252,7 +343,107 @@ class SlackEmulator(ThreadedAiohttpServer):
             self._tickets: set[str] = set()
             self.socket_connections = 0  # Socket Mode connections accepted (a reconnection makes it 2)
             self.acks: list[dict[str, Any]] = []  # what the app sent back over the sockets, in order
+            self._builders: dict[str, SlackEventSender] = {}  # push_*'s payloads for the other teams
+            self.oauth.reset()
+            self.oauth.add_team(self.team_id, self.team_name)
+            self.oauth.seed(self.bot_token, self.team_id, self.bot_user_id, self.bot_id)
             self.add_user(self.bot_user_id, self.bot_name, is_bot=True)
+
+    # -- teams, installations, tokens ----------------------------------------------------------------------
+
+    def add_team(
+        self, team_id: str, name: str, *, enterprise_id: str | None = None, enterprise_name: str | None = None
+    ) -> Team:
+        """Add a workspace (`T…`), in an Enterprise Grid org (`E…`, named by the first of its teams) when
+        `enterprise_id` is given. The app is not installed there until a test installs it."""
+        with self._lock:
+            return self.oauth.add_team(team_id, name, enterprise_id=enterprise_id, enterprise_name=enterprise_name)
+
+    def approve_url(
+        self,
+        authorize_url: str,
+        team: str | None = None,
+        enterprise: str | None = None,
+        *,
+        user: str | None = None,
+        deny: bool = False,
+    ) -> str:
+        """The bot's authorize URL with a person's choice: install in `team`, or org-wide in `enterprise` (as its
+        admin), as `user`; or `deny`. Its GET answers 302 to the redirect URI with `code` and `state` (or
+        `error=access_denied`): follow it to the bot's OAuth redirect endpoint."""
+        return slack_oauth.approve_url(authorize_url, team, enterprise, user=user, deny=deny)
+
+    def install(
+        self,
+        team: str | None = None,
+        enterprise: str | None = None,
+        *,
+        scopes: tuple[str, ...] = ("chat:write",),
+        user: str | None = None,
+    ) -> dict[str, Any]:
+        """Install the app in `team` (or org-wide in `enterprise`) without the page: oauth.v2.access's answer,
+        its token ready (not recorded as a call: the bot made none)."""
+        with self._lock:
+            answer = self.oauth.install(team or (None if enterprise else self.team_id), enterprise, scopes, user)
+            self._seed_bot(answer["access_token"])
+        return {"ok": True} | answer
+
+    def uninstall(self, team_or_enterprise: str) -> Uninstalled:
+        """The app removed from a team (`T…`) or, org-wide, from an org (`E…`): its tokens revoked (a call with
+        one answers `account_inactive`). Returns what Slack then sends the app, for the test to send the bot:
+        `tokens_revoked`, then `app_uninstalled`."""
+        with self._lock:
+            return self.oauth.uninstall(team_or_enterprise)
+
+    @property
+    def uninstalls(self) -> list[Uninstalled]:
+        """Every uninstall so far (the bot's apps.uninstall calls too), oldest first."""
+        with self._lock:
+            return list(self.oauth.uninstalls)
+
+    def expire(self, token: str) -> None:
+        """Make an access token expired now: a call with it answers `token_expired` (its refresh token works)."""
+        with self._lock:
+            self.oauth.expire(token)
+
+    def advance(self, seconds: float) -> None:
+        """Move the emulator's clock forward: codes and rotating tokens expire by it."""
+        with self._lock:
+            self._skew += seconds
+
+    def installation_of(self, token: str) -> AppInstall | None:
+        """The installation `token` was issued to (a copy: `team_id`, `enterprise_id`, `is_enterprise_install`,
+        `bot_user_id`, `installed`), None for a token never issued."""
+        with self._lock:
+            return self.oauth.installation_of(token)
+
+    def sender_options(self, team_id: str | None = None) -> dict[str, Any]:
+        """A workspace's fields for a SlackEventSender (its constructor's or `for_team`'s keywords): its team, org,
+        and the installation that reaches it (its own, else its org's org-wide one) with its bot user."""
+        with self._lock:
+            return self.oauth.sender_options(team_id or self.team_id)
+
+    def tokens_used(self, method: str | None = None) -> list[str]:
+        """The tokens of the recorded calls (of `method`), in order; calls without a token left out."""
+        with self._lock:
+            return [c.token for c in self.calls if c.token and (method is None or c.method == method)]
+
+    def calls_with(self, token: str) -> list[SlackCall]:
+        with self._lock:
+            return [call for call in self.calls if call.token == token]
+
+    def _me(self) -> AppInstall:
+        """The installation whose token the call being answered came with (the default one outside a call)."""
+        calling = self._calling.installation if self._calling is not None else None
+        return calling or self.oauth.installs[self.team_id]
+
+    def _seed_bot(self, token: str) -> None:
+        """An installation's bot user, for users.info."""
+        installation = self.oauth.installation_of(token)
+        if installation is not None and installation.bot_user_id not in self.users:
+            team = installation.team_id or installation.enterprise_id
+            self.add_user(installation.bot_user_id, self.bot_name, is_bot=True, team=team)
+            self.users[installation.bot_user_id]["profile"]["bot_id"] = installation.bot_id
 
     def add_user(
         self,
@@ -264,13 +455,14 @@ class SlackEmulator(ThreadedAiohttpServer):
         is_bot: bool = False,
         tz: str = "Europe/Paris",
         email: str | None = None,
+        team: str | None = None,
     ) -> dict[str, Any]:
-        """Seed a user that users.info returns."""
+        """Seed a user that users.info returns (of `team`: the default one unless told)."""
         real = real_name or name.title()
         profile = {"real_name": real, "display_name": name, "email": email or f"{name}@example.com"}
         user = {
             "id": user_id,
-            "team_id": self.team_id,
+            "team_id": team or self.team_id,
             "name": name,
             "deleted": False,
             "real_name": real,
@@ -288,9 +480,14 @@ class SlackEmulator(ThreadedAiohttpServer):
             self.users[user_id] = user
         return user
 
-    def add_channel(self, channel_id: str, name: str, *, is_private: bool = False) -> dict[str, Any]:
-        """Seed a channel: the bot may post there, and conversations.info returns it (a seeded message or event
-        from a person makes its channel too; a post to any other is channel_not_found, as in Slack)."""
+    def add_channel(
+        self, channel_id: str, name: str, *, is_private: bool = False, team: str | None = None
+    ) -> dict[str, Any]:
+        """Seed a channel of `team` (the default one unless told): the bot may post there with a token that reaches
+        that team, and conversations.info returns it (a seeded message or event from a person makes its channel
+        too; a post to any other is channel_not_found, as in Slack)."""
+        with self._lock:
+            team_id = self.oauth.team(team or self.team_id).id
         channel = {
             "id": channel_id,
             "name": name,
@@ -302,7 +499,7 @@ class SlackEmulator(ThreadedAiohttpServer):
             "is_member": True,
             "created": 1700000000,
             "creator": self.bot_user_id,
-            "context_team_id": self.team_id,
+            "context_team_id": team_id,
         }
         with self._lock:
             self.channels[channel_id] = channel
@@ -315,26 +512,30 @@ class SlackEmulator(ThreadedAiohttpServer):
             self.usergroups[group_id] = group
         return group
 
-    def add_message(self, channel: str, text: str, user: str, *, thread_ts: str | None = None) -> dict[str, Any]:
-        """Seed a message from a person (as if typed in Slack); returns it, with its ts."""
+    def add_message(
+        self, channel: str, text: str, user: str, *, thread_ts: str | None = None, team: str | None = None
+    ) -> dict[str, Any]:
+        """Seed a message from a person (as if typed in Slack; in `team`, the default one unless told); returns it,
+        with its ts."""
         message = {
             "type": "message",
             "user": user,
             "text": text,
-            "team": self.team_id,
+            "team": team or self.team_id,
             "client_msg_id": f"00000000-0000-4000-8000-{next(self._ids):012d}",
         }
         with self._lock:
-            self._seen(channel)
+            self._seen(channel, team)
             stored = self._store(channel, message, thread_ts)
         self._touch()
         return stored
 
-    def _seen(self, channel: str) -> None:
-        """A channel a person wrote in (a seeded message or event): there, as it could only come from one."""
+    def _seen(self, channel: str, team: str | None = None) -> None:
+        """A channel a person wrote in (a seeded message or event, in `team`): there, as it could only come from
+        one, and of that team."""
         with self._lock:
             if channel not in self.channels:
-                self.add_channel(channel, channel.lower())
+                self.add_channel(channel, channel.lower(), team=team)
 
     def share_file(
         self,
@@ -538,6 +739,7 @@ class SlackEmulator(ThreadedAiohttpServer):
         app.router.add_get("/files-pri/{key}/download/{name:.+}", self._download)
         app.router.add_get("/files-pri/{key}/{name:.+}", self._download)
         app.router.add_get("/login", self._login)
+        app.router.add_get(AUTHORIZE_PATH, self._authorize_page)
         app.router.add_post("/response-url/{team}/{n}", self._response_url_post)
         app.router.add_get(SOCKET_PATH, self._socket)
         app.on_shutdown.append(self._close_sockets)
@@ -552,6 +754,7 @@ class SlackEmulator(ThreadedAiohttpServer):
         if not await self._held(method, request):
             return web.Response(status=503, text="the caller went away")  # nobody reads it
         call = SlackCall(method, params or {}, dict(request.headers), time.time())
+        call.token = _token(params, request.headers)
         with self._lock:
             self.calls.append(call)
             if self.history is not None and len(self.calls) > 2 * self.history:
@@ -566,20 +769,24 @@ class SlackEmulator(ThreadedAiohttpServer):
         return web.json_response(call.response, status=call.status, headers=headers)
 
     def _answer(self, method: str, params: Params, headers: Any) -> tuple[int, dict[str, Any], dict[str, str]]:
-        auth = headers.get("Authorization", "")
-        token = auth.removeprefix("Bearer ") if auth.startswith("Bearer ") else params.get("token")
+        token = _token(params, headers)
         if method not in self._methods:
             # Logged too: an emulator in another process (the playground's) is checked through its log.
             log.warning("%s: %s (a method Slack has not, or one the emulator lacks)", UNKNOWN_METHOD, method)
             with self._unknown_lock:
                 self._unknown.append(method)
             return 200, {"ok": False, "error": UNKNOWN_METHOD}, {}
-        if not token:
-            return 200, {"ok": False, "error": "not_authed"}, {}
-        if token not in self.tokens | {self.app_token}:
-            return 200, {"ok": False, "error": "invalid_auth"}, {}
-        if (token == self.app_token) != (method == CONNECTIONS_OPEN):
-            return 200, {"ok": False, "error": "not_allowed_token_type"}, {}
+        installation = None
+        if method not in slack_oauth.TOKENLESS:
+            if not token:
+                return 200, {"ok": False, "error": "not_authed"}, {}
+            if token != self.app_token:
+                try:
+                    installation = self.oauth.check(token)
+                except OAuthError as exc:  # unknown, expired, revoked
+                    return 200, {"ok": False, "error": exc.error}, {}
+            if (token == self.app_token) != (method == CONNECTIONS_OPEN):
+                return 200, {"ok": False, "error": "not_allowed_token_type"}, {}
         queue = self._injected.get(method)
         if queue:
             injected = queue[0]
@@ -589,10 +796,32 @@ class SlackEmulator(ThreadedAiohttpServer):
             if injected.retry_after is not None:
                 return 429, {"ok": False, "error": "ratelimited"}, {"Retry-After": str(injected.retry_after)}
             return 200, {"ok": False, "error": injected.error}, {}
+        self._calling = _Calling(installation, token, headers.get("Authorization", ""))
         try:
-            return 200, {"ok": True} | self._methods[method](params), {}
+            if installation is not None:
+                self._check_reach(installation, params)
+            return 200, {"ok": True} | self._methods[method](params), _scopes(installation)
         except SlackError as exc:
             return 200, {"ok": False, "error": exc.error} | exc.extra, {}
+        except OAuthError as exc:
+            return 200, {"ok": False, "error": exc.error}, {}
+        finally:
+            self._calling = None
+
+    def _check_reach(self, installation: AppInstall, params: Params) -> None:
+        """Slack answers channel_not_found for a channel of a team the token's installation does not reach."""
+        named = [params.get("channel"), params.get("channel_id"), *str(params.get("channels") or "").split(",")]
+        for channel in named:
+            known = self.channels.get(str(channel)) if channel else None
+            if known is not None and not self.oauth.covers(installation, known["context_team_id"]):
+                raise SlackError("channel_not_found")
+
+    async def _authorize_page(self, request: web.Request) -> web.Response:
+        with self._lock:
+            page = self.oauth.authorize(dict(request.query), str(request.url))
+        if page.location is not None:
+            return web.Response(status=302, headers={"Location": page.location})
+        return web.Response(status=page.status, text=page.html, content_type="text/html")
 
     async def _upload(self, request: web.Request) -> web.Response:
         file_id = request.match_info["file_id"]
@@ -608,7 +837,7 @@ class SlackEmulator(ThreadedAiohttpServer):
         redirect to the login page (Slack's answer, not an error status)."""
         file_id = request.match_info["key"].rpartition("-")[2]
         auth = request.headers.get("Authorization", "")
-        authorized = auth.startswith("Bearer ") and auth.removeprefix("Bearer ") in self.tokens
+        authorized = auth.startswith("Bearer ") and auth.removeprefix("Bearer ") in self.tokens  # live ones only
         with self._lock:
             self.downloads.append((file_id, authorized))
             data, file = self.shared.get(file_id), self.files.get(file_id)
@@ -677,35 +906,67 @@ class SlackEmulator(ThreadedAiohttpServer):
     @property
     def last_pushed_payload(self) -> Any:
         """The Events API body of the last push_app_mention / push_message: push it again to redeliver it."""
-        return self._payloads.last_payload
+        return self._pushed_by.last_payload
 
-    def push_app_mention(self, text: str, *, channel: str, user: str, thread_ts: str | None = None) -> str:
-        """An `events_api` envelope around an app_mention event_callback (the Events API body)."""
-        self._seen(channel)
-        self._payloads.app_mention(text, channel=channel, user=user, thread_ts=thread_ts)
-        return self.push("events_api", self._payloads.last_payload)
+    def _builder(self, team: str | None) -> SlackEventSender:
+        """The payloads of `team` (the default one: None), as Slack sends them for the installation reaching it;
+        their ids continue the default team's, so they stay unique to a bot that dedupes them."""
+        if team is None or team == self.team_id:
+            self._pushed_by = self._payloads
+        else:
+            with self._lock:
+                if team not in self._builders:
+                    self._builders[team] = self._payloads.for_team(**self.sender_options(team))
+                self._pushed_by = self._builders[team]
+        return self._pushed_by
+
+    def push_app_mention(
+        self, text: str, *, channel: str, user: str, thread_ts: str | None = None, team: str | None = None
+    ) -> str:
+        """An `events_api` envelope around an app_mention event_callback (the Events API body), in `team`."""
+        self._seen(channel, team)
+        builder = self._builder(team)
+        builder.app_mention(text, channel=channel, user=user, thread_ts=thread_ts)
+        return self.push("events_api", builder.last_payload)
 
     def push_message(
-        self, text: str, *, channel: str, user: str, thread_ts: str | None = None, channel_type: str = "channel"
+        self,
+        text: str,
+        *,
+        channel: str,
+        user: str,
+        thread_ts: str | None = None,
+        channel_type: str = "channel",
+        team: str | None = None,
     ) -> str:
-        self._seen(channel)
-        self._payloads.message(text, channel=channel, user=user, thread_ts=thread_ts, channel_type=channel_type)
-        return self.push("events_api", self._payloads.last_payload)
+        self._seen(channel, team)
+        builder = self._builder(team)
+        builder.message(text, channel=channel, user=user, thread_ts=thread_ts, channel_type=channel_type)
+        return self.push("events_api", builder.last_payload)
 
     def push_block_action(
-        self, action_id: str, value: str, *, user: str, channel: str, message_ts: str | None = None
+        self,
+        action_id: str,
+        value: str,
+        *,
+        user: str,
+        channel: str,
+        message_ts: str | None = None,
+        team: str | None = None,
     ) -> str:
-        """An `interactive` envelope around a block_actions payload (a button click)."""
+        """An `interactive` envelope around a block_actions payload (a button click), in `team`."""
         ts = message_ts or self._payloads.new_ts()
-        self._seen(channel)
-        self._payloads.block_action(action_id, value, user=user, channel=channel, message_ts=ts)
-        return self.push("interactive", self._payloads.last_payload)
+        self._seen(channel, team)
+        builder = self._builder(team)
+        builder.block_action(action_id, value, user=user, channel=channel, message_ts=ts)
+        return self.push("interactive", builder.last_payload)
 
-    def push_slash_command(self, command: str, text: str, *, user: str, channel: str) -> str:
+    def push_slash_command(self, command: str, text: str, *, user: str, channel: str, team: str | None = None) -> str:
         """A `slash_commands` envelope: its payload is the command's fields, as the HTTP form has them."""
-        self._seen(channel)
-        self._payloads.slash_command(command, text, user=user, channel=channel)
-        return self.push("slash_commands", self._payloads.last_payload)
+        self._seen(channel, team)
+        builder = self._builder(team)
+        builder.slash_command(command, text, user=user, channel=channel)
+        return self.push("slash_commands", builder.last_payload)
 
     def push_raw(self, text: str, timeout: float = 10) -> None:
         """Send `text` as it is on the newest connection: what Slack never sends (not JSON, not an envelope)."""
@@ -880,12 +1141,13 @@ class SlackEmulator(ThreadedAiohttpServer):
             raise SlackError("channel_not_found")
 
     def _bot_message(self, params: Params) -> dict[str, Any]:
+        me = self._me()
         message = {
             "type": "message",
-            "user": self.bot_user_id,
-            "bot_id": self.bot_id,
+            "user": me.bot_user_id,
+            "bot_id": me.bot_id,
             "app_id": self.app_id,
-            "team": self.team_id,
+            "team": me.team_id or me.enterprise_id,
             "text": params.get("text") or params.get("markdown_text") or "",
         }
         for key in ("blocks", "attachments", "metadata"):
@@ -896,15 +1158,21 @@ class SlackEmulator(ThreadedAiohttpServer):
     # -- methods --------------------------------------------------------------------------------------------
 
     def _auth_test(self, params: Params) -> dict[str, Any]:
-        return {
-            "url": f"https://{self.domain}.slack.com/",
-            "team": self.team_name,
-            "user": self.bot_name,
-            "team_id": self.team_id,
-            "user_id": self.bot_user_id,
-            "bot_id": self.bot_id,
-            "is_enterprise_install": False,
-        }
+        token = self._calling.token if self._calling is not None else None
+        return {"user": self.bot_name} | self.oauth.auth_test(self._me(), token)
+
+    def _oauth_access(self, params: Params) -> dict[str, Any]:
+        authorization = self._calling.authorization if self._calling is not None else ""
+        answer = self.oauth.access(params, authorization)
+        self._seed_bot(answer["access_token"])
+        return answer
+
+    def _apps_uninstall(self, params: Params) -> dict[str, Any]:
+        return self.oauth.apps_uninstall(params, self._me())
+
+    def _auth_revoke(self, params: Params) -> dict[str, Any]:
+        assert self._calling is not None and self._calling.token is not None
+        return self.oauth.revoke(self._calling.token, str(params.get("test") or "").lower() in ("1", "true"))
 
     def _post_message(self, params: Params) -> dict[str, Any]:
         [channel] = self._require(params, "channel")
@@ -918,7 +1186,7 @@ class SlackEmulator(ThreadedAiohttpServer):
     def _update(self, params: Params) -> dict[str, Any]:
         channel, ts = self._require(params, "channel", "ts")
         message = self._existing(channel, ts)
-        if message.get("user") != self.bot_user_id:
+        if message.get("user") != self._me().bot_user_id:
             raise SlackError("cant_update_message")
         if message.get("streaming"):
             raise SlackError("streaming_state_conflict")
@@ -934,7 +1202,7 @@ class SlackEmulator(ThreadedAiohttpServer):
         for key in ("text", "blocks", "attachments", "metadata"):
             if key in params:
                 message[key] = params[key]
-        message["edited"] = {"user": self.bot_user_id, "ts": self._new_ts()}
+        message["edited"] = {"user": self._me().bot_user_id, "ts": self._new_ts()}
         return {"channel": channel, "ts": ts, "text": message.get("text", ""), "message": message}
 
     def _post_ephemeral(self, params: Params) -> dict[str, Any]:
@@ -950,7 +1218,7 @@ class SlackEmulator(ThreadedAiohttpServer):
     def _delete(self, params: Params) -> dict[str, Any]:
         channel, ts = self._require(params, "channel", "ts")
         message = self._existing(channel, ts)
-        if message.get("user") != self.bot_user_id:
+        if message.get("user") != self._me().bot_user_id:
             raise SlackError("cant_delete_message")
         self._messages[channel].remove(message)
         self._uncount(channel, message)
@@ -1017,19 +1285,20 @@ class SlackEmulator(ThreadedAiohttpServer):
         if reaction is None:
             reaction = {"name": name, "users": [], "count": 0}
             reactions.append(reaction)
-        if self.bot_user_id in reaction["users"]:
+        me = self._me().bot_user_id
+        if me in reaction["users"]:
             raise SlackError("already_reacted")
-        reaction["users"].append(self.bot_user_id)
+        reaction["users"].append(me)
         reaction["count"] += 1
         return {}
 
     def _reaction_remove(self, params: Params) -> dict[str, Any]:
         message, name = self._reaction_target(params)
-        reactions = message.get("reactions", [])
-        reaction = next((r for r in reactions if r["name"] == name and self.bot_user_id in r["users"]), None)
+        reactions, me = message.get("reactions", []), self._me().bot_user_id
+        reaction = next((r for r in reactions if r["name"] == name and me in r["users"]), None)
         if reaction is None:
             raise SlackError("no_reaction")
-        reaction["users"].remove(self.bot_user_id)
+        reaction["users"].remove(me)
         reaction["count"] -= 1
         if not reaction["count"]:
             reactions.remove(reaction)
@@ -1090,7 +1359,10 @@ class SlackEmulator(ThreadedAiohttpServer):
             return {"no_op": True, "already_open": True, "channel": found if whole else {"id": known}}
         one = len(key) == 1
         channel_id = f"{'D' if one else 'G'}{next(self._ids):010d}"
-        channel = self.add_channel(channel_id, people[0] if one else "mpdm-" + "--".join(people), is_private=True)
+        # The DM is in the caller's team (an org-wide installation's: the person's).
+        team = self._me().team_id or self.users[people[0]]["team_id"]
+        name = people[0] if one else "mpdm-" + "--".join(people)
+        channel = self.add_channel(channel_id, name, is_private=True, team=team)
         channel |= {"is_group": False, "is_member": True}
         if one:
             channel["user"] = people[0]
@@ -1136,9 +1408,9 @@ class SlackEmulator(ThreadedAiohttpServer):
             view
             | {
                 "id": view_id or f"V{number:010d}",
-                "team_id": self.team_id,
+                "team_id": self._me().team_id or self.team_id,
                 "app_id": self.app_id,
-                "bot_id": self.bot_id,
+                "bot_id": self._me().bot_id,
                 "hash": f"{number}.hash",
                 "state": {"values": {}},
             }
@@ -1181,7 +1453,7 @@ class SlackEmulator(ThreadedAiohttpServer):
             "name": filename,
             "title": filename,
             "size": int(length),
-            "user": self.bot_user_id,
+            "user": self._me().bot_user_id,
             "created": int(time.time()),
             "mimetype": mimetypes.guess_type(filename)[0] or "text/plain",
             "filetype": filename.rpartition(".")[2] if "." in filename else "text",
@@ -1232,6 +1504,18 @@ def _as_read(params: Params, messages: list[dict[str, Any]]) -> list[dict[str, A
         for m in messages
         if float(m.get("ts") or 0) > oldest
     ]
+
+
+def _token(params: Params | None, headers: Any) -> str | None:
+    """The token a call came with: `Authorization: Bearer …`, or a `token` parameter."""
+    auth = headers.get("Authorization", "")
+    token = auth.removeprefix("Bearer ") if auth.startswith("Bearer ") else (params or {}).get("token")
+    return str(token) if token else None
+
+
+def _scopes(installation: AppInstall | None) -> dict[str, str]:
+    """Slack's header of the scopes a token holds, on every answer to it (bolt reads it from auth.test's)."""
+    return {"X-OAuth-Scopes": ",".join(installation.scopes)} if installation and installation.scopes else {}
 
 
 def _check_markdown(params: Params) -> None:
