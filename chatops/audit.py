@@ -27,6 +27,7 @@ from sqlalchemy import ColumnElement, Connection, Engine, Select, and_, exists, 
 from chatops.errors import ChatopsError
 from chatops.schema import Approval, ApprovalDecision, ApprovalState, Session, ToolCall, Vote
 from chatops.secrets import scrub, with_json_forms
+from chatops.teams import NOWHERE, Team, in_workspace
 
 # Calls read a page at a time: bounded memory, and the decisions of a page in one IN list SQLite takes.
 PAGE = 500
@@ -83,6 +84,8 @@ class AuditFilter:
     until: datetime | None = None
     channel: str | None = None
     user: str | None = None
+    # In one Slack workspace (or org): an admin of one workspace exports only its calls (chatops.teams).
+    place: Team = NOWHERE
 
 
 @dataclass(frozen=True)
@@ -192,6 +195,7 @@ def _page(where: AuditFilter, after: int, page: int) -> Select[*tuple[Any, ...]]
         query = query.where(at < where.until)
     if where.channel is not None:
         query = query.where(Session.channel_id == where.channel)
+    query = query.where(*in_workspace(where.place))
     if where.user is not None:
         user = check_user(where.user)  # it goes into LIKE patterns: only an id's letters and digits may
         query = query.where(

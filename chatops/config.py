@@ -56,6 +56,9 @@ ENVIRONMENT = (
     "SLACK_BOT_TOKEN",
     "SLACK_SIGNING_SECRET",
     "SLACK_APP_TOKEN",
+    "SLACK_CLIENT_ID",
+    "SLACK_CLIENT_SECRET",
+    "SLACK_REDIRECT_URI",
     "MM_MODEL_URL",
     "MM_MODEL",
     "MM_WORKSPACES",
@@ -617,6 +620,11 @@ class ServiceConfig(Strict):
         admins = next((s.admins for s in reversed(sections) if s.admins), self.admins)
         return self.model_copy(update={"channels": channels, "admins": admins})
 
+    def for_job(self, job: JobConfig) -> ServiceConfig:
+        """The config as a job's workspace (or org) sees it: for_team of its `team`."""
+        key = job.team
+        return self.for_team(None, key) if key is not None and key.startswith("E") else self.for_team(key)
+
     def all_channels(self) -> list[ChannelConfig]:
         """Every channel entry the file holds: the top level's, then each section's (what a check of every
         channel walks; `channel()` and `channels` are one workspace's, see for_team)."""
@@ -632,8 +640,22 @@ class ServiceConfig(Strict):
         return known | {forge_host(host): forge for host, forge in self.forges.items()}
 
     def channel(self, channel_id: str) -> ChannelConfig:
-        """The channel's own settings, or the default's, or none at all."""
-        return self.channels.get(channel_id) or self.channels.get("default") or ChannelConfig()
+        """The channel's own settings (this view's: a workspace's through for_team; else those of the `teams`
+        section that holds it, for a caller that does not know the workspace: a channel is one workspace's), or
+        the default's, or none at all. The default is this view's: a workspace's own `default` through for_team."""
+        return (
+            self.channels.get(channel_id)
+            or self._in_section(channel_id)
+            or self.channels.get("default")
+            or ChannelConfig()
+        )
+
+    def _in_section(self, channel_id: str) -> ChannelConfig | None:
+        """The channel's entry in a workspace's section, else in an org's (a workspace's is over its org's)."""
+        if channel_id == "default" or not self.teams:
+            return None
+        ordered = sorted(self.teams.items(), key=lambda item: not item[0].startswith("T"))
+        return next((team.channels[channel_id] for _key, team in ordered if channel_id in team.channels), None)
 
     def network_over(self, channel_id: str, job: JobConfig | None) -> NetworkConfig | None:
         """A thread's own egress policy over its agent's (None: the agent's `network`): the running job's, else
@@ -684,15 +706,28 @@ class Config:
     # GitHub App), and the Apps' private keys (PEM) by host: from the environment, or the file the config names.
     forge_tokens: Mapping[str, str] = dataclasses.field(default_factory=dict)
     forge_app_keys: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    # The app's OAuth client, when it is installed in many workspaces (docs/slack-app.md): with both set, every
+    # workspace's token comes from its installation (slackio.installations) and SLACK_BOT_TOKEN is not used.
+    slack_client_id: str | None = None
+    slack_client_secret: str | None = None
+    # Where Slack sends the installer back (`/slack/oauth_redirect` on the bot); None: the app's own setting.
+    slack_redirect_uri: str | None = None
+
+    @property
+    def oauth(self) -> bool:
+        """Installed through OAuth in one or many workspaces (else one workspace's SLACK_BOT_TOKEN)."""
+        return bool(self.slack_client_id and self.slack_client_secret)
 
     def missing_slack_secrets(self, socket_mode: bool) -> list[str]:
-        """The environment variables `serve` needs and does not have (HTTP: signing secret; Socket: app token)."""
+        """The environment variables `serve` needs and does not have (HTTP: signing secret; Socket: app token;
+        a bot token unless the app is installed through OAuth)."""
         needed = {
-            "SLACK_BOT_TOKEN": self.slack_bot_token,
             "SLACK_APP_TOKEN" if socket_mode else "SLACK_SIGNING_SECRET": (
                 self.slack_app_token if socket_mode else self.slack_signing_secret
             ),
         }
+        if not self.oauth:
+            needed = {"SLACK_BOT_TOKEN": self.slack_bot_token} | needed
         return [name for name, value in needed.items() if not value]
 
 
@@ -751,6 +786,9 @@ def load_config(path: str | os.PathLike[str] | None = None, environ: Mapping[str
         },
         forge_tokens=_forge_tokens(service, env),
         forge_app_keys=app_keys,
+        slack_client_id=_env(env, "SLACK_CLIENT_ID"),
+        slack_client_secret=_env(env, "SLACK_CLIENT_SECRET"),
+        slack_redirect_uri=_env(env, "SLACK_REDIRECT_URI"),
     )
 
 

@@ -73,6 +73,9 @@ class Message(TypedDict):
     user_id: str | None
     text: str
     team_id: NotRequired[str | None]
+    # The workspace and org the thread is in, as the installation sees them (kept on a session it creates).
+    slack_team_id: NotRequired[str | None]
+    enterprise_id: NotRequired[str | None]
     assistant_thread: NotRequired[bool]
     command: NotRequired[InboxCommand | None]
     files: NotRequired[list[dict[str, Any]] | None]
@@ -84,6 +87,8 @@ def message_values(**message: Unpack[Message]) -> dict[str, Any]:
         "p_channel": message["channel_id"],
         "p_thread": message["thread_ts"],
         "p_team": message.get("team_id"),
+        "p_slack_team": message.get("slack_team_id"),
+        "p_enterprise": message.get("enterprise_id"),
         "p_user": message["user_id"],
         "p_assistant": message.get("assistant_thread", False),
         "p_message_ts": message["message_ts"],
@@ -137,6 +142,8 @@ _CREATE = (
         channel_id=bindparam("p_channel"),
         thread_ts=bindparam("p_thread"),
         team_id=bindparam("p_team"),
+        slack_team_id=bindparam("p_slack_team"),
+        enterprise_id=bindparam("p_enterprise"),
         requester=bindparam("p_user"),
         assistant_thread=bindparam("p_assistant"),
         status=SessionStatus.QUEUED,

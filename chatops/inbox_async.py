@@ -109,14 +109,16 @@ WITH input AS (
     SELECT * FROM unnest(
         %(p_id)s::text[], %(p_channel)s::text[], %(p_thread)s::text[], %(p_team)s::text[], %(p_user)s::text[],
         %(p_assistant)s::boolean[], %(p_message_ts)s::text[], %(p_text)s::text[], %(p_command)s::text[],
-        %(p_files)s::text[]
-    ) WITH ORDINALITY AS m(id, channel, thread, team, user_id, assistant, message_ts, text, command, files, ord)
+        %(p_files)s::text[], %(p_slack_team)s::text[], %(p_enterprise)s::text[]
+    ) WITH ORDINALITY AS m(id, channel, thread, team, user_id, assistant, message_ts, text, command, files,
+                           slack_team, enterprise, ord)
 ), found AS (
     SELECT m.ord, s.id, s.status FROM input m JOIN sessions s ON s.channel_id = m.channel AND s.thread_ts = m.thread
 ), created AS (
-    INSERT INTO sessions (id, kind, channel_id, thread_ts, team_id, requester, assistant_thread, status,
-                          lease_token, event_seq, created_at, updated_at)
-    SELECT m.id, '{SessionKind.THREAD.value}', m.channel, m.thread, m.team, m.user_id, m.assistant,
+    INSERT INTO sessions (id, kind, channel_id, thread_ts, team_id, slack_team_id, enterprise_id, requester,
+                          assistant_thread, status, lease_token, event_seq, created_at, updated_at)
+    SELECT m.id, '{SessionKind.THREAD.value}', m.channel, m.thread, m.team, m.slack_team, m.enterprise, m.user_id,
+           m.assistant,
            '{SessionStatus.QUEUED.value}', 0, 0, %(p_now)s, %(p_now)s
     FROM input m WHERE NOT EXISTS (SELECT FROM found f WHERE f.ord = m.ord)
     ORDER BY m.ord
@@ -154,6 +156,8 @@ _COLUMNS = (
     "p_text",
     "p_command",
     "p_files",
+    "p_slack_team",
+    "p_enterprise",
 )
 
 

@@ -229,13 +229,16 @@ def run_of_request(engine: Engine, request_key: str) -> int | None:
         return conn.execute(select(JobRun.id).where(JobRun.request_key == request_key)).scalar()
 
 
-def set_paused(bind: Engine | Connection, job: str, paused: bool, user: str, now: datetime) -> bool:
-    """Pause or resume a job; False when it already was so. Resuming clears its failures in a row, and the time
-    it happens is where a scheduler starting later catches up from. Given a connection, in its transaction."""
+def set_paused(
+    bind: Engine | Connection, job: str, paused: bool, user: str | None, now: datetime, why: str | None = None
+) -> bool:
+    """Pause or resume a job (by `user`, else by the app itself, saying `why`); False when it already was so.
+    Resuming clears its failures in a row, and the time it happens is where a scheduler starting later catches
+    up from. Given a connection, in its transaction."""
     values = {
         "paused": paused,
         "paused_by": user if paused else None,
-        "paused_reason": f"paused by <@{user}>" if paused else None,
+        "paused_reason": (why or f"paused by <@{user}>") if paused else None,
         "updated_at": now,
         **({} if paused else {"consecutive_failures": 0}),
     }

@@ -9,6 +9,7 @@ it (bot/authorize.py reads it), and its message says so.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -27,6 +28,9 @@ class Waiting:
     row: ApprovalRow
     channel: str
     thread_ts: str | None
+    # The thread's workspace and org, whose installation speaks there (slackio.installations.team_of).
+    slack_team_id: str | None = None
+    enterprise_id: str | None = None
 
 
 def _waiting_since(before: datetime, now: datetime) -> list[ColumnElement[bool]]:
@@ -72,7 +76,7 @@ def due_escalations(
                 .values(escalated_at=now, approvers=widened)
             ).rowcount
         if won == 1 and (row := get_approval(engine, waiting.row.call_id)) is not None:
-            escalated.append(Waiting(row, waiting.channel, waiting.thread_ts))
+            escalated.append(dataclasses.replace(waiting, row=row))
     return escalated
 
 
@@ -80,16 +84,15 @@ def _in_threads(engine: Engine, rows: Sequence[ApprovalRow]) -> list[Waiting]:
     if not rows:
         return []
     with engine.connect() as conn:
+        columns = (Session.channel_id, Session.thread_ts, Session.slack_team_id, Session.enterprise_id)
         threads: dict[str, Any] = {
-            sid: (channel, ts)
-            for sid, channel, ts in conn.execute(
-                select(Session.id, Session.channel_id, Session.thread_ts).where(
-                    Session.id.in_({r.session_id for r in rows})
-                )
+            sid: where
+            for sid, *where in conn.execute(
+                select(Session.id, *columns).where(Session.id.in_({r.session_id for r in rows}))
             )
         }
     return [
-        Waiting(r, threads[r.session_id][0] or "", threads[r.session_id][1]) for r in rows if r.session_id in threads
+        Waiting(r, (t := threads[r.session_id])[0] or "", t[1], t[2], t[3]) for r in rows if r.session_id in threads
     ]
 
 

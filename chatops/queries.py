@@ -13,6 +13,7 @@ from sqlalchemy import Engine, func, or_, select
 
 from chatops.schema import Approval, ApprovalState, InboxMessage, Session, SessionEvent, utcnow
 from chatops.store import APPROVAL_COLUMNS, ApprovalRow, approval_from, get_approval
+from chatops.teams import NOWHERE, Team, in_workspace
 from mm_core.log import AssistantMessage, from_dict
 
 
@@ -72,12 +73,12 @@ def _turn_record(engine: Engine, session_id: str, key: str) -> dict[str, Any] | 
     return used if isinstance(used, dict) else None
 
 
-def recent_sessions(engine: Engine, user: str, limit: int = 10) -> list[SessionSummary]:
-    """The sessions `user` started or wrote to, most recently active first."""
+def recent_sessions(engine: Engine, user: str, limit: int = 10, place: Team = NOWHERE) -> list[SessionSummary]:
+    """The sessions `user` started or wrote to in the workspace `place`, most recently active first."""
     wrote = select(InboxMessage.session_id).where(InboxMessage.user_id == user)
     with engine.connect() as conn:
         rows = conn.execute(
-            _SUMMARY.where(or_(Session.requester == user, Session.id.in_(wrote)))
+            _SUMMARY.where(or_(Session.requester == user, Session.id.in_(wrote)), *in_workspace(place))
             .order_by(Session.updated_at.desc())
             .limit(limit)
         ).all()
@@ -96,8 +97,11 @@ def latest_session(engine: Engine, channel_id: str, user: str) -> SessionSummary
     return SessionSummary(*row) if row else None
 
 
-def pending_approvals(engine: Engine, limit: int = 50, session_id: str | None = None) -> list[PendingApproval]:
-    """Approvals still waiting and not past their time, oldest first, with where their session is."""
+def pending_approvals(
+    engine: Engine, limit: int = 50, session_id: str | None = None, place: Team = NOWHERE
+) -> list[PendingApproval]:
+    """Approvals still waiting and not past their time in the workspace `place`, oldest first, with where their
+    session is."""
     now = utcnow()
     query = (
         select(*APPROVAL_COLUMNS, Session.channel_id.label("s_channel"), Session.thread_ts.label("s_thread"))
@@ -105,6 +109,7 @@ def pending_approvals(engine: Engine, limit: int = 50, session_id: str | None = 
         .where(
             Approval.state == ApprovalState.PENDING,
             or_(Approval.expires_at.is_(None), Approval.expires_at > now),
+            *in_workspace(place),
         )
         .order_by(Approval.created_at)
         .limit(limit)

@@ -12,6 +12,8 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, ClassVar
 
+from slack_sdk.oauth.installation_store.sqlalchemy import SQLAlchemyInstallationStore
+from slack_sdk.oauth.state_store.sqlalchemy import SQLAlchemyOAuthStateStore
 from sqlalchemy import (
     JSON,
     BigInteger,
@@ -217,6 +219,10 @@ class Session(Base):
     kind: Mapped[str] = mapped_column(String(16), default=SessionKind.THREAD)
     # The requester's own team (a Slack Connect person's, not the installation's): a stream names it.
     team_id: Mapped[str | None] = mapped_column(String(32))
+    # The Slack workspace and org (Enterprise Grid) the thread is in, as the app's installation sees them: whose
+    # token answers it (slackio.installations), and who may click in it (a person of another workspace may not).
+    slack_team_id: Mapped[str | None] = mapped_column(String(32))
+    enterprise_id: Mapped[str | None] = mapped_column(String(32))
     channel_id: Mapped[str | None] = mapped_column(String(32))
     thread_ts: Mapped[str | None] = mapped_column(String(32))
     requester: Mapped[str | None] = mapped_column(String(32))
@@ -591,3 +597,15 @@ class PullRequestRecord(Base):
     checks_said: Mapped[str | None] = mapped_column(String(64))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+
+
+# --- Slack's installations (many workspaces: OAuth v2) --------------------------------------------------------------
+# slack_sdk's own SQLAlchemy stores keep the installations, their bots and the OAuth flow's one-use states; their
+# tables are theirs, built by their own builders on this metadata so that the migrations follow them like every
+# other table (slackio.installations opens the stores on them).
+INSTALLATIONS_TABLE = SQLAlchemyInstallationStore.default_installations_table_name
+BOTS_TABLE = SQLAlchemyInstallationStore.default_bots_table_name
+OAUTH_STATES_TABLE = "slack_oauth_states"
+slack_installations = SQLAlchemyInstallationStore.build_installations_table(Base.metadata, INSTALLATIONS_TABLE)
+slack_bots = SQLAlchemyInstallationStore.build_bots_table(Base.metadata, BOTS_TABLE)
+slack_oauth_states = SQLAlchemyOAuthStateStore.build_oauth_states_table(Base.metadata, OAUTH_STATES_TABLE)

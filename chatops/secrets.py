@@ -46,6 +46,7 @@ def secrets_of(config: Config) -> list[str]:
         config.slack_bot_token,
         config.slack_signing_secret,
         config.slack_app_token,
+        config.slack_client_secret,
         config.model_api_key,
         config.git_token,
         *config.model_api_keys.values(),

@@ -79,6 +79,9 @@ class Snapshot:
     channel_id: str | None = None
     thread_ts: str | None = None
     team_id: str | None = None
+    # The workspace and org the thread is in, as the installation sees them (slackio.installations.team_of).
+    slack_team_id: str | None = None
+    enterprise_id: str | None = None
     requester: str | None = None
     repo: str | None = None
     branch: str | None = None
@@ -154,6 +157,8 @@ def snapshot(bind: Engine | Connection, session_id: str, *, log: bool = True) ->
         channel_id=s.channel_id,
         thread_ts=s.thread_ts,
         team_id=s.team_id,
+        slack_team_id=s.slack_team_id,
+        enterprise_id=s.enterprise_id,
         requester=s.requester,
         repo=s.repo,
         branch=s.branch,

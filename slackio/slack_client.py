@@ -8,7 +8,7 @@ that is the caller's to report (the renderer hands it to its on_error), never a 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 from slack_sdk.errors import SlackApiError
@@ -22,8 +22,10 @@ from slack_sdk.http_retry.request import HttpRequest
 from slack_sdk.http_retry.response import HttpResponse
 from slack_sdk.http_retry.state import RetryState
 from slack_sdk.web.async_client import AsyncWebClient
+from slack_sdk.web.async_slack_response import AsyncSlackResponse
 
-from slackio import metrics
+from chatops.teams import Team
+from slackio import installations, metrics
 
 if TYPE_CHECKING:
     from chatops.config import Config
@@ -129,11 +131,28 @@ def api_base(url: str) -> str:
     return url if url.endswith("/") else url + "/"
 
 
-def web_client(config: Config) -> AsyncWebClient:
-    """The client the worker posts with: `config.slack_api_url` (Slack itself, GovSlack or the emulator)."""
-    return AsyncWebClient(
-        token=config.slack_bot_token,
-        base_url=api_base(config.slack_api_url),
-        timeout=TIMEOUT,
-        retry_handlers=retry_handlers(),
-    )
+def web_client(config: Config, team: Team | None = None) -> AsyncWebClient:
+    """The client the worker posts with into `team`'s workspace: `config.slack_api_url` (Slack itself, GovSlack or
+    the emulator), with SLACK_BOT_TOKEN, or under OAuth the workspace's own token, asked before each call (a
+    rotating one is refreshed before it dies: slackio.installations)."""
+    settings: dict[str, Any] = {
+        "base_url": api_base(config.slack_api_url),
+        "timeout": TIMEOUT,
+        "retry_handlers": retry_handlers(),
+    }
+    if not config.oauth:
+        return AsyncWebClient(token=config.slack_bot_token, **settings)
+    return TeamClient(installations.tokens(config), team or Team(None), **settings)
+
+
+class TeamClient(AsyncWebClient):
+    """A Web API client of one workspace, whose token is asked of `tokens` before each call: a turn outlives a
+    rotating token (12 hours), and a client made before a refresh must not go on with the old one."""
+
+    def __init__(self, tokens: installations.Tokens, team: Team, **settings: Any) -> None:
+        super().__init__(**settings)
+        self.tokens, self.team = tokens, team
+
+    async def api_call(self, api_method: str, **kwargs: Any) -> AsyncSlackResponse:  # pyright: ignore[reportIncompatibleMethodOverride]
+        self.token = await self.tokens.token(self.team)
+        return await super().api_call(api_method, **kwargs)

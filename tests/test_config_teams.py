@@ -80,7 +80,9 @@ def test_a_workspace_sees_its_section_over_its_organisation_s_over_the_top_level
     other = config.for_team("T0OTHER", "E0ORG")
     assert other.channel("C0SHARED").repo == "https://git.example.com/org-shared.git"
     assert other.channel("C0NOTLISTED").repo == "https://git.example.com/global.git"
-    assert other.channel("C0A").repo == "https://git.example.com/global.git"  # T0AAA's channel is not its
+    # T0AAA's channel keeps its own settings wherever it is seen from (a channel shared by Slack Connect, a caller
+    # that does not know the workspace): a channel is configured in one place.
+    assert other.channel("C0A").repo == "https://git.example.com/a1.git"
     assert other.admins == ["S0ORGSEC"]
 
     # A section naming no admins: the top level's (no organisation given).

@@ -16,8 +16,9 @@ TABLES = {
     *("sessions", "session_events", "inbox", "tool_calls", "approvals", "errors", "slack_events"),
     *("job_runs", "job_states", "scheduler_leases", "slack_requests", "assistant_contexts"),
     *("approval_decisions", "model_usage", "pull_requests"),
+    *("slack_installations", "slack_bots", "slack_oauth_states"),
 }
-HEAD = "0010"
+HEAD = "0011"
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

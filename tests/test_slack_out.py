@@ -21,6 +21,9 @@ PACKAGES = ("bot", "workers", "slackio", "commands", "chatops", "mm_core", "play
 GATEWAY = Path("slackio/slack_out.py")
 # The emulator is Slack's side: it answers the Web API, it does not call it.
 NOT_CLIENTS = {Path("playground/slack_api.py")}
+# A client's own override that every call passes through unchanged (slackio.slack_client.TeamClient sets the
+# workspace's token, then calls slack_sdk's api_call): not a write of its own.
+PASS_THROUGH = {(Path("slackio/slack_client.py"), "api_call")}
 # What the service reads from Slack (nobody reads what they return but the service).
 READS = {
     "auth_test",
@@ -80,7 +83,7 @@ def test_every_write_to_slack_goes_through_the_gateway() -> None:
             if relative in (GATEWAY, *NOT_CLIENTS):
                 continue
             found = _bypasses(path, listeners=package == "bot")
-            bypasses += [f"{relative}:{line} {what}" for line, what in found]
+            bypasses += [f"{relative}:{line} {what}" for line, what in found if (relative, what) not in PASS_THROUGH]
     assert not bypasses, "Slack writes outside slackio/slack_out.py:\n" + "\n".join(bypasses)
 
 
