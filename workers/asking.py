@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import Engine, select
 
-from chatops.config import Config, JobConfig
+from chatops.config import Config, JobConfig, ServiceConfig
 from chatops.schema import Session
 from chatops.store import log_of
 from mm_core.config import AgentConfig
@@ -36,13 +36,14 @@ class ThreadSetting:
 
 
 def thread_setting(
-    config: Config, agent: AgentConfig, channel: str, thread_yolo: bool | None, job: JobConfig | None
+    service: ServiceConfig, agent: AgentConfig, channel: str, thread_yolo: bool | None, job: JobConfig | None
 ) -> ThreadSetting:
-    """The thread's setting: `agent` is the agent config its turns run with (a job's own), `thread_yolo` the
-    thread's switch, `job` the job whose run the thread is while the run runs."""
+    """The thread's setting: `service` the config as its workspace sees it (ServiceConfig.for_team), `agent` the
+    agent config its turns run with (a job's own), `thread_yolo` the thread's switch, `job` the job whose run the
+    thread is while the run runs."""
     if thread_yolo is not None:
         return ThreadSetting(thread_yolo)
-    channel_yolo = config.service.channel(channel).yolo
+    channel_yolo = service.channel(channel).yolo
     default = agent.yolo if channel_yolo is None else channel_yolo
     if job is None or job.yolo is None:
         return ThreadSetting(default)
@@ -54,12 +55,15 @@ def thread_asking(engine: Engine, config: Config, session_id: str) -> tuple[Aski
     """The session's answer as its next turn would take it (None: no such session), and the setting it came from."""
     with engine.connect() as conn:
         row = conn.execute(
-            select(Session.channel_id, Session.yolo, Session.agent_name).where(Session.id == session_id)
+            select(
+                Session.channel_id, Session.yolo, Session.agent_name, Session.slack_team_id, Session.enterprise_id
+            ).where(Session.id == session_id)
         ).first()
     if row is None:
         return None
     running = job_of_session(engine, config, session_id)
     agent = agent_of(config, row.agent_name)
-    setting = thread_setting(config, agent, row.channel_id or "", row.yolo, running.job if running else None)
+    service = config.service.for_team(row.slack_team_id, row.enterprise_id)
+    setting = thread_setting(service, agent, row.channel_id or "", row.yolo, running.job if running else None)
     state = SessionState.of(log_of(engine, session_id))
     return asking(state, setting.default, setting.standing), setting

@@ -62,7 +62,7 @@ async def push_job_pull_request(
     assert job.push is not None
     branch = job.push.branch.format(job=job.name)
     owner = records.job_owner(job.name)
-    base = job.branch or config.service.channel(job.channel).branch
+    base = job.branch or config.service.for_job(job).channel(job.channel).branch
     try:
         forge, repo = await asyncio.to_thread(forge_for, config, remote)
         record = records.current(engine, owner)

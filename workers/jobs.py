@@ -43,6 +43,7 @@ from chatops.schema import (
 )
 from chatops.secrets import scrub
 from chatops.store import approvals_of, ensure_session, record_error
+from chatops.teams import Team
 from mm_core import display
 from mm_core.config import AgentConfig
 from mm_core.events import TurnFinished
@@ -157,6 +158,7 @@ async def start_run(engine: Engine, slack: SlackOut, start: RunStart) -> str | N
         count_run(engine, job, failed=True)
         return None
     ts = str(posted["ts"])
+    team = Team.named(job.team)
     session_id = ensure_session(
         engine,
         channel_id=job.channel,
@@ -166,6 +168,8 @@ async def start_run(engine: Engine, slack: SlackOut, start: RunStart) -> str | N
         repo=job.repo,
         branch=job.branch,
         agent_name=job.agent,
+        slack_team_id=team.team_id,
+        enterprise_id=team.enterprise_id,
     )
     # Nobody wrote the prompt (the requester is the session's): it alone runs with the job's yolo.
     record_message(engine, channel_id=job.channel, thread_ts=ts, message_ts=ts, user_id=None, text=prompt_of(job))
@@ -362,7 +366,7 @@ async def _push(
     branch pushed (or None), the summary's line, and the reason the run failed when the push did."""
     job = run.job
     assert job.push is not None
-    remote = job.push.remote or job.repo or config.service.channel(job.channel).repo
+    remote = job.push.remote or job.repo or config.service.for_job(job).channel(job.channel).repo
     if not remote:
         return None, NO_REMOTE, NO_REMOTE
     if job.push.pr:
@@ -373,7 +377,7 @@ async def _push(
     branch = job.push.branch.format(job=job.name, date=f"{local:%Y-%m-%d}", run=run.run_id)
     message = f"{job.name}: run {run.run_id} of {local:%Y-%m-%d %H:%M} {job.timezone}\n\n{prompt_of(job)[:2000]}"
     try:
-        base = job.branch or config.service.channel(job.channel).branch
+        base = job.branch or config.service.for_job(job).channel(job.channel).branch
         token = await asyncio.to_thread(credentials, config, remote)
         pushed = await asyncio.to_thread(
             push_workspace, workspace, agent, remote, branch, message, token, base, start, cloned

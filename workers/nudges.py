@@ -26,6 +26,7 @@ from chatops.approvers import accepted
 from chatops.config import Config
 from chatops.nudges import Waiting, due_escalations, due_reminders, pending_by_age
 from chatops.schema import utcnow
+from chatops.teams import team_of
 from slackio import metrics
 from slackio.approval_message import approval_blocks, line_of
 from slackio.blocks import duration
@@ -53,13 +54,20 @@ def nudge_waiting(engine: Engine, config: Config, secrets: tuple[str, ...], now:
 
 async def _nudge(engine: Engine, config: Config, secrets: tuple[str, ...], now: datetime) -> int:
     service, approvals = config.service, config.service.approvals
-    client = web_client(config)
-    client.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT))
-    slack, posted = SlackOut(client, secrets), 0
+    # One connection pool for every call; each thread's client speaks with its own workspace's token.
+    pool = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT))
+
+    def slack_of(waiting: Waiting) -> SlackOut:
+        client = web_client(config, team_of(waiting))
+        client.session = pool
+        return SlackOut(client, secrets)
+
+    posted = 0
     try:
         if approvals.remindAfter is not None:
             for waiting in due_reminders(engine, approvals.remindAfter, now):
                 async with _each(waiting):
+                    slack = slack_of(waiting)
                     who = await _named(slack, accepted(service, waiting.channel, waiting.row), waiting)
                     text = REMINDER.format(who=who, age=duration(approvals.remindAfter), line=line_of(waiting.row))
                     posted += await _post(slack, waiting, text)
@@ -69,12 +77,13 @@ async def _nudge(engine: Engine, config: Config, secrets: tuple[str, ...], now: 
                 engine, approvals.escalateAfter, now, to, lambda row, channel: accepted(service, channel, row)
             ):
                 async with _each(waiting):
+                    slack = slack_of(waiting)
                     await _show(slack, waiting, secrets)
                     who = await _named(slack, to, waiting)
                     text = ESCALATED.format(who=who, age=duration(approvals.escalateAfter), line=line_of(waiting.row))
                     posted += await _post(slack, waiting, text)
     finally:
-        await client.session.close()
+        await pool.close()
     return posted
 
 

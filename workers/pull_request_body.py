@@ -19,6 +19,7 @@ from chatops.queries import writers
 from chatops.schema import CallDecision, InboxMessage, SessionEvent, ToolCall
 from chatops.secrets import scrub
 from chatops.sessions import Snapshot
+from chatops.teams import Team, team_of
 from slackio.slack_client import web_client
 
 MAX_TITLE = 72
@@ -64,7 +65,7 @@ async def thread_body(
 ) -> str:
     asked = _first_request(engine, session_id)
     people = {u for u in (*writers(engine, session_id), user, *_approvers(engine, session_id)) if u}
-    names, link = await _slack_facts(config, facts.channel_id, facts.thread_ts, people)
+    names, link = await _slack_facts(config, team_of(facts), facts.channel_id, facts.thread_ts, people)
     parts = []
     if asked:
         parts.append(_quoted(_unmention(asked, names), MAX_ASKED))
@@ -93,7 +94,7 @@ async def job_body(
     summary: str,
     changes: str,
 ) -> str:
-    _names_unused, link = await _slack_facts(config, channel, thread_ts, set())
+    _names_unused, link = await _slack_facts(config, Team.named(job.team), channel, thread_ts, set())
     parts = [f"The scheduled job `{job.name}` (`{job.schedule}`, {job.timezone}) changed these files in run {run_id}."]
     if summary:
         parts.append("**The agent's answer**\n\n" + _quoted(summary, MAX_ANSWER))
@@ -153,11 +154,11 @@ def _approvers(engine: Engine, session_id: str) -> set[str]:
 
 
 async def _slack_facts(
-    config: Config, channel: str | None, thread_ts: str | None, people: set[str]
+    config: Config, team: Team, channel: str | None, thread_ts: str | None, people: set[str]
 ) -> tuple[dict[str, str], str | None]:
     """The people's names (by id) and the thread's link, as Slack gives them; what Slack does not give is left
     out (the ids stand for the names)."""
-    client = web_client(config)
+    client = web_client(config, team)
     names: dict[str, str] = {}
     link = None
     try:

@@ -84,6 +84,7 @@ def run_job(run_id: int) -> None:
     """Start a job run the scheduler recorded: its thread in the job's channel, its session given the prompt."""
     import asyncio
 
+    from chatops.teams import Team
     from slackio.slack_client import web_client
     from slackio.slack_out import SlackOut
     from workers.jobs import claim_run, start_run
@@ -93,7 +94,8 @@ def run_job(run_id: int) -> None:
     start = claim_run(proc.engine, proc.config_file, run_id)
     if start is None:
         return
-    session_id = asyncio.run(start_run(proc.engine, SlackOut(web_client(proc.config), proc.secrets), start))
+    slack = SlackOut(web_client(proc.config, Team.named(start.job.team)), proc.secrets)
+    session_id = asyncio.run(start_run(proc.engine, slack, start))
     if session_id is not None:
         enqueue_session(session_id)
 

@@ -20,6 +20,7 @@ from chatops.schema import PullRequestState, Session, SessionStatus
 from chatops.secrets import describe_error
 from chatops.sessions import Snapshot, snapshot
 from chatops.store import acquire_lease, record_error, release_lease
+from chatops.teams import team_of
 from slackio.mrkdwn import Mrkdwn
 from slackio.slack_client import failed_where, web_client
 from slackio.slack_out import SlackOut
@@ -85,7 +86,10 @@ def _push(
     title: str | None,
 ) -> str:
     config, engine = proc.config, proc.engine
-    remote = facts.repo or config.service.channel(facts.channel_id or "").repo
+    remote = (
+        facts.repo
+        or config.service.for_team(facts.slack_team_id, facts.enterprise_id).channel(facts.channel_id or "").repo
+    )
     if not remote:
         return NO_REPO
     workspace = workspace_path(config.workspaces_root, session_id)
@@ -93,7 +97,10 @@ def _push(
         return NOTHING
     owner = records.thread_owner(session_id)
     record = records.current(engine, owner)
-    base = facts.branch or config.service.channel(facts.channel_id or "").branch
+    base = (
+        facts.branch
+        or config.service.for_team(facts.slack_team_id, facts.enterprise_id).channel(facts.channel_id or "").branch
+    )
     repo = None  # where the pull request is: None for a push that is only a push
     try:
         if record is not None or pull_request:
@@ -158,7 +165,9 @@ def _agent_name(proc: Process, session_id: str) -> str | None:
 
 async def say_in_thread(proc: Process, facts: Snapshot, text: str) -> None:
     """A line in the session's thread, from a task that is not its turn (a push, a pull request's news)."""
-    slack = SlackOut(web_client(proc.config), proc.secrets)  # scrubs the token and the rest from git's words
+    slack = SlackOut(
+        web_client(proc.config, team_of(facts)), proc.secrets
+    )  # scrubs the token and the rest from git's words
     try:
         await slack.post(facts.channel_id or "", text, thread_ts=facts.thread_ts)
     except Exception as e:  # noqa: BLE001 - what was said happened (or not); the errors table keeps the message

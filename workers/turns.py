@@ -30,7 +30,7 @@ from sqlalchemy import Engine, select
 
 from chatops import budgets, db, pull_requests
 from chatops.buttons import Action, ButtonValue, element
-from chatops.config import Config, load_config
+from chatops.config import Config, ServiceConfig, load_config
 from chatops.inbox import (
     clear_stop,
     expire_pending,
@@ -60,6 +60,7 @@ from chatops.store import (
     set_instructions_used,
     set_status,
 )
+from chatops.teams import team_of
 from mm_core import Agent, ModelHttp, display
 from mm_core.agent import DEFAULT_SYSTEM_PROMPT
 from mm_core.config import AgentConfig
@@ -71,6 +72,7 @@ from mm_core.tools.ask_agent import load_agent_file
 from slackio import metrics
 from slackio.approval_message import NO_APPROVERS, ApprovalAsked
 from slackio.blocks import duration
+from slackio.installations import tokens
 from slackio.mrkdwn import Mrkdwn
 from slackio.slack_client import TIMEOUT, failed_where, web_client
 from slackio.slack_out import SlackOut
@@ -213,10 +215,15 @@ class SessionTurns:
         self.workspace: Path | None = None
         self.gate: budgets.Gate | None = None  # the turn's budgets (chatops.budgets), once it runs
 
+    @property
+    def service(self) -> ServiceConfig:
+        """The config as the thread's workspace sees it: its `teams` section over the top level's."""
+        return self.config.service.for_team(self.row.slack_team_id, self.row.enterprise_id)
+
     async def next(self) -> bool:
         """Run what the session needs now; False when there is nothing more (idle, or waiting for a person)."""
         engine, session_id = self.proc.engine, self.session_id
-        client = web_client(self.config)
+        client = web_client(self.config, team_of(self.row))
         # One connection pool for the turn's Slack calls: without a session, slack_sdk opens an aiohttp session
         # and a connection for every call (and closes them after it). Closed below.
         client.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT))
@@ -378,7 +385,7 @@ class SessionTurns:
         channel = self.row.channel_id or ""
         self.store.metered = Metered(self.row.channel_id, self._model_name() or config.model.name, config.model.price)
         job = self.running.job if self.running is not None else None
-        limits = budgets.limits_of(self.proc.engine, self.config.service, self.session_id, channel, job)
+        limits = budgets.limits_of(self.proc.engine, self.service, self.session_id, channel, job)
         return budgets.Gate(self.proc.engine, self.session_id, channel, limits)
 
     def _recap_note(self) -> str | None:
@@ -465,7 +472,7 @@ class SessionTurns:
             keeper.cancellable(self.session_id, False)
 
     async def _workspace(self, renderer: ThreadRenderer) -> Path:
-        channel = self.config.service.channel(self.row.channel_id or "")
+        channel = self.service.channel(self.row.channel_id or "")
         repo, branch = self.row.repo or channel.repo, self.row.branch or channel.branch
         # A private repository on a host the config names is cloned with the worker's token (workers/push.py),
         # asked for only when a clone is made: a GitHub App's is a request to GitHub (raising GitError, which
@@ -516,8 +523,9 @@ class SessionTurns:
             return {}, {}
         config = self.config
         try:
+            token = await tokens(config).token(team_of(self.row))  # a download's, as the thread's posts
             received = await receive(
-                rows, workspace, config.slack_bot_token, config.slack_api_url, config.service.workspaces.files, vision
+                rows, workspace, token, config.slack_api_url, config.service.workspaces.files, vision
             )
         except Exception as e:  # a bug of ours must not hold the messages back for ever
             log.exception("session %s: downloading the shared files failed", self.session_id)
@@ -536,7 +544,7 @@ class SessionTurns:
     def _ask(self, state: SessionState, event: PermissionRequested) -> tuple[ApprovalRow, ...]:
         """Record the waiting calls as approvals, asked by the author of the turn's message. In a channel where
         nobody may approve, they are rejected at once, so that the turn does not wait for ever."""
-        engine, service = self.proc.engine, self.config.service
+        engine, service = self.proc.engine, self.service
         timeout = service.approvals.timeout
         start = state.turn_start()
         message = state.entries[start] if start is not None else None
@@ -606,7 +614,7 @@ class SessionTurns:
         finished, workspace = self.finished, self.workspace
         if finished is None or workspace is None or not (finished.counters.commands or finished.counters.file_ops):
             return
-        if not (self.row.repo or self.config.service.channel(self.row.channel_id or "").repo):
+        if not (self.row.repo or self.service.channel(self.row.channel_id or "").repo):
             return
         start = start_commit(self.config.workspaces_root, self.session_id)
         changed = await asyncio.to_thread(changed_files, workspace, self._agent_config(), start)
@@ -635,7 +643,7 @@ class SessionTurns:
         if pull is not None:
             shown = Mrkdwn("<{url}|{label}>").format(url=pull.url, label=pull.label) if pull.url else pull.label
             return UPDATE_OFFER.format(files=changed, pull=shown), [(Action.PULL_REQUEST, UPDATE_LABEL)]
-        remote = self.row.repo or self.config.service.channel(self.row.channel_id or "").repo or ""
+        remote = self.row.repo or self.service.channel(self.row.channel_id or "").repo or ""
         if has_forge(self.config, remote):
             return PULL_REQUEST_OFFER.format(files=changed), [(Action.PUSH, None), (Action.PULL_REQUEST, None)]
         return PUSH_OFFER.format(files=changed), [(Action.PUSH, None)]
@@ -677,7 +685,7 @@ class SessionTurns:
     async def _instructions(self, workspace: Path) -> str:
         """What this turn's system prompt adds: the channel's instructions, then the repository's own files as the
         workspace holds them now (read without following links); what was used is recorded for `status`."""
-        channel = self.config.service.channel(self.row.channel_id or "")
+        channel = self.service.channel(self.row.channel_id or "")
         files = await asyncio.to_thread(read_repo_files, workspace, channel.instructionFiles)
         operator = channel.instructions if isinstance(channel.instructions, str) else None
         used = {
@@ -714,7 +722,7 @@ class SessionTurns:
             # A thread's answer can attach files (workers.attachments): the model is told how.
             prompt = (agent.systemPrompt or DEFAULT_SYSTEM_PROMPT) + attach_hint(self.config.service.workspaces.files)
             agent = agent.model_copy(update={"systemPrompt": prompt})
-        setting = thread_setting(self.config, agent, self.row.channel_id or "", self.row.yolo, job)
+        setting = thread_setting(self.service, agent, self.row.channel_id or "", self.row.yolo, job)
         return agent.model_copy(update={"yolo": setting.default}), setting.standing
 
     def _model_name(self) -> str | None:
@@ -722,7 +730,7 @@ class SessionTurns:
         `model`). A job's own agent (`agent:`) keeps its own."""
         if self.row.agent_name:
             return None
-        return self.row.model or self.config.service.channel(self.row.channel_id or "").model
+        return self.row.model or self.service.channel(self.row.channel_id or "").model
 
     def _running_job(self) -> RunningJob | None:
         def reread() -> Config:
