@@ -36,6 +36,8 @@ from chatops.inbox import session_of
 from chatops.permalinks import BadLink, parse_link, workspace_url
 from chatops.retention import PurgeOutcome, purge_session
 from chatops.schema import utcnow
+from chatops.sessions import snapshot
+from chatops.teams import NOWHERE, Team, same_workspace, team_of
 from slackio.mrkdwn import Mrkdwn
 from slackio.slack_out import SlackOut
 
@@ -85,25 +87,26 @@ class AdminCommands:
     def __init__(self, engine: Engine, approvers: Approvers, secrets: Callable[[], Sequence[str]]) -> None:
         self.engine, self.approvers, self.secrets = engine, approvers, secrets
 
-    async def answer(self, slack: SlackOut, text: str, user: str, steps: Steps) -> str:
-        """The private answer to `/mm audit …` or `/mm purge …` (is_admin_command); the export is in the person's
-        DM, the purge done, or nothing changed and the sentence says why."""
+    async def answer(self, slack: SlackOut, text: str, user: str, steps: Steps, place: Team = NOWHERE) -> str:
+        """The private answer to `/mm audit …` or `/mm purge …` (is_admin_command) in the workspace `place` (an
+        admin acts on that workspace's threads alone); the export is in the person's DM, the purge done, or
+        nothing changed and the sentence says why."""
         text = text.strip()
         audit = _AUDIT.match(text)
         what = "export the audit" if audit else "purge a thread"
-        admin, problems = await self.approvers.is_admin(slack.client, user)
+        admin, problems = await self.approvers.is_admin(slack.client, user, place)
         if not admin:
             log.info("%s refused to %s: not an admin", user, what)
-            return self.approvers.admin_refusal(what, problems)
+            return self.approvers.admin_refusal(what, problems, place)
         if audit:
-            return await self._audit(slack, [w for w in audit.groups() if w], user, steps)
+            return await self._audit(slack, [w for w in audit.groups() if w], user, steps, place)
         found = _PURGE.match(text)
         link = found.group(1) if found else None
-        return await self._purge(link, user, steps) if link else PURGE_USAGE
+        return await self._purge(link, user, steps, place) if link else PURGE_USAGE
 
     # -- audit ----------------------------------------------------------------------------------------------------
 
-    async def _audit(self, slack: SlackOut, words: list[str], user: str, steps: Steps) -> str:
+    async def _audit(self, slack: SlackOut, words: list[str], user: str, steps: Steps, place: Team) -> str:
         formats = [w.lower() for w in words if w.lower() in FORMATS]
         others = [w for w in words if w.lower() not in FORMATS]
         if len(formats) > 1 or len(others) > 1:
@@ -117,7 +120,7 @@ class AdminCommands:
         done = steps.done(EXPORTED)
         if done is None:
             base = await _workspace_address(slack)
-            content, written = await asyncio.to_thread(self._export, since, fmt, base)
+            content, written = await asyncio.to_thread(self._export, since, fmt, base, place)
             name = f"mm-audit-{now:%Y%m%dT%H%MZ}.{fmt}"
             if written.calls:  # an empty file would say nothing the answer does not
                 title = f"mm audit: {written.calls} tool call(s) since {when(since)}"
@@ -135,21 +138,23 @@ class AdminCommands:
             said += AUDIT_CUT.format(size=MAX_CHARS // 1_000_000, since=held["since"])
         return said
 
-    def _export(self, since: Any, fmt: str, base: str | None) -> tuple[str, Written]:
+    def _export(self, since: Any, fmt: str, base: str | None, place: Team) -> tuple[str, Written]:
         out = io.StringIO()
-        found = calls(self.engine, AuditFilter(since=since), secrets=self.secrets())
+        found = calls(self.engine, AuditFilter(since=since, place=place), secrets=self.secrets())
         written = write(found, out, fmt, workspace=base, max_chars=MAX_CHARS)
         return out.getvalue(), written
 
     # -- purge ----------------------------------------------------------------------------------------------------
 
-    async def _purge(self, link: str, user: str, steps: Steps) -> str:
+    async def _purge(self, link: str, user: str, steps: Steps, place: Team) -> str:
         try:
             thread = parse_link(link)
         except BadLink as e:
             return f"{e}. Nothing was purged."
         session = await asyncio.to_thread(session_of, self.engine, thread.channel, thread.ts)
-        if session is None:
+        facts = await asyncio.to_thread(snapshot, self.engine, session, log=False) if session is not None else None
+        if session is None or facts is None or not same_workspace(team_of(facts), place):
+            # Another workspace's thread is not this admin's to purge, nor to learn of.
             return NO_THREAD.format(channel=thread.channel, ts=thread.ts)
         secrets = list(self.secrets())
 

@@ -14,6 +14,7 @@ context kept in the thread's first reply) are replaced by `Identity` and bot.han
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import traceback
 from collections.abc import Awaitable, Callable
@@ -34,19 +35,24 @@ from bot import handlers, shapes
 from bot.admin import AdminCommands
 from bot.approvals import ClickHandler
 from bot.authorize import Approvers
-from bot.before_ack import WAIT_S
+from bot.before_ack import WAIT_S, bounded
 from bot.commands import SLASH_COMMAND, Commands
 from bot.hand_off import HandOff
 from bot.home import Home
 from bot.inbox_writer import InboxWriter
 from bot.jobs import JobCommands
 from bot.logging_setup import BOLT_LOGGER
+from bot.oauth import InstallationAuthorize, oauth_settings
 from bot.requests import Requests
+from chatops import db
 from chatops.buttons import ACTION_PATTERN
 from chatops.inbox_async import async_inbox
 from chatops.reload import ConfigFile
 from chatops.secrets import LiveSecrets
-from slackio.slack_client import api_base, counted_only
+from chatops.teams import Team
+from chatops.uninstall import Uninstalled, uninstalled
+from slackio.installations import Installations
+from slackio.slack_client import TeamClient, api_base, counted_only
 
 if TYPE_CHECKING:
     from sqlalchemy import Engine
@@ -71,12 +77,16 @@ class SlackApp:
     """The bolt app, and what the server runs beside it."""
 
     bolt: AsyncApp
-    identity: Identity
+    # Who the bot is, for one workspace's SLACK_BOT_TOKEN (None when installed through OAuth: each
+    # installation says who the bot is in its workspace).
+    identity: Identity | None
     requests: Requests
     # The record of each message before its ack, on the event loop (closed at shutdown: bot.server).
     inbox: InboxWriter
     # The sessions' hand-off to the workers after the ack, a process of its own (started and ended by bot.server).
     hand_off: HandOff
+    # The app's Web API client in a workspace: a replayed request's (bot.requests), with that workspace's token.
+    client_for: Callable[[Team], AsyncWebClient]
 
 
 class Identity:
@@ -142,25 +152,23 @@ def create_app(
 
     Needs SLACK_BOT_TOKEN and SLACK_SIGNING_SECRET; callers check `config.missing_slack_secrets()` first.
     """
-    # Its failures and 429s are counted (slackio/metrics.py).
-    client = AsyncWebClient(
-        token=config.slack_bot_token, base_url=api_base(config.slack_api_url), retry_handlers=counted_only()
-    )
-    identity = Identity(client)
+    # Its failures and 429s are counted (slackio/metrics.py). Under OAuth it holds no token: bolt gives each
+    # request's copy its workspace's (bot.oauth.InstallationAuthorize).
+    settings: dict[str, Any] = {"base_url": api_base(config.slack_api_url), "retry_handlers": counted_only()}
+    client = AsyncWebClient(token=None if config.oauth else config.slack_bot_token, **settings)
     inbound = inbound or engine
     thread_contexts = handlers.ThreadContexts(inbound)
     if inbox is None:
         inbox = inbox_writer(inbound.url.render_as_string(hide_password=False))
+    identity, installs, authorization = _authorization(config, client, inbound)
 
-    async def authorize(
-        context: AsyncBoltContext, enterprise_id: str | None, team_id: str | None, user_id: str | None
-    ) -> AuthorizeResult:
-        return identity.authorize(context, enterprise_id, team_id, user_id)
+    def client_for(team: Team) -> AsyncWebClient:
+        return client if installs is None else TeamClient(installs, team, **settings)
 
     app = _CheckedApp(
         client=client,
         signing_secret=config.slack_signing_secret,
-        authorize=authorize,
+        **authorization,
         # Bolt answers url_verification with the challenge (after the signature check).
         url_verification_enabled=True,
         # Bolt's default acks an event before its listener runs; ours record the message first, and bolt
@@ -176,8 +184,35 @@ def create_app(
     app.identity = identity
     app.error(_error)
     hand_off = HandOff()
-    requests = register(app, engine, config, thread_contexts, inbound, inbox, hand_off)
-    return SlackApp(app, identity, requests, inbox, hand_off)
+    requests = register(app, engine, config, thread_contexts, inbound, inbox, hand_off, installs)
+    return SlackApp(app, identity, requests, inbox, hand_off, client_for)
+
+
+def _authorization(
+    config: Config, client: AsyncWebClient, inbound: Engine
+) -> tuple[Identity | None, Installations | None, dict[str, Any]]:
+    """How a request finds its token: one workspace's SLACK_BOT_TOKEN, who the bot is asked once (Identity); or,
+    installed through OAuth, the request's workspace's installation (bot.oauth), with bolt's install flow."""
+    if not config.oauth:
+        identity = Identity(client)
+
+        async def authorize(
+            context: AsyncBoltContext, enterprise_id: str | None, team_id: str | None, user_id: str | None
+        ) -> AuthorizeResult:
+            return identity.authorize(context, enterprise_id, team_id, user_id)
+
+        return identity, None, {"authorize": authorize}
+    assert config.slack_client_id and config.slack_client_secret
+    # Authorize reads before the ack: on the bot's loop, every wait bounded as the rest of that work's.
+    url = inbound.url.render_as_string(hide_password=False)
+    installs = Installations(
+        config.slack_client_id,
+        config.slack_client_secret,
+        db.async_engine_for(url, wait_s=WAIT_S),
+        AsyncWebClient(base_url=api_base(config.slack_api_url), retry_handlers=counted_only()),
+    )
+    authorization = {"authorize": InstallationAuthorize(installs), "oauth_settings": oauth_settings(config, installs)}
+    return None, installs, authorization
 
 
 def inbox_writer(database_url: str) -> InboxWriter:
@@ -233,6 +268,7 @@ def register(
     inbound: Engine,
     inbox: InboxWriter,
     hand_off: HandOff,
+    installs: Installations | None = None,
 ) -> Requests:
     """The listeners, by kind: assistant threads, events, button clicks, the slash command, App Home. The
     process's requests (bot.requests), for its background loop. `inbound`: the engine of the work before the
@@ -272,6 +308,7 @@ def register(
         handlers.REQUESTS: requests,
         handlers.SECRETS: secrets,
         handlers.HAND_OFF: hand_off,
+        handlers.UNINSTALL: functools.partial(_uninstall, installs, inbound, config_file),
     }
     assistant = _Assistant(thread_context_store=thread_contexts, logger=bolt_log)
     assistant.thread_started(handlers.on_assistant_thread_started)
@@ -284,7 +321,18 @@ def register(
     app.action(ACTION_PATTERN)(handlers.on_button)
     app.command(SLASH_COMMAND)(handlers.on_command)
     app.event("app_home_opened")(handlers.on_home_opened)
+    app.event("app_uninstalled")(handlers.on_uninstalled)
+    app.event("tokens_revoked")(handlers.on_uninstalled)
     return requests
+
+
+async def _uninstall(
+    installs: Installations | None, engine: Engine, config_file: ConfigFile, team: Team
+) -> Uninstalled:
+    """A workspace removed the app: its tokens deleted (under OAuth), its turns asked to stop, its jobs paused."""
+    if installs is not None:
+        await installs.forget(team)
+    return await bounded(uninstalled, engine, config_file.current().service, team)
 
 
 async def _error(error: Exception, request: AsyncBoltRequest) -> BoltResponse | None:

@@ -33,6 +33,7 @@ from chatops.queries import writers
 from chatops.schema import ApprovalState, SessionKind
 from chatops.sessions import Decided, Snapshot, decide, snapshot, waits_for_people
 from chatops.store import ApprovalRow, covered_by_approve_all, get_approval
+from chatops.teams import NOWHERE, Team, same_workspace, team_of
 from slackio.approval_message import NO_APPROVERS, approvable, approval_blocks, layout, requesters, when
 from slackio.metrics import waited
 from slackio.mrkdwn import Mrkdwn
@@ -76,6 +77,8 @@ class Click:
     channel: str | None  # None for a click in App Home
     thread_ts: str | None
     message_ts: str | None
+    # The workspace (and org) the click came from, as the installation sees it: only its own threads' buttons.
+    place: Team = NOWHERE
 
     @classmethod
     def of(cls, action: dict[str, Any], body: dict[str, Any]) -> Click:
@@ -94,7 +97,14 @@ class Click:
             None if in_view else container.get("channel_id") or (body.get("channel") or {}).get("id"),
             None if in_view else container.get("thread_ts") or message.get("thread_ts"),
             None if in_view else container.get("message_ts"),
+            Team(_id(body.get("team")), _id(body.get("enterprise"))),
         )
+
+
+def _id(part: Any) -> str | None:
+    """A payload's `team` or `enterprise`: its id (Slack sends null for no org)."""
+    found = part.get("id") if isinstance(part, dict) else None
+    return found if isinstance(found, str) and found else None
 
 
 class ClickHandler:
@@ -121,6 +131,9 @@ class ClickHandler:
         if session is None:
             return NOT_FOUND
         if click.channel is not None and (click.channel != session.channel_id or click.thread_ts != session.thread_ts):
+            return NOT_OURS
+        if not same_workspace(team_of(session), click.place):
+            log.warning("a click from Slack workspace %s on a thread of %s; refused", click.place, team_of(session))
             return NOT_OURS
         if click.action == Action.STOP:
             return await self._stop(slack, click, session, steps)

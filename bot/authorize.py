@@ -31,6 +31,7 @@ from typing import Any
 from chatops.approvers import accepted
 from chatops.config import ServiceConfig
 from chatops.store import ApprovalRow
+from chatops.teams import NOWHERE, Team
 from slackio.mrkdwn import Mrkdwn
 
 log = logging.getLogger("mm.bot.authorize")
@@ -79,12 +80,16 @@ class Approvers:
         group could not be checked, why."""
         return await self._listed(client, self.accepted(channel) if accepted is None else accepted, user)
 
-    async def is_admin(self, client: Any, user: str) -> tuple[bool, str]:
-        """Whether `user` is one of the config's `admins`; and, when a group could not be checked, why."""
-        return await self._listed(client, self._service().admins, user)
+    async def is_admin(self, client: Any, user: str, place: Team = NOWHERE) -> tuple[bool, str]:
+        """Whether `user` is one of the `admins` of the workspace `place` (its `teams` section's, else the
+        config's); and, when a group could not be checked, why."""
+        return await self._listed(client, self._admins(place), user)
 
-    def admin_refusal(self, what: str, problems: str = "") -> str:
-        admins = self._service().admins
+    def _admins(self, place: Team) -> list[str]:
+        return list(self._service().for_team(place.team_id, place.enterprise_id).admins)
+
+    def admin_refusal(self, what: str, problems: str = "", place: Team = NOWHERE) -> str:
+        admins = self._admins(place)
         if not admins:
             return NO_ADMINS.format(what=what)
         return NOT_AN_ADMIN.format(what=what, who=_named(admins)) + problems

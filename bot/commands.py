@@ -47,6 +47,7 @@ from chatops.reload import ConfigFile
 from chatops.repos import RepoRefused, check_branch, check_repo
 from chatops.schema import InboxCommand, SessionStatus
 from chatops.store import ensure_session, set_model, set_repo, set_yolo, thread_model
+from chatops.teams import NOWHERE, Team
 from slackio.approval_message import JOB_PROMPT, line_of, mention
 from slackio.mrkdwn import Mrkdwn, mrkdwn_of
 from slackio.slack_out import SlackOut
@@ -181,6 +182,9 @@ class Where:
     team: str | None = None
     assistant_thread: bool = False
     files: list[dict[str, Any]] = field(default_factory=list[dict[str, Any]])
+    # The workspace and org the app's installation answers it from (chatops.teams), kept on a session it makes.
+    slack_team: str | None = None
+    enterprise: str | None = None
 
 
 @dataclass(frozen=True)
@@ -335,6 +339,8 @@ class Commands:
             user_id=where.user,
             text=text,
             team_id=where.team,
+            slack_team_id=where.slack_team,
+            enterprise_id=where.enterprise,
             assistant_thread=where.assistant_thread,
             command=command,
             # A prompt's files are downloaded with it (workers.uploads); a command's turn takes no files.
@@ -447,6 +453,8 @@ class Commands:
             team_id=where.team,
             requester=where.user,
             assistant_thread=where.assistant_thread,
+            slack_team_id=where.slack_team,
+            enterprise_id=where.enterprise,
         )
 
     def status(self, session_id: str) -> str:
@@ -555,17 +563,27 @@ class Commands:
     # -- /mm ----------------------------------------------------------------------------------------------------
 
     async def slash(
-        self, slack: SlackOut, text: str, channel: str, user: str, team: str | None, trigger: str, steps: Steps
+        self,
+        slack: SlackOut,
+        text: str,
+        channel: str,
+        user: str,
+        team: str | None,
+        trigger: str,
+        steps: Steps,
+        place: Team | None = None,
     ) -> Outcome:
         """`/mm …` in a channel: a command for the person's latest session there, the jobs' commands, or a prompt
-        for a new thread. `steps`: what an earlier attempt at this invocation did."""
+        for a new thread. `steps`: what an earlier attempt at this invocation did; `place`: the workspace the
+        installation answers it from."""
+        place = place or NOWHERE
         if self.jobs is not None and is_job_command(text):
             private, public = await self.jobs.answer(slack.client, text, user, steps)
             if public is not None:
                 await announce(slack, steps, public[0], None, public[1])
             return Outcome(private=private)
         if self.admin is not None and is_admin_command(text):
-            return Outcome(private=await self.admin.answer(slack, text, user, steps))
+            return Outcome(private=await self.admin.answer(slack, text, user, steps, place))
         command = parse(text)
         if not text.strip() or (command is not None and command.name == "help"):
             return Outcome(private=HELP.format(agents=self.agents(), models=self.config.service.model_names()))
@@ -582,12 +600,15 @@ class Commands:
         ):
             return Outcome(private=refusal)  # before a thread is started for it
         if command is None or command.name in ("ask", "repo", "options"):
-            return await self._new_thread(slack, command, text.strip(), channel, user, team, steps)
+            return await self._new_thread(slack, command, text.strip(), channel, user, team, steps, place)
         latest = await asyncio.to_thread(latest_session, self.engine, channel, user)
         if latest is None or latest.thread_ts is None:
             return Outcome(private=NO_SESSION)
         # The command's inbox row needs an id of its own: the invocation's trigger id is one.
-        where = Where(channel, latest.thread_ts, "slash:" + hashlib.sha1(trigger.encode()).hexdigest()[:24], user, team)
+        said = "slash:" + hashlib.sha1(trigger.encode()).hexdigest()[:24]
+        where = Where(
+            channel, latest.thread_ts, said, user, team, slack_team=place.team_id, enterprise=place.enterprise_id
+        )
         outcome = await self.run(slack, command, where, steps)
         if outcome.public:  # said in the session's thread, not at the top of the channel the command was typed in
             await announce(slack, steps, channel, latest.thread_ts, outcome.public)
@@ -602,6 +623,7 @@ class Commands:
         user: str,
         team: str | None,
         steps: Steps,
+        place: Team,
     ) -> Outcome:
         """A new thread for a prompt, an `ask`, or a `repo` (then the person continues in the thread). Its root
         is posted once (bot.steps: an attempt after a crash finds it and goes on in that thread; the rest is
@@ -611,7 +633,9 @@ class Commands:
         else:
             head = STARTED.format(user=user, prompt=text[:2800])
         thread_ts = await steps.post(slack, ROOT, channel, head)
-        where = Where(channel, thread_ts, thread_ts, user, team)
+        where = Where(
+            channel, thread_ts, thread_ts, user, team, slack_team=place.team_id, enterprise=place.enterprise_id
+        )
         if command is not None:
             outcome = await self.run(slack, command, where, steps)
         else:

@@ -51,6 +51,7 @@ from chatops.inbox import Recorded, assistant_context, keep_assistant_context, m
 from chatops.requests import request_key
 from chatops.schema import RequestKind
 from chatops.store import record_slack_event
+from chatops.teams import Team
 from slackio.mrkdwn import Mrkdwn
 from slackio.slack_out import SlackOut, outgoing
 from workers.tasks import enqueue_job_run, enqueue_pull_request_status, enqueue_push
@@ -63,6 +64,8 @@ HOME = "home"
 REQUESTS = "requests"
 SECRETS = "secrets"
 HAND_OFF = "hand_off"
+# The process's `async (Team) -> Uninstalled`: a workspace's tokens forgotten, its turns stopped, its jobs paused.
+UNINSTALL = "uninstall"
 # Set in a request's context once what it asks is recorded: an error after that is answered 200 (bot.app),
 # since the record is carried out all the same, and a retry would only find it recorded.
 RECORDED = "recorded"
@@ -201,6 +204,8 @@ async def on_button(
             "container": {k: container.get(k) for k in ("type", "channel_id", "thread_ts", "message_ts")},
             "channel": {"id": click.channel},
             "message": {"thread_ts": click.thread_ts},
+            "team": {"id": click.place.team_id},
+            "enterprise": {"id": click.place.enterprise_id},
         },
     }
     # One click is one action_ts; a redelivered envelope carries the same.
@@ -232,7 +237,7 @@ async def enqueue_run(run_id: int) -> None:
 async def on_command(ack: AsyncAck, command: dict[str, Any], context: AsyncBoltContext, client: AsyncWebClient) -> None:
     """`/mm …`: recorded, acked, then carried out from the record; the answer comes through the command's
     response URL, for the person alone."""
-    fields = ("text", "channel_id", "user_id", "team_id", "trigger_id", "response_url")
+    fields = ("text", "channel_id", "user_id", "team_id", "enterprise_id", "trigger_id", "response_url")
     payload = {name: kept(str(command.get(name) or "")) for name in fields}
     if len(payload["text"]) > MAX_TEXT:  # longer than a message could be: refused before anything is kept
         what = f"{SLASH_COMMAND} {payload['text'][:60]}"
@@ -248,7 +253,29 @@ async def on_home_opened(
 ) -> None:
     await ack()
     if event.get("tab") == "home" and event.get("user"):
-        in_background(context[HOME].publish(slack_out(context, client), event["user"]))
+        place = Team(context.team_id, context.enterprise_id)
+        in_background(context[HOME].publish(slack_out(context, client), event["user"], place=place))
+
+
+async def on_uninstalled(ack: AsyncAck, body: dict[str, Any], context: AsyncBoltContext) -> None:
+    """app_uninstalled, or tokens_revoked of the bot's token: the workspace (an org-wide install: the org) is
+    gone. Its tokens are deleted, its turns asked to stop and its jobs paused before the ack (none of it calls
+    Slack, which would refuse the dead token anyway), so that a failure is sent again by Slack."""
+    event = body.get("event") or {}
+    if event.get("type") == "tokens_revoked" and not (event.get("tokens") or {}).get("bot"):
+        await ack()  # a person's token: the app keeps none
+        return
+    team = Team(None if context.is_enterprise_install else context.team_id, context.enterprise_id)
+    done = await context[UNINSTALL](team)
+    context[RECORDED] = True
+    await ack()
+    log.warning(
+        "the app was removed from Slack workspace %s (%s): its tokens deleted, %d turns asked to stop, jobs paused: %s",
+        team,
+        event.get("type"),
+        done.stopped,
+        ", ".join(done.paused) or "none",
+    )
 
 
 # --- the steps ----------------------------------------------------------------------------------------------
@@ -325,6 +352,8 @@ async def _take(
             requester_team(event, context),
             assistant_thread,
             shared_files(event),
+            context.team_id,
+            context.enterprise_id,
         )
         payload = {"name": command.name, "args": list(command.args), "where": asdict(where)}
         # A mention arrives twice (app_mention and its message twin): one message, one key, one command.
@@ -338,6 +367,8 @@ async def _take(
         user_id=event.get("user"),
         text=text,
         team_id=requester_team(event, context),
+        slack_team_id=context.team_id,
+        enterprise_id=context.enterprise_id,
         assistant_thread=assistant_thread,
         files=shared_files(event),  # downloaded by the worker: the ack cannot wait for them
     )

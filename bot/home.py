@@ -19,6 +19,7 @@ from sqlalchemy import Engine
 from bot.authorize import Approvers
 from bot.jobs import JobCommands
 from chatops.queries import PendingApproval, SessionSummary, pending_approvals, recent_sessions
+from chatops.teams import NOWHERE, Team
 from slackio.approval_message import approval_blocks, when
 from slackio.mrkdwn import Mrkdwn
 from slackio.slack_out import SlackOut
@@ -51,16 +52,17 @@ class Home:
         self.engine, self.approvers, self.secrets, self.jobs = engine, approvers, secrets, jobs
         self._links: dict[tuple[str, str], str] = {}  # a thread's permalink never changes
 
-    async def publish(self, slack: SlackOut, user: str, notice: str | None = None) -> None:
+    async def publish(self, slack: SlackOut, user: str, notice: str | None = None, place: Team = NOWHERE) -> None:
+        """`user`'s App Home in the workspace `place`: their sessions there and the calls waiting there."""
         try:
-            view = await self.view(slack.client, user, notice)
+            view = await self.view(slack.client, user, notice, place)
             await slack.publish_home(user, view)
         except Exception as e:  # noqa: BLE001 - the page is a courtesy; the thread has everything
             log.warning("could not publish App Home for %s: %s", user, e)
 
-    async def view(self, client: Any, user: str, notice: str | None = None) -> dict[str, Any]:
-        sessions = await asyncio.to_thread(recent_sessions, self.engine, user, SESSIONS)
-        waiting = await asyncio.to_thread(pending_approvals, self.engine, PENDING_READ)
+    async def view(self, client: Any, user: str, notice: str | None = None, place: Team = NOWHERE) -> dict[str, Any]:
+        sessions = await asyncio.to_thread(recent_sessions, self.engine, user, SESSIONS, place)
+        waiting = await asyncio.to_thread(pending_approvals, self.engine, PENDING_READ, None, place)
         blocks: list[dict[str, Any]] = []
         if notice:
             blocks.append(_context(Mrkdwn("⚠️ ") + notice))

@@ -54,6 +54,7 @@ from chatops.requests import (
     renew,
 )
 from chatops.schema import RequestKind, RequestState
+from chatops.teams import Team
 from slackio.slack_client import outage
 from slackio.slack_out import SlackOut
 
@@ -176,10 +177,9 @@ class Requests:
         """A wait that grows with the attempts: a third of the claim, doubled each time, at most LONGEST_WAIT_S."""
         return min(self.claim_seconds() / 3 * 2 ** (request.attempts - 1), LONGEST_WAIT_S)
 
-    async def keep(self, client: AsyncWebClient) -> None:
+    async def keep(self, client_for: Callable[[Team], AsyncWebClient]) -> None:
         """Forever, every third of `bot.claimSeconds`: renew this process's claims, and carry out again the
-        requests nobody carries out (through `client`, the app's own)."""
-        slack = SlackOut(client, self.commands.secrets)
+        requests nobody carries out (through `client_for(workspace)`, the app's own in its request's workspace)."""
         while True:
             claim = self.claim_seconds()
             await asyncio.sleep(claim / 3)
@@ -191,7 +191,7 @@ class Requests:
                 continue
             for request in left:
                 log.info("the %s request %s again (attempt %d)", request.kind, request.id, request.attempts)
-                self.start(slack, request)
+                self.start(SlackOut(client_for(place_of(request)), self.commands.secrets), request)
 
     async def _give_up(self, slack: SlackOut, request: Request, said: str) -> None:
         """Keep the request as failed, then tell the person, in one sentence: recorded first, so that it is told
@@ -211,7 +211,7 @@ class Requests:
                 click = Click.of(p["action"], p["body"])
                 told = said.format(what=f"your click on {LABELS[click.action]}")
                 if click.channel is None:
-                    await self.home.publish(slack, click.user, notice=told)
+                    await self.home.publish(slack, click.user, notice=told, place=click.place)
                 else:
                     await tell(slack, click.user, click.channel, click.thread_ts, told)
         except Exception as exc:  # noqa: BLE001 - Slack is out: the give-up stands, in the log
@@ -231,7 +231,14 @@ class Requests:
     async def _slash(self, slack: SlackOut, request: Request) -> None:
         p, steps = request.payload, RecordedSteps(self, request)
         outcome = await self.commands.slash(
-            slack, p["text"], p["channel_id"], p["user_id"], p["team_id"] or None, p["trigger_id"], steps
+            slack,
+            p["text"],
+            p["channel_id"],
+            p["user_id"],
+            p["team_id"] or None,
+            p["trigger_id"],
+            steps,
+            place_of(request),
         )
         await self._answer(slack, outcome, steps, p["channel_id"], None, p["user_id"], p)
 
@@ -245,7 +252,7 @@ class Requests:
         click = Click.of(request.payload["action"], request.payload["body"])
         refusal = await self.clicks.handle(slack, click, RecordedSteps(self, request))
         if click.channel is None:  # App Home: the page shows the outcome (or the refusal) once published again
-            await self.home.publish(slack, click.user, notice=refusal)
+            await self.home.publish(slack, click.user, notice=refusal, place=click.place)
         if refusal is None:
             return
         log.info("click %s of %s on %s refused: %s", click.action, click.user, click.value.session_id, refusal)
@@ -336,6 +343,17 @@ _CARRY: dict[RequestKind, Callable[[Requests, SlackOut, Request], Awaitable[None
     RequestKind.COMMAND: Requests._command,
     RequestKind.CLICK: Requests._click,
 }
+
+
+def place_of(request: Request) -> Team:
+    """The workspace (and org) a recorded request came from, as each kind keeps it."""
+    p = request.payload
+    if request.kind == RequestKind.CLICK:
+        body = p["body"]
+        return Team((body.get("team") or {}).get("id"), (body.get("enterprise") or {}).get("id"))
+    if request.kind == RequestKind.COMMAND:
+        return Team(p["where"].get("slack_team"), p["where"].get("enterprise"))
+    return Team(p.get("team_id") or None, p.get("enterprise_id") or None)
 
 
 async def tell(slack: SlackOut, user: str, channel: str | None, thread_ts: str | None, text: str) -> None:

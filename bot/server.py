@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 
 import aiohttp
 from aiohttp import web
-from slack_bolt.adapter.aiohttp import to_aiohttp_response
+from slack_bolt.adapter.aiohttp import to_aiohttp_response, to_bolt_request
 from slack_bolt.request.async_request import AsyncBoltRequest
 from slack_sdk.signature import SignatureVerifier
 from sqlalchemy import text
@@ -113,6 +113,16 @@ def build_web_app(config: Config, socket_mode: bool = False) -> web.Application:
     web_app.router.add_get(HEALTH_PATH, health)
     if not socket_mode:
         web_app.router.add_post(EVENTS_PATH, events)
+    if slack is not None and (flow := slack.bolt.oauth_flow) is not None:
+        # Installing in a workspace (docs/slack-app.md): bolt's flow, over HTTP and beside Socket Mode alike.
+        async def install(request: web.Request) -> web.Response:
+            return await to_aiohttp_response(await flow.handle_installation(await to_bolt_request(request)))
+
+        async def redirected(request: web.Request) -> web.Response:
+            return await to_aiohttp_response(await flow.handle_callback(await to_bolt_request(request)))
+
+        web_app.router.add_get(flow.install_path, install)
+        web_app.router.add_get(flow.redirect_uri_path, redirected)
     web_app.on_cleanup.append(dispose)
     if slack is not None:
         web_app.cleanup_ctx.append(_beside(slack))
@@ -172,13 +182,14 @@ def _beside(slack: SlackApp) -> Callable:
 
     async def context(_app: web.Application):
         await slack.hand_off.start()
-        try:
-            known = await asyncio.wait_for(slack.identity.learn(), IDENTITY_TIMEOUT)
-        except TimeoutError:
-            known = False
-        tasks = [asyncio.create_task(slack.requests.keep(slack.bolt.client))]
-        if not known:
-            tasks.append(asyncio.create_task(slack.identity.keep_learning()))
+        tasks = [asyncio.create_task(slack.requests.keep(slack.client_for))]
+        if (identity := slack.identity) is not None:  # one workspace's token: who the bot is, asked once
+            try:
+                known = await asyncio.wait_for(identity.learn(), IDENTITY_TIMEOUT)
+            except TimeoutError:
+                known = False
+            if not known:
+                tasks.append(asyncio.create_task(identity.keep_learning()))
         yield
         for task in tasks:
             task.cancel()
@@ -294,6 +305,8 @@ def serve(config: Config, host: str, port: int, socket_mode: bool = False, quiet
     _trace_requests()
     web_app = build_web_app(config, socket_mode=socket_mode)
     routes = f"GET {HEALTH_PATH}" if socket_mode else f"POST {EVENTS_PATH}, GET {HEALTH_PATH}"
+    if config.oauth:
+        routes += ", GET /slack/install, GET /slack/oauth_redirect"
     mode = "; Slack over Socket Mode" if socket_mode else ""
 
     def announce(_message: str) -> None:  # called by run_app once the socket is bound

@@ -14,6 +14,7 @@ import dataclasses
 import os
 import re
 import shutil
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -127,6 +128,9 @@ def check_slack(config: Config) -> Check:
     """Slack's answer to the bot token and every secret that is not set, in one line: fixing them one run of
     doctor at a time is what this saves."""
     unset = unset_secrets(config)
+    if config.oauth:
+        ok, answer = slack_installations(config)
+        return Check("slack", ok and not unset, "; ".join(part for part in (answer, unset) if part))
     if not config.slack_bot_token:
         return Check("slack", False, unset)
     ok, answer = slack_auth(config)
@@ -150,6 +154,35 @@ def slack_auth(config: Config) -> tuple[bool, str]:
     except Exception as exc:  # noqa: BLE001 - urllib's connection errors, whatever their class
         return False, f"{api} unreachable: {describe_error(exc)} — check SLACK_API_URL and the network"
     return True, f"{api} @{auth.get('user')} in {auth.get('team')}"
+
+
+def slack_installations(config: Config) -> tuple[bool, str]:
+    """Installed through OAuth: the workspaces and orgs the app is installed in (from the database), and the
+    config's `teams` sections that none of them answers."""
+    import asyncio
+
+    from slackio.installations import installations
+
+    try:
+        found = asyncio.run(installations(config).every())
+    except Exception as exc:  # noqa: BLE001 - whatever the database says, in one line
+        return False, f"the app's installations could not be read: {describe_error(exc)}"
+    if not found:
+        return False, "installed in no workspace yet — open /slack/install on the bot to install it"
+    named = [
+        f"{i.team_name or i.enterprise_name or '?'} ({i.team_id or f'org {i.enterprise_id}'}"
+        f"{', token rotates' if i.bot_refresh_token else ''}, since {_day(i.installed_at)})"
+        for i in found
+    ]
+    said = f"installed in {len(found)}: {', '.join(named)}"
+    known = {i.team_id for i in found} | {i.enterprise_id for i in found}
+    if lost := [key for key in config.service.teams if key not in known]:
+        said += f"; no installation answers teams.{', teams.'.join(lost)} (install the app there)"
+    return True, said
+
+
+def _day(stamp: float) -> str:
+    return time.strftime("%Y-%m-%d", time.gmtime(stamp))
 
 
 def unset_secrets(config: Config) -> str:

@@ -1,4 +1,4 @@
-"""docs/slack-app-manifest.yaml against the bolt app the bot really builds (bot.app.create_app).
+"""bot/slack-app-manifest.yaml against the bolt app the bot really builds (bot.app.create_app).
 
 The manifest must ask for exactly what the code uses: every event it subscribes to reaches a listener, and
 every listener is reached by something it subscribes to; its bot scopes are exactly those of the events, the
@@ -29,7 +29,7 @@ from slack_bolt.response import BoltResponse
 from slack_sdk.web.async_client import AsyncWebClient
 
 ROOT = Path(__file__).resolve().parent.parent
-MANIFEST = ROOT / "docs" / "slack-app-manifest.yaml"
+MANIFEST = ROOT / "bot" / "slack-app-manifest.yaml"
 # Where the code that talks to Slack lives (the bot, the workers, and what both import).
 SOURCES = ("bot", "workers", "slackio", "chatops", "commands")
 
@@ -99,6 +99,9 @@ EVENT_SCOPES: dict[str, frozenset[str]] = {
     "assistant_thread_started": frozenset({"assistant:write"}),
     "assistant_thread_context_changed": frozenset({"assistant:write"}),
     "app_home_opened": frozenset(),
+    # Slack sends these to every app, whatever its scopes.
+    "app_uninstalled": frozenset(),
+    "tokens_revoked": frozenset(),
 }
 # Events a listener would take that the manifest leaves out on purpose, and why.
 LEFT_OUT = {
@@ -213,6 +216,8 @@ def event_bodies(name: str) -> list[dict[str, Any]]:
         "assistant_thread_started": {"type": "assistant_thread_started", "assistant_thread": thread},
         "assistant_thread_context_changed": {"type": "assistant_thread_context_changed", "assistant_thread": thread},
         "app_home_opened": {"type": "app_home_opened", "user": PERSON, "channel": "D0HOME", "tab": "home"},
+        "app_uninstalled": {"type": "app_uninstalled"},
+        "tokens_revoked": {"type": "tokens_revoked", "tokens": {"bot": [BOT]}},
     }
     assert name in events, f"this test has no request for the event {name}: add one to event_bodies()"
     event = {"text": "hello", "ts": "1700000000.000200", "event_ts": "1700000000.000200"} | events[name]
