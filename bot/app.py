@@ -150,7 +150,8 @@ def create_app(
     (on the event loop: bot.inbox_writer; made on `inbound`'s database when not given), and works after it
     through `engine`.
 
-    Needs SLACK_BOT_TOKEN and SLACK_SIGNING_SECRET; callers check `config.missing_slack_secrets()` first.
+    Needs SLACK_SIGNING_SECRET and SLACK_BOT_TOKEN, or the app's OAuth client (SLACK_CLIENT_ID and
+    SLACK_CLIENT_SECRET: installed in many workspaces, bot.oauth); callers check `config.missing_slack_secrets()`.
     """
     # Its failures and 429s are counted (slackio/metrics.py). Under OAuth it holds no token: bolt gives each
     # request's copy its workspace's (bot.oauth.InstallationAuthorize).
@@ -240,6 +241,8 @@ class _CheckedApp(AsyncApp):
             return BoltResponse(status=200, body="")
         if self.preset:
             req.context.update(self.preset)
+        if isinstance(envelope_team := body.get("team_id"), str):
+            req.context[handlers.ENVELOPE_TEAM] = envelope_team
         if self.identity is not None:
             self.identity.remember_bot_user(body, req.context)
         return await super().async_dispatch(req)

@@ -64,6 +64,8 @@ HOME = "home"
 REQUESTS = "requests"
 SECRETS = "secrets"
 HAND_OFF = "hand_off"
+# The workspace an Events API envelope names (its `team_id`), put in the context before bolt reads it (bot.app).
+ENVELOPE_TEAM = "mm_envelope_team"
 # The process's `async (Team) -> Uninstalled`: a workspace's tokens forgotten, its turns stopped, its jobs paused.
 UNINSTALL = "uninstall"
 # Set in a request's context once what it asks is recorded: an error after that is answered 200 (bot.app),
@@ -253,7 +255,7 @@ async def on_home_opened(
 ) -> None:
     await ack()
     if event.get("tab") == "home" and event.get("user"):
-        place = Team(context.team_id, context.enterprise_id)
+        place = workspace_of(context)
         in_background(context[HOME].publish(slack_out(context, client), event["user"], place=place))
 
 
@@ -352,8 +354,8 @@ async def _take(
             requester_team(event, context),
             assistant_thread,
             shared_files(event),
-            context.team_id,
-            context.enterprise_id,
+            workspace_of(context).team_id,
+            workspace_of(context).enterprise_id,
         )
         payload = {"name": command.name, "args": list(command.args), "where": asdict(where)}
         # A mention arrives twice (app_mention and its message twin): one message, one key, one command.
@@ -367,8 +369,8 @@ async def _take(
         user_id=event.get("user"),
         text=text,
         team_id=requester_team(event, context),
-        slack_team_id=context.team_id,
-        enterprise_id=context.enterprise_id,
+        slack_team_id=workspace_of(context).team_id,
+        enterprise_id=workspace_of(context).enterprise_id,
         assistant_thread=assistant_thread,
         files=shared_files(event),  # downloaded by the worker: the ack cannot wait for them
     )
@@ -448,6 +450,13 @@ async def _hand_off(recorded: Recorded, hand_off: HandOff, slack: SlackOut, chan
             await slack.post(channel, QUEUED, thread_ts=thread_ts)
         except Exception as exc:  # noqa: BLE001 - a courtesy: the message waits in the inbox all the same
             log.warning("could not tell %s/%s that its message is queued: %s", channel, thread_ts, exc)
+
+
+def workspace_of(context: AsyncBoltContext) -> Team:
+    """The workspace (and org) a request came from, as the installation answering it sees it: bolt's (the
+    authorization's, which for a Slack Connect channel is the installation's own workspace), else, for an
+    org-wide installation (whose authorization names no workspace), the one the envelope names."""
+    return Team(context.team_id or context.get(ENVELOPE_TEAM), context.enterprise_id)
 
 
 def requester_team(event: dict[str, Any], context: AsyncBoltContext) -> str | None:

@@ -24,6 +24,8 @@ SECRET_HELP = {
     "SLACK_BOT_TOKEN": "the Bot User OAuth Token (xoxb-…), on the app's OAuth & Permissions page",
     "SLACK_SIGNING_SECRET": "the Signing Secret, on the app's Basic Information page",
     "SLACK_APP_TOKEN": "an app-level token (xapp-…) with connections:write, for Socket Mode",
+    "SLACK_CLIENT_ID": "the Client ID, on the app's Basic Information page (installing in many workspaces)",
+    "SLACK_CLIENT_SECRET": "the Client Secret, on the app's Basic Information page (installing in many workspaces)",
 }
 
 

@@ -35,7 +35,7 @@ def run_dev(config_path: str | None, host: str, port: int) -> int:
     """Raises CannotListen, before anything starts, when host:port is taken."""
     check_port(host, port)
     config = load_config(config_path)
-    if not config.slack_bot_token:
+    if not config.slack_bot_token and not config.oauth:
         # Nothing to talk to: show the product in the browser instead of a bot waiting for a token.
         say(PLAYGROUND_INSTEAD)
         return run_playground(config_path, host, port, speaker=say)

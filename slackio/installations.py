@@ -130,8 +130,9 @@ class Installations:
 
     async def fresh(self, team: Team) -> Installation:
         """The workspace's installation with a token that lives ROTATE_BEFORE_MINUTES more, refreshed if it would
-        not. A refresh Slack refused leaves the token in hand while it lives (Slack may answer again before it
-        dies); a dead one is not used."""
+        not. A refresh Slack refused is read again from the database (another process, the bot or a worker, may
+        have refreshed it first); else the token in hand is used while it lives (Slack may answer again before it
+        dies), and a dead one is not."""
         found = await self.find(team)
         if found is None or not found.bot_token:
             raise NotInstalled(team)
@@ -142,6 +143,11 @@ class Installations:
                 installation=found, minutes_before_expiration=ROTATE_BEFORE_MINUTES
             )
         except SlackTokenRotationError as exc:
+            # Another process may have refreshed it first, with the refresh token this one holds.
+            self._found.pop(team, None)
+            latest = await self.find(team)
+            if latest is not None and latest.bot_token and latest.bot_token != found.bot_token:
+                return latest
             expires = found.bot_token_expires_at or 0
             if expires <= time.time():
                 raise NotInstalled(team) from exc

@@ -166,9 +166,10 @@ class Stack:
         path = self.tmp / f"{name}.log"
         return path.read_text(errors="replace") if path.exists() else ""
 
-    def start_bot(self, *, socket: bool = False) -> str:
-        """`mm-bot serve` (HTTP, or Socket Mode against the emulator) on this stack; its base URL."""
-        port = free_port()
+    def start_bot(self, *, socket: bool = False, port: int | None = None) -> str:
+        """`mm-bot serve` (HTTP, or Socket Mode against the emulator) on this stack, on `port` (a free one unless
+        given: a test whose environment names the bot's URL picks it first); its base URL."""
+        port = port or free_port()
         env = self.env | ({"SLACK_APP_TOKEN": self.slack.app_token} if socket else {"SLACK_SIGNING_SECRET": SECRET})
         log = open(self.tmp / "bot.log", "ab")  # noqa: SIM115 - the bot's own, closed with it
         argv = [MM_BOT, "serve", "--host", "127.0.0.1", "--port", str(port), *(["--socket"] if socket else [])]
