@@ -42,7 +42,7 @@ from bot.home import Home
 from bot.inbox_writer import InboxWriter
 from bot.jobs import JobCommands
 from bot.logging_setup import BOLT_LOGGER
-from bot.oauth import InstallationAuthorize, oauth_settings
+from bot.oauth import ENVELOPE_TEAM, InstallationAuthorize, install_flow
 from bot.requests import Requests
 from chatops import db
 from chatops.buttons import ACTION_PATTERN
@@ -161,7 +161,9 @@ def create_app(
     thread_contexts = handlers.ThreadContexts(inbound)
     if inbox is None:
         inbox = inbox_writer(inbound.url.render_as_string(hide_password=False))
-    identity, installs, authorization = _authorization(config, client, inbound)
+    # An edit of the config file reaches the bot's checks and commands within a second (chatops/reload.py).
+    config_file = ConfigFile(config)
+    identity, installs, authorization = _authorization(config_file, client, inbound)
 
     def client_for(team: Team) -> AsyncWebClient:
         return client if installs is None else TeamClient(installs, team, **settings)
@@ -185,15 +187,17 @@ def create_app(
     app.identity = identity
     app.error(_error)
     hand_off = HandOff()
-    requests = register(app, engine, config, thread_contexts, inbound, inbox, hand_off, installs)
+    requests = register(app, engine, config_file, thread_contexts, inbound, inbox, hand_off, installs)
     return SlackApp(app, identity, requests, inbox, hand_off, client_for)
 
 
 def _authorization(
-    config: Config, client: AsyncWebClient, inbound: Engine
+    config_file: ConfigFile, client: AsyncWebClient, inbound: Engine
 ) -> tuple[Identity | None, Installations | None, dict[str, Any]]:
     """How a request finds its token: one workspace's SLACK_BOT_TOKEN, who the bot is asked once (Identity); or,
-    installed through OAuth, the request's workspace's installation (bot.oauth), with bolt's install flow."""
+    installed through OAuth, the request's workspace's installation (bot.oauth), with bolt's install flow, for
+    the workspaces the config serves."""
+    config = config_file.current()
     if not config.oauth:
         identity = Identity(client)
 
@@ -212,8 +216,12 @@ def _authorization(
         db.async_engine_for(url, wait_s=WAIT_S),
         AsyncWebClient(base_url=api_base(config.slack_api_url), retry_handlers=counted_only()),
     )
-    authorization = {"authorize": InstallationAuthorize(installs), "oauth_settings": oauth_settings(config, installs)}
-    return None, installs, authorization
+
+    def serves(team: Team) -> bool:
+        return config_file.current().service.serves(team.team_id, team.enterprise_id)
+
+    flow = install_flow(config, installs, client, serves)
+    return None, installs, {"authorize": InstallationAuthorize(installs, serves), "oauth_flow": flow}
 
 
 def inbox_writer(database_url: str) -> InboxWriter:
@@ -242,7 +250,7 @@ class _CheckedApp(AsyncApp):
         if self.preset:
             req.context.update(self.preset)
         if isinstance(envelope_team := body.get("team_id"), str):
-            req.context[handlers.ENVELOPE_TEAM] = envelope_team
+            req.context[ENVELOPE_TEAM] = envelope_team
         if self.identity is not None:
             self.identity.remember_bot_user(body, req.context)
         return await super().async_dispatch(req)
@@ -266,7 +274,7 @@ class _Assistant(AsyncAssistant):
 def register(
     app: _CheckedApp,
     engine: Engine,
-    config: Config,
+    config_file: ConfigFile,
     thread_contexts: handlers.ThreadContexts,
     inbound: Engine,
     inbox: InboxWriter,
@@ -276,8 +284,6 @@ def register(
     """The listeners, by kind: assistant threads, events, button clicks, the slash command, App Home. The
     process's requests (bot.requests), for its background loop. `inbound`: the engine of the work before the
     ack; `inbox`: the writer of messages before their ack; `hand_off`: the sessions' hand-off to the workers."""
-    # An edit of the config file reaches the bot's checks and commands within a second (chatops/reload.py).
-    config_file = ConfigFile(config)
     approvers = Approvers(lambda: config_file.current().service)
     # The secrets of the config as it stands (those a reload brings too), asked at each use.
     secrets = LiveSecrets(config_file.current)

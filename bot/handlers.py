@@ -44,6 +44,7 @@ from bot.before_ack import Unsure, bounded, silent
 from bot.commands import SLASH_COMMAND, Where, parse
 from bot.hand_off import HandOff
 from bot.inbox_writer import InboxWriter
+from bot.oauth import workspace_of
 from bot.requests import Requests, in_background
 from bot.shapes import MAX_TEXT, kept, shared_files
 from chatops.buttons import BadButton
@@ -64,8 +65,6 @@ HOME = "home"
 REQUESTS = "requests"
 SECRETS = "secrets"
 HAND_OFF = "hand_off"
-# The workspace an Events API envelope names (its `team_id`), put in the context before bolt reads it (bot.app).
-ENVELOPE_TEAM = "mm_envelope_team"
 # The process's `async (Team) -> Uninstalled`: a workspace's tokens forgotten, its turns stopped, its jobs paused.
 UNINSTALL = "uninstall"
 # Set in a request's context once what it asks is recorded: an error after that is answered 200 (bot.app),
@@ -450,13 +449,6 @@ async def _hand_off(recorded: Recorded, hand_off: HandOff, slack: SlackOut, chan
             await slack.post(channel, QUEUED, thread_ts=thread_ts)
         except Exception as exc:  # noqa: BLE001 - a courtesy: the message waits in the inbox all the same
             log.warning("could not tell %s/%s that its message is queued: %s", channel, thread_ts, exc)
-
-
-def workspace_of(context: AsyncBoltContext) -> Team:
-    """The workspace (and org) a request came from, as the installation answering it sees it: bolt's (the
-    authorization's, which for a Slack Connect channel is the installation's own workspace), else, for an
-    org-wide installation (whose authorization names no workspace), the one the envelope names."""
-    return Team(context.team_id or context.get(ENVELOPE_TEAM), context.enterprise_id)
 
 
 def requester_team(event: dict[str, Any], context: AsyncBoltContext) -> str | None:

@@ -620,6 +620,11 @@ class ServiceConfig(Strict):
         admins = next((s.admins for s in reversed(sections) if s.admins), self.admins)
         return self.model_copy(update={"channels": channels, "admins": admins})
 
+    def serves(self, team_id: str | None, enterprise_id: str | None) -> bool:
+        """Whether an app installed through OAuth serves this workspace: it (or its org) has a `teams` section. An
+        install link is public, so a workspace the operator did not name is refused, at install and after."""
+        return any(key is not None and key in self.teams for key in (team_id, enterprise_id))
+
     def for_job(self, job: JobConfig) -> ServiceConfig:
         """The config as a job's workspace (or org) sees it: for_team of its `team`."""
         key = job.team

@@ -167,6 +167,11 @@ def slack_installations(config: Config) -> tuple[bool, str]:
         found = asyncio.run(installations(config).every())
     except Exception as exc:  # noqa: BLE001 - whatever the database says, in one line
         return False, f"the app's installations could not be read: {describe_error(exc)}"
+    if not config.service.teams:
+        return (
+            False,
+            "the config serves no Slack workspace yet — add a teams.<team id> section for each (docs/slack-app.md)",
+        )
     if not found:
         return False, "installed in no workspace yet — open /slack/install on the bot to install it"
     named = [

@@ -37,6 +37,8 @@ CONFIG = config(
     "{yolo: true}",
     "approvals: {requester_can_approve: false, timeout: 10m}",
     "teams:",
+    f"  {BETA}: {{}}",  # served, with the top level's settings
+    f"  {ORG}: {{}}",  # every workspace of the org
     f"  {ALPHA}:",
     f"    channels: {{{CHANNELS[ALPHA]}: {{yolo: false, approvers: [{BOB}]}}}}",
     "    jobs:",
@@ -69,7 +71,9 @@ def installs(tmp_path: Path, fresh_pg_url: str, own_redis: OwnRedis) -> Iterator
         yield s, s.start_bot(port=port)
 
 
-def install(s: Stack, base: str, team: str | None = None, enterprise: str | None = None) -> tuple[str, str]:
+def install(
+    s: Stack, base: str, team: str | None = None, enterprise: str | None = None, expect: int = 200
+) -> tuple[str, str]:
     """Install as a person would: the bot's install page, Slack's page with their choice, back to the bot. The
     redirect back (with its state and code) and the state cookie, for a test to replay."""
     page = httpx.get(f"{base}/slack/install")
@@ -81,7 +85,7 @@ def install(s: Stack, base: str, team: str | None = None, enterprise: str | None
     assert chosen.status_code == 302, chosen.text
     back = chosen.headers["location"]
     done = httpx.get(back, headers={"Cookie": f"{STATE_COOKIE}={cookie}"})
-    assert done.status_code == 200, done.text
+    assert done.status_code == expect, done.text
     return back, cookie
 
 
@@ -137,6 +141,11 @@ def test_each_workspace_installs_through_oauth_and_is_answered_with_its_own_toke
         f"{base}/slack/oauth_redirect?code=forged&state=forged", headers={"Cookie": f"{STATE_COOKIE}=forged"}
     )
     assert forged.status_code != 200 and installed(s) == []
+
+    # A workspace the config does not serve (no teams section): its install is refused, and nothing is kept.
+    s.slack.add_team("T0STRANGER", "Stranger")
+    install(s, base, team="T0STRANGER", expect=403)
+    assert installed(s) == []
 
     back, cookie = install(s, base, team=ALPHA)
     assert [(r.team_id, r.enterprise_id) for r in installed(s)] == [(ALPHA, None)]
