@@ -322,7 +322,7 @@ def test_the_config_map_holds_the_config_the_pods_read() -> None:
     assert {"name": "config", "mountPath": "/etc/mm", "readOnly": True} in bot["volumeMounts"]
 
 
-def test_http_mode_routes_only_slack_events_through_the_ingress() -> None:
+def test_http_mode_routes_only_slacks_paths_through_the_ingress() -> None:
     objects = rendered("ingress")
     bot = workload(objects, "bot")
     assert "--socket" not in container(bot, "bot")["args"]
@@ -332,10 +332,12 @@ def test_http_mode_routes_only_slack_events_through_the_ingress() -> None:
     assert ingress["spec"]["tls"] == [{"secretName": "mm-tls", "hosts": ["mm.example.com"]}]
     [rule] = ingress["spec"]["rules"]
     assert rule["host"] == "mm.example.com"
-    [path] = rule["http"]["paths"]
-    assert (path["path"], path["pathType"]) == ("/slack/events", "Exact"), "/healthz and /metrics stay inside"
-    backend = path["backend"]["service"]
-    assert backend == {"name": service["metadata"]["name"], "port": {"name": "http"}}
+    paths = rule["http"]["paths"]
+    # Events, and the install flow's two pages (many workspaces); /healthz and /metrics stay inside.
+    routed = [(path["path"], path["pathType"]) for path in paths]
+    assert routed == [(p, "Exact") for p in ("/slack/events", "/slack/install", "/slack/oauth_redirect")]
+    for path in paths:
+        assert path["backend"]["service"] == {"name": service["metadata"]["name"], "port": {"name": "http"}}
     assert service["spec"]["ports"][0]["targetPort"] == "http"
     assert "https://mm.example.com/slack/events" in notes(VALUE_SETS["ingress"])
     assert kinds(rendered("defaults"), "Ingress") == [], "no Ingress unless asked for"
