@@ -578,7 +578,7 @@ class Commands:
         installation answers it from."""
         place = place or NOWHERE
         if self.jobs is not None and is_job_command(text):
-            private, public = await self.jobs.answer(slack.client, text, user, steps)
+            private, public = await self.jobs.answer(slack.client, text, user, steps, place)
             if public is not None:
                 await announce(slack, steps, public[0], None, public[1])
             return Outcome(private=private)

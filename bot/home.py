@@ -19,7 +19,7 @@ from sqlalchemy import Engine
 from bot.authorize import Approvers
 from bot.jobs import JobCommands
 from chatops.queries import PendingApproval, SessionSummary, pending_approvals, recent_sessions
-from chatops.teams import NOWHERE, Team
+from chatops.teams import NOWHERE, Team, section_covers
 from slackio.approval_message import approval_blocks, when
 from slackio.mrkdwn import Mrkdwn
 from slackio.slack_out import SlackOut
@@ -86,8 +86,9 @@ class Home:
                 shown += 1
         if not shown:
             blocks.append(_context(NO_APPROVALS))
-        if self.jobs is not None and self.jobs.config.service.jobs:
-            listing = await asyncio.to_thread(self.jobs.listing)
+        jobs = [j for j in self.jobs.config.service.jobs if section_covers(j.team, place)] if self.jobs else []
+        if self.jobs is not None and jobs:
+            listing = await asyncio.to_thread(self.jobs.listing, jobs)
             blocks += [{"type": "divider"}, _header("Scheduled jobs"), _section(listing[:2900])]
         return {"type": "home", "blocks": blocks[:100]}
 

@@ -21,6 +21,7 @@ from chatops.jobs import overview, record_manual_run, run_of_request, running_ru
 from chatops.reload import ConfigFile
 from chatops.schedule import next_fire
 from chatops.schema import utcnow
+from chatops.teams import NOWHERE, Team, section_covers
 from slackio.mrkdwn import Mrkdwn
 
 _JOB = re.compile(r"^job(?:\s+(run|pause|resume)(?:\s+(\S+))?)?$", re.IGNORECASE)
@@ -55,15 +56,16 @@ class JobCommands:
         return self.config_file.current()
 
     async def answer(
-        self, client: Any, text: str, user: str, steps: Steps | None = None
+        self, client: Any, text: str, user: str, steps: Steps | None = None, place: Team = NOWHERE
     ) -> tuple[str, tuple[str, str] | None]:
         """The private answer, and a public line for a channel (channel, text) when a job was steered. `steps`:
-        what an earlier attempt at the same `/mm` did (a run it recorded is handed over, not recorded again)."""
+        what an earlier attempt at the same `/mm` did (a run it recorded is handed over, not recorded again);
+        `place`: the workspace asking, which sees and steers its own jobs and the top level's alone."""
         steps = steps or NoSteps(self.engine)
         text = text.strip()
-        jobs = {j.name: j for j in self.config.service.jobs}
+        jobs = {j.name: j for j in self.config.service.jobs if section_covers(j.team, place)}
         if text.lower() == "jobs":
-            return (await asyncio.to_thread(self.listing) if jobs else NO_JOBS), None
+            return (await asyncio.to_thread(self.listing, list(jobs.values())) if jobs else NO_JOBS), None
         m = _JOB.match(text)
         if m is None or not m.group(1) or not m.group(2):
             return JOB_USAGE, None
@@ -97,8 +99,9 @@ class JobCommands:
         line = said.format(user=user, job=job.name, next=_next(job))
         return line, (job.channel, line)
 
-    def listing(self) -> Mrkdwn:
-        jobs = self.config.service.jobs
+    def listing(self, jobs: list[JobConfig] | None = None) -> Mrkdwn:
+        """`jobs` (every job of the config unless given) with their state, a line each."""
+        jobs = self.config.service.jobs if jobs is None else jobs
         states = overview(self.engine, [j.name for j in jobs])
         lines = []
         for job in jobs:

@@ -59,6 +59,14 @@ def same_workspace(thread: Team, request: Team) -> bool:
     return not (thread.enterprise_id and request.enterprise_id and thread.enterprise_id != request.enterprise_id)
 
 
+def section_covers(key: str | None, place: Team) -> bool:
+    """Whether what a config's `teams.<key>` section holds (a job's `team`) belongs to the workspace `place`: its
+    own section (T…), or its org's (E…); the top level's (None) belongs to every workspace."""
+    if key is None or place == NOWHERE:
+        return True
+    return key in (place.team_id, place.enterprise_id)
+
+
 def in_workspace(team: Team) -> list[ColumnElement[bool]]:
     """The conditions on `sessions` of a read model that shows one workspace's threads (App Home)."""
     conditions: list[ColumnElement[bool]] = []
