@@ -3,18 +3,22 @@ PostgreSQL. Each broken part gives its own FAIL line with the fix, and no secret
 
 from __future__ import annotations
 
+import asyncio
 import os
 from pathlib import Path
 
 import pytest
+from slack_sdk.oauth.installation_store import Installation
 
 from chatops import db
+from chatops.config import load_config
 from chatops.secrets import mask_url
 from commands.doctor import main as doctor
 from mm_testkit.fixtures_kit import path_without
 from mmbot_helpers import CONFIG_ENV, clean_env, free_port, mm_bot
 from playground.model_server import ModelServer
 from playground.slack_api import SlackEmulator
+from slackio.installations import installations
 
 SIGNING_SECRET = "signing-secret-never-printed"
 MODEL_KEY = "sk-model-key-never-printed"
@@ -276,3 +280,40 @@ def test_bad_config_fails_the_config_check_with_file_and_line(tmp_path, healthy,
 )
 def test_mask_url(url: str, masked: str) -> None:
     assert mask_url(url) == masked
+
+
+@pytest.mark.process
+def test_installed_in_many_workspaces_it_lists_the_installations_and_the_sections_none_answers(
+    tmp_path, healthy, slack, monkeypatch, capsys
+) -> None:
+    oauth = {k: v for k, v in healthy.items() if k != "SLACK_BOT_TOKEN"} | {
+        "SLACK_CLIENT_ID": slack.client_id,
+        "SLACK_CLIENT_SECRET": "client-secret-never-printed",
+    }
+    # Served by nobody yet: the config names no workspace.
+    code, lines, _ = run_doctor(oauth, monkeypatch, capsys, tmp_path)
+    assert code == 1 and "serves no Slack workspace" in lines["slack"]
+
+    config = tmp_path / "mm.yaml"
+    config.write_text("teams:\n  T0ALPHA: {}\n  T0BETA: {}\n")
+    code, lines, _ = run_doctor(oauth, monkeypatch, capsys, tmp_path, str(config))
+    assert code == 1 and "installed in no workspace yet" in lines["slack"] and "/slack/install" in lines["slack"]
+
+    slack.add_team("T0ALPHA", "Alpha")
+    answer = slack.install(team="T0ALPHA")
+    store = installations(load_config(str(config), oauth)).store
+    saved = Installation(
+        app_id=answer["app_id"],
+        team_id="T0ALPHA",
+        team_name="Alpha",
+        bot_token=answer["access_token"],
+        bot_id="B0ALPHA",
+        bot_user_id=answer["bot_user_id"],
+        user_id="U0INSTALLER",
+        installed_at=1_790_000_000.0,
+    )
+    asyncio.run(store.async_save(saved))
+    code, lines, out = run_doctor(oauth, monkeypatch, capsys, tmp_path, str(config))
+    assert "installed in 1: Alpha (T0ALPHA, since 2026-09-21)" in lines["slack"], lines["slack"]
+    assert "no installation answers teams.T0BETA" in lines["slack"]
+    assert "client-secret-never-printed" not in out and answer["access_token"] not in out
