@@ -49,6 +49,9 @@ PEOPLE = [
 ]
 APPROVER = PEOPLE[1].id
 DEMO_REPO = "playground/demo"  # its path on the forge emulator
+# The environment of an app installed through OAuth (docs/slack-app.md, "Many workspaces"): the playground's bot
+# answers to the emulator's app alone.
+OAUTH_ENV = ("SLACK_CLIENT_ID", "SLACK_CLIENT_SECRET", "SLACK_REDIRECT_URI")
 # The worker's variable for the emulator's token: not MM_GITHUB_TOKEN, which may hold the person's token for
 # github.com (their jobs' repositories) and must keep doing so.
 FORGE_TOKEN_ENV = "MM_PLAYGROUND_FORGE_TOKEN"
@@ -118,6 +121,9 @@ def _serve(
         env = dict(environ, CELERY_BROKER_URL=broker, SLACK_API_URL=slack.url, SLACK_BOT_TOKEN=slack.bot_token)
         env["SLACK_SIGNING_SECRET"] = signing_secret = secrets.token_hex(16)
         env.pop("SLACK_APP_TOKEN", None)  # the playground speaks HTTP to its bot
+        # The person's own app's OAuth client would make the bot look for installations the emulator never made.
+        for name in OAUTH_ENV:
+            env.pop(name, None)
         if use_demo:
             model_server = start_demo_model()
             model = ModelInfo(True, DEMO_MODEL_NAME, model_server.url, model.note)

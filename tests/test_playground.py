@@ -141,7 +141,9 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def playground(tmp_path_factory: pytest.TempPathFactory, model: ModelServer, broker: str) -> Iterator[Playground]:
-    env = clean_env(CELERY_BROKER_URL=broker, MM_MODEL_URL=model.url, MM_MODEL="test-model")
+    # A person's real app's OAuth client in the environment: the playground's bot must answer to the emulator's app.
+    oauth = {"SLACK_CLIENT_ID": "1.2", "SLACK_CLIENT_SECRET": "their-own-app-s-secret"}
+    env = clean_env(CELERY_BROKER_URL=broker, MM_MODEL_URL=model.url, MM_MODEL="test-model", **oauth)
     running = Playground("playground", env)
     yield running
     running.stop()
