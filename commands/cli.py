@@ -137,7 +137,13 @@ def _playground(args: argparse.Namespace) -> int:
     from commands.playground import run_playground
 
     return run_playground(
-        args.config, args.host, args.port, expose=args.expose, demo=args.demo, browser=not args.no_browser
+        args.config,
+        args.host,
+        args.port,
+        expose=args.expose,
+        demo=args.demo,
+        browser=not args.no_browser,
+        workspaces=args.workspaces,
     )
 
 
@@ -259,6 +265,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--demo", action="store_true", help="use the scripted demo model even when a model answers")
     p.add_argument("--no-browser", action="store_true", help="do not open a browser")
+    p.add_argument(
+        "--workspaces",
+        type=int,
+        choices=(1, 2),
+        default=1,
+        help="2: two Slack workspaces, the app installed in each through Slack's OAuth flow (default 1)",
+    )
     # Its options (--help included) belong to the terminal front end.
     p = command(
         "run", _run, "the agent in the terminal, in the current directory (-p PROMPT: one shot)", add_help=False

@@ -6,14 +6,20 @@ signed slash command, an `app_home_opened` event. The worker answers through the
 emulator, and the page draws the emulator's state, so what the page shows is what Slack would have received.
 
     GET  /                     the page (static/index.html)
-    GET  /api/state?user=U     the channel, the person's ephemerals and App Home, the model, the overlay and the
-                               forge emulator's page (its pull requests), when the playground runs one
+    GET  /api/state?user=U     the person's workspace and its channel, their ephemerals and App Home, the model,
+                               the overlay and the forge emulator's page (its pull requests), when the playground
+                               runs one
     GET  /api/events           server-sent events: `change` whenever the emulator's state changed
     GET  /api/files/<id>       a file's picture (a PNG, JPEG, GIF or WebP shared or uploaded), for its thumbnail
     POST /api/messages         {user, text, thread_ts?, file?: {name, mimetype?, data (base64)}}
     POST /api/commands         {user, text}: `/mm <text>`
     POST /api/actions          {user, message_ts | view, action_id, block_id, value, text}
     POST /api/home             {user}
+
+The page shows one workspace or several (`mm-bot playground --workspaces 2`: the app installed in each through
+Slack's OAuth flow), each with its channel and its people. A person belongs to one workspace, as an account in
+Slack does: what they do is sent with that workspace's ids (its team, the bot user of the installation there),
+so the page switches workspaces by switching people.
 
 The page has no login: whoever reaches it may act as any of its people. So it listens on localhost unless told
 otherwise, and it takes only JSON from its own origin (a page of another site cannot post a form to it, nor
@@ -43,6 +49,7 @@ from playground.errors import PlaygroundError
 from playground.server_thread import ThreadedAiohttpServer
 from playground.signed import SlackEventSender
 from playground.slack_api import SlackEmulator
+from playground.slack_oauth import OAuthError
 
 MAX_TEXT = 40_000  # Slack's limit on a message's text
 # A file a person shares from the page, at most: its body is held in memory here and in the emulator.
@@ -111,6 +118,17 @@ class Person:
 
 
 @dataclass(frozen=True)
+class Workspace:
+    """A Slack workspace the page shows: its team in the emulator, its one channel and its people."""
+
+    team_id: str
+    name: str
+    channel_id: str
+    channel_name: str
+    people: tuple[Person, ...]
+
+
+@dataclass(frozen=True)
 class ModelInfo:
     demo: bool
     name: str
@@ -143,9 +161,7 @@ class PlaygroundPage(ThreadedAiohttpServer):
         *,
         bot_url: str,
         signing_secret: str,
-        people: list[Person],
-        channel_id: str,
-        channel_name: str,
+        workspaces: list[Workspace],
         model: ModelInfo,
         overlay: str,
         config_path: str | None,
@@ -155,10 +171,10 @@ class PlaygroundPage(ThreadedAiohttpServer):
         exposed: bool = False,
     ) -> None:
         super().__init__(host, port)
-        self.slack, self.people, self.model = slack, people, model
-        self.channel_id, self.channel_name = channel_id, channel_name
+        self.slack, self.workspaces, self.model = slack, workspaces, model
         self.overlay, self.config_path, self.exposed = overlay, config_path, exposed
         self.forge_url = forge_url  # a page a person opens: the emulator's token is never part of it
+        # The emulator's own team's (the one workspace of the default playground).
         self._sender = SlackEventSender(
             bot_url,
             signing_secret,
@@ -168,7 +184,10 @@ class PlaygroundPage(ThreadedAiohttpServer):
             bot_user_id=slack.bot_user_id,
             timeout=10.0,
         )
-        self._sending = threading.Lock()  # the sender keeps its last payload: one send at a time
+        # The other teams' senders, made once the app is installed there: their event ids continue the first's, so the
+        # bot, which drops an event id it has seen, takes every workspace's.
+        self._senders: dict[str, SlackEventSender] = {}
+        self._sending = threading.Lock()  # a sender keeps its last payload: one send at a time
         self._mention = re.compile(_TYPED_MENTION.format(name=re.escape(slack.bot_name)), re.IGNORECASE)
         self._wakers: set[asyncio.Event] = set()
         slack.on_change(self._changed)
@@ -243,19 +262,26 @@ class PlaygroundPage(ThreadedAiohttpServer):
 
     async def _state(self, request: web.Request) -> web.Response:
         # A browser's first visit knows nobody yet: it sees the page as the first person.
-        person = self._person(request.query.get("user") or self.people[0].id)
+        here, person = self._person(request.query.get("user") or self.workspaces[0].people[0].id)
         slack = self.slack
-        state = slack.snapshot(self.channel_id, person.id) | {
+        try:
+            bot_user = self._sender_for(here).bot_user_id
+        except BotUnreachable:  # not installed there yet: the page draws the channel all the same
+            bot_user = ""
+        state = slack.snapshot(here.channel_id, person.id) | {
             "me": person.id,
-            "users": [asdict(p) for p in self.people],
-            "bot": {"id": slack.bot_user_id, "name": slack.bot_name},
-            "team": slack.team_name,
-            "channel": {"id": self.channel_id, "name": self.channel_name},
+            "users": [asdict(p) for p in here.people],
+            "bot": {"id": bot_user, "name": slack.bot_name},
+            "team": here.name,
+            "team_id": here.team_id,
+            # Each with the person the page becomes there, until one is chosen.
+            "workspaces": [{"id": w.team_id, "name": w.name, "user": w.people[0].id} for w in self.workspaces],
+            "channel": {"id": here.channel_id, "name": here.channel_name},
             "model": asdict(self.model),
             "overlay": self.overlay,
             "config_path": self.config_path,
             "forge_url": self.forge_url,
-            "mention": f"<@{slack.bot_user_id}>",
+            "mention": f"<@{bot_user}>" if bot_user else "",
             "max_file_bytes": MAX_FILE,
         }
         return web.json_response(state, headers=_NO_CACHE)
@@ -296,54 +322,57 @@ class PlaygroundPage(ThreadedAiohttpServer):
 
     async def _post_message(self, request: web.Request) -> web.Response:
         body = await _body(request)
-        person = self._person(body.get("user"))
+        here, person = self._person(body.get("user"))
+        sender = self._sender_for(here)  # before anything is posted: there is no bot to send it to otherwise
         shared = _shared_file(body.get("file"))
         text = _text(body.get("text", "" if shared else None), empty_ok=shared is not None)
-        thread_ts = self._existing_thread(body.get("thread_ts"))
-        text = self._mention.sub(f"<@{self.slack.bot_user_id}>", text)
+        thread_ts = self._existing_thread(here, body.get("thread_ts"))
+        mention = f"<@{sender.bot_user_id}>"
+        text = self._mention.sub(mention, text)
         if shared is None:
-            message = self.slack.add_message(self.channel_id, text, person.id, thread_ts=thread_ts)
+            message = self.slack.add_message(here.channel_id, text, person.id, thread_ts=thread_ts, team=here.team_id)
         else:
             name, mimetype, data = shared
             message = self.slack.share_file(
-                self.channel_id, name, data, person.id, text=text, thread_ts=thread_ts, mimetype=mimetype
+                here.channel_id, name, data, person.id, text=text, thread_ts=thread_ts, mimetype=mimetype
             )
         ts, files = message["ts"], message.get("files")
 
         def deliver() -> None:
-            where = {"channel": self.channel_id, "user": person.id, "ts": ts, "thread_ts": thread_ts, "files": files}
-            if f"<@{self.slack.bot_user_id}>" not in text:
-                self._check(self._sender.message(text, **where))
+            where = {"channel": here.channel_id, "user": person.id, "ts": ts, "thread_ts": thread_ts, "files": files}
+            if mention not in text:
+                self._check(sender.message(text, **where))
                 return
             # Slack delivers a mention twice (app_mention, and the message.channels twin); the bot keeps one, so
             # once the mention is taken the twin's fate changes nothing.
-            self._check(self._sender.app_mention(text, **where))
+            self._check(sender.app_mention(text, **where))
             with contextlib.suppress(BotUnreachable, httpx.HTTPError):
-                self._check(self._sender.message(text, **where))
+                self._check(sender.message(text, **where))
 
         try:
             await self._send(deliver)
         except BotUnreachable as exc:
             if not exc.reached:  # the page must not show what the bot never received
-                self.slack.remove_message(self.channel_id, ts)
+                self.slack.remove_message(here.channel_id, ts)
             raise
         return web.json_response({"ok": True, "ts": ts})
 
     async def _post_command(self, request: web.Request) -> web.Response:
         body = await _body(request)
-        person = self._person(body.get("user"))
+        here, person = self._person(body.get("user"))
+        sender = self._sender_for(here)
         text = _text(body.get("text"), empty_ok=True)
-        url = self.slack.response_url(person.id, self.channel_id)
+        url = self.slack.response_url(person.id, here.channel_id)
 
         def deliver() -> None:
             self._check(
-                self._sender.slash_command(
+                sender.slash_command(
                     "/mm",
                     text,
                     user=person.id,
-                    channel=self.channel_id,
+                    channel=here.channel_id,
                     user_name=person.name,
-                    channel_name=self.channel_name,
+                    channel_name=here.channel_name,
                     response_url=url,
                 )
             )
@@ -353,16 +382,17 @@ class PlaygroundPage(ThreadedAiohttpServer):
 
     async def _post_action(self, request: web.Request) -> web.Response:
         body = await _body(request)
-        person = self._person(body.get("user"))
+        here, person = self._person(body.get("user"))
+        sender = self._sender_for(here)
         action_id, block_id, value, label = (_field(body, k) for k in ("action_id", "block_id", "value", "text"))
         if body.get("view"):
-            view = self.slack.snapshot(self.channel_id, person.id)["home"]
+            view = self.slack.snapshot(here.channel_id, person.id)["home"]
             if view is None:
                 raise PageError("there is no App Home view to click in")
 
             def click_view() -> None:
                 self._check(
-                    self._sender.view_action(
+                    sender.view_action(
                         action_id,
                         value,
                         user=person.id,
@@ -376,18 +406,18 @@ class PlaygroundPage(ThreadedAiohttpServer):
             await self._send(click_view)
             return web.json_response({"ok": True})
         ts = _field(body, "message_ts")
-        message = self.slack.message(self.channel_id, ts)
+        message = self.slack.message(here.channel_id, ts)
         if message is None:
-            raise PageError(f"there is no message {ts} in #{self.channel_name}")
-        url = self.slack.response_url(person.id, self.channel_id)
+            raise PageError(f"there is no message {ts} in #{here.channel_name}")
+        url = self.slack.response_url(person.id, here.channel_id)
 
         def click() -> None:
             self._check(
-                self._sender.block_action(
+                sender.block_action(
                     action_id,
                     value,
                     user=person.id,
-                    channel=self.channel_id,
+                    channel=here.channel_id,
                     message_ts=ts,
                     thread_ts=message.get("thread_ts"),
                     message=message,
@@ -402,26 +432,46 @@ class PlaygroundPage(ThreadedAiohttpServer):
         return web.json_response({"ok": True})
 
     async def _open_home(self, request: web.Request) -> web.Response:
-        person = self._person((await _body(request)).get("user"))
+        here, person = self._person((await _body(request)).get("user"))
+        sender = self._sender_for(here)
         # Slack sends the view it last showed that person along with the event.
-        shown = self.slack.snapshot(self.channel_id, person.id)["home"]
-        await self._send(lambda: self._check(self._sender.app_home_opened(user=person.id, view=shown)))
+        shown = self.slack.snapshot(here.channel_id, person.id)["home"]
+        await self._send(lambda: self._check(sender.app_home_opened(user=person.id, view=shown)))
         return web.json_response({"ok": True})
 
     # -- helpers ------------------------------------------------------------------------------------------
 
-    def _person(self, user: object) -> Person:
-        found = next((p for p in self.people if p.id == user), None)
-        if found is None:
-            raise PageError(f"unknown user {user!r}: pick one of {', '.join(p.id for p in self.people)}")
-        return found
+    def _person(self, user: object) -> tuple[Workspace, Person]:
+        """The person and the workspace they are in."""
+        for workspace in self.workspaces:
+            found = next((p for p in workspace.people if p.id == user), None)
+            if found is not None:
+                return workspace, found
+        known = ", ".join(p.id for w in self.workspaces for p in w.people)
+        raise PageError(f"unknown user {user!r}: pick one of {known}")
 
-    def _existing_thread(self, thread_ts: object) -> str | None:
+    def _sender_for(self, workspace: Workspace) -> SlackEventSender:
+        """What sends the bot that workspace's requests: its team's ids and the bot user of the installation there."""
+        if workspace.team_id == self.slack.team_id:
+            return self._sender
+        if workspace.team_id not in self._senders:
+            try:
+                options = self.slack.sender_options(workspace.team_id)
+            except OAuthError:  # the playground installs the app once its bot answers
+                raise BotUnreachable(
+                    f"the app is not installed in {workspace.name} yet: the playground installs it as soon as the "
+                    "bot answers; try again in a moment.",
+                    reached=False,
+                ) from None
+            self._senders[workspace.team_id] = self._sender.for_team(**options)
+        return self._senders[workspace.team_id]
+
+    def _existing_thread(self, workspace: Workspace, thread_ts: object) -> str | None:
         if thread_ts in (None, ""):
             return None
-        parent = self.slack.message(self.channel_id, str(thread_ts))
+        parent = self.slack.message(workspace.channel_id, str(thread_ts))
         if parent is None or parent.get("thread_ts", parent["ts"]) != parent["ts"]:
-            raise PageError(f"there is no thread {thread_ts} in #{self.channel_name}")
+            raise PageError(f"there is no thread {thread_ts} in #{workspace.channel_name}")
         return str(thread_ts)
 
     async def _send(self, deliver: Any) -> None:

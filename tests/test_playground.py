@@ -9,6 +9,7 @@ the thread, click the buttons. Everything is read off the page, as they would re
 from __future__ import annotations
 
 import base64
+import dataclasses
 import os
 import re
 import shutil
@@ -29,10 +30,18 @@ from slack_sdk import WebClient
 
 from chatops.buttons import LABELS, Action
 from commands.dev import PLAYGROUND_INSTEAD
-from commands.playground import DEMO_REPO, FORGE_TOKEN_ENV, PEOPLE, PLAYGROUND_DIR
+from commands.playground import (
+    DEMO_REPO,
+    FORGE_TOKEN_ENV,
+    PEOPLE,
+    PLAYGROUND,
+    PLAYGROUND_DIR,
+    WORKSPACES,
+    run_playground,
+)
 from mm_testkit.fixtures_kit import needs_bwrap_when_root, needs_system
 from mm_testkit.redis_server import OwnRedis
-from mmbot_helpers import MM_BOT, clean_env, free_port, session_processes
+from mmbot_helpers import CONFIG_ENV, MM_BOT, clean_env, free_port, session_processes
 from playground.demo_model import LABEL
 from playground.model_server import ModelServer, Reply, ToolCall
 from playground.server import MAX_FILE, ModelInfo, PlaygroundPage
@@ -141,7 +150,9 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def playground(tmp_path_factory: pytest.TempPathFactory, model: ModelServer, broker: str) -> Iterator[Playground]:
-    env = clean_env(CELERY_BROKER_URL=broker, MM_MODEL_URL=model.url, MM_MODEL="test-model")
+    # A person's real app's OAuth client in the environment: the playground's bot must answer to the emulator's app.
+    oauth = {"SLACK_CLIENT_ID": "1.2", "SLACK_CLIENT_SECRET": "their-own-app-s-secret"}
+    env = clean_env(CELERY_BROKER_URL=broker, MM_MODEL_URL=model.url, MM_MODEL="test-model", **oauth)
     running = Playground("playground", env)
     yield running
     running.stop()
@@ -321,9 +332,7 @@ def page_alone() -> Iterator[tuple[SlackEmulator, PlaygroundPage]]:
             slack,
             bot_url="http://127.0.0.1:9",
             signing_secret="unused",
-            people=PEOPLE,
-            channel_id="C0PLAYGROUND",
-            channel_name="playground",
+            workspaces=[dataclasses.replace(PLAYGROUND, team_id=slack.team_id)],  # the emulator's own team
             model=ModelInfo(False, "test-model", "http://127.0.0.1:9/v1", ""),
             overlay="channels: {}\n",
             config_path=None,
@@ -565,6 +574,101 @@ def test_the_config_s_jobs_report_in_the_playground_channel_and_are_steered_ther
         redis.stop()
 
 
+# --- two workspaces ---------------------------------------------------------------------------------------------
+
+
+def test_two_workspaces_installed_through_oauth_each_answered_with_its_own_token(
+    tmp_path: Path, browser: Browser, model: ModelServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`mm-bot playground --workspaces 2`, run in this process so that the emulator's record of every call is at
+    hand: the app installed in Acme and Globex through bolt's flow, a person in each workspace's channel answered,
+    and every call in a workspace's channel made with the token Slack issued to that workspace's installation."""
+    model.reset()
+    model.always(lambda request: Reply(text=f"Answer about {_asked_about(request)}."))
+    redis = OwnRedis(tmp_path / "redis")  # not the module's: its playground's worker would take these turns
+    redis.start()
+    directory = Path(tempfile.mkdtemp(prefix="mm-playground-"))  # the sandbox's user reaches it (Playground's)
+    os.chmod(directory, 0o711)
+    monkeypatch.chdir(directory)
+    for name in CONFIG_ENV:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("CELERY_BROKER_URL", redis.url)
+    monkeypatch.setenv("MM_MODEL_URL", model.url)
+    monkeypatch.setenv("MM_MODEL", "test-model")
+    acme, globex = WORKSPACES
+    said: list[str] = []
+    checked: list[SlackEmulator] = []
+
+    def person_in_each(slack: SlackEmulator, base: str) -> None:
+        context = browser.new_context(viewport={"width": 1280, "height": 800})
+        page = context.new_page()
+        page.goto(base)
+        switcher = page.get_by_role("group", name="Workspaces")
+        expect(page.locator("#team-name")).to_have_text("Acme")
+        expect(switcher.get_by_role("button", name="Acme")).to_have_attribute("aria-pressed", "true")
+        be(page, ADA)
+        thread = mention(page, "what is acme-1?")
+        expect(thread).to_contain_text("Answer about acme-1.", timeout=WAIT)
+
+        switcher.get_by_role("button", name="Globex").click()
+        expect(page.locator("#team-name")).to_have_text("Globex")
+        expect(switcher.get_by_role("button", name="Globex")).to_have_attribute("aria-pressed", "true")
+        expect(page.locator("#channel-name")).to_have_text(globex.channel_name)
+        expect(page.locator("#user")).to_have_value(globex.people[0].id)
+        expect(page.locator("#thread")).to_be_hidden()  # Acme's thread is not in this channel
+        expect(page.locator("#channel-messages")).not_to_contain_text("acme-1")
+        thread = mention(page, "what is globex-2?")
+        expect(thread).to_contain_text("Answer about globex-2.", timeout=WAIT)
+
+        switcher.get_by_role("button", name="Acme").click()  # back as the person last chosen there
+        expect(page.locator("#user")).to_have_value(ADA)
+        expect(page.locator("#channel-messages")).to_contain_text("what is acme-1?")
+        expect(page.locator("#channel-messages")).not_to_contain_text("globex-2")
+        context.close()
+        checked.append(slack)
+        raise KeyboardInterrupt  # Ctrl-C: the playground stops its bot and worker as a person stops them
+
+    # The playground takes Ctrl-C's and SIGTERM's handlers while it runs, as a command does.
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        code = run_playground(
+            None, "127.0.0.1", free_port(), browser=False, workspaces=2, speaker=said.append, on_ready=person_in_each
+        )
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+        redis.stop()
+        shutil.rmtree(directory, ignore_errors=True)
+    assert code == 0 and checked, said
+    [slack] = checked
+    assert "the app is installed in Acme and Globex through Slack's OAuth flow, each with a token of its own" in said
+
+    # The tokens Slack issued in bolt's exchanges (oauth.v2.access), one per workspace, installed there.
+    issued: dict[str, str] = {}
+    for call in slack.calls_to("oauth.v2.access"):
+        installation = slack.installation_of(call.response["access_token"])
+        assert call.token is None and installation is not None and installation.team_id is not None
+        issued[installation.team_id] = call.response["access_token"]
+    assert sorted(issued) == sorted([acme.team_id, globex.team_id]) and len(set(issued.values())) == 2
+    assert slack.calls_with(slack.bot_token) == []  # the emulator's own team's token, which no process was given
+
+    channels = {w.channel_id: w for w in WORKSPACES}
+    for workspace in WORKSPACES:
+        token = issued[workspace.team_id]
+        installation = slack.installation_of(token)
+        assert installation is not None
+        posted = [c for c in slack.calls_with(token) if c.method in ("chat.postMessage", "chat.startStream")]
+        # Its answer was posted in its channel, with its token, as its installation's bot user.
+        assert posted and {c.params["channel"] for c in posted} == {workspace.channel_id}
+        threads = [slack.messages(workspace.channel_id, root["ts"]) for root in slack.messages(workspace.channel_id)]
+        assert {m["user"] for thread in threads for m in thread if m.get("bot_id")} == {installation.bot_user_id}
+    # Nothing in one workspace's channel came with another's token (nor without one).
+    for call in slack.calls:
+        channel = call.params.get("channel") or call.params.get("channel_id")
+        if channel in channels:
+            assert call.token == issued[channels[channel].team_id], (call.method, channel)
+
+
 # --- the demo, as `make run` shows it on a fresh clone --------------------------------------------------------
 
 
@@ -727,6 +831,12 @@ def _tool_calls(model: ModelServer) -> list[dict[str, Any]]:
     return [
         call["function"] for m in model.messages(-1) if m["role"] == "assistant" for call in m.get("tool_calls") or []
     ]
+
+
+def _asked_about(request: dict[str, Any]) -> str:
+    """The thing a two-workspace question names (`acme-1`, `globex-2`), from the request's last user message."""
+    found = re.search(r"(?:acme|globex)-\d", _last_user_text(request))
+    return found[0] if found else "nothing"
 
 
 def _last_user_text(request: dict[str, Any]) -> str:

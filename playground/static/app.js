@@ -21,6 +21,7 @@ const app = {
   state: null, // the last answer of /api/state
   user: localStorage.getItem(USER_KEY), // the chosen user id (null until known)
   userConfirmed: false, // the server answered for app.user at least once
+  usersByTeam: {}, // with several workspaces: the person last chosen in each, by team id
   view: "channel", // "channel" or "home"
   thread: null, // ts of the open thread
   renderedThread: null, // the thread the pane showed at the last render (to scroll a newly opened one)
@@ -1174,6 +1175,7 @@ function renderSidebar(state) {
   $("#home-title").textContent = `${state.bot.name} — Home`;
   $("#composer").placeholder =
     `Message #${state.channel.name} — mention @${state.bot.name} to start, /mm help for commands`;
+  renderWorkspaces(state);
   renderUserPicker(state);
   $("#overlay-yaml").textContent = state.overlay || "(no overlay)";
   $("#config-path").textContent = state.config_path
@@ -1198,6 +1200,37 @@ function renderForgeLine(url) {
     // The emulator serves HTTPS with a certificate of its own CA, which the browser does not know.
     title: "The playground's GitHub emulator; your browser asks about its certificate, made for this run",
   }, url));
+}
+
+/** The workspace switcher, when the playground shows more than one: a person belongs to one workspace, as an
+ *  account in Slack does, so switching is becoming someone of the other (the one last chosen there). */
+function renderWorkspaces(state) {
+  const box = $("#workspaces");
+  const workspaces = state.workspaces || [];
+  box.hidden = workspaces.length < 2;
+  const signature = JSON.stringify([workspaces, state.team_id]);
+  if (box.hidden || signatures.get(box) === signature) return;
+  signatures.set(box, signature);
+  box.replaceChildren(...workspaces.map((w) => {
+    const current = w.id === state.team_id;
+    return h("button", {
+      type: "button",
+      class: current ? "team-choice active" : "team-choice",
+      "aria-pressed": current ? "true" : "false",
+      title: current ? `You are in ${w.name}` : `Switch to ${w.name}`,
+      onclick: () => switchWorkspace(w),
+    }, h("span", { class: "team-choice-icon", "aria-hidden": "true" }, w.name.slice(0, 1)), w.name);
+  }));
+}
+
+function switchWorkspace(workspace) {
+  if (!app.state || workspace.id === app.state.team_id) return;
+  app.usersByTeam[app.state.team_id] = me();
+  setUser(app.usersByTeam[workspace.id] || workspace.user, true);
+  app.userConfirmed = true;
+  app.thread = null; // the open thread is in the other workspace's channel
+  requestState();
+  if (app.view === "home") openHome(); // the App Home is that person's
 }
 
 function renderUserPicker(state) {
