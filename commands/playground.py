@@ -260,9 +260,11 @@ def _overlay(config: Config, demo: tuple[ForgeServer, str] | None, teams: list[W
         channels[workspace.channel_id] = {"approvers": [_approver(workspace).id], "yolo": False}
         if demo is not None:
             channels[workspace.channel_id] |= {"repo": demo[1], "branch": "main"}
-    # At the top level, not under each workspace's `teams` section: a channel id is one workspace's anyway, and the
-    # worker gives its forge token only to the repositories of the top level's channels (workers/scope.py).
     overlay: dict[str, object] = {"channels": channels}
+    if len(teams) > 1:
+        # Installed through OAuth, the app serves the workspaces the config names (ServiceConfig.serves): each
+        # workspace's channel in its own section.
+        overlay = {"teams": {w.team_id: {"channels": {w.channel_id: channels[w.channel_id]}} for w in teams}}
     if demo is not None:
         forge = demo[0]
         overlay["forges"] = {forge.host: {"kind": forge.kind, "tokenEnv": FORGE_TOKEN_ENV}}

@@ -12,14 +12,15 @@ from workers.workspaces import public_url
 
 def token_scope(config: Config) -> tuple[set[str], tuple[str, ...]]:
     """The HTTPS repositories the token is for: those the config names (channels' and jobs' repositories, push
-    remotes), and every repository under an owner a channel's `repos` pattern spells out (`https://host/owner/…`;
-    a wildcard host or owner names none)."""
+    remotes; every workspace's `teams` section's too), and every repository under an owner a channel's `repos`
+    pattern spells out (`https://host/owner/…`; a wildcard host or owner names none)."""
     service = config.service
-    named = [c.repo for c in service.channels.values()] + [j.repo for j in service.jobs]
+    channels = service.all_channels()
+    named = [c.repo for c in channels] + [j.repo for j in service.jobs]
     named += [j.push.remote for j in service.jobs if j.push is not None]
     exact = {u for u in (normal_url(n) for n in named if n) if u}
     owners = set()
-    for pattern in (p for c in service.channels.values() for p in c.repos):
+    for pattern in (p for c in channels for p in c.repos):
         parts = pattern.split("/")  # https: '' host owner …
         if len(parts) > 4 and pattern.startswith("https://") and not any("*" in p for p in parts[2:4]) and parts[3]:
             owners.add(f"https://{parts[2].lower()}/{parts[3]}/")
