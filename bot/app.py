@@ -69,6 +69,8 @@ bolt_log.addFilter(
 # How long the server waits for Slack to say who the bot is before it starts (then it asks again in the
 # background, and goes by what the requests say until then).
 IDENTITY_TIMEOUT = 5.0
+# How long a token's refresh before an ack may wait for Slack (bot.oauth).
+REFRESH_S = 2
 IDENTITY_RETRY = 10.0
 
 
@@ -214,7 +216,8 @@ def _authorization(
         config.slack_client_id,
         config.slack_client_secret,
         db.async_engine_for(url, wait_s=WAIT_S),
-        AsyncWebClient(base_url=api_base(config.slack_api_url), retry_handlers=counted_only()),
+        # A refresh runs before the ack: a Slack that does not answer in 2 s leaves the living token in use.
+        AsyncWebClient(base_url=api_base(config.slack_api_url), retry_handlers=counted_only(), timeout=REFRESH_S),
     )
 
     def serves(team: Team) -> bool:

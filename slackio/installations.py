@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+import aiohttp
 from slack_sdk.errors import SlackTokenRotationError
 from slack_sdk.oauth.installation_store import Installation
 from slack_sdk.oauth.installation_store.sqlalchemy import (
@@ -131,8 +132,8 @@ class Installations:
     async def fresh(self, team: Team) -> Installation:
         """The workspace's installation with a token that lives ROTATE_BEFORE_MINUTES more, refreshed if it would
         not. A refresh Slack refused is read again from the database (another process, the bot or a worker, may
-        have refreshed it first); else the token in hand is used while it lives (Slack may answer again before it
-        dies), and a dead one is not."""
+        have refreshed it first); else, refused or unable to reach Slack, the token in hand is used while it lives
+        (Slack may answer again before it dies), and a dead one is not."""
         found = await self.find(team)
         if found is None or not found.bot_token:
             raise NotInstalled(team)
@@ -142,21 +143,29 @@ class Installations:
             refreshed = await self.rotator.perform_token_rotation(
                 installation=found, minutes_before_expiration=ROTATE_BEFORE_MINUTES
             )
-        except SlackTokenRotationError as exc:
-            # Another process may have refreshed it first, with the refresh token this one holds.
-            self._found.pop(team, None)
-            latest = await self.find(team)
-            if latest is not None and latest.bot_token and latest.bot_token != found.bot_token:
-                return latest
+        except (SlackTokenRotationError, aiohttp.ClientError, TimeoutError) as exc:
+            # Refused, or Slack not reached (its outage: the caller's to report as one, once the token is dead).
+            if isinstance(exc, SlackTokenRotationError):
+                # Another process may have refreshed it first, with the refresh token this one holds.
+                self._found.pop(team, None)
+                latest = await self.find(team)
+                if latest is not None and latest.bot_token and latest.bot_token != found.bot_token:
+                    return latest
             expires = found.bot_token_expires_at or 0
             if expires <= time.time():
-                raise NotInstalled(team) from exc
+                if isinstance(exc, SlackTokenRotationError):
+                    raise NotInstalled(team) from exc
+                raise
             log.warning("Slack did not refresh the token of workspace %s (%s); using it while it lives", team, exc)
             return found
         if refreshed is None:
             return found
         await self.store.async_save(refreshed)
         log.info("refreshed the bot token of Slack workspace %s", team)
+        # Every workspace kept with the old token (an org-wide install's, a team found with and without its org)
+        # reads the new one: the old refresh token is spent, and a refresh with it would be refused.
+        for key in [k for k, (_, kept) in self._found.items() if kept.bot_token == found.bot_token]:
+            del self._found[key]
         self._found[team] = (time.monotonic(), refreshed)
         return refreshed
 
