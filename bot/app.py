@@ -217,7 +217,8 @@ def _authorization(
         config.slack_client_secret,
         db.async_engine_for(url, wait_s=WAIT_S),
         # A refresh runs before the ack: a Slack that does not answer in 2 s leaves the living token in use.
-        AsyncWebClient(base_url=api_base(config.slack_api_url), retry_handlers=counted_only(), timeout=REFRESH_S),
+        # No retries either: a refresh answered but lost on the way spends the refresh token.
+        AsyncWebClient(base_url=api_base(config.slack_api_url), retry_handlers=[], timeout=REFRESH_S),
     )
 
     def serves(team: Team) -> bool:

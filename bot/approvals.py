@@ -33,7 +33,7 @@ from chatops.queries import writers
 from chatops.schema import ApprovalState, SessionKind
 from chatops.sessions import Decided, Snapshot, decide, snapshot, waits_for_people
 from chatops.store import ApprovalRow, covered_by_approve_all, get_approval
-from chatops.teams import NOWHERE, Team, same_workspace, team_of
+from chatops.teams import NOWHERE, Team, same_workspace, session_team, team_of
 from slackio.approval_message import NO_APPROVERS, approvable, approval_blocks, layout, requesters, when
 from slackio.metrics import waited
 from slackio.mrkdwn import Mrkdwn
@@ -158,9 +158,13 @@ class ClickHandler:
             if everything and not covered_by_approve_all(row):
                 return NOT_ALL.format(rule=quoted(row.rule or "?"))
             if approve:
-                refusal = await self.approvers.may_approve(slack.client, channel, click.user, row.requested_by, row=row)
+                refusal = await self.approvers.may_approve(
+                    slack.client, channel, click.user, row.requested_by, row=row, place=team_of(session)
+                )
             else:
-                refusal = await self.approvers.may_reject(slack.client, channel, click.user, row.requested_by, row)
+                refusal = await self.approvers.may_reject(
+                    slack.client, channel, click.user, row.requested_by, row, team_of(session)
+                )
             if refusal is not None:
                 return refusal
             clicked = row
@@ -231,7 +235,8 @@ class ClickHandler:
         unless the config allows it."""
         authors = ",".join(sorted(await asyncio.to_thread(writers, self.engine, session_id)))
         what = "open a thread's pull request" if pull_request else "push a thread's changes"
-        refusal = await self.approvers.may_approve(slack.client, channel, user, authors or None, what)
+        place = await asyncio.to_thread(session_team, self.engine, session_id)
+        refusal = await self.approvers.may_approve(slack.client, channel, user, authors or None, what, place=place)
         if refusal is not None:
             return refusal
         if self.enqueue_push is None:
@@ -267,10 +272,12 @@ class ClickHandler:
 
 
 async def may_stop(engine: Engine, approvers: Approvers, client: Any, channel: str, session_id: str, user: str) -> bool:
-    """The people in the conversation and the channel's approvers may stop it (the button and `stop` alike)."""
+    """The people in the conversation and the channel's approvers (as its workspace configures them) may stop
+    it (the button and `stop` alike)."""
     if user in await asyncio.to_thread(writers, engine, session_id):
         return True
-    return (await approvers.is_approver(client, channel, user))[0]
+    place = await asyncio.to_thread(session_team, engine, session_id)
+    return (await approvers.is_approver(client, channel, user, place=place))[0]
 
 
 def _already(row: ApprovalRow) -> str:

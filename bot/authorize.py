@@ -68,17 +68,23 @@ class Approvers:
         self._service, self.ttl = service, ttl
         self._groups: dict[str, tuple[float, frozenset[str]]] = {}
 
-    def accepted(self, channel: str, row: ApprovalRow | None = None) -> list[str]:
+    def _view(self, place: Team) -> ServiceConfig:
+        """The config as the workspace `place` sees it (its `teams` section over the top level's)."""
+        return self._service().for_team(place.team_id, place.enterprise_id)
+
+    def accepted(self, channel: str, row: ApprovalRow | None = None, place: Team = NOWHERE) -> list[str]:
         """Who may approve `row` (None: anything else an approver may do in `channel`): the ids the row names (its
-        rule's approvers, widened by an escalation: chatops/nudges.py), else the channel's."""
-        return accepted(self._service(), channel, row)
+        rule's approvers, widened by an escalation: chatops/nudges.py), else the channel's, as the workspace
+        `place` configures it."""
+        return accepted(self._view(place), channel, row)
 
     async def is_approver(
-        self, client: Any, channel: str, user: str, accepted: Sequence[str] | None = None
+        self, client: Any, channel: str, user: str, accepted: Sequence[str] | None = None, place: Team = NOWHERE
     ) -> tuple[bool, str]:
-        """Whether `user` is one of `accepted` (None: the channel's approvers), by id or user group; and, when a
-        group could not be checked, why."""
-        return await self._listed(client, self.accepted(channel) if accepted is None else accepted, user)
+        """Whether `user` is one of `accepted` (None: the channel's approvers in the workspace `place`), by id or
+        user group; and, when a group could not be checked, why."""
+        ids = self.accepted(channel, place=place) if accepted is None else accepted
+        return await self._listed(client, ids, user)
 
     async def is_admin(self, client: Any, user: str, place: Team = NOWHERE) -> tuple[bool, str]:
         """Whether `user` is one of the `admins` of the workspace `place` (its `teams` section's, else the
@@ -86,7 +92,7 @@ class Approvers:
         return await self._listed(client, self._admins(place), user)
 
     def _admins(self, place: Team) -> list[str]:
-        return list(self._service().for_team(place.team_id, place.enterprise_id).admins)
+        return list(self._view(place).admins)
 
     def admin_refusal(self, what: str, problems: str = "", place: Team = NOWHERE) -> str:
         admins = self._admins(place)
@@ -117,9 +123,10 @@ class Approvers:
         requested_by: str | None,
         what: str = "approve calls",
         row: ApprovalRow | None = None,
+        place: Team = NOWHERE,
     ) -> str | None:
-        """None when `user` may approve `row`, a call of `channel` asked by `requested_by` (or, without a row, do
-        `what` else an approver may); else the sentence why not."""
+        """None when `user` may approve `row`, a call of `channel` (of the workspace `place`) asked by
+        `requested_by` (or, without a row, do `what` else an approver may); else the sentence why not."""
         own = _asked(user, requested_by)
         ruled = row is not None and row.rule is not None
         if own and ruled:
@@ -130,7 +137,7 @@ class Approvers:
             return None
         if row is not None and user in row.approved_by:
             return counted_already(row)
-        accepted = self.accepted(channel, row)
+        accepted = self.accepted(channel, row, place)
         approver, problems = await self.is_approver(client, channel, user, accepted)
         if approver:
             return OWN_REQUEST if own else None
@@ -139,12 +146,19 @@ class Approvers:
         return self.refusal(channel, what, problems, accepted)
 
     async def may_reject(
-        self, client: Any, channel: str, user: str, requested_by: str | None, row: ApprovalRow | None = None
+        self,
+        client: Any,
+        channel: str,
+        user: str,
+        requested_by: str | None,
+        row: ApprovalRow | None = None,
+        place: Team = NOWHERE,
     ) -> str | None:
         if _asked(user, requested_by):
             return None
-        accepted = self.accepted(channel, row)
-        accepted += [a for a in self.accepted(channel) if a not in accepted]  # a rule's approvers, and the channel's
+        accepted = self.accepted(channel, row, place)
+        # A rule's approvers, and the channel's.
+        accepted += [a for a in self.accepted(channel, place=place) if a not in accepted]
         approver, problems = await self.is_approver(client, channel, user, accepted)
         return None if approver else self.refusal(channel, "reject calls", problems, accepted)
 

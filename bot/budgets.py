@@ -22,6 +22,7 @@ from chatops import budgets
 from chatops.budgets import Limits, Use, tokens
 from chatops.config import Config, parse_tokens
 from chatops.store import set_budget
+from chatops.teams import session_team
 from slackio.blocks import duration
 from slackio.mrkdwn import Mrkdwn
 from workers.jobs import job_of_session
@@ -58,12 +59,13 @@ class BudgetCommand:
         if not await may_stop(self.engine, self.approvers, client, channel, session_id, user):
             return None, MAY_NOT_SET  # the people who may stop the conversation may also bound what it spends
         limits, use = await asyncio.to_thread(self._read, channel, session_id)
-        approver, problems = await self.approvers.is_approver(client, channel, user)
+        place = await asyncio.to_thread(session_team, self.engine, session_id)
+        approver, problems = await self.approvers.is_approver(client, channel, user, place=place)
         current, cap = limits.thread_tokens, limits.raise_cap()
         lowering = current is not None and wanted <= current
         if not approver and not lowering and cap is not None and wanted > cap:
             what = f"raise this thread's budget above {tokens(cap)} tokens"
-            return None, self.approvers.refusal(channel, what, problems)
+            return None, self.approvers.refusal(channel, what, problems, self.approvers.accepted(channel, place=place))
         await asyncio.to_thread(set_budget, self.engine, session_id, wanted, user, approver)
         return BUDGET_SET.format(user=user, limit=tokens(wanted), used=tokens(use.thread_tokens)), None
 

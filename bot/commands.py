@@ -32,7 +32,7 @@ from bot.budgets import BudgetCommand
 from bot.jobs import JobCommands, is_job_command
 from bot.steps import NoSteps, Steps, courtesy
 from chatops import pull_requests
-from chatops.config import Config, is_branch_name
+from chatops.config import Config, ServiceConfig, is_branch_name
 from chatops.inbox import Recorded, has_message, has_messages, record_message, request_stop, session_of
 from chatops.queries import (
     instructions_used,
@@ -47,7 +47,7 @@ from chatops.reload import ConfigFile
 from chatops.repos import RepoRefused, check_branch, check_repo
 from chatops.schema import InboxCommand, SessionStatus
 from chatops.store import ensure_session, set_model, set_repo, set_yolo, thread_model
-from chatops.teams import NOWHERE, Team
+from chatops.teams import NOWHERE, Team, session_team
 from slackio.approval_message import JOB_PROMPT, line_of, mention
 from slackio.mrkdwn import Mrkdwn, mrkdwn_of
 from slackio.slack_out import SlackOut
@@ -277,7 +277,10 @@ class Commands:
             )
             return Outcome(public=said, private=private)
         if name == "yolo":
-            refusal = await self.approvers.may_approve(slack.client, where.channel, where.user, None, "switch yolo")
+            place = await asyncio.to_thread(session_team, self.engine, session)
+            refusal = await self.approvers.may_approve(
+                slack.client, where.channel, where.user, None, "switch yolo", place=place
+            )
             if refusal:
                 return Outcome(private=refusal)
             on = command.args[0] == "on"
@@ -347,11 +350,11 @@ class Commands:
             files=where.files if command is None else None,
         )
 
-    async def _repo_refusal(self, command: Command, channel: str) -> str | None:
+    async def _repo_refusal(self, command: Command, channel: str, place: Team = NOWHERE) -> str | None:
         if not command.args:
             return REPO_USAGE
         url, *rest = command.args
-        allowed = self.config.service.channel(channel).repos
+        allowed = self._view(place).channel(channel).repos
         try:
             await asyncio.to_thread(check_repo, url, rest[0] if rest else None, allowed, channel=channel)
         except RepoRefused as e:
@@ -364,7 +367,7 @@ class Commands:
             return Outcome(private=REPO_USAGE)
         if session is not None and (log_length(self.engine, session) or has_messages(self.engine, session)):
             return Outcome(private=REPO_LATE)
-        allowed = self.config.service.channel(where.channel).repos
+        allowed = self._view(_place(where)).channel(where.channel).repos
         try:
             url, *rest = command.args
             choice = check_repo(url, rest[0] if rest else None, allowed, channel=where.channel)
@@ -413,7 +416,7 @@ class Commands:
             return None
         return UNKNOWN_MODEL.format(name=model[:100], models=service.model_names())
 
-    async def _options_refusal(self, command: Command, channel: str) -> str | None:
+    async def _options_refusal(self, command: Command, channel: str, place: Team = NOWHERE) -> str | None:
         """`/mm OPTIONS PROMPT`: what refuses the options before a thread is started for them."""
         options, _prompt = _options_of(command)
         if isinstance(options, str):
@@ -421,7 +424,7 @@ class Commands:
         if "model" in options and (refusal := self._model_refusal(options["model"])):
             return refusal
         if "repo" in options or "branch" in options:
-            where = Where(channel, None, "", "")
+            where = Where(channel, None, "", "", slack_team=place.team_id, enterprise=place.enterprise_id)
             refusal, _url, _branch = await asyncio.to_thread(self._repo_option, options, where, None)
             return refusal
         return None
@@ -432,7 +435,7 @@ class Commands:
         """Why `repo=`/`branch=` cannot be taken, or None and the repository and branch to set."""
         if session is not None and (log_length(self.engine, session) or has_messages(self.engine, session)):
             return REPO_LATE + " Nothing was run.", "", None
-        channel = self.config.service.channel(where.channel)
+        channel = self._view(_place(where)).channel(where.channel)
         try:
             if "repo" in options:
                 choice = check_repo(options["repo"], options.get("branch"), channel.repos, channel=where.channel)
@@ -457,6 +460,10 @@ class Commands:
             enterprise_id=where.enterprise,
         )
 
+    def _view(self, place: Team) -> ServiceConfig:
+        """The config as the workspace `place` sees it (its `teams` section over the top level's)."""
+        return self.config.service.for_team(place.team_id, place.enterprise_id)
+
     def status(self, session_id: str) -> str:
         summary = session_summary(self.engine, session_id)
         if summary is None:
@@ -469,7 +476,7 @@ class Commands:
             SessionStatus.RUNNING: "running a turn",
             SessionStatus.AWAITING_APPROVAL: "waiting for a decision",
         }.get(SessionStatus(summary.status), summary.status)
-        channel = self.config.service.channel(summary.channel_id or "")
+        channel = self._view(session_team(self.engine, session_id)).channel(summary.channel_id or "")
         repo = summary.repo or channel.repo
         branch = summary.branch or channel.branch
         lines = [
@@ -591,12 +598,16 @@ class Commands:
             return Outcome(private=SLASH_NEW)
         if command is not None and command.name == "ask" and (refusal := self._ask_refusal(command)):
             return Outcome(private=refusal)
-        if command is not None and command.name == "repo" and (refusal := await self._repo_refusal(command, channel)):
+        if (
+            command is not None
+            and command.name == "repo"
+            and (refusal := await self._repo_refusal(command, channel, place))
+        ):
             return Outcome(private=refusal)  # before a thread is started for it
         if (
             command is not None
             and command.name == "options"
-            and (refusal := await self._options_refusal(command, channel))
+            and (refusal := await self._options_refusal(command, channel, place))
         ):
             return Outcome(private=refusal)  # before a thread is started for it
         if command is None or command.name in ("ask", "repo", "options"):
@@ -644,6 +655,11 @@ class Commands:
         if outcome.public or outcome.private:
             await steps.post(slack, SAID, channel, outcome.public or outcome.private or "", thread_ts)
         return Outcome(enqueue=outcome.enqueue)
+
+
+def _place(where: Where) -> Team:
+    """The workspace a command came from."""
+    return Team(where.slack_team, where.enterprise)
 
 
 async def announce(slack: SlackOut, steps: Steps, channel: str, thread_ts: str | None, text: str) -> None:

@@ -78,7 +78,7 @@ class Home:
                 break
             if (
                 await self.approvers.may_approve(
-                    client, pending.channel_id, user, pending.row.requested_by, row=pending.row
+                    client, pending.channel_id, user, pending.row.requested_by, row=pending.row, place=place
                 )
                 is None
             ):

@@ -74,7 +74,9 @@ class JobCommands:
         if job is None:
             listed = ", ".join(f"`{n}`" for n in jobs) or "none"
             return UNKNOWN_JOB.format(name=name[:100], jobs=listed), None
-        refusal = await self.approvers.may_approve(client, job.channel, user, None, f"{action} jobs")
+        refusal = await self.approvers.may_approve(
+            client, job.channel, user, None, f"{action} jobs", place=Team.named(job.team)
+        )
         if refusal:
             return refusal, None
         now = utcnow()

@@ -55,10 +55,10 @@ def due_reminders(engine: Engine, after_s: float, now: datetime) -> list[Waiting
 
 
 def due_escalations(
-    engine: Engine, after_s: float, now: datetime, to: Sequence[str], accepted: Callable[[ApprovalRow, str], list[str]]
+    engine: Engine, after_s: float, now: datetime, to: Sequence[str], accepted: Callable[[Waiting], list[str]]
 ) -> list[Waiting]:
     """The calls that have waited `after_s` and were never escalated: each now also accepts `to`, and is
-    returned as it stands. `accepted(row, channel)`: whom the call accepted until now."""
+    returned as it stands. `accepted(waiting)`: whom the call accepted until now (in its thread's workspace)."""
     with engine.connect() as conn:
         candidates = conn.execute(
             select(*APPROVAL_COLUMNS).where(
@@ -67,7 +67,7 @@ def due_escalations(
         ).all()
     escalated = []
     for waiting in _in_threads(engine, [approval_from(row._asdict()) for row in candidates]):
-        before = accepted(waiting.row, waiting.channel)
+        before = accepted(waiting)
         widened = before + [a for a in to if a not in before]
         with engine.begin() as conn:
             won = conn.execute(

@@ -8,8 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from sqlalchemy import ColumnElement, or_
+from sqlalchemy import ColumnElement, Connection, Engine, or_, select
 
+from chatops.db import reading
 from chatops.schema import Session
 
 
@@ -48,6 +49,13 @@ class InWorkspace(Protocol):
 def team_of(record: InWorkspace) -> Team:
     """The workspace a session (or another record of a thread) is in."""
     return Team(record.slack_team_id, record.enterprise_id)
+
+
+def session_team(bind: Engine | Connection, session_id: str) -> Team:
+    """The workspace a session is in (NOWHERE for no such session)."""
+    with reading(bind) as conn:
+        row = conn.execute(select(Session.slack_team_id, Session.enterprise_id).where(Session.id == session_id)).first()
+    return Team(row.slack_team_id, row.enterprise_id) if row is not None else NOWHERE
 
 
 def same_workspace(thread: Team, request: Team) -> bool:

@@ -180,9 +180,12 @@ def slack_installations(config: Config) -> tuple[bool, str]:
         for i in found
     ]
     said = f"installed in {len(found)}: {', '.join(named)}"
-    known = {i.team_id for i in found} | {i.enterprise_id for i in found}
+    known = {i.team_id for i in found} | {i.enterprise_id for i in found if i.is_enterprise_install}
     if lost := [key for key in config.service.teams if key not in known]:
         said += f"; no installation answers teams.{', teams.'.join(lost)} (install the app there)"
+    if orphans := [job.name for job in config.service.jobs if job.team is None]:
+        # Under OAuth a job needs a workspace to run and report in: each run would fail as not installed.
+        return False, said + f"; jobs in no workspace (move them under teams.<id>.jobs): {', '.join(orphans)}"
     return True, said
 
 

@@ -16,6 +16,7 @@ once).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from dataclasses import dataclass
@@ -50,6 +51,12 @@ log = logging.getLogger("mm.slack.installations")
 ROTATE_BEFORE_MINUTES = 120
 # How long a process keeps what it found of a workspace's installation.
 CACHE_S = 30.0
+# After a refresh that failed, how long a living token is used before the next attempt (every call would otherwise
+# try again, each a round trip to Slack).
+RETRY_REFRESH_S = 60.0
+# Attempts at saving a refreshed token: Slack has spent the old refresh token, so losing the new one would leave
+# the workspace with a token nobody can refresh.
+SAVE_ATTEMPTS = 3
 # How long an install link's state may wait for the person to click Allow (bolt's default).
 STATE_SECONDS = 600
 
@@ -98,6 +105,7 @@ class Installations:
         )
         self.rotator = AsyncTokenRotator(client_id=client_id, client_secret=client_secret, client=client)
         self._found: dict[Team, tuple[float, Installation]] = {}
+        self._failed: dict[str, float] = {}  # a refresh token whose refresh failed: when
 
     async def find(self, team: Team) -> Installation | None:
         """The workspace's latest installation: its own (a team id is unique in all of Slack, in an org or not),
@@ -139,6 +147,9 @@ class Installations:
             raise NotInstalled(team)
         if not found.bot_refresh_token:
             return found
+        failed = self._failed.get(found.bot_refresh_token)
+        if failed is not None and time.monotonic() - failed < RETRY_REFRESH_S and _alive(found):
+            return found
         try:
             refreshed = await self.rotator.perform_token_rotation(
                 installation=found, minutes_before_expiration=ROTATE_BEFORE_MINUTES
@@ -151,8 +162,8 @@ class Installations:
                 latest = await self.find(team)
                 if latest is not None and latest.bot_token and latest.bot_token != found.bot_token:
                     return latest
-            expires = found.bot_token_expires_at or 0
-            if expires <= time.time():
+            self._failed[found.bot_refresh_token] = time.monotonic()
+            if not _alive(found):
                 if isinstance(exc, SlackTokenRotationError):
                     raise NotInstalled(team) from exc
                 raise
@@ -160,7 +171,7 @@ class Installations:
             return found
         if refreshed is None:
             return found
-        await self.store.async_save(refreshed)
+        await self._save(refreshed)
         log.info("refreshed the bot token of Slack workspace %s", team)
         # Every workspace kept with the old token (an org-wide install's, a team found with and without its org)
         # reads the new one: the old refresh token is spent, and a refresh with it would be refused.
@@ -168,6 +179,17 @@ class Installations:
             del self._found[key]
         self._found[team] = (time.monotonic(), refreshed)
         return refreshed
+
+    async def _save(self, refreshed: Installation) -> None:
+        for attempt in range(1, SAVE_ATTEMPTS + 1):
+            try:
+                await self.store.async_save(refreshed)
+                return
+            except Exception:  # the database, for a moment: the new token must not be lost
+                if attempt == SAVE_ATTEMPTS:
+                    raise
+                log.warning("could not save the refreshed token (attempt %d); trying again", attempt)
+                await asyncio.sleep(0.2 * attempt)
 
     async def token(self, team: Team) -> str:
         token = (await self.fresh(team)).bot_token
@@ -202,6 +224,10 @@ class Installations:
         return list(latest.values())
 
 
+def _alive(installation: Installation) -> bool:
+    return (installation.bot_token_expires_at or 0) > time.time()
+
+
 # One per process and database: a Celery worker's tasks each run their own event loop, so its engine keeps no
 # connection between them (NullPool), and its cache is the process's.
 _process: dict[tuple[str, str], Installations] = {}
@@ -217,7 +243,8 @@ def installations(config: Config) -> Installations:
 
         engine = db.async_engine_for(config.database_url, poolclass=NullPool)
         # slack_sdk joins method names onto base_url, so it ends with a slash (as slack_client.api_base makes it).
-        client = AsyncWebClient(base_url=config.slack_api_url.rstrip("/") + "/")
+        # No retries: a refresh answered but lost on the way spends the refresh token.
+        client = AsyncWebClient(base_url=config.slack_api_url.rstrip("/") + "/", retry_handlers=[])
         found = _process[key] = Installations(config.slack_client_id, config.slack_client_secret, engine, client)
     return found
 

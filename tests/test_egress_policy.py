@@ -239,6 +239,6 @@ def test_a_jobs_own_agent_that_says_off_keeps_it_and_the_top_level_off_yields_to
     )
     config = load_config(tmp_path / "mm.yaml", environ={})
     own = load_agent_file(config.agent.mmConfigs["quiet"])
-    assert with_thread_network(config, own, "C0123ABCD", None, own_agent=True).egress.policy == "off"
-    main = with_thread_network(config, config.agent.with_tool_call_cap(4), "C0123ABCD", None)
+    assert with_thread_network(config.service, own, "C0123ABCD", None, own_agent=True).egress.policy == "off"
+    main = with_thread_network(config.service, config.agent.with_tool_call_cap(4), "C0123ABCD", None)
     assert main.egress.policy == "allow" and main.egress.allow == ["pypi.org"]

@@ -20,6 +20,7 @@ import ssl
 import stat
 import subprocess
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -807,7 +808,11 @@ def test_past_the_processs_bound_a_connection_is_closed_unanswered_whatever_its_
         held = [socket.create_connection(("127.0.0.1", ports[n % 3]), timeout=10) for n in range(5)]
         for conn in held:
             conn.sendall(b"GET http://example.test/ HTTP/1.1\r\n")  # a head never finished: each is held
-        threading.Event().wait(0.5)
+        # The bound is full once the proxy holds four (on a loaded machine that takes more than a moment).
+        deadline = time.monotonic() + 10
+        while _held(proxy) < 4 and time.monotonic() < deadline:
+            threading.Event().wait(0.05)
+        assert _held(proxy) == 4
         with socket.create_connection(("127.0.0.1", ports[2]), timeout=10) as over:
             over.sendall(b"GET http://example.test/ HTTP/1.1\r\nHost: example.test\r\n\r\n")
             with contextlib.suppress(ConnectionResetError):
@@ -816,6 +821,15 @@ def test_past_the_processs_bound_a_connection_is_closed_unanswered_whatever_its_
             conn.close()
     finally:
         proxy.close()
+
+
+def _held(proxy: EgressProxy) -> int:
+    """The connections the proxy holds now, read on its loop."""
+
+    async def count() -> int:
+        return proxy.connections()
+
+    return asyncio.run_coroutine_threadsafe(count(), proxy.loop).result(5)
 
 
 def test_bytes_a_command_writes_into_its_end_pipe_neither_close_nor_busy_the_listener(

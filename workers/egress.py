@@ -11,7 +11,7 @@ import logging
 
 from sqlalchemy import Engine, select
 
-from chatops.config import Config, JobConfig
+from chatops.config import Config, JobConfig, ServiceConfig
 from chatops.schema import Session
 from chatops.store import set_network_used
 from mm_core.config import AgentConfig, NetworkConfig
@@ -51,23 +51,26 @@ class TurnNetwork:
 
 
 def with_thread_network(
-    config: Config, agent: AgentConfig, channel_id: str, job: JobConfig | None, own_agent: bool = False
+    service: ServiceConfig, agent: AgentConfig, channel_id: str, job: JobConfig | None, own_agent: bool = False
 ) -> AgentConfig:
-    """`agent` under the thread's own policy: its running job's `network`, else its channel's, else its own. A job's
-    own agent (`own_agent`: an `mmConfigs` file) that says `network: off` keeps it, as an asked agent does."""
+    """`agent` under the thread's own policy: its running job's `network`, else its channel's (as the thread's
+    workspace configures it: `service` is ServiceConfig.for_team's view), else its own. A job's own agent
+    (`own_agent`: an `mmConfigs` file) that says `network: off` keeps it, as an asked agent does."""
     if own_agent and agent.egress.policy == "off":
         return agent
-    return agent.with_network(config.service.network_over(channel_id, job))
+    return agent.with_network(service.network_over(channel_id, job))
 
 
 def thread_network(engine: Engine, config: Config, session_id: str) -> NetworkConfig | None:
     """The policy the session's next turn runs under (None: no such session)."""
     with engine.connect() as conn:
-        row = conn.execute(select(Session.channel_id, Session.agent_name).where(Session.id == session_id)).first()
+        columns = (Session.channel_id, Session.agent_name, Session.slack_team_id, Session.enterprise_id)
+        row = conn.execute(select(*columns).where(Session.id == session_id)).first()
     if row is None:
         return None
     running = job_of_session(engine, config, session_id)
     agent = agent_of(config, row.agent_name)
     job = running.job if running else None
     own = bool(row.agent_name) and row.agent_name in config.agent.mmConfigs
-    return with_thread_network(config, agent, row.channel_id or "", job, own).egress
+    service = config.service.for_team(row.slack_team_id, row.enterprise_id)
+    return with_thread_network(service, agent, row.channel_id or "", job, own).egress

@@ -23,7 +23,7 @@ import aiohttp
 from sqlalchemy import Engine
 
 from chatops.approvers import accepted
-from chatops.config import Config
+from chatops.config import Config, ServiceConfig
 from chatops.nudges import Waiting, due_escalations, due_reminders, pending_by_age
 from chatops.schema import utcnow
 from chatops.teams import team_of
@@ -68,13 +68,17 @@ async def _nudge(engine: Engine, config: Config, secrets: tuple[str, ...], now: 
             for waiting in due_reminders(engine, approvals.remindAfter, now):
                 async with _each(waiting):
                     slack = slack_of(waiting)
-                    who = await _named(slack, accepted(service, waiting.channel, waiting.row), waiting)
+                    who = await _named(slack, accepted(_view(service, waiting), waiting.channel, waiting.row), waiting)
                     text = REMINDER.format(who=who, age=duration(approvals.remindAfter), line=line_of(waiting.row))
                     posted += await _post(slack, waiting, text)
         if approvals.escalateAfter is not None and approvals.escalateTo:
             to = approvals.escalateTo
             for waiting in due_escalations(
-                engine, approvals.escalateAfter, now, to, lambda row, channel: accepted(service, channel, row)
+                engine,
+                approvals.escalateAfter,
+                now,
+                to,
+                lambda waiting: accepted(_view(service, waiting), waiting.channel, waiting.row),
             ):
                 async with _each(waiting):
                     slack = slack_of(waiting)
@@ -85,6 +89,15 @@ async def _nudge(engine: Engine, config: Config, secrets: tuple[str, ...], now: 
     finally:
         await pool.close()
     return posted
+
+
+def _accepted(service: ServiceConfig, waiting: Waiting) -> list[str]:
+    return accepted(_view(service, waiting), waiting.channel, waiting.row)
+
+
+def _view(service: ServiceConfig, waiting: Waiting) -> ServiceConfig:
+    """The config as the waiting call's workspace sees it (its `teams` section over the top level's)."""
+    return service.for_team(waiting.slack_team_id, waiting.enterprise_id)
 
 
 @contextlib.asynccontextmanager

@@ -713,7 +713,7 @@ class SessionTurns:
         own = bool(self.row.agent_name) and self.row.agent_name in agent.mmConfigs
         if own:  # a job's own agent
             agent = load_agent_file(agent.mmConfigs[self.row.agent_name or ""])
-        agent = with_thread_network(self.config, agent, self.row.channel_id or "", job, own)
+        agent = with_thread_network(self.service, agent, self.row.channel_id or "", job, own)
         agent = agent.with_tool_call_cap(self.config.service.worker.maxToolCallsPerAnswer)
         model_name = self._model_name()
         if model_name is not None and (model := self.config.service.models.get(model_name)) is not None:

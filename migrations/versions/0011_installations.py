@@ -89,6 +89,9 @@ def upgrade() -> None:
     with op.batch_alter_table("sessions") as batch:
         batch.add_column(sa.Column("slack_team_id", sa.String(32)))
         batch.add_column(sa.Column("enterprise_id", sa.String(32)))
+    # A session recorded before: the workspace of its requester, the only one a single-token install had. Without it,
+    # a workspace added later would see the old threads as its own (chatops.teams counts an unknown side as any).
+    op.execute("UPDATE sessions SET slack_team_id = team_id WHERE slack_team_id IS NULL")
 
 
 def downgrade() -> None:
