@@ -280,3 +280,24 @@ def test_an_admin_s_audit_holds_the_calls_of_their_workspace_alone(bot: Bot) -> 
     [file] = [f for c in bot.slack.channels for m in bot.slack.messages(c) for f in m.get("files") or []]
     exported = {json.loads(line)["call_id"] for line in bot.slack.uploads[file["id"]].decode().splitlines()}
     assert asked[in_a] in exported and asked[before] in exported and asked[in_b] not in exported
+
+
+def test_a_workspace_s_own_approvers_decide_in_it_and_the_top_level_s_do_not() -> None:
+    """The bot asks the approvers the thread's workspace configures (its section's `default`), as the worker does
+    when it asks for the call: neither side goes by the top level's list for a workspace with its own."""
+    service = ServiceConfig.model_validate(
+        {
+            "channels": {"default": {"approvers": ["U0OPS"], "repos": ["https://git.example.com/*"]}},
+            "teams": {"T0SALES": {"channels": {"default": {"approvers": [ALICE], "repos": []}}}},
+        }
+    )
+    approvers = Approvers(lambda: service)
+    sales = Team("T0SALES")
+
+    async def check(user: str, place: Team) -> str | None:
+        return await approvers.may_approve(None, "C0ANY", user, BOB, "switch yolo", place=place)
+
+    assert asyncio.run(check(ALICE, sales)) is None
+    assert asyncio.run(check("U0OPS", sales)) is not None  # the top level's approver is not this workspace's
+    assert asyncio.run(check("U0OPS", NOWHERE)) is None  # a workspace with no section of its own: the top level's
+    assert approvers.accepted("C0ANY", place=sales) == [ALICE]
