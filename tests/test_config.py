@@ -4,27 +4,14 @@ secrets and endpoints."""
 from __future__ import annotations
 
 import re
-import textwrap
 from pathlib import Path
 
 import pytest
 
 from chatops.config import ConfigError, example_config, load_config
 from chatops.secrets import secrets_of
-
-
-def _write(tmp_path: Path, text: str) -> Path:
-    path = tmp_path / "mm.yaml"
-    path.write_text(textwrap.dedent(text).lstrip("\n"), encoding="utf-8")
-    return path
-
-
-def _problems(tmp_path: Path, text: str, environ: dict[str, str] | None = None) -> list[str]:
-    path = _write(tmp_path, text)
-    with pytest.raises(ConfigError) as caught:
-        load_config(path, environ or {})
-    assert str(caught.value) == "\n".join(caught.value.problems)
-    return [p.removeprefix(f"{path}:") for p in caught.value.problems]
+from config_support import problems as _problems
+from config_support import write as _write
 
 
 def test_yaml_syntax_error(tmp_path: Path) -> None:

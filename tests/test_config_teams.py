@@ -10,23 +10,9 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from chatops.config import ConfigError, FileConfig, ServiceConfig, example_config, load_config
+from chatops.config import FileConfig, ServiceConfig, example_config, load_config
 from chatops.reload import ConfigFile
-
-# test_config.py's _write and _problems, which the house's rule on private names keeps there.
-
-
-def write(tmp_path: Path, text: str) -> Path:
-    path = tmp_path / "mm.yaml"
-    path.write_text(textwrap.dedent(text).lstrip("\n"), encoding="utf-8")
-    return path
-
-
-def problems(tmp_path: Path, text: str) -> list[str]:
-    path = write(tmp_path, text)
-    with pytest.raises(ConfigError) as caught:
-        load_config(path, {})
-    return [p.removeprefix(f"{path}:") for p in caught.value.problems]
+from config_support import problems, write
 
 
 def service(tmp_path: Path, text: str) -> ServiceConfig:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import os
-import textwrap
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,8 +15,9 @@ from typing import Any
 
 import pytest
 
-from chatops.config import ConfigError, load_config
+from chatops.config import load_config
 from chatops.reload import ConfigFile
+from config_support import problems, write
 from mm_core.agent import DEFAULT_SYSTEM_PROMPT
 from mm_testkit.redis_server import OwnRedis
 from playground.signed import SlackEventSender
@@ -132,19 +132,6 @@ def test_links_in_the_workspace_are_not_followed_and_a_long_file_is_cut(
 
 
 # --- the config ---------------------------------------------------------------------------------------------
-
-
-def write(tmp_path: Path, text: str) -> Path:
-    path = tmp_path / "mm.yaml"
-    path.write_text(textwrap.dedent(text).lstrip("\n"), encoding="utf-8")
-    return path
-
-
-def problems(tmp_path: Path, text: str) -> list[str]:
-    path = write(tmp_path, text)
-    with pytest.raises(ConfigError) as caught:
-        load_config(path, {})
-    return [p.removeprefix(f"{path}:") for p in caught.value.problems]
 
 
 def test_a_channel_s_instructions_are_a_text_or_a_file_next_to_the_config(tmp_path: Path) -> None:
