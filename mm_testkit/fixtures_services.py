@@ -138,6 +138,23 @@ def engine(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     engine.dispose()
 
 
+@pytest.fixture(params=["sqlite", "postgresql"])
+def own_engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
+    """A migrated engine of the test's own database, on SQLite and on PostgreSQL (`fresh_pg_url`): for a test
+    of a statement that reaches every row (housekeeping's), which must not touch another test's."""
+    from chatops import db
+
+    url = (
+        f"sqlite:///{tmp_path / 'own.sqlite3'}"
+        if request.param == "sqlite"
+        else request.getfixturevalue("fresh_pg_url")
+    )
+    db.migrate(url)
+    engine = db.engine_for(url)
+    yield engine
+    engine.dispose()
+
+
 @pytest.fixture
 def own_redis(tmp_path: Path) -> Iterator[OwnRedis]:
     server = OwnRedis(tmp_path / "redis")

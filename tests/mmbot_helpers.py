@@ -14,6 +14,7 @@ import httpx
 
 from chatops.config import ENVIRONMENT
 from mm_testkit.ports import free_port as free_port  # where the tests have always taken it from
+from mm_testkit.processes import descendants
 
 MM_BOT = str(Path(sys.executable).parent / "mm-bot")
 
@@ -33,18 +34,25 @@ def mm_bot(*args: str, env: Mapping[str, str], cwd: Path, timeout: float = 60) -
 
 
 def wait_healthy(base: str, process: subprocess.Popen, timeout: float = 30) -> dict:
+    """/healthz's answer from `process` (or the bot it started: `mm-bot dev`), known by the pid it reports. Until
+    it listens, whatever answers there is another test's server: the port was picked free and may have been taken
+    before the process bound it."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise AssertionError(f"the server exited with code {process.returncode} before answering /healthz")
         try:
             response = httpx.get(f"{base}/healthz", timeout=2)
-            if response.status_code == 200:
+            if response.status_code == 200 and response.json().get("pid") in ours(process.pid):
                 return response.json()
-        except httpx.HTTPError:
+        except (httpx.HTTPError, ValueError, AttributeError):  # not answering yet, or not a bot's JSON
             pass
         time.sleep(0.1)
     raise AssertionError(f"{base}/healthz did not answer within {timeout}s")
+
+
+def ours(pid: int) -> set[int]:
+    return {pid, *(p.pid for p in descendants(pid))}
 
 
 def session_processes(sid: int) -> list[str]:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,7 +22,6 @@ from tool_helpers import spaces as spaces_fixture  # noqa: F401 - the fixture "s
 pytestmark = pytest.mark.process  # its tests start processes (mm_testkit/process_guard.py)
 
 BASH = BashTool()
-NOBODY = 65534
 
 
 @needs_bwrap
@@ -105,26 +106,29 @@ def test_required_sandbox_missing_is_a_clear_refusal(spaces, monkeypatch, tmp_pa
 
 
 @pytest.fixture
-def nobody_ws():
-    """A workspace owned by an unprivileged user: a root worker then runs its commands as that user, so the
-    kernel enforces RLIMIT_NPROC (it never does for root). Its parent must be traversable by that user."""
+def owned_ws() -> Iterator[tuple[Path, int]]:
+    """A workspace owned by an unprivileged user of this test's own (a uid nothing else on the machine uses): a
+    root worker then runs its commands as that user, so the kernel enforces RLIMIT_NPROC (it never does for
+    root). The limit counts a user's processes, so a user shared with another test (`nobody`) would let two tests
+    running at once exhaust each other's. Its parent must be traversable by that user."""
+    uid = random.randrange(3_000_000, 4_000_000)
     root = Path(tempfile.mkdtemp(prefix="mm-ws-"))
     os.chmod(root, 0o711)
     ws = root / "team-a"
     ws.mkdir()
-    os.chown(ws, NOBODY, NOBODY)
-    yield ws
+    os.chown(ws, uid, uid)
+    yield ws, uid
     shutil.rmtree(root)
 
 
-def _nobody_processes() -> int:
-    out = subprocess.run(["ps", "-u", str(NOBODY), "-o", "pid="], capture_output=True, text=True).stdout
+def _processes_of(uid: int) -> int:
+    out = subprocess.run(["ps", "-u", str(uid), "-o", "pid="], capture_output=True, text=True).stdout
     return len(out.split())
 
 
 @pytest.mark.parametrize("mode", [pytest.param("bwrap", marks=needs_bwrap), "none"])
-def test_fork_bomb_is_contained_by_the_process_limit(nobody_ws, mode):
-    ws = nobody_ws
+def test_fork_bomb_is_contained_by_the_process_limit(owned_ws, mode):
+    ws, uid = owned_ws
     ctx = make_ctx(ws, sandbox=mode, bash={"timeout": 5, "limits": {"processes": 20}})
 
     async def session() -> str:
@@ -137,11 +141,11 @@ def test_fork_bomb_is_contained_by_the_process_limit(nobody_ws, mode):
     out = asyncio.run(session())
     assert time.monotonic() - started < 20
     assert "Resource temporarily unavailable" in out
-    assert f"{NOBODY}\n" in out or out.endswith("[error: 5s timeout exceeded]")
+    assert f"{uid}\n" in out or out.endswith("[error: 5s timeout exceeded]")
     deadline = time.monotonic() + 10
-    while _nobody_processes() and time.monotonic() < deadline:
+    while _processes_of(uid) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert _nobody_processes() == 0
+    assert _processes_of(uid) == 0
 
 
 @needs_bwrap
@@ -152,8 +156,8 @@ def test_runaway_write_is_stopped_by_the_file_size_limit(spaces):
     assert (ws / "big").stat().st_size == 1024 * 1024
 
 
-def test_cpu_time_limit(nobody_ws):
-    ws = nobody_ws
+def test_cpu_time_limit(owned_ws):
+    ws, _ = owned_ws
     started = time.monotonic()
     out = call(
         BASH, {"command": "while :; do :; done"}, make_ctx(ws, sandbox="none", bash={"limits": {"cpuSeconds": 1}})

@@ -5,7 +5,6 @@ enqueue); tests/test_threads_inbound.py drives the same through the real bot.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import subprocess
 import time
@@ -19,6 +18,7 @@ from chatops.inbox import record_message
 from chatops.schema import Error as ErrorRow
 from chatops.schema import ToolCall as ToolCallRow
 from long_answers import assert_shown_whole, long_answer
+from mm_testkit.processes import running
 from mmbot_helpers import free_port
 from playground.model_server import Reply
 from threads_support import CHANNEL, OwnRedis, Stack, config, policy, rabbitmq_vhost, stack
@@ -180,6 +180,8 @@ def test_stop_ends_a_running_bash_call_at_once_and_leaves_the_log_whole(threads:
     threads.start_worker()
     posted = threads.post("run: echo begun > begun.txt; sleep 120")
     threads.wait((threads.workspace(posted.session_id) / "begun.txt").exists, message="the command to start")
+    # This worker's, by pid from here on (the shell wrote the file just before it started the sleep).
+    [sleeper] = threads.wait(lambda: running(threads.workers["w1"].pid, "sleep", "120"), message="the sleep")
     began = time.monotonic()
     stop_session(threads.engine, posted.session_id)
     threads.wait(answered(threads, posted.session_id), message="the stop")
@@ -187,20 +189,10 @@ def test_stop_ends_a_running_bash_call_at_once_and_leaves_the_log_whole(threads:
     kinds = threads.log_kinds(posted.session_id)
     assert kinds[-2:] == ["tool_result", "turn_ended"]  # the call got its (cancelled) result, then the end
     assert "⏹ Stopped." in threads.thread_text(posted.thread_ts)
-    assert not any(p for p in session_sleepers())  # the sleep was killed, not left behind
+    assert not sleeper.alive()  # the sleep was killed, not left behind
     # The thread goes on: the next message is a new turn.
     threads.post("still there?", thread_ts=posted.thread_ts)
     threads.wait(answered(threads, posted.session_id, 2), message="the next turn")
-
-
-def session_sleepers() -> list[str]:
-    found = []
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            with contextlib.suppress(OSError):
-                if (proc / "cmdline").read_bytes().split(b"\0")[:2] == [b"sleep", b"120"]:
-                    found.append(proc.name)
-    return found
 
 
 def test_an_approval_nobody_gives_expires_as_a_rejection(
