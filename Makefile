@@ -51,8 +51,9 @@ check-types: $(STAMP)
 check-tests: $(STAMP)
 	$(PY) -m pytest --no-process -n auto $(PYTEST_ARGS)
 
-# Mutation testing of the core modules (scripts/mutate.py says how): about twenty minutes on two cores, so it is not
-# part of `make test`. MUTATE_ARGS narrows it, e.g. MUTATE_ARGS="--module mm_core/loopdetect.py --max 10".
+# Mutation testing of the modules that decide, the core's and the service's (scripts/mutate.py says how): about
+# 35 minutes on two cores, so it is not part of `make test`. MUTATE_ARGS narrows it to what a change touches, e.g.
+# MUTATE_ARGS="--module chatops/inbox.py --max 20" (a few minutes); `--list` shows the mutants without running them.
 mutate: $(STAMP)
 	$(PY) scripts/mutate.py $(MUTATE_ARGS)
 

@@ -1,6 +1,11 @@
-"""Mutation testing for the core modules: does some test fail when the code is subtly wrong?
+"""Mutation testing of the modules that decide: does some test fail when the code is subtly wrong?
 
-    .venv/bin/python scripts/mutate.py [--module mm_core/loopdetect.py ...] [--max 40] [--seed 0] [--list]
+    make mutate MUTATE_ARGS="--module chatops/inbox.py --max 20"
+    .venv/bin/python scripts/mutate.py [--module chatops/inbox.py ...] [--max 40] [--seed 0] [--list] [--grep TEXT]
+
+The modules (MODULES): the core's edit matcher, fetch guard, loop detector and session state, and the service's
+store, inbox, session life cycle, lease keeper, approver checks, workspaces, repository policy, schedule,
+secret masking and egress policy.
 
 For each target module a small AST mutator lists the mutants (below), a deterministic sample of at most `--max`
 of them is kept, and each one runs against the module's covering tests (MODULES). A mutant is *killed* when a
@@ -10,7 +15,8 @@ covering tests first run unmutated and must pass (else every mutant would look k
 while a survivor is neither killed by a new test nor judged equivalent.
 
 Mutants are spliced into the source text (the rest of the file stays byte for byte, line numbers included),
-written into a COPY of the tree (one per job), never into the working tree that other people edit. pytest
+written into a COPY of the tree as git sees it (one per job), never into the working tree that other people
+edit. pytest
 runs there with cwd and PYTHONPATH set to the copy, so the `python` and `mm-bot` children the tests spawn
 import the mutant too (the editable install's finder comes after PYTHONPATH on sys.path; the script checks).
 No bytecode is written or copied: a mutant of the same size saved within the same second would otherwise be
@@ -20,13 +26,15 @@ Operators: comparison swapped (< ↔ <=, == ↔ !=, in ↔ not in, is ↔ is not
 constants changed (0 ↔ 1, n → n+1, True ↔ False, a string emptied), `return x` → `return None`, an `if` /
 `while` / conditional-expression test forced True and False, continue ↔ break, a slice bound shifted by one,
 a statement replaced by `pass`, an element dropped from a tuple (a key that forgets a part). Docstrings,
-annotations and f-string internals are left alone.
+annotations, `if TYPE_CHECKING:` imports and f-string internals are left alone.
 
 Time: the test_agent_restart sweeps spawn and kill real processes (about 30 s a run); they are kept for
 mm_core/state.py and mm_core/loopdetect.py, whose replay after a restart is what they check, and listed
-last so a mutant killed by a fast test never reaches them. A full run of the five modules at the default cap
-takes about twenty minutes on two cores. PostgreSQL tests create their own `mmtest_<pid>_<random>` databases
-and Redis keys (mm_testkit/fixtures_services.py), so the two jobs never collide.
+last so a mutant killed by a fast test never reaches them. A full run of every module at the default cap
+takes about 35 minutes on two cores, one module a few minutes. Two jobs run side by side, as xdist workers do:
+PostgreSQL tests create their own `mmtest_<pid>_<random>` databases and Redis keys
+(mm_testkit/fixtures_services.py), and tests find the processes they started by descent and pid
+(mm_testkit/processes.py), never by looking at every process on the machine, so the two jobs never collide.
 """
 
 from __future__ import annotations
@@ -48,8 +56,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ["mm_core", "chatops", "bot", "workers", "commands", "mm_testkit", "migrations", "tests"]
-ROOT_FILES = ["pyproject.toml", "alembic.ini"]
 MAX_JOBS = 2  # the machine has two cores; more jobs only slow each other down (and time out)
 
 # Each module's covering tests, cheapest and most direct first: with -x the first failure ends the run.
@@ -68,12 +74,29 @@ MODULES: dict[str, list[str]] = {
     ],
     "mm_core/state.py": [
         "tests/test_pins_state.py",
+        "tests/test_images_to_model.py",
         "tests/test_state_incremental.py",
         "tests/test_agent_loop.py",
         "tests/test_ask_agent.py",
         "tests/test_agent_restart.py",
     ],
     "chatops/store.py": ["tests/test_pins_store.py", "tests/test_store.py", "tests/test_inbox.py"],
+    # The service's modules that decide: what is queued and who owns a session, who may approve, which
+    # repositories and workspaces a request reaches, when a job runs, what is masked, where a command connects.
+    "chatops/inbox.py": [
+        "tests/test_inbox.py",
+        "tests/test_store.py",
+        "tests/test_sessions.py",
+        "tests/test_inbox_writer.py",
+    ],
+    "chatops/sessions.py": ["tests/test_sessions.py", "tests/test_inbox.py", "tests/test_store.py"],
+    "workers/leases.py": ["tests/test_leases.py", "tests/test_inbox.py"],
+    "bot/authorize.py": ["tests/test_authorize.py", "tests/test_workspace_clicks.py"],
+    "chatops/teams.py": ["tests/test_teams.py", "tests/test_workspace_clicks.py"],
+    "chatops/repos.py": ["tests/test_repo_policy.py"],
+    "chatops/schedule.py": ["tests/test_schedule.py"],
+    "chatops/secrets.py": ["tests/test_secrets.py", "tests/test_config.py", "tests/test_slack_out.py"],
+    "mm_core/network/policy.py": ["tests/test_egress_policy.py"],
 }
 
 # Survivors judged equivalent: no input tells them from the original. Keyed by (module, enclosing function,
@@ -81,6 +104,20 @@ MODULES: dict[str, list[str]] = {
 _UNREACHED_GLOBAL = (
     "a safety net no address reaches on this Python: is_global is `not is_private` (IPv4: and not 100.64/10), "
     "and private and carrier-grade NAT addresses are refused above it"
+)
+_REASON_OF_A_NO = (
+    "why a group could not be checked is read only when the answer is no (may_approve, may_reject, the budget's "
+    "and the admin's checks): a reason beside a yes is never shown"
+)
+_MEMBERS = "the turn compares the reason with the enum's members and never reads its text: any two values differ"
+_FROZEN = (
+    "`@dataclass(frozen=True)` → `frozen=False`: no code assigns to a snapshot or a step, nor hashes one (a set, "
+    "a dict key): frozen only guards against a change nobody makes"
+)
+_REBUILT = (
+    "drops an index the state keeps up to date (the loop detector, the transcript) where it could keep it: the next "
+    "question builds it again from the entries, the same answer (test_state_incremental compares the two on random "
+    "logs); only the time differs, which bench/bench_loop.py measures"
 )
 EQUIVALENT: dict[tuple[str, str, str], str] = {
     ("mm_core/tools/edit.py", "find", "core != old → True"): (
@@ -100,17 +137,59 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
     ("mm_core/state.py", "_Transcript.of", "i + 1 → i + 0"): (
         "the Compaction entry itself then stays in the list, and the transcript sends only user and assistant entries"
     ),
-    ("mm_core/state.py", "_Transcript.of", "entries[e.keep_from:i] → entries[e.keep_from:i + 1]"): (
+    ("mm_core/state.py", "_Transcript.of", "entries[e.keep_from : i] → entries[e.keep_from : i + 1]"): (
         "the Compaction entry itself then stays in the list, and the transcript sends only user and assistant entries"
     ),
-    ("chatops/store.py", "_upsert_call", "values → True"): (
-        "every caller passes a tool, a status or a decision, never all None: values is never empty"
+    ("mm_core/state.py", "SessionState.append", "call.id in self._results → True"): _REBUILT,
+    ("mm_core/state.py", "SessionState.append", "isinstance(entry, Compaction) → True"): _REBUILT,
+    ("mm_core/state.py", "user_content", "if not message.images: return message.text → pass"): (
+        "a message without images is only asked for unshown (the shown form is made for messages with images), "
+        "and its text joined with no image lines is its text"
+    ),
+    ("mm_core/tools/fetch/guard.py", "GuardedBackend.sleep", "await self.inner.sleep(seconds) → pass"): (
+        "httpcore sleeps through its backend only between retries of a connection, and no pool here has retries "
+        "(guarded_transport's callers pass none): never called"
     ),
     ("chatops/store.py", "ensure_session", "continue → pass"): "the continue is the last statement of the loop body",
+    ("chatops/store.py", "_with_votes", "several → True"): (
+        "with no call that needs several people the query asks for the votes of no call and finds none: the same "
+        "rows, one query more"
+    ),
     ("mm_core/tools/fetch/guard.py", "blocked_kind", 'if not ip.is_global: return "a reserved address" → pass'): (
         _UNREACHED_GLOBAL
     ),
     ("mm_core/tools/fetch/guard.py", "blocked_kind", "not ip.is_global → False"): _UNREACHED_GLOBAL,
+    ("chatops/schedule.py", "instant_of", "(high - low) / 2 → (high - low) / 3"): (
+        "bisecting by thirds narrows the same interval around the same boundary to a second, and the answer is "
+        "that boundary's whole second either way (the jump's end is on a whole second, in (low, high])"
+    ),
+    ("chatops/schedule.py", "instant_of", "high - low > timedelta(seconds=1) → high - low >= timedelta(seconds=1)"): (
+        "one more halving at exactly a second apart keeps `high` in [the jump's end, the jump's end + 1 s), and the "
+        "answer is that whole second either way (the jump's end is on a whole second)"
+    ),
+    (
+        "chatops/schedule.py",
+        "instant_of",
+        "middle.astimezone(tz).replace(tzinfo=None) >= wall → middle.astimezone(tz).replace(tzinfo=None) > wall",
+    ): "instant_of bisects only for a skipped wall time, and no instant has a skipped wall time: never equal",
+    ("bot/authorize.py", "Approvers._listed", 'True, "" → True, "x"'): _REASON_OF_A_NO,
+    ("bot/authorize.py", "Approvers._listed", 'True, "" → True, "x" @col33'): _REASON_OF_A_NO,
+    ("chatops/teams.py", "InWorkspace.slack_team_id", "... → pass"): "a Protocol's body is never run",
+    ("chatops/teams.py", "InWorkspace.enterprise_id", "... → pass"): "a Protocol's body is never run",
+    ("workers/leases.py", "Cancelled", '"stop" → ""'): _MEMBERS,
+    ("workers/leases.py", "Cancelled", '"lost" → ""'): _MEMBERS,
+    ("chatops/sessions.py", "Snapshot", "True → False"): _FROZEN,
+    ("chatops/sessions.py", "Stop", "True → False"): _FROZEN,
+    ("chatops/sessions.py", "Wait", "True → False"): _FROZEN,
+    ("chatops/sessions.py", "Resume", "True → False"): _FROZEN,
+    ("chatops/sessions.py", "Command", "True → False"): _FROZEN,
+    ("chatops/sessions.py", "Start", "True → False"): _FROZEN,
+    ("chatops/sessions.py", "Idle", "True → False"): _FROZEN,
+    ("chatops/sessions.py", "_decisions", 'row.shown or "" → row.shown or "x"'): (
+        "a row without its digest approves nothing either way: the loop runs an approved call only when the digest "
+        'of what it would show equals `shown`, and a digest is neither empty nor "x" (the Decision kept in the log '
+        "carries the other text, which nothing but that comparison reads)"
+    ),
     ("mm_core/tools/fetch/guard.py", "GuardedBackend.connect_tcp", "assert failure is not None → pass"): (
         "reached only with no address at all, which resolve never returns (a literal is one, getaddrinfo raises "
         "rather than answer nothing); both versions then raise"
@@ -199,8 +278,9 @@ class _Splicer:
 
 
 def _skipped_nodes(tree: ast.AST) -> set[int]:
-    """Nodes not worth mutating: docstrings, annotations (strings under `from __future__ import annotations`)
-    and everything inside an f-string (whose positions are unreliable before Python 3.12)."""
+    """Nodes not worth mutating: docstrings, annotations (strings under `from __future__ import annotations`),
+    `if TYPE_CHECKING:` blocks, and everything inside an f-string (whose positions are unreliable before Python
+    3.12)."""
     skip: set[int] = set()
 
     def mark(node: ast.AST | None) -> None:
@@ -223,6 +303,12 @@ def _skipped_nodes(tree: ast.AST) -> set[int]:
             mark(node.annotation)
         elif isinstance(node, ast.JoinedStr):
             mark(node)
+        elif isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            # Imports for the type checker alone: no test can tell them from none (an `else:` runs, and stays).
+            skip.add(id(node))
+            mark(node.test)
+            for statement in node.body:
+                mark(statement)
     return skip
 
 
@@ -262,6 +348,7 @@ def _short(text: str) -> str:
 
 def mutants_of(module: str, source: str) -> list[Mutant]:
     tree = ast.parse(source)
+    unchanged = ast.dump(tree)
     splice = _Splicer(source)
     skip = _skipped_nodes(tree)
     where, in_function, parent = _scopes(tree)
@@ -275,6 +362,8 @@ def mutants_of(module: str, source: str) -> list[Mutant]:
         try:
             compile(mutated, module, "exec")
         except SyntaxError:
+            return
+        if ast.dump(ast.parse(mutated)) == unchanged:  # `while True` forced True: the same program
             return
         original, shown = splice.segment(node), replacement
         context = parent.get(id(node))
@@ -358,14 +447,19 @@ def sample(mutants: list[Mutant], cap: int, seed: int) -> list[Mutant]:
 
 
 def make_copy(into: Path) -> Path:
-    """The product packages and tests, without caches and bytecode, as a tree pytest can run in."""
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache", ".hypothesis", "*.egg-info")
-    for name in PACKAGES:
-        if (ROOT / name).is_dir():
-            shutil.copytree(ROOT / name, into / name, ignore=ignore, symlinks=True)
-    for name in ROOT_FILES:
-        if (ROOT / name).exists():
-            shutil.copy2(ROOT / name, into / name)
+    """The project's files as git sees them (tracked, and new ones not ignored: no caches, no bytecode, no
+    virtualenv), as a tree pytest can run in: tests read the docs, the chart and the README too."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT,
+        capture_output=True,
+        check=True,
+    ).stdout
+    for name in (os.fsdecode(n) for n in listed.split(b"\0") if n):
+        source = ROOT / name
+        if source.is_file() or source.is_symlink():  # a file deleted in the working tree is left out
+            (into / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, into / name, follow_symlinks=False)
     return into
 
 
@@ -504,6 +598,15 @@ def report(results: dict[str, tuple[int, list[Outcome]]]) -> int:
     return 1 if unjudged else 0
 
 
+def warn_stale(module: str, mutants: list[Mutant]) -> None:
+    """Say which judgements of the module no longer name any of its mutants (the code they judged changed):
+    a stale entry would silently stop covering the mutant it was written for."""
+    keys = {m.key for m in mutants}
+    for key in EQUIVALENT:
+        if key[0] == module and key not in keys:
+            print(f"mutate: EQUIVALENT names no mutant of {module} any more (update or remove it): {key!r}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--module", action="append", choices=sorted(MODULES), help="repeatable; default: all")
@@ -517,6 +620,7 @@ def main(argv: list[str] | None = None) -> int:
     chosen: dict[str, tuple[int, list[Mutant]]] = {}
     for module in modules:
         everything = mutants_of(module, (ROOT / module).read_text())
+        warn_stale(module, everything)
         if args.grep:
             everything = [m for m in everything if args.grep in f"{m.original} → {m.mutated}"]
         chosen[module] = (len(everything), sample(everything, args.max, args.seed))
