@@ -7,16 +7,26 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import json
 import socket
-from collections.abc import Awaitable, Callable
+import ssl
+import subprocess
+import threading
+from collections.abc import Awaitable, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import httpcore
+import httpx
 import pytest
 
+from mm_core.network.ca import CertificateAuthority
+from mm_core.network.policy import NOT_LISTED, EgressPolicy, expand
 from mm_core.tools.fetch import guard
 from mm_core.tools.fetch.errors import BlockedAddress
-from mm_core.tools.fetch.guard import AddressGuard, GuardedBackend, blocked_kind
+from mm_core.tools.fetch.guard import AddressGuard, GuardedBackend, blocked_kind, guarded_transport
+from mm_testkit.clocks import HandClock
+from mm_testkit.fixtures_kit import needs_system
 
 T = TypeVar("T")
 LIFT = "fetching internal addresses is not allowed (fetchAllow in the config lifts this)"
@@ -163,6 +173,38 @@ def test_an_unresolvable_name_is_a_connect_error_naming_the_host() -> None:
         resolving({}, lambda: backend.connect_tcp("nowhere.test", 80))
 
 
+def test_a_host_the_policy_refuses_is_refused_with_its_reason_and_never_looked_up() -> None:
+    """A channel's allow-list is asked before DNS: a host outside it is refused in the policy's words, and no
+    lookup says to the resolver which name the model tried."""
+    looked_up: list[str] = []
+
+    async def lookup(host: str, port: int) -> list[str]:
+        looked_up.append(host)
+        return ["192.0.2.7"]
+
+    allowed = AddressGuard(["192.0.2.0/24"], policy=EgressPolicy("allow", expand(["api.example.test"])), lookup=lookup)
+    with pytest.raises(BlockedAddress) as refused:
+        asyncio.run(allowed.resolve("other.example.test", 443))
+    assert refused.value.reason == NOT_LISTED.format(host="other.example.test")
+    assert looked_up == []
+    assert asyncio.run(allowed.resolve("api.example.test", 443)) == ["192.0.2.7"]
+    assert looked_up == ["api.example.test"]
+
+
+def test_a_literal_address_is_vetted_as_itself_and_never_looked_up() -> None:
+    """http://192.0.2.7/ or http://[2001:db8::7]/ names its address: it is checked as written, with no DNS asked
+    (a resolver could answer something else for the text)."""
+
+    async def lookup(host: str, port: int) -> list[str]:
+        raise AssertionError(f"{host} was looked up")
+
+    allowed = AddressGuard(["192.0.2.0/24", "2001:db8::/32"], lookup=lookup)
+    assert asyncio.run(allowed.resolve("192.0.2.7", 80)) == ["192.0.2.7"]
+    assert asyncio.run(allowed.resolve("[2001:db8::7]", 80)) == ["2001:db8::7"]
+    with pytest.raises(BlockedAddress, match=r"^10\.0\.0\.1 is a private address"):
+        asyncio.run(AddressGuard(lookup=lookup).resolve("10.0.0.1", 80))
+
+
 def test_unix_sockets_are_never_fetched() -> None:
     """A unix socket would reach a local service without any address to vet."""
     with pytest.raises(httpcore.ConnectError, match="unix sockets are not fetched"):
@@ -176,3 +218,90 @@ def test_the_workers_own_address_is_refused_inside_an_ipv6_form_too(monkeypatch)
     for written in ("8.8.8.8", "::ffff:8.8.8.8", "::ffff:808:808"):
         with pytest.raises(BlockedAddress, match="this worker's own address"):
             AddressGuard().check("x.example", ipaddress.ip_address(written))
+
+
+def _listed_by_ip() -> set[ipaddress.IPv4Address | ipaddress.IPv6Address]:
+    listed = json.loads(subprocess.run(["ip", "-j", "addr"], capture_output=True, text=True, check=True).stdout)
+    return {ipaddress.ip_address(a["local"]) for link in listed for a in link.get("addr_info", [])}
+
+
+@pytest.fixture
+def own_clock(monkeypatch) -> Iterator[HandClock]:
+    """The guard's clock, moved by the test, from a cache with nothing read: what another test (or a thread of
+    this process) read before does not count, and what this test reads is dropped after it."""
+    clock = HandClock()
+    monkeypatch.setattr(guard, "time", clock)
+    guard.forget_own_addresses()
+    yield clock
+    guard.forget_own_addresses()
+
+
+@needs_system("ip", "iproute2")
+def test_the_workers_own_addresses_are_every_address_of_its_interfaces() -> None:
+    """Read from the kernel's tables, IPv4 and IPv6: each address `ip` lists is one of them, loopback included.
+    (Tests in other processes add and remove addresses here: one `ip` lists before the read and after it counts.)"""
+    before = _listed_by_ip()
+    guard.forget_own_addresses()
+    own = guard.own_addresses()
+    steady = before & _listed_by_ip()
+    assert ipaddress.ip_address("127.0.0.1") in steady
+    assert steady <= own
+
+
+def test_the_own_addresses_are_read_once_then_again_after_their_ttl(own_clock: HandClock) -> None:
+    """Not a read of the kernel's tables per connection, and an address the worker gains is known within the ttl:
+    what was read stands for OWN_ADDRESSES_TTL seconds, then the tables are read again (a new set)."""
+    first = guard.own_addresses()
+    assert ipaddress.ip_address("127.0.0.1") in first
+    assert guard.own_addresses() is first
+    own_clock.now += guard.OWN_ADDRESSES_TTL
+    assert guard.own_addresses() is first  # at its ttl, still what was read
+    own_clock.now += 1
+    again = guard.own_addresses()
+    assert again is not first and again == first
+
+
+def test_threads_that_ask_at_once_past_the_ttl_share_one_read(own_clock: HandClock) -> None:
+    """Fetches, the sandbox's network and the egress proxy ask from several threads: with nothing read yet (or
+    past the ttl) they all get the one set read, and a slower reader does not store its own over it."""
+    start = threading.Barrier(16)
+
+    def ask(_: int) -> frozenset[object]:
+        start.wait()
+        return guard.own_addresses()
+
+    with ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(ask, range(16)))
+    kept = guard.own_addresses()
+    assert all(answer is kept for answer in answers)
+
+
+def test_a_transport_given_a_trust_store_verifies_servers_against_it() -> None:
+    """The egress proxy forwards with its own trust store (a forge's CA): the connection takes that store, and
+    without it the same server is refused as unverified."""
+    ca = CertificateAuthority()
+    trusting = ssl.create_default_context(cadata=ca.authority().certificate_pem().decode())
+    allow = AddressGuard(["127.0.0.1/32"])
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok")
+        await writer.drain()
+        writer.close()
+
+    async def get(transport: httpx.AsyncHTTPTransport, port: int) -> str:
+        async with httpx.AsyncClient(transport=transport) as client:
+            return (await client.get(f"https://127.0.0.1:{port}/")).text
+
+    async def scenario() -> None:
+        server = await asyncio.start_server(answer, "127.0.0.1", 0, ssl=ca.context_for("127.0.0.1"))
+        async with server:
+            port = server.sockets[0].getsockname()[1]
+            assert await get(guarded_transport(allow, trusting), port) == "ok"
+            with pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
+                await get(guarded_transport(allow), port)
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        ca.close()

@@ -14,6 +14,7 @@ import ipaddress
 import itertools
 import socket
 import ssl
+import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
@@ -108,17 +109,30 @@ def _own_addresses() -> frozenset[IPAddress]:
     return frozenset(found)
 
 
-_own_cache: tuple[float, frozenset[IPAddress]] = (float("-inf"), frozenset())
+_NOT_READ: tuple[float, frozenset[IPAddress]] = (float("-inf"), frozenset())
+_own_cache = _NOT_READ
+# Fetches, the sandbox's network and the egress proxy ask from several threads: one of them reads the tables, and
+# the others take what it read rather than a set a slower reader stores over it a moment later.
+_own_lock = threading.Lock()
 
 
 def own_addresses() -> frozenset[IPAddress]:
     """The worker's own addresses, read again at most every OWN_ADDRESSES_TTL seconds."""
     global _own_cache
-    read_at, found = _own_cache
-    if time.monotonic() - read_at > OWN_ADDRESSES_TTL:
-        found = _own_addresses()
-        _own_cache = (time.monotonic(), found)
-    return found
+    with _own_lock:
+        read_at, found = _own_cache
+        if time.monotonic() - read_at > OWN_ADDRESSES_TTL:
+            found = _own_addresses()
+            _own_cache = (time.monotonic(), found)
+        return found
+
+
+def forget_own_addresses() -> None:
+    """Drops what was read: the next own_addresses() reads the kernel's tables (for a caller that knows the
+    interfaces changed, and for a test that moves the clock and must start from a read of its own)."""
+    global _own_cache
+    with _own_lock:
+        _own_cache = _NOT_READ
 
 
 def _is_own(ip: IPAddress) -> bool:
