@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from bot.errors import BotError
 from chatops.approvers import accepted
 from chatops.config import ServiceConfig
 from chatops.store import ApprovalRow
@@ -66,7 +67,8 @@ class Approvers:
 
     def __init__(self, service: Callable[[], ServiceConfig], ttl: float = GROUP_TTL) -> None:
         self._service, self.ttl = service, ttl
-        self._groups: dict[str, tuple[float, frozenset[str]]] = {}
+        # A group's members until a time, or why Slack could not list them (until a sooner time).
+        self._groups: dict[str, tuple[float, frozenset[str] | str]] = {}
 
     def _view(self, place: Team) -> ServiceConfig:
         """The config as the workspace `place` sees it (its `teams` section over the top level's)."""
@@ -111,7 +113,8 @@ class Approvers:
                 if user in await self._members(client, group):
                     return True, ""
             except Exception as e:  # noqa: BLE001 - Slack's answer decides; without one the group grants nothing
-                log.warning("user group %s could not be resolved: %s", group, e)
+                if not isinstance(e, _Unchecked):  # said once per failure, not once per click after it
+                    log.warning("user group %s could not be resolved: %s", group, _error(e))
                 problems += GROUP_UNKNOWN.format(group=group, error=_error(e))
         return False, problems
 
@@ -169,19 +172,27 @@ class Approvers:
         return NOT_AN_APPROVER.format(what=what, who=_named(approvers)) + problems
 
     async def _members(self, client: Any, group: str) -> frozenset[str]:
-        now = time.monotonic()
+        """The group's members, as Slack said within `ttl`; _Unchecked while Slack could not say."""
         cached = self._groups.get(group)
-        if cached is not None and cached[0] > now:
+        if cached is not None and cached[0] > time.monotonic():
+            if isinstance(cached[1], str):
+                raise _Unchecked(cached[1])
             return cached[1]
         try:
             response = await client.usergroups_users_list(usergroup=group)
-        except Exception:
-            # Slack could not say: the group grants nothing for a while, rather than a call per click.
-            self._groups[group] = (now + FAILED_TTL, frozenset())
+        except Exception as e:
+            # Slack could not say: the group grants nothing for a while, rather than a call per click (a
+            # rate-limited method, in an outage), and every refusal meanwhile says why. The while starts when the
+            # answer came: a call that hung until its timeout must not leave an entry already expired.
+            self._groups[group] = (time.monotonic() + FAILED_TTL, _error(e))
             raise
         members = frozenset(u for u in response.get("users") or [] if isinstance(u, str))
-        self._groups[group] = (now + self.ttl, members)
+        self._groups[group] = (time.monotonic() + self.ttl, members)
         return members
+
+
+class _Unchecked(BotError):
+    """A user group Slack could not list a moment ago (the error it gave), remembered for FAILED_TTL."""
 
 
 def _named(ids: Sequence[str]) -> Mrkdwn:
@@ -212,6 +223,9 @@ def _asked(user: str, requested_by: str | None) -> bool:
 
 
 def _error(e: Exception) -> str:
+    """What went wrong, in a word: Slack's error code, else the exception's kind (Slack did not answer)."""
+    if isinstance(e, _Unchecked):
+        return str(e)
     response = getattr(e, "response", None)
     data = getattr(response, "data", None)
     if isinstance(data, dict) and data.get("error"):

@@ -112,8 +112,9 @@ def record_on(conn: Connection, values: dict[str, Any]) -> Recorded:
     inserted = conn.execute(keep, values | {"p_session": session_id, "p_now": now}).first()
     if inserted is None:
         return Recorded(session_id, new=False, busy=False)
-    if found is not None and found.status == SessionStatus.IDLE:
-        conn.execute(_QUEUE, {"p_id": session_id, "p_now": now})
+    # Whatever the status read above said: a turn may have ended since (the worker set it idle and committed),
+    # and the statement's own WHERE queues the session only if it is idle now, as the bot's PG statement does.
+    conn.execute(_QUEUE, {"p_id": session_id, "p_now": now})
     busy = found is not None and found.status in (SessionStatus.RUNNING, SessionStatus.AWAITING_APPROVAL)
     return Recorded(session_id, new=True, busy=busy)
 

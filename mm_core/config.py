@@ -14,7 +14,7 @@ import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from mm_core.errors import CoreError
-from mm_core.network.policy import expand, normal_host, parse_rule
+from mm_core.network.policy import Mode, expand, normal_host, parse_rule
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
 _UNIT = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
@@ -133,7 +133,7 @@ def _network_mode(value: Any) -> Any:
 class NetworkConfig(Strict):
     """Where sandboxed commands and fetch_content may connect (mm_core/network, docs/network.md)."""
 
-    policy: Literal["off", "allow", "open"] = "allow"
+    policy: Mode = "allow"
     # Hosts (`github.com`), wildcards (`*.example.com`), `host:port` (else 80 and 443) and presets by name.
     allow: list[str] = Field(default_factory=lambda: ["registries"])
     credentials: list[NetworkCredential] = Field(default_factory=list)

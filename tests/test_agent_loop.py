@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -37,7 +38,8 @@ from mm_core.log import (
 )
 from mm_core.loopdetect import LOOP_DETECTED
 from mm_core.model import ModelClient
-from mm_testkit.fixtures_kit import needs_bwrap_when_root
+from mm_testkit.fixtures_kit import needs_bwrap, needs_bwrap_when_root
+from mm_testkit.processes import running
 from playground.model_server import Reply, ToolCall, endless
 
 pytestmark = needs_bwrap_when_root
@@ -550,30 +552,21 @@ def test_the_first_decision_on_a_call_wins(model_server, tmp_path):
     assert [(d.approved, d.by) for d in asyncio.run(store.load("s1")) if isinstance(d, Decision)] == [(False, "U1")]
 
 
+@needs_bwrap  # the sandbox's wrapper keeps the job below this process, where the test finds it as its own
 def test_new_reaps_the_background_jobs_of_the_session(model_server, tmp_path):
     import time
-
-    def jobs() -> list[str]:
-        # Host pids, found by command line: inside the sandbox the job's own pid is its namespace's.
-        found = []
-        for proc in Path("/proc").iterdir():
-            try:
-                if (proc / "cmdline").read_bytes() == b"sleep\x00987\x00":
-                    found.append(proc.name)
-            except OSError:
-                pass
-        return found
 
     model_server.script(Reply(tool_calls=[bash("nohup sleep 987 > /dev/null 2>&1 &")]), Reply(text="started"))
     agent = make_agent(agent_config(model_server.url), MemoryStore(), tmp_path)
     assert run(agent.send("start a job")).answer == "started"
-    assert len(jobs()) == 1  # the job outlived the call, as the reference promises
+    # Host pids, found below this test's process: inside the sandbox the job's own pid is its namespace's.
+    [job] = running(os.getpid(), "sleep", "987")  # the job outlived the call, as the reference promises
     run(agent.new())
     for _ in range(100):  # the kill is sent; give the kernel a moment to take the process away
-        if not jobs():
+        if not job.alive():
             break
         time.sleep(0.05)
-    assert jobs() == []
+    assert not job.alive()
 
 
 # --- at most maxToolCallsPerAnswer calls of one answer -----------------------------------------------------------

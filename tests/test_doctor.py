@@ -12,7 +12,6 @@ from slack_sdk.oauth.installation_store import Installation
 
 from chatops import db
 from chatops.config import load_config
-from chatops.secrets import mask_url
 from commands.doctor import main as doctor
 from mm_testkit.fixtures_kit import path_without
 from mmbot_helpers import CONFIG_ENV, clean_env, free_port, mm_bot
@@ -266,20 +265,6 @@ def test_bad_config_fails_the_config_check_with_file_and_line(tmp_path, healthy,
     assert code == 1
     assert list(lines) == ["config"]  # the other checks need a config
     assert "mm.yaml:1: maxTurns" in out and 'mm.yaml:2: bashTol: unknown key (did you mean "bashTool"?)' in out
-
-
-@pytest.mark.parametrize(
-    ("url", "masked"),
-    [
-        ("sqlite:///./var/mm.sqlite3", "sqlite:///./var/mm.sqlite3"),
-        ("postgresql+psycopg://u:p%40ss@db:5432/mm", "postgresql+psycopg://u:***@db:5432/mm"),
-        ("redis://:pw@localhost:6379/0", "redis://:***@localhost:6379/0"),
-        ("http://h/v1?api_key=abc&x=1", "http://h/v1?api_key=***&x=1"),
-        ("http://[::1", "<unparsable URL>"),
-    ],
-)
-def test_mask_url(url: str, masked: str) -> None:
-    assert mask_url(url) == masked
 
 
 @pytest.mark.process

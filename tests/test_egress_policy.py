@@ -13,7 +13,7 @@ import pytest
 from chatops.config import ConfigError, example_config, load_config
 from mm_core.config import AgentConfig
 from mm_core.events import NetworkUsed
-from mm_core.network import EgressPolicy, presets
+from mm_core.network import EgressPolicy, expand, presets
 from mm_core.network.policy import NO_SECRET
 from mm_core.network.tap import Tap
 from mm_core.tools.ask_agent import load_agent_file
@@ -117,12 +117,37 @@ def test_presets_are_expanded_and_listed_by_name() -> None:
         ("github.com:99999", "the port must be 1 to 65535"),
         ("git hub.com", "expected a host name"),
         ("-bad-.example", "expected a host name"),
+        ("-bad.example", "expected a host name"),
+        ("bad-.example", "expected a host name"),
         ("", "expected a host name"),
+        ("github.com:65536", "the port must be 1 to 65535"),
+        (f"{'a' * 63}.{'b' * 63}.{'c' * 63}.{'d' * 62}", "expected a host name"),  # 254 characters: too long
     ],
 )
 def test_a_bad_allow_list_entry_is_refused_with_what_is_wrong(entry: str, said: str, tmp_path: Path) -> None:
     problem = refusal(tmp_path, f"network:\n  allow: [{entry!r}]\n")
     assert said in problem and "mm.yaml:2: network.allow" in problem, problem
+
+
+def test_an_allow_list_entry_at_the_limits_is_taken() -> None:
+    longest = f"{'a' * 63}.{'b' * 63}.{'c' * 63}.{'d' * 61}"  # 253 characters, as DNS allows
+    p = policy({"allow": [longest, "x:443", "github.com:65535", "[::1]:8443"]})
+    assert p.refusal(longest, 443) is None and p.refusal("github.com", 65535) is None
+    assert p.refusal("x", 443) is None  # the shortest name: one letter (a host of the local network)
+    assert p.refusal("::1", 8443) is None
+
+
+def test_a_bad_entry_is_refused_with_the_forms_an_entry_may_take_and_the_presets() -> None:
+    expected = f"expected a host name, *.domain, host:port, an address or a preset ({', '.join(presets())})"
+    for entry, detail in [
+        ("bad_host!", ""),
+        ("git hub.com", ""),
+        (443, ""),  # YAML reads a bare port as a number
+        ("a*b.example", " (a wildcard covers a domain's subdomains: *.example.com)"),
+    ]:
+        with pytest.raises(ValueError) as e:
+            expand([entry])  # type: ignore[list-item]
+        assert str(e.value) == f"{expected}, got {entry!r}{detail}"
 
 
 @pytest.mark.parametrize(

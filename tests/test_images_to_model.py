@@ -61,10 +61,10 @@ def test_a_vision_model_gets_the_images_of_the_latest_message_with_images_only()
     sent = SessionState([*THREAD, UserMessage("compare them")]).messages("S", vision=True)
     assert image_urls(sent) == [THIRD]
     assert sent[1]["content"] == ONE.text + "\n" + left_out(1) + "\n" + left_out(2, "image/jpeg")
-    assert sent[3]["content"] == [
-        {"type": "text", "text": TWO.text},
-        {"type": "image_url", "image_url": {"url": THIRD}},
-    ]
+    assert sent[3] == {
+        "role": "user",
+        "content": [{"type": "text", "text": TWO.text}, {"type": "image_url", "image_url": {"url": THIRD}}],
+    }
     assert sent[5]["content"] == "compare them"
 
 

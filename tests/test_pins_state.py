@@ -165,6 +165,7 @@ def test_approve_all_covers_its_requesters_turns_and_no_one_else_s() -> None:
     assert not off.granted() and off.yolo() is False
     on = SessionState([*approved, YoloSet(True, "U0GRACE"), UserMessage("mine", "U0LINUS")])
     assert not on.granted() and on.yolo() is True
+    assert on.grants() == {"U0ADA"}  # kept while yolo is on: only `yolo off` takes them back
     assert not SessionState.of([*approved, Reset(), UserMessage("more", "U0ADA")]).granted()
     # A turn nobody wrote (the terminal's person, a job's prompt) is granted as that nobody.
     alone = [UserMessage("go"), ask(("a", "bash")), Decision("a", True, all=True), TurnEnded(Outcome.ANSWERED)]

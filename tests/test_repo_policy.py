@@ -189,6 +189,8 @@ REFUSED = [
     ("https://bot:hunter2@github.com/acme/app", ANY, repos.CREDENTIALS),
     ("https://ghp_abcdef0123456789@github.com/acme/app", ANY, repos.CREDENTIALS),
     ("<https://bot:hunter2@github.com/acme/app|the app>", ANY, repos.CREDENTIALS),
+    # Slack makes a mail link of the user in `https://git@github.com/…`: read as written, it names a user.
+    ("https://<mailto:git@github.com|git@github.com>/acme/app", ANY, repos.CREDENTIALS),
     ("https://github.com/acme/app?access_token=ghp_abcdef", ANY, repos.CREDENTIALS),
     ("https://github.com/acme/app?ref=main", ANY, repos.QUERY),
     ("https://github.com/acme/app#readme", ANY, repos.FRAGMENT),

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from sqlalchemy import Engine, insert, update
 
 from chatops import db, sessions, store
+from chatops.inbox import record_message
 from chatops.schema import Approval, ApprovalState, InboxCommand, InboxMessage, Session, SessionKind, SessionStatus
 from chatops.sessions import Command, Idle, Resume, Snapshot, Start, Stop, Turn, Wait, Waiting, next_step
 from chatops.store import ApprovalRow
@@ -390,3 +391,46 @@ def test_approve_all_never_crosses_a_rule(lite: Engine) -> None:
     step = next_step(read(lite, session_id))
     assert isinstance(step, Resume)
     assert [(d.approved, d.all) for d in step.decisions] == [(True, True), (True, False), (True, False)]
+
+
+def test_a_click_towards_a_call_that_needs_two_people_is_a_vote_until_the_second(lite: Engine) -> None:
+    two = replace(approval(CALLS[0], ApprovalState.PENDING), rule="deploy", needed=2)
+    snap = Snapshot("s", SessionKind.THREAD, SessionStatus.AWAITING_APPROVAL, approvals=(two,), turn=Turn(True))
+    call = f"{write(lite, snap)}-{CALLS[0]}"
+    assert sessions.decide(lite, call, True, "U0BOB") == sessions.Decided(calls=(), voted=True)
+    assert sessions.decide(lite, call, True, "U0BOB") == sessions.Decided(calls=(), voted=False)  # counted once
+    assert sessions.decide(lite, call, True, "U0CAROL") == sessions.Decided(calls=(call,), voted=False)
+
+
+def test_a_click_on_a_call_that_is_not_there_decides_and_counts_nothing(lite: Engine) -> None:
+    forged = f"call_{uuid.uuid4().hex}"
+    for everything in (False, True):
+        assert sessions.decide(lite, forged, True, "U0BOB", everything=everything) == sessions.Decided(
+            calls=(), voted=False
+        )
+
+
+def test_what_a_click_did_reads_back_as_it_was_kept_the_older_list_form_too() -> None:
+    for decided in (sessions.Decided(("call_a", "call_b")), sessions.Decided(voted=True), sessions.Decided()):
+        assert sessions.Decided.from_json(decided.to_json()) == decided
+    assert sessions.Decided.from_json('["call_a"]') == sessions.Decided(calls=("call_a",), voted=False)
+
+
+def test_the_read_of_a_new_thread_its_first_message_and_a_model_it_cannot_name(lite: Engine) -> None:
+    assert sessions.snapshot(lite, "no-such-session") is None
+    root = f"{uuid.uuid4().int % 10**9}.000100"
+    # The bot was mentioned in a reply: the thread's first message for the agent is not its root.
+    first = record_message(
+        lite, channel_id="C0READ", thread_ts=root, message_ts=f"{root}1", user_id="U0ALICE", text="look"
+    )
+    record_message(lite, channel_id="C0READ", thread_ts=root, message_ts=f"{root}2", user_id="U0BOB", text="+1")
+    found = read(lite, first.session_id)
+    assert found.first_message_ts == f"{root}1"
+    assert found.turn is not None and found.turn.fresh  # nothing said yet: the first turn gets the thread's context
+    asyncio.run(store.DbStore(lite).append(first.session_id, UserMessage("look", "U0ALICE")))
+    found = read(lite, first.session_id)
+    assert found.turn is not None and not found.turn.fresh
+    for kept, model in [({"model": "big"}, "big"), ({"model": {"name": "big"}}, None), (None, None)]:
+        with lite.begin() as conn:
+            conn.execute(update(Session).where(Session.id == first.session_id).values(agent_config=kept))
+        assert read(lite, first.session_id).model == model  # a value that is no model's name: the channel's

@@ -15,10 +15,14 @@ import pytest
 from sqlalchemy import Engine, select, text
 
 from chatops import db, store
+from chatops.budgets import OwnBudget, own_budget
+from chatops.inbox import record_message
+from chatops.queries import instructions_used
 from chatops.schema import (
     ApprovalDecision,
     ApprovalState,
     Error,
+    InboxCommand,
     Session,
     SessionEvent,
     SessionKind,
@@ -26,6 +30,7 @@ from chatops.schema import (
     ToolCall,
     utcnow,
 )
+from mm_core.agent import ASK_REQUEST
 from mm_core.log import (
     AssistantMessage,
     CallStatus,
@@ -42,6 +47,7 @@ from mm_core.log import (
     ToolSuspended,
     TurnEnded,
     UserMessage,
+    YoloSet,
     to_dict,
 )
 
@@ -560,3 +566,74 @@ def test_the_migration_sets_the_next_seq_of_existing_logs(backend: str, request:
         assert asyncio.run(store.DbStore(engine).load("s-with-log")) == [UserMessage(f"m{i}") for i in range(4)]
     finally:
         engine.dispose()
+
+
+def test_a_taken_command_appends_the_entries_it_stands_for(engine: Engine) -> None:
+    """`new` starts the conversation again, `yolo on|off` is said in it (by whom), `compact` waits for the model's
+    summary, `ask` is the request and its ask_agent call: each in the transaction that takes the command."""
+    thread = f"{uuid.uuid4().int % 10**10}.000100"
+    commands = [
+        (InboxCommand.YOLO, "on"),
+        (InboxCommand.YOLO, "off"),
+        (InboxCommand.NEW, ""),
+        (InboxCommand.COMPACT, ""),
+        (InboxCommand.ASK, json.dumps({"agent": "reviewer", "prompt": "look"})),
+    ]
+    [session_id] = {
+        record_message(
+            engine,
+            channel_id="C0123ABCD",
+            thread_ts=thread,
+            message_ts=f"{thread[:-6]}{n:06d}",
+            user_id="U01ALICE",
+            text=argument,
+            command=command,
+        ).session_id
+        for n, (command, argument) in enumerate(commands)
+    }
+    log = store.DbStore(engine)
+    taken = [log.take_command(session_id) for _ in commands]
+    assert [t.command if t else None for t in taken] == [c for c, _ in commands]
+    entries = asyncio.run(log.load(session_id))
+    assert entries[:3] == [YoloSet(True, "U01ALICE"), YoloSet(False, "U01ALICE"), Reset()]
+    asked, call = entries[3:]
+    assert asked == UserMessage(ASK_REQUEST.format(agent="reviewer", prompt="look"), "U01ALICE")
+    assert isinstance(call, AssistantMessage) and [c.name for c in call.tool_calls] == ["ask_agent"]
+    assert json.loads(call.tool_calls[0].arguments) == {"agent": "reviewer", "prompt": "look"}
+
+
+def test_the_tool_calls_table_says_who_asked_for_a_call(engine: Engine, session_id: str) -> None:
+    log = store.DbStore(engine)
+    asyncio.run(log.append(session_id, AssistantMessage("", tool_calls=(ToolCallRequest("c1", "bash", "{}"),))))
+    asyncio.run(log.append(session_id, ToolResult("c1", "bash", "ok", requested_by="U01ALICE,U02BOB")))
+    with engine.connect() as conn:
+        row = conn.execute(select(ToolCall.requested_by).where(ToolCall.session_id == session_id)).one()
+    assert row.requested_by == "U01ALICE,U02BOB"
+
+
+def test_an_error_outside_any_turn_is_kept_for_the_operators_and_logged(
+    engine: Engine, session_id: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level("WARNING", logger=store.log.name):
+        store.record_error(engine, "slack", "chat.postMessage failed", session_id=session_id, detail={"error": "x"})
+    with engine.connect() as conn:
+        rows = conn.execute(
+            select(Error.where, Error.message, Error.detail).where(Error.session_id == session_id)
+        ).all()
+    assert [tuple(r) for r in rows] == [("slack", "chat.postMessage failed", {"error": "x"})]
+    assert "error (slack): chat.postMessage failed" in caplog.text
+
+
+def test_a_threads_own_settings_are_kept_side_by_side(engine: Engine, session_id: str) -> None:
+    """`model=NAME`, `budget N` and what the latest turn used each set their own key of the thread's settings and
+    keep the others."""
+    assert store.thread_model(engine, session_id) is None
+    store.set_model(engine, session_id, "big")
+    store.set_budget(engine, session_id, 5000, "U01ALICE", approver=True)
+    store.set_instructions_used(engine, session_id, {"files": ["AGENTS.md"]})
+    assert store.thread_model(engine, session_id) == "big"
+    assert own_budget(engine, session_id) == OwnBudget(5000, "U01ALICE", True)
+    assert instructions_used(engine, session_id) == {"files": ["AGENTS.md"]}
+    store.set_budget(engine, session_id, 100, "U02BOB", approver=False)
+    assert own_budget(engine, session_id) == OwnBudget(100, "U02BOB", False)
+    assert store.thread_model(engine, session_id) == "big"

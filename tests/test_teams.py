@@ -24,7 +24,7 @@ from chatops.queries import pending_approvals, recent_sessions
 from chatops.schema import Session, SessionStatus, utcnow
 from chatops.sessions import snapshot
 from chatops.store import request_approval
-from chatops.teams import NOWHERE, Team, in_workspace, same_workspace, team_of
+from chatops.teams import NOWHERE, Team, in_workspace, same_workspace, section_covers, session_team, team_of
 from chatops.uninstall import PAUSED_WHY, uninstalled
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -176,6 +176,29 @@ def test_a_session_knows_its_workspace_and_org(engine: Engine) -> None:
     session_id = thread(engine, team, user=unique("U"))
     found = snapshot(engine, session_id, log=False)
     assert found is not None and team_of(found) == team
+    other = Team(unique("T"))
+    elsewhere = thread(engine, other, user=unique("U"))
+    assert session_team(engine, session_id) == team and session_team(engine, elsewhere) == other
+    assert session_team(engine, "no-such-session") == NOWHERE
+
+
+@pytest.mark.parametrize(
+    ("key", "place", "covers"),
+    [
+        (None, Team(A, ORG), True),  # the top level's jobs: every workspace's
+        (A, Team(A, ORG), True),
+        (ORG, Team(A, ORG), True),  # an org's section: each of its workspaces'
+        (ORG, Team(None, ORG), True),
+        (B, Team(A, ORG), False),
+        (OTHER_ORG, Team(A, ORG), False),
+        (B, Team(A), False),
+        (A, NOWHERE, True),  # a request that names no workspace (single-token mode): every section
+    ],
+)
+def test_a_section_belongs_to_its_workspace_and_to_every_workspace_of_its_org(
+    key: str | None, place: Team, covers: bool
+) -> None:
+    assert section_covers(key, place) is covers
 
 
 # -- uninstalling ---------------------------------------------------------------------------------------------------

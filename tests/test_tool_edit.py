@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -186,6 +187,16 @@ def test_dry_run_reports_and_writes_nothing(ws):
     assert (ws / "main.go").read_text() == GO
     shown = preview(EDIT, {"path": "main.go", "edits": [{"old": "count := 1", "new": "count := 2"}]}, make_ctx(ws))
     assert shown == out and (ws / "main.go").read_text() == GO
+
+
+def test_an_edit_that_gives_back_the_same_text_writes_nothing_and_says_so(ws):
+    (ws / "main.go").write_text(GO)
+    os.utime(ws / "main.go", ns=(10**9, 10**9))  # a write now would show, however coarse the clock's tick
+    # Not the same old and new (refused before any matching): old's blank edge lines are not in the file, and
+    # the loose match puts back what it found.
+    out = edit(ws, "main.go", ("count := 1\n\n", "count := 1"))
+    assert out == "main.go unchanged: the edits give back the same text — nothing written"
+    assert (ws / "main.go").read_text() == GO and (ws / "main.go").stat().st_mtime_ns == 10**9
 
 
 @pytest.mark.parametrize(

@@ -76,10 +76,6 @@ class Rule:
     def covers(self, host: str, port: int) -> bool:
         return self.covers_host(host) and (port in DEFAULT_PORTS if self.port is None else port == self.port)
 
-    def __str__(self) -> str:
-        shown = f"*.{self.host}" if self.suffix else (f"[{self.host}]" if ":" in self.host else self.host)
-        return shown if self.port is None else f"{shown}:{self.port}"
-
 
 def parse_rule(entry: str) -> Rule:
     """One allow-list entry other than a preset; ValueError says what is wrong with it."""
