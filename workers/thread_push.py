@@ -2,7 +2,8 @@
 and its pull request opened (the "Open pull request" button, or `pr [title]`) or updated.
 
 The bot checks who asks and hands the work over (task `mm.push_thread`): the workspace lives on a worker's
-disk. The push takes the session's lease, so it never runs beside a turn that is still changing the files;
+disk. The push takes the session's lease, so it never runs beside a turn that is still changing the files (it
+waits a few seconds for one that is ending, else says the thread is busy);
 it goes to the thread's repository (or the channel's), never to a remote of the workspace's config
 (workers/push.py says how). Once the thread has a pull request, every push goes to its branch and refreshes it
 (workers/pull_requests.py): a thread keeps one.
@@ -12,8 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
-from sqlalchemy import select
+from sqlalchemy import Engine, select
 
 from chatops import pull_requests as records
 from chatops.schema import PullRequestState, Session, SessionStatus
@@ -43,6 +45,10 @@ UNEXPECTED = "The push failed on the worker ({error}); it is recorded for the op
 NOTHING_NEW = Mrkdwn("Nothing new to push: <{url}|{label}> has this thread's changes already.")
 OWNER = "push"
 LEASE_S = 120.0
+# How long a push waits for the turn before it: the turn posts its offer (the push buttons) a moment before it
+# gives the session back, so a click on the offer can come while the turn is still ending.
+SETTLE_S = 3.0
+POLL_S = 0.1
 
 
 def default_branch(thread_ts: str) -> str:
@@ -59,12 +65,11 @@ def push_thread_work(
     facts = snapshot(engine, session_id, log=False)
     if facts is None:
         return
-    token = acquire_lease(engine, session_id, OWNER, LEASE_S)
-    if token is None or facts.status in (SessionStatus.RUNNING, SessionStatus.QUEUED):
-        if token is not None:
-            release_lease(engine, session_id, token)
+    taken = take_session(engine, session_id)
+    if taken is None:
         said: str = BUSY
     else:
+        token, facts = taken
         try:
             said = _push(proc, facts, session_id, branch, user, pull_request, title)
         except Exception as e:
@@ -74,6 +79,32 @@ def push_thread_work(
         finally:
             release_lease(engine, session_id, token)
     asyncio.run(say_in_thread(proc, facts, said))
+
+
+def take_session(
+    engine: Engine, session_id: str, wait_s: float = SETTLE_S, poll_s: float = POLL_S
+) -> tuple[int, Snapshot] | None:
+    """The session's lease for a push and the session as it then stands; None while a turn runs (or is queued)
+    or another push holds it, after `wait_s`. The status is read before the lease is tried, so that a queued
+    session's turn is not kept from its lease by the waiting."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        facts = snapshot(engine, session_id, log=False)
+        if _between_turns(facts):
+            token = acquire_lease(engine, session_id, OWNER, LEASE_S)
+            if token is not None:
+                # Read again under the lease: a message may have queued a turn between the two reads.
+                facts = snapshot(engine, session_id, log=False)
+                if _between_turns(facts):
+                    return token, facts
+                release_lease(engine, session_id, token)
+        if facts is None or time.monotonic() >= deadline:
+            return None
+        time.sleep(poll_s)
+
+
+def _between_turns(facts: Snapshot | None) -> bool:
+    return facts is not None and facts.status not in (SessionStatus.RUNNING, SessionStatus.QUEUED)
 
 
 def _push(
