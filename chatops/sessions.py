@@ -315,6 +315,12 @@ def sessions_with_work(
         return list(conn.execute(select(Session.id).where(*conditions).order_by(Session.updated_at)).scalars())
 
 
+def wants_a_worker(engine: Engine, session_id: str) -> bool:
+    """Whether the session has work and nobody holds it: asked by whoever gives its lease back (a turn, a push),
+    since a message, a stop or a run's task that came while it held the lease was kept out and waits for it."""
+    return session_id in sessions_with_work(engine, only=session_id)
+
+
 def waits_for_people(bind: Engine | Connection, session_id: str) -> bool:
     """After a decision: whether the session still waits for one (then no worker is called for it)."""
     snap = snapshot(bind, session_id, log=False)

@@ -108,7 +108,8 @@ def push_thread(
     checked who)."""
     from workers.thread_push import push_thread_work
 
-    push_thread_work(session_id, branch, user, pull_request, title)
+    if push_thread_work(session_id, branch, user, pull_request, title):
+        enqueue_session(session_id)
 
 
 @task(TURNS_QUEUE)

@@ -2,11 +2,11 @@
 and its pull request opened (the "Open pull request" button, or `pr [title]`) or updated.
 
 The bot checks who asks and hands the work over (task `mm.push_thread`): the workspace lives on a worker's
-disk. The push takes the session's lease, so it never runs beside a turn that is still changing the files (it
-waits a few seconds for one that is ending, else says the thread is busy);
-it goes to the thread's repository (or the channel's), never to a remote of the workspace's config
-(workers/push.py says how). Once the thread has a pull request, every push goes to its branch and refreshes it
-(workers/pull_requests.py): a thread keeps one.
+disk. The push takes the session's lease between turns, so it never runs beside a turn that is still changing
+the files: it waits a few seconds for a turn that is ending, else says the thread is busy, and a turn kept out
+while it held the lease is enqueued once it lets go. It goes to the thread's repository (or the channel's),
+never to a remote of the workspace's config (workers/push.py says how). Once the thread has a pull request,
+every push goes to its branch and refreshes it (workers/pull_requests.py): a thread keeps one.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ import time
 from sqlalchemy import Engine, select
 
 from chatops import pull_requests as records
-from chatops.schema import PullRequestState, Session, SessionStatus
+from chatops.schema import PullRequestState, Session
 from chatops.secrets import describe_error
-from chatops.sessions import Snapshot, snapshot
+from chatops.sessions import Snapshot, snapshot, wants_a_worker, wants_work
 from chatops.store import acquire_lease, record_error, release_lease
 from chatops.teams import team_of
 from slackio.mrkdwn import Mrkdwn
@@ -57,19 +57,18 @@ def default_branch(thread_ts: str) -> str:
 
 def push_thread_work(
     session_id: str, branch: str | None, user: str, pull_request: bool = False, title: str | None = None
-) -> None:
+) -> bool:
     """The push task's body (its log lines name the session: workers.tasks.task). `pull_request`: open one for
-    the branch (with `title`, else the thread's); a thread that has one updates it whatever was asked."""
+    the branch (with `title`, else the thread's); a thread that has one updates it whatever was asked. True when
+    the session has work once the push has let it go (the caller enqueues it, as after a turn)."""
     proc = process()
     engine = proc.engine
-    facts = snapshot(engine, session_id, log=False)
+    token, facts = take_session(engine, session_id)
     if facts is None:
-        return
-    taken = take_session(engine, session_id)
-    if taken is None:
+        return False  # the session is gone (purged): there is no thread to answer in
+    if token is None:
         said: str = BUSY
     else:
-        token, facts = taken
         try:
             said = _push(proc, facts, session_id, branch, user, pull_request, title)
         except Exception as e:
@@ -79,32 +78,31 @@ def push_thread_work(
         finally:
             release_lease(engine, session_id, token)
     asyncio.run(say_in_thread(proc, facts, said))
+    # A turn enqueued while the push held the lease found it taken and left the session to whoever held it.
+    return wants_a_worker(engine, session_id)
 
 
 def take_session(
     engine: Engine, session_id: str, wait_s: float = SETTLE_S, poll_s: float = POLL_S
-) -> tuple[int, Snapshot] | None:
-    """The session's lease for a push and the session as it then stands; None while a turn runs (or is queued)
-    or another push holds it, after `wait_s`. The status is read before the lease is tried, so that a queued
-    session's turn is not kept from its lease by the waiting."""
+) -> tuple[int | None, Snapshot | None]:
+    """The session's lease for a push, and the session as it then stands. Between turns only: while the session
+    has work for a turn (chatops.sessions.wants_work: one running or queued, a message waiting, a decision
+    to act on) or another push holds it, it waits, `wait_s` at most, then the token is None. The snapshot is
+    None when the session is gone."""
     deadline = time.monotonic() + wait_s
     while True:
         facts = snapshot(engine, session_id, log=False)
-        if _between_turns(facts):
+        if facts is not None and not wants_work(facts):
             token = acquire_lease(engine, session_id, OWNER, LEASE_S)
             if token is not None:
                 # Read again under the lease: a message may have queued a turn between the two reads.
                 facts = snapshot(engine, session_id, log=False)
-                if _between_turns(facts):
+                if facts is not None and not wants_work(facts):
                     return token, facts
                 release_lease(engine, session_id, token)
         if facts is None or time.monotonic() >= deadline:
-            return None
+            return None, facts
         time.sleep(poll_s)
-
-
-def _between_turns(facts: Snapshot | None) -> bool:
-    return facts is not None and facts.status not in (SessionStatus.RUNNING, SessionStatus.QUEUED)
 
 
 def _push(

@@ -42,7 +42,18 @@ from chatops.reload import ConfigFile
 from chatops.requests import forget_finished
 from chatops.schema import ApprovalState, InboxCommand, Session, SessionKind, SessionStatus, utcnow
 from chatops.secrets import describe_error, known_secrets, scrub, secrets_of
-from chatops.sessions import Command, Idle, Resume, Stop, Wait, decide, next_step, sessions_with_work, snapshot
+from chatops.sessions import (
+    Command,
+    Idle,
+    Resume,
+    Stop,
+    Wait,
+    decide,
+    next_step,
+    sessions_with_work,
+    snapshot,
+    wants_a_worker,
+)
 from chatops.store import (
     ApprovalRow,
     DbStore,
@@ -172,7 +183,7 @@ async def _work(proc: Process, session_id: str) -> bool:
     ttl = proc.config.service.worker.leaseSeconds
     token = acquire_lease(proc.engine, session_id, proc.keeper.owner, ttl)
     if token is None:
-        return False  # another worker holds it, and takes whatever is new when its turn ends
+        return False  # another worker (or a push) holds it, and enqueues whatever is new when it lets go
     task = asyncio.current_task()
     assert task is not None
     proc.keeper.hold(session_id, task)
@@ -187,11 +198,7 @@ async def _work(proc: Process, session_id: str) -> bool:
         proc.keeper.drop(session_id)
         release_lease(proc.engine, session_id, token)
     # A message or a stop that came between our last look and the release would wait for housekeeping.
-    return _has_work(proc.engine, session_id)
-
-
-def _has_work(engine: Engine, session_id: str) -> bool:
-    return session_id in sessions_with_work(engine, only=session_id)
+    return wants_a_worker(proc.engine, session_id)
 
 
 class SessionTurns:
