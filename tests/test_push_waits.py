@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 import uuid
 from collections.abc import Callable
+from types import SimpleNamespace
 
 import pytest
 from sqlalchemy import Engine, select
@@ -76,8 +77,8 @@ def test_a_push_waits_for_a_turn_that_is_ending_to_say_so(engine: Engine) -> Non
 
 
 def test_a_turn_that_ran_on_without_its_lease_keeps_the_push_out(engine: Engine) -> None:
-    """A worker died in a turn: the session says running and nobody holds it. The push leaves it to the turn
-    housekeeping enqueues again; the session stays free for that turn."""
+    """A worker died in a turn: the session says running and nobody holds it. The push leaves it to that turn
+    (which it enqueues once done, below); the session stays free for it."""
     _, session_id = between_turns(engine)
     store.set_status(engine, session_id, SessionStatus.RUNNING)
     pushed, facts = take_session(engine, session_id, wait_s=0.3, poll_s=0.02)
@@ -107,6 +108,20 @@ def test_a_session_with_work_for_a_turn_is_left_to_its_turn(engine: Engine, wait
     assert sessions.wants_a_worker(engine, session_id)
 
 
+def test_a_turn_that_waits_for_a_person_lets_the_push_through(engine: Engine) -> None:
+    """An approval is pending: the turn waits without its lease, and the changes so far may be pushed, as
+    before. Once the approval is decided a turn is due, and the push leaves the session to it."""
+    _, session_id = between_turns(engine)
+    store.request_approval(engine, call_id="c1", session_id=session_id, tool="bash", arguments="{}")
+    store.set_status(engine, session_id, SessionStatus.AWAITING_APPROVAL)
+    pushed, facts = take_session(engine, session_id, wait_s=0, poll_s=0.02)
+    assert pushed is not None and facts is not None and facts.status == SessionStatus.AWAITING_APPROVAL
+    store.release_lease(engine, session_id, pushed)
+    store.decide_approval(engine, "c1", approved=True, by="U0BOB")
+    pushed, _ = take_session(engine, session_id, wait_s=0.3, poll_s=0.02)
+    assert pushed is None
+
+
 def test_a_message_that_queues_a_turn_under_the_push_s_lease_gets_the_session_back(
     engine: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -121,8 +136,10 @@ def test_a_message_that_queues_a_turn_under_the_push_s_lease_gets_the_session_ba
         return token
 
     monkeypatch.setattr(thread_push, "acquire_lease", then_a_message)
-    pushed, facts = take_session(engine, session_id, wait_s=0, poll_s=0.02)
+    reads = count_reads(monkeypatch)
+    pushed, facts = take_session(engine, session_id, wait_s=30, poll_s=0.02)
     assert pushed is None and facts is not None and facts.status == SessionStatus.QUEUED
+    assert len(reads) == 2  # answered at once, not after waiting for a turn whose task may have given up
     assert sessions.wants_a_worker(engine, session_id)  # free for the turn: nobody holds the lease
     assert store.acquire_lease(engine, session_id, TURN, 60) is not None
 
@@ -139,6 +156,13 @@ def test_another_push_that_holds_on_keeps_this_one_out(engine: Engine) -> None:
 
 
 def test_a_session_that_is_gone_is_said_and_not_waited_for(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    reads = count_reads(monkeypatch)
+    assert take_session(engine, "no-such-session", wait_s=30, poll_s=0.02) == (None, None)
+    assert reads == ["no-such-session"]
+
+
+def count_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The sessions take_session reads from now on, one entry a read."""
     reads: list[str] = []
     real = thread_push.snapshot
 
@@ -147,5 +171,52 @@ def test_a_session_that_is_gone_is_said_and_not_waited_for(engine: Engine, monke
         return real(bind, session_id, **kwargs)
 
     monkeypatch.setattr(thread_push, "snapshot", counted)
-    assert take_session(engine, "no-such-session", wait_s=30, poll_s=0.02) == (None, None)
-    assert reads == ["no-such-session"]
+    return reads
+
+
+# --- the push task: a turn kept out meanwhile is enqueued once the push lets go ----------------------------------
+
+
+@pytest.mark.parametrize("meanwhile", [None, "a message"])
+def test_the_push_task_enqueues_the_turn_it_kept_out(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch, meanwhile: str | None
+) -> None:
+    """The task's own body on a real database; only the git work, the worker's process and Slack are stand-ins.
+    What came while the push held the lease (its turn's task found the lease taken and gave up) is enqueued."""
+    from workers import tasks
+
+    ts, session_id = between_turns(engine)
+    said: list[str] = []
+    enqueued: list[str] = []
+
+    def push(*_args: object) -> str:
+        if meanwhile == "a message":
+            message(engine, ts, "and also this")
+        return "pushed"
+
+    async def say(_proc: object, facts: sessions.Snapshot, text: str) -> None:
+        said.append(text)
+
+    monkeypatch.setattr(thread_push, "process", lambda: SimpleNamespace(engine=engine))
+    monkeypatch.setattr(thread_push, "_push", push)
+    monkeypatch.setattr(thread_push, "say_in_thread", say)
+    monkeypatch.setattr(tasks, "enqueue_session", enqueued.append)
+    tasks.push_thread.task(session_id, None, "U0BOB")
+    assert said == ["pushed"]
+    assert enqueued == ([] if meanwhile is None else [session_id])
+    assert lease_token(engine, session_id) > 0 and sessions.wants_a_worker(engine, session_id) == bool(meanwhile)
+
+
+def test_a_push_task_for_a_gone_session_says_nothing(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    from workers import tasks
+
+    said: list[str] = []
+
+    async def say(_proc: object, _facts: object, text: str) -> None:
+        said.append(text)
+
+    monkeypatch.setattr(thread_push, "process", lambda: SimpleNamespace(engine=engine))
+    monkeypatch.setattr(thread_push, "say_in_thread", say)
+    monkeypatch.setattr(tasks, "enqueue_session", lambda _s: said.append("enqueued"))
+    tasks.push_thread.task("no-such-session", None, "U0BOB")
+    assert said == []

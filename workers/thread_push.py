@@ -77,9 +77,10 @@ def push_thread_work(
             said = UNEXPECTED.format(error=describe_error(e))
         finally:
             release_lease(engine, session_id, token)
-    asyncio.run(say_in_thread(proc, facts, said))
     # A turn enqueued while the push held the lease found it taken and left the session to whoever held it.
-    return wants_a_worker(engine, session_id)
+    more = wants_a_worker(engine, session_id)
+    asyncio.run(say_in_thread(proc, facts, said))
+    return more
 
 
 def take_session(
@@ -87,7 +88,7 @@ def take_session(
 ) -> tuple[int | None, Snapshot | None]:
     """The session's lease for a push, and the session as it then stands. Between turns only: while the session
     has work for a turn (chatops.sessions.wants_work: one running or queued, a message waiting, a decision
-    to act on) or another push holds it, it waits, `wait_s` at most, then the token is None. The snapshot is
+    to act on) or anyone holds its lease, it waits, `wait_s` at most, then the token is None. The snapshot is
     None when the session is gone."""
     deadline = time.monotonic() + wait_s
     while True:
@@ -95,11 +96,16 @@ def take_session(
         if facts is not None and not wants_work(facts):
             token = acquire_lease(engine, session_id, OWNER, LEASE_S)
             if token is not None:
-                # Read again under the lease: a message may have queued a turn between the two reads.
-                facts = snapshot(engine, session_id, log=False)
+                try:  # read again under the lease: a message may have queued a turn between the two reads
+                    facts = snapshot(engine, session_id, log=False)
+                except BaseException:
+                    release_lease(engine, session_id, token)
+                    raise
                 if facts is not None and not wants_work(facts):
                     return token, facts
+                # Given back at once: that turn's task may have found the lease taken, and the caller enqueues it.
                 release_lease(engine, session_id, token)
+                return None, facts
         if facts is None or time.monotonic() >= deadline:
             return None, facts
         time.sleep(poll_s)
