@@ -23,7 +23,7 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeGuard
 
 from sqlalchemy import ColumnElement, Connection, Engine, and_, exists, or_, select, true
 from sqlalchemy.sql.expression import ScalarSelect
@@ -321,10 +321,15 @@ def wants_a_worker(engine: Engine, session_id: str) -> bool:
     return session_id in sessions_with_work(engine, only=session_id)
 
 
+def between_turns(snap: Snapshot | None) -> TypeGuard[Snapshot]:
+    """The session is there and no turn is due: nothing for a worker until someone writes or decides (a push may
+    then take its lease, workers.thread_push)."""
+    return snap is not None and not wants_work(snap)
+
+
 def waits_for_people(bind: Engine | Connection, session_id: str) -> bool:
     """After a decision: whether the session still waits for one (then no worker is called for it)."""
-    snap = snapshot(bind, session_id, log=False)
-    return snap is not None and not wants_work(snap)
+    return between_turns(snapshot(bind, session_id, log=False))
 
 
 # --- deciding an approval ---------------------------------------------------------------------------------------

@@ -89,7 +89,12 @@ MODULES: dict[str, list[str]] = {
         "tests/test_sessions.py",
         "tests/test_inbox_writer.py",
     ],
-    "chatops/sessions.py": ["tests/test_sessions.py", "tests/test_inbox.py", "tests/test_store.py"],
+    "chatops/sessions.py": [
+        "tests/test_sessions.py",
+        "tests/test_inbox.py",
+        "tests/test_store.py",
+        "tests/test_push_waits.py",
+    ],
     "workers/leases.py": ["tests/test_leases.py", "tests/test_inbox.py"],
     "bot/authorize.py": ["tests/test_authorize.py", "tests/test_workspace_clicks.py"],
     "chatops/teams.py": ["tests/test_teams.py", "tests/test_workspace_clicks.py"],

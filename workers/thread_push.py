@@ -20,7 +20,7 @@ from sqlalchemy import Engine, select
 from chatops import pull_requests as records
 from chatops.schema import PullRequestState, Session
 from chatops.secrets import describe_error
-from chatops.sessions import Snapshot, snapshot, wants_a_worker, wants_work
+from chatops.sessions import Snapshot, between_turns, snapshot, wants_a_worker
 from chatops.store import acquire_lease, record_error, release_lease
 from chatops.teams import team_of
 from slackio.mrkdwn import Mrkdwn
@@ -93,7 +93,7 @@ def take_session(
     deadline = time.monotonic() + wait_s
     while True:
         facts = snapshot(engine, session_id, log=False)
-        if facts is not None and not wants_work(facts):
+        if between_turns(facts):
             token = acquire_lease(engine, session_id, OWNER, LEASE_S)
             if token is not None:
                 try:  # read again under the lease: a message may have queued a turn between the two reads
@@ -101,7 +101,7 @@ def take_session(
                 except BaseException:
                     release_lease(engine, session_id, token)
                     raise
-                if facts is not None and not wants_work(facts):
+                if between_turns(facts):
                     return token, facts
                 # Given back at once: that turn's task may have found the lease taken, and the caller enqueues it.
                 release_lease(engine, session_id, token)
