@@ -5,6 +5,7 @@ it. On a real database, SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
+import itertools
 import threading
 import uuid
 from collections.abc import Callable
@@ -21,9 +22,15 @@ from workers.thread_push import OWNER, take_session
 TURN = "worker-1"  # the lease owner of the turn that is ending
 
 
+# Every message its own ts: two alike would be one message delivered twice, and the second would queue nothing
+# (a random suffix of three digits once made them alike, and CI failed).
+_MESSAGES = itertools.count(1)
+
+
 def message(engine: Engine, ts: str, text: str = "go") -> str:
+    message_ts = f"{ts}{next(_MESSAGES)}"
     return inbox.record_message(
-        engine, channel_id="C0PUSH", thread_ts=ts, message_ts=f"{ts}{uuid.uuid4().int % 1000}", user_id="U0A", text=text
+        engine, channel_id="C0PUSH", thread_ts=ts, message_ts=message_ts, user_id="U0A", text=text
     ).session_id
 
 
