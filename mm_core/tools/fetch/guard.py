@@ -128,8 +128,8 @@ def own_addresses() -> frozenset[IPAddress]:
 
 
 def forget_own_addresses() -> None:
-    """Drops what was read: the next own_addresses() reads the kernel's tables (for a caller that knows the
-    interfaces changed, and for a test that moves the clock and must start from a read of its own)."""
+    """Drops what was read: the next own_addresses() reads the kernel's tables. Only tests call it today (one that
+    moves the clock must start from a read of its own); a caller that knows the interfaces changed would too."""
     global _own_cache
     with _own_lock:
         _own_cache = _NOT_READ
